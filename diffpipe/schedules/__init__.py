@@ -1,0 +1,19 @@
+"""The discrete world: schedules as data. Plain Python, no JAX."""
+
+from ._analysis import in_flight as in_flight
+from ._analysis import peak_activations as peak_activations
+from ._analysis import staleness as staleness
+from ._ops import KINDS as KINDS
+from ._ops import Op as Op
+from ._ops import Placement as Placement
+from ._ops import Schedule as Schedule
+from ._ops import orders_from_strings as orders_from_strings
+from ._registry import Family as Family
+from ._registry import Formula as Formula
+from ._registry import family as family
+from ._registry import formula as formula
+from ._registry import get as get
+from ._registry import names as names
+from ._rules import Dep as Dep
+from ._table import Table as Table
+from ._table import table as table

@@ -1,0 +1,133 @@
+"""The tabular abstraction and the pure-Python reference evaluator.
+
+``table(schedule)`` lays a schedule out as devices x time slots with unit-ish durations
+(default F=1, B=2, I=W=1, U=R=0, no communication), as in the figures of the pipeline papers and
+the idealized-table level of the "Tabular Schedule Abstraction" paper. The evaluator is
+deliberately plain: visit ops in topological order, start each at the latest finish of its
+predecessors (plus the edge's delay). It is the reference the JAX simulator is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .._errors import ScheduleError
+from ._ops import KINDS, Op, Schedule
+from ._rules import Dep
+
+#: Default unit durations of the table (B = I + W).
+DEFAULT_DURATIONS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "U": 0.0, "R": 0.0}
+
+Durations = Mapping[str, float] | Callable[[Op], float]
+
+
+def as_duration_fn(durations: Durations | None) -> Callable[[Op], float]:
+    """A per-op duration function from a ``{kind: time}`` mapping (missing kinds take the default)."""
+    if durations is None:
+        durations = {}
+    if callable(durations):
+        return durations
+    unknown = set(durations) - set(KINDS)
+    if unknown:
+        raise ScheduleError(f"durations: unknown op kind(s) {sorted(unknown)}; kinds are {', '.join(KINDS)}")
+    table = {**DEFAULT_DURATIONS, **durations}
+    for kind, value in table.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ScheduleError(f"durations: {kind} must be a finite non-negative number, got {value!r}")
+    return lambda op: float(table[op.kind])
+
+
+def evaluate(
+    schedule: Schedule,
+    duration: Callable[[Op], float],
+    delay: Callable[[Op, Dep], float] | None = None,
+) -> tuple[dict[Op, float], dict[Op, float]]:
+    """Start and finish time of every op: ``start = max(0, max over edges (finish[pred] + delay))``.
+
+    ``delay(op, dep)`` is the extra time on the edge ``dep -> op`` (a transfer, say); default 0.
+    """
+    start: dict[Op, float] = {}
+    finish: dict[Op, float] = {}
+    for op in schedule.ops:  # topological order
+        ready = 0.0
+        for dep in schedule.dependencies[op]:
+            extra = delay(op, dep) if delay is not None else 0.0
+            ready = max(ready, finish[dep.op] + extra)
+        start[op] = ready
+        finish[op] = ready + duration(op)
+    return start, finish
+
+
+@dataclass(frozen=True)
+class Table:
+    """A schedule laid out in time. ``bubble_ratio`` is the idle fraction of devices x makespan."""
+
+    schedule: Schedule
+    start: dict[Op, float]
+    finish: dict[Op, float]
+
+    @property
+    def makespan(self) -> float:
+        return max(self.finish.values(), default=0.0)
+
+    @property
+    def busy(self) -> tuple[float, ...]:
+        """Busy time per device (a collective counts on every participant)."""
+        totals = [0.0] * self.schedule.devices
+        for op in self.schedule.ops:
+            for device in self.schedule.devices_of(op):
+                totals[device] += self.finish[op] - self.start[op]
+        return tuple(totals)
+
+    @property
+    def bubble_ratio(self) -> float:
+        total = self.schedule.devices * self.makespan
+        return 1.0 - sum(self.busy) / total if total > 0 else 0.0
+
+    def label(self, op: Op) -> str:
+        """Cell text: kind and microbatch, ``.c`` for chunk c > 0 on its device, ``'`` per pipeline."""
+        text = f"{op.kind}{op.microbatch}"
+        placement = self.schedule.placement
+        if op.kind in ("F", "B", "I", "W"):
+            chunk = placement.chunk(op.pipeline, op.stage)
+            if chunk:
+                text += f".{chunk}"
+        return text + "'" * op.pipeline
+
+    def render(self, unit: float | None = None) -> str:
+        """Devices x time slots of width ``unit`` (default: the shortest positive duration)."""
+        durations = [self.finish[op] - self.start[op] for op in self.schedule.ops]
+        positive = [d for d in durations if d > 0]
+        if unit is None:
+            unit = min(positive, default=1.0)
+        slots = math.ceil(self.makespan / unit - 1e-9) if self.makespan else 0
+        rows = []
+        for order in self.schedule.orders:
+            cells = ["."] * slots
+            for op in order:
+                first = round(self.start[op] / unit)
+                last = round(self.finish[op] / unit)
+                for slot in range(first, min(last, slots)):
+                    cells[slot] = self.label(op)
+            rows.append(cells)
+        width = max((len(c) for row in rows for c in row), default=1)
+        name = max(len(f"d{len(rows) - 1}"), 2)
+        lines = [f"{'d' + str(d):<{name}} | " + " ".join(c.ljust(width) for c in row).rstrip()
+                 for d, row in enumerate(rows)]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        s = self.schedule
+        header = (
+            f"{s.family}: {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches — "
+            f"makespan {self.makespan:g}, bubble {self.bubble_ratio:.3f}"
+        )
+        return header + "\n" + self.render()
+
+
+def table(schedule: Schedule, durations: Durations | None = None) -> Table:
+    """Lay ``schedule`` out with per-kind durations (default F=1, B=2, I=W=1, U=R=0), no communication."""
+    start, finish = evaluate(schedule, as_duration_fn(durations))
+    return Table(schedule, start, finish)
