@@ -3,6 +3,7 @@
 from ._analysis import in_flight as in_flight
 from ._analysis import peak_activations as peak_activations
 from ._analysis import staleness as staleness
+from ._analysis import weight_versions as weight_versions
 from ._ops import KINDS as KINDS
 from ._ops import Op as Op
 from ._ops import Placement as Placement

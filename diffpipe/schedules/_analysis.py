@@ -56,3 +56,15 @@ def staleness(schedule: Schedule) -> dict[Op, int]:
             elif op.kind in ("B", "I"):
                 result[Op("F", *key[1:], key[0])] = updates - seen_at[key]
     return result
+
+
+def weight_versions(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
+    """Weight versions of each ``(pipeline, stage)`` held at once: 1, or with weight stashing one
+    more than the largest staleness of the stage's microbatches (PipeDream: D-d on device d;
+    PipeDream-2BW: 2)."""
+    versions = [[1] * schedule.stages for _ in range(schedule.pipelines)]
+    if schedule.stashing:
+        for op, stale in staleness(schedule).items():
+            row = versions[op.pipeline]
+            row[op.stage] = max(row[op.stage], 1 + stale)
+    return tuple(tuple(row) for row in versions)

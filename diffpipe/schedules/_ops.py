@@ -173,6 +173,9 @@ class Schedule:
         family: the generator's registry name, or ``"custom"``.
         options: the generator's options (sorted ``(name, value)`` pairs).
         asynchronous: whether weights are updated while other microbatches are in flight.
+        stashing: whether each in-flight microbatch keeps the weight version its forward used
+            (PipeDream weight stashing, PipeDream-2BW's second version): memory then holds
+            ``1 + max staleness`` versions of a stage (``_analysis.weight_versions``).
 
     Construction validates (see ``_validate.validate``) and raises ``ScheduleError`` naming the
     first problem; a ``Schedule`` object is therefore always valid and deadlock-free.
@@ -185,6 +188,7 @@ class Schedule:
     family: str = "custom"
     options: tuple[tuple[str, Any], ...] = ()
     asynchronous: bool = False
+    stashing: bool = False
     _derived: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
