@@ -1,10 +1,50 @@
 """diffpipe: pipeline-parallel schedules as data, and a differentiable makespan simulator in JAX.
 
 The discrete layer (``diffpipe.schedules``, ``diffpipe.table``) imports no JAX; the simulator
-names below are loaded on first use so that ``import diffpipe`` and the CLI start fast.
+names are loaded on first use so that ``import diffpipe`` and the CLI start fast.
 """
+
+from typing import TYPE_CHECKING
 
 from . import schedules as schedules
 from ._errors import ConfigError as ConfigError
 from ._errors import ScheduleError as ScheduleError
 from .schedules import table as table
+
+# Public name -> module that defines it (imported on first attribute access).
+_LAZY = {
+    "Graph": "._graph",
+    "compile": "._graph",
+    "stack_graphs": "._graph",
+    "Hardware": "._hardware",
+    "Network": "._hardware",
+    "Result": "._simulate",
+    "makespan": "._simulate",
+    "peak_memory": "._simulate",
+    "simulate": "._simulate",
+}
+
+if TYPE_CHECKING:
+    from ._graph import Graph as Graph
+    from ._graph import compile as compile
+    from ._graph import stack_graphs as stack_graphs
+    from ._hardware import Hardware as Hardware
+    from ._hardware import Network as Network
+    from ._simulate import Result as Result
+    from ._simulate import makespan as makespan
+    from ._simulate import peak_memory as peak_memory
+    from ._simulate import simulate as simulate
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'diffpipe' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

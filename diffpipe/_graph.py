@@ -1,0 +1,308 @@
+"""``compile``: a validated ``Schedule`` becomes a ``Graph`` of dependency tensors.
+
+The graph is an equinox Module of int32 arrays. Nodes are the schedule's ops, plus one transfer
+node per cross-device data edge when communication is modelled as a resource (``contention``,
+``blocking``). Nodes are numbered by topological level, so level ``l`` is the contiguous row range
+``offsets[l] : offsets[l] + sizes[l]``: the evaluator reads and writes each level with one
+dynamic slice instead of a scatter. Every ``[nodes]`` array has ``width`` scratch rows after the
+real nodes (a level's fixed-width write may spill into them) and one sentinel row at the end,
+which padded predecessors point to and which always holds ``-inf``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int
+
+from ._errors import ConfigError, ScheduleError
+from .schedules import Op, Schedule
+from .schedules._rules import ACTIVATION, DATA, GRADIENT, LANE
+from .schedules._table import DEFAULT_DURATIONS, as_duration_fn, evaluate
+
+#: Node kind codes (``Graph.kind``); -1 marks padding.
+KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3, "U": 4, "R": 5, "T": 6}
+PAD = -1
+#: Edge type codes (``Graph.edge``); 0 marks padding.
+EDGE_PAD, EDGE_LANE, EDGE_DATA, EDGE_ACTIVATION, EDGE_GRADIENT, EDGE_FEED, EDGE_LINK, EDGE_BLOCK = range(8)
+_EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GRADIENT: EDGE_GRADIENT}
+
+#: How communication is modelled (see ``Hardware``): ``none`` idealized; ``overlap`` a delay on the
+#: edge, no contention; ``contention`` each directed link, or a node's shared NIC for inter-node
+#: traffic, carries one transfer at a time in issue order; ``blocking`` sender and receiver are busy.
+COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
+
+
+class Graph(eqx.Module):
+    """Dependency tensors of one schedule (or, from ``stack_graphs``, of several, stacked).
+
+    Per node ``[nodes]``: ``kind``, ``stage``, ``pipeline``, ``microbatch`` (the step for U/R),
+    ``device`` (its compute lane; a transfer's sender; an R's first participant), ``dst`` (a
+    transfer's receiver), ``boundary`` (stage boundary a transfer crosses, else -1), ``group``
+    (participants of a collective), ``op_index`` (position in ``schedule.ops``, -1 otherwise).
+    Per edge ``[nodes, k]``: ``pred`` (sentinel-padded), ``edge`` (type code), and for transfer edges
+    ``edge_src``, ``edge_dst``, ``edge_boundary``. Per level: ``offsets``, ``sizes``.
+    Memory: ``lane_nodes``/``lane_device`` list compute ops in device order; ``release`` is
+    +1 where an op stores an activation (F), -1 where it frees one (B, or W when split), else 0;
+    ``holder[p, s]`` is the device of stage s of pipeline p; ``versions[p, s]`` weight versions held.
+    """
+
+    kind: Int[Array, " nodes"]
+    stage: Int[Array, " nodes"]
+    pipeline: Int[Array, " nodes"]
+    microbatch: Int[Array, " nodes"]
+    device: Int[Array, " nodes"]
+    dst: Int[Array, " nodes"]
+    boundary: Int[Array, " nodes"]
+    group: Int[Array, " nodes"]
+    op_index: Int[Array, " nodes"]
+    release: Int[Array, " nodes"]
+    pred: Int[Array, "nodes k"]
+    edge: Int[Array, "nodes k"]
+    edge_src: Int[Array, "nodes k"]
+    edge_dst: Int[Array, "nodes k"]
+    edge_boundary: Int[Array, "nodes k"]
+    offsets: Int[Array, " levels"]
+    sizes: Int[Array, " levels"]
+    sinks: Int[Array, " sinks"]
+    step_last: Int[Array, " steps"]
+    lane_nodes: Int[Array, " lane"]
+    lane_device: Int[Array, " lane"]
+    holder: Int[Array, "pipelines stages"]
+    versions: Int[Array, "pipelines stages"]
+    width: int = eqx.field(static=True)
+    devices: int = eqx.field(static=True)
+    stages: int = eqx.field(static=True)
+    pipelines: int = eqx.field(static=True)
+    microbatches: int = eqx.field(static=True)
+    steps: int = eqx.field(static=True)
+    communication: str = eqx.field(static=True)
+    devices_per_node: int = eqx.field(static=True)
+
+    @property
+    def sentinel(self) -> int:
+        return self.kind.shape[-1] - 1
+
+    @property
+    def structure(self) -> tuple[int, ...]:
+        """Array sizes ``(nodes, k, levels, width, sinks, lane)``: graphs of equal structure stack."""
+        return (self.kind.shape[-1], self.pred.shape[-1], self.offsets.shape[-1], self.width,
+                self.sinks.shape[-1], self.lane_nodes.shape[-1])
+
+
+@dataclass
+class _Node:
+    kind: str
+    stage: int
+    pipeline: int
+    microbatch: int
+    device: int
+    dst: int
+    boundary: int = -1
+    group: int = 1
+    op_index: int = -1
+    preds: list = None  # [(node id, edge code, src, dst, boundary)]
+
+    def __post_init__(self) -> None:
+        self.preds = [] if self.preds is None else self.preds
+
+
+def _link_of(src: int, dst: int, devices_per_node: int) -> tuple:
+    """The lane a transfer occupies under contention: its directed link inside a node, else the
+    sending node's NIC (shared by all inter-node traffic leaving that node)."""
+    if src // devices_per_node == dst // devices_per_node:
+        return ("link", src, dst)
+    return ("nic", src // devices_per_node)
+
+
+def compile(  # noqa: A001 - the public name DESIGN.md fixes
+    schedule: Schedule,
+    *,
+    communication: str = "overlap",
+    devices_per_node: int | None = None,
+) -> Graph:
+    """Compile ``schedule`` into dependency tensors.
+
+    Args:
+        schedule: a (validated) ``Schedule``.
+        communication: one of ``COMMUNICATION_MODES``. ``none`` and ``overlap`` put transfers on
+            edges; ``contention`` and ``blocking`` make each transfer a node (structure differs).
+        devices_per_node: devices sharing a node (default: all on one node). Under ``contention``
+            inter-node transfers share their sending node's NIC.
+
+    Returns:
+        A ``Graph``. Use the same ``communication`` in the ``Hardware`` it is evaluated with.
+    """
+    if not isinstance(schedule, Schedule):
+        raise ConfigError(f"compile expects a Schedule, got {type(schedule).__name__}")
+    if communication not in COMMUNICATION_MODES:
+        raise ConfigError(f"communication {communication!r} is not one of {', '.join(COMMUNICATION_MODES)}")
+    per_node = schedule.devices if devices_per_node is None else devices_per_node
+    if not isinstance(per_node, int) or per_node < 1:
+        raise ConfigError(f"devices_per_node must be a positive int, got {devices_per_node!r}")
+
+    ops = schedule.ops
+    index = {op: i for i, op in enumerate(ops)}
+    placement = schedule.placement
+    nodes: list[_Node] = []
+    for i, op in enumerate(ops):
+        lanes = schedule.devices_of(op)
+        nodes.append(_Node(op.kind, op.stage, op.pipeline, op.microbatch, lanes[0], lanes[-1],
+                           group=len(lanes), op_index=i))
+    as_nodes = communication in ("contention", "blocking")
+    transfers: list[tuple[int, int, int]] = []  # (transfer node, producer node, consumer node)
+    for i, op in enumerate(ops):
+        for dep in schedule.dependencies[op]:
+            code = _EDGE_CODES[dep.edge]
+            if as_nodes and dep.is_transfer:
+                t = len(nodes)
+                nodes.append(_Node("T", op.stage, op.pipeline, op.microbatch, dep.src, dep.dst,
+                                   boundary=dep.boundary))
+                nodes[t].preds.append((index[dep.op], EDGE_FEED, dep.src, dep.src, -1))
+                nodes[i].preds.append((t, EDGE_FEED, dep.dst, dep.dst, -1))
+                transfers.append((t, index[dep.op], i))
+            else:
+                nodes[i].preds.append((index[dep.op], code, dep.src, dep.dst, dep.boundary))
+    if communication == "contention":
+        _add_link_order(schedule, nodes, transfers, per_node)
+    elif communication == "blocking":
+        _add_blocking(schedule, nodes, transfers, index)
+
+    level = _levels(nodes, blocking=communication == "blocking", ops=ops)
+    return _arrays(schedule, nodes, level, communication, per_node)
+
+
+def _add_link_order(schedule: Schedule, nodes: list[_Node], transfers, per_node: int) -> None:
+    """Chain the transfers of each link in issue order: by the producer's finish in the unit-time
+    table (ties by topological position). Every edge then increases that key, so no cycle appears."""
+    _, finish = evaluate(schedule, as_duration_fn(DEFAULT_DURATIONS))
+    ops = schedule.ops
+    lanes: dict[tuple, list[tuple[float, int, int]]] = {}
+    for t, producer, _ in transfers:
+        key = _link_of(nodes[t].device, nodes[t].dst, per_node)
+        lanes.setdefault(key, []).append((finish[ops[producer]], producer, t))
+    for queue in lanes.values():
+        queue.sort()
+        for (_, _, before), (_, _, after) in zip(queue, queue[1:]):
+            nodes[after].preds.append((before, EDGE_LINK, -1, -1, -1))
+
+
+def _add_blocking(schedule: Schedule, nodes: list[_Node], transfers, index: dict[Op, int]) -> None:
+    """A blocking transfer starts when the receiver has finished the op before the consumer, and the
+    sender's next op waits for it to end: both devices are busy for its duration."""
+    ops = schedule.ops
+    for t, producer, consumer in transfers:
+        sender, receiver = nodes[t].device, nodes[t].dst
+        order = schedule.orders[receiver]
+        position = order.index(ops[consumer])
+        if position > 0:
+            nodes[t].preds.append((index[order[position - 1]], EDGE_BLOCK, -1, -1, -1))
+        order = schedule.orders[sender]
+        position = order.index(ops[producer])
+        if position + 1 < len(order):
+            nodes[index[order[position + 1]]].preds.append((t, EDGE_BLOCK, -1, -1, -1))
+
+
+def _levels(nodes: list[_Node], *, blocking: bool, ops: Sequence[Op]) -> list[int]:
+    """Longest-path level of every node (Kahn); a cycle only arises from blocking transfers."""
+    successors: list[list[int]] = [[] for _ in nodes]
+    waiting = [len(n.preds) for n in nodes]
+    for i, n in enumerate(nodes):
+        for p, *_ in n.preds:
+            successors[p].append(i)
+    level = [0] * len(nodes)
+    ready = deque(i for i, w in enumerate(waiting) if w == 0)
+    seen = 0
+    while ready:
+        i = ready.popleft()
+        seen += 1
+        for j in successors[i]:
+            level[j] = max(level[j], level[i] + 1)
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if seen != len(nodes):
+        stuck = [i for i, w in enumerate(waiting) if w > 0 and nodes[i].kind != "T"]
+        names = ", ".join(str(ops[nodes[i].op_index]) for i in stuck[:4])
+        raise ScheduleError(
+            f"the schedule deadlocks under blocking communication (send and receive orders "
+            f"disagree); stuck ops include {names}; use communication='overlap' or 'contention'"
+        )
+    return level
+
+
+def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communication: str,
+            per_node: int) -> Graph:
+    count = len(nodes)
+    order = sorted(range(count), key=lambda i: (level[i], i))
+    new = {old: pos for pos, old in enumerate(order)}
+    levels = max(level) + 1 if count else 0
+    sizes = np.bincount(np.asarray(level, dtype=np.int64), minlength=levels)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+    width = int(sizes.max()) if count else 1
+    k = max((len(n.preds) for n in nodes), default=0) or 1
+    rows = count + width + 1
+    sentinel = rows - 1
+
+    def column(fill: int) -> np.ndarray:
+        return np.full(rows, fill, dtype=np.int32)
+
+    kind, stage, pipe, mb, dev, dst, bnd, grp, opi, rel = (column(v) for v in (PAD, 0, 0, 0, 0, 0, -1, 1, -1, 0))
+    pred = np.full((rows, k), sentinel, dtype=np.int32)
+    edge = np.zeros((rows, k), dtype=np.int32)
+    esrc, edst, ebnd = (np.zeros((rows, k), dtype=np.int32) for _ in range(3))
+    has_successor = np.zeros(rows, dtype=bool)
+    for old, n in enumerate(nodes):
+        i = new[old]
+        kind[i], stage[i], pipe[i], mb[i] = KIND_CODES[n.kind], n.stage, n.pipeline, n.microbatch
+        dev[i], dst[i], bnd[i], grp[i], opi[i] = n.device, n.dst, n.boundary, n.group, n.op_index
+        if n.kind == "F":
+            rel[i] = 1
+        for slot, (p, code, src, to, boundary) in enumerate(n.preds):
+            pred[i, slot], edge[i, slot] = new[p], code
+            esrc[i, slot], edst[i, slot], ebnd[i, slot] = max(src, 0), max(to, 0), boundary
+            has_successor[new[p]] = True
+    ops = schedule.ops
+    backward_split = {(op.pipeline, op.stage, op.microbatch) for op in ops if op.kind == "W"}
+    for old, n in enumerate(nodes):
+        if n.kind == "W" or (n.kind == "B" and (n.pipeline, n.stage, n.microbatch) not in backward_split):
+            rel[new[old]] = -1
+    sinks = np.array([new[i] for i in range(count) if not has_successor[new[i]]], dtype=np.int32)
+    # The last op of each step (by topological level) marks when that step's work has finished.
+    step_last = np.full(schedule.steps, sentinel, dtype=np.int32)
+    for old, n in enumerate(nodes):
+        if n.op_index >= 0:
+            step = schedule.step_of(ops[n.op_index])
+            if step_last[step] == sentinel or level[old] >= level[order[step_last[step]]]:
+                step_last[step] = new[old]
+    lane_nodes, lane_device = [], []
+    op_node = {nodes[old].op_index: new[old] for old in range(count) if nodes[old].op_index >= 0}
+    index = {op: i for i, op in enumerate(ops)}
+    for d, lane in enumerate(schedule.orders):
+        for op in lane:
+            if op.kind != "R":
+                lane_nodes.append(op_node[index[op]])
+                lane_device.append(d)
+    from .schedules._analysis import weight_versions
+
+    return Graph(
+        kind=jnp.asarray(kind), stage=jnp.asarray(stage), pipeline=jnp.asarray(pipe),
+        microbatch=jnp.asarray(mb), device=jnp.asarray(dev), dst=jnp.asarray(dst),
+        boundary=jnp.asarray(bnd), group=jnp.asarray(grp), op_index=jnp.asarray(opi),
+        release=jnp.asarray(rel), pred=jnp.asarray(pred), edge=jnp.asarray(edge),
+        edge_src=jnp.asarray(esrc), edge_dst=jnp.asarray(edst), edge_boundary=jnp.asarray(ebnd),
+        offsets=jnp.asarray(offsets), sizes=jnp.asarray(sizes.astype(np.int32)),
+        sinks=jnp.asarray(sinks), step_last=jnp.asarray(step_last),
+        lane_nodes=jnp.asarray(np.asarray(lane_nodes, dtype=np.int32)),
+        lane_device=jnp.asarray(np.asarray(lane_device, dtype=np.int32)),
+        holder=jnp.asarray(np.asarray(schedule.placement.table, dtype=np.int32)),
+        versions=jnp.asarray(np.asarray(weight_versions(schedule), dtype=np.int32)),
+        width=width, devices=schedule.devices, stages=schedule.stages,
+        pipelines=schedule.pipelines, microbatches=schedule.microbatches, steps=schedule.steps,
+        communication=communication, devices_per_node=per_node,
+    )

@@ -1,0 +1,295 @@
+"""``Hardware``: a differentiable model of the machine a schedule runs on.
+
+Every float leaf is a JAX array (differentiable, vmap-able); configuration (communication mode,
+topology sizes) is static. Per-stage leaves may be scalars (every stage alike), ``[stages]``
+(pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
+``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
+
+Cost model (DESIGN.md, "Hardware and costs"):
+- op duration = ``overhead + size[m] * time[kind, pipeline, stage]``; ``B`` costs ``I + W``;
+  ``U`` costs ``overhead + update[p, s]``;
+- transfer = ``latency(link) + size[m] * message_bytes[p, boundary] / bandwidth(link)`` (alpha-beta);
+- ring all-reduce of ``n`` participants: ``2(n-1)/n * bytes / bandwidth + 2(n-1) * latency`` over
+  the slowest link of the group (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005);
+- memory per device: static bytes of every stage held (times weight versions) plus stored
+  activations ``activation_bytes[p, s] * size[m]`` from ``F`` until ``B`` (or ``W``) frees them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._errors import ConfigError
+from ._graph import COMMUNICATION_MODES, EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph
+
+_F, _B, _I, _W, _U, _R, _T = (KIND_CODES[k] for k in "FBIWURT")
+
+
+def _float(value: Any) -> Array:
+    return jnp.asarray(value, dtype=jnp.result_type(float))
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
+    """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
+    x = _concrete(value)
+    if x is None:
+        return
+    bad = np.isnan(x) | (x < 0) | (x <= 0 if positive else False)
+    if not allow_inf:
+        bad = bad | np.isinf(x)
+    if np.any(bad):
+        what = "positive" if positive else "non-negative"
+        what += " (inf allowed)" if allow_inf else " and finite"
+        raise ConfigError(f"hardware: {name} must be {what}, got {x.ravel()[np.argmax(bad.ravel())]!r}")
+
+
+def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
+    """The same check inside jit (``eqx.error_if``)."""
+    bad = jnp.isnan(x) | (x < 0)
+    if positive:
+        bad = bad | (x <= 0)
+    if not allow_inf:
+        bad = bad | jnp.isinf(x)
+    return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be non-negative and finite")
+
+
+class Network(eqx.Module):
+    """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
+
+    ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
+    node-based values for each directed pair. ``mode`` is one of ``none``, ``overlap``,
+    ``contention``, ``blocking`` (see ``diffpipe._graph.COMMUNICATION_MODES``).
+    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``.
+    """
+
+    latency: Float[Array, ""]
+    bandwidth: Float[Array, ""]
+    inter_latency: Float[Array, ""]
+    inter_bandwidth: Float[Array, ""]
+    pair_latency: Float[Array, "devices devices"] | None = None
+    pair_bandwidth: Float[Array, "devices devices"] | None = None
+    mode: str = eqx.field(static=True, default="overlap")
+    devices_per_node: int | None = eqx.field(static=True, default=None)
+    data_parallel: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self) -> None:
+        if self.mode not in COMMUNICATION_MODES:
+            raise ConfigError(f"network: mode {self.mode!r} is not one of {', '.join(COMMUNICATION_MODES)}")
+        if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
+                                                  or self.devices_per_node < 1):
+            raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
+        if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
+            raise ConfigError(f"network: data_parallel must be a positive int, got {self.data_parallel!r}")
+        _check_values("network latency", self.latency)
+        _check_values("network inter_latency", self.inter_latency)
+        _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
+        _check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
+        if self.pair_latency is not None:
+            _check_values("network pair_latency", self.pair_latency)
+        if self.pair_bandwidth is not None:
+            _check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
+
+    @classmethod
+    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *, mode: str = "overlap") -> Network:
+        """Every link alike (one node)."""
+        return cls(_float(latency), _float(bandwidth), _float(latency), _float(bandwidth), mode=mode)
+
+    def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
+        """``[devices, devices]`` latency and bandwidth of every directed pair."""
+        node = np.arange(devices) // devices_per_node
+        same = jnp.asarray(node[:, None] == node[None, :])
+        latency = jnp.where(same, self.latency, self.inter_latency)
+        bandwidth = jnp.where(same, self.bandwidth, self.inter_bandwidth)
+        if self.pair_latency is not None:
+            latency = self._pairs(self.pair_latency, devices, "pair_latency")
+        if self.pair_bandwidth is not None:
+            bandwidth = self._pairs(self.pair_bandwidth, devices, "pair_bandwidth")
+        latency = _traced_check("network latency", latency)
+        bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
+        return latency, bandwidth
+
+    @staticmethod
+    def _pairs(matrix: Array, devices: int, name: str) -> Array:
+        if matrix.shape != (devices, devices):
+            raise ConfigError(f"network: {name} has shape {matrix.shape}, the schedule has {devices} devices")
+        return matrix
+
+
+class Hardware(eqx.Module):
+    """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
+
+    Times are seconds for a microbatch of relative size 1; bytes are bytes. ``backward`` is the
+    input-gradient part ``I``, ``weight`` the weight-gradient part ``W``; a full ``B`` costs both.
+    """
+
+    forward: Float[Array, "..."]
+    backward: Float[Array, "..."]
+    weight: Float[Array, "..."]
+    update: Float[Array, "..."]
+    overhead: Float[Array, ""]
+    size: Float[Array, "..."]
+    message_bytes: Float[Array, "..."]
+    gradient_bytes: Float[Array, "..."]
+    static_bytes: Float[Array, "..."]
+    activation_bytes: Float[Array, "..."]
+    capacity: Float[Array, "..."]
+    network: Network
+
+    def __check_init__(self) -> None:
+        for name in ("forward", "backward", "weight", "update", "overhead", "size", "message_bytes",
+                     "gradient_bytes", "static_bytes", "activation_bytes"):
+            _check_values(name, getattr(self, name))
+        _check_values("capacity", self.capacity, positive=True, allow_inf=True)
+
+    @classmethod
+    def from_times(
+        cls,
+        forward: Any,
+        backward: Any,
+        weight: Any = None,
+        p2p_time: Any = 0.0,
+        *,
+        update: Any = 0.0,
+        overhead: Any = 0.0,
+        size: Any = 1.0,
+        activation_bytes: Any = 0.0,
+        static_bytes: Any = 0.0,
+        capacity: Any = math.inf,
+        mode: str = "overlap",
+    ) -> Hardware:
+        """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
+
+        ``backward`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
+        so a full ``B`` takes ``backward + weight``. ``p2p_time`` delays every cross-device
+        transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
+        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch.
+        """
+        zero = _float(0.0)
+        return cls(
+            forward=_float(forward), backward=_float(backward),
+            weight=zero if weight is None else _float(weight), update=_float(update),
+            overhead=_float(overhead), size=_float(size), message_bytes=zero, gradient_bytes=zero,
+            static_bytes=_float(static_bytes), activation_bytes=_float(activation_bytes),
+            capacity=_float(capacity),
+            network=Network(_float(p2p_time), _float(math.inf), _float(p2p_time), _float(math.inf), mode=mode),
+        )
+
+    @classmethod
+    def from_model(cls, model: Any, device: Any, network: Network, **kwargs: Any) -> Hardware:
+        """A transformer cost model on a device and network (see ``diffpipe._transformer``)."""
+        from ._transformer import hardware_from_model
+
+        return hardware_from_model(model, device, network, **kwargs)
+
+    # -- broadcasting against a graph ----------------------------------------------------------
+    def per_stage(self, name: str, graph: Graph) -> Array:
+        """Leaf ``name`` as ``[pipelines, stages]``."""
+        x = getattr(self, name)
+        shape = (graph.pipelines, graph.stages)
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, shape)
+        if x.ndim == 1 and x.shape[0] == graph.stages:
+            return jnp.broadcast_to(x[None, :], shape)
+        if x.shape == shape:
+            return x
+        raise ConfigError(
+            f"hardware: {name} has shape {x.shape}, but the schedule has {graph.pipelines} pipeline(s) "
+            f"x {graph.stages} stages (give a scalar, [{graph.stages}] or {list(shape)})"
+        )
+
+    def per_microbatch(self, graph: Graph) -> Array:
+        x = self.size
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (graph.microbatches,))
+        if x.shape == (graph.microbatches,):
+            return x
+        raise ConfigError(
+            f"hardware: size has shape {x.shape}, but the schedule has {graph.microbatches} microbatches"
+        )
+
+    def per_device(self, graph: Graph) -> Array:
+        x = self.capacity
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (graph.devices,))
+        if x.shape == (graph.devices,):
+            return x
+        raise ConfigError(f"hardware: capacity has shape {x.shape}, but the schedule has {graph.devices} devices")
+
+    def check_graph(self, graph: Graph) -> None:
+        """The graph's structure must have been compiled for this network's communication mode."""
+        mode, compiled = self.network.mode, graph.communication
+        edges = ("none", "overlap")
+        if (mode in edges) != (compiled in edges) or (mode not in edges and mode != compiled):
+            raise ConfigError(
+                f"hardware communication {mode!r} needs a graph compiled with communication={mode!r} "
+                f"(this one was compiled for {compiled!r})"
+            )
+        if mode == "contention" and (self.network.devices_per_node or graph.devices) != graph.devices_per_node:
+            raise ConfigError(
+                f"hardware has {self.network.devices_per_node} devices per node but the graph was "
+                f"compiled for {graph.devices_per_node}"
+            )
+
+    # -- costs ------------------------------------------------------------------------------------
+    def costs(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, "nodes k"]]:
+        """Duration of every node and delay of every edge of ``graph`` under this hardware."""
+        self.check_graph(graph)
+        t = {name: _traced_check(name, self.per_stage(name, graph))
+             for name in ("forward", "backward", "weight", "update")}
+        msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
+        grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
+        size = _traced_check("size", self.per_microbatch(graph))
+        overhead = _traced_check("overhead", self.overhead)
+        latency, bandwidth = self.network.links(graph.devices, graph.devices_per_node)
+        if self.network.mode == "none":
+            latency, bandwidth = jnp.zeros_like(latency), jnp.full_like(bandwidth, jnp.inf)
+
+        kind, p, s = graph.kind, graph.pipeline, graph.stage
+        compute = kind <= _W
+        m = jnp.where(compute | (kind == _T), graph.microbatch, 0)
+        b = size[m]
+        per_kind = jnp.stack([t["forward"], t["backward"] + t["weight"], t["backward"], t["weight"]])
+        work = overhead + b * per_kind[jnp.minimum(kind, _W), p, s]
+
+        def transfer(src, dst, boundary, pipe, mb_size):
+            boundary = jnp.maximum(boundary, 0)
+            return latency[src, dst] + mb_size * msg[pipe, boundary] / bandwidth[src, dst]
+
+        xfer = transfer(graph.device, graph.dst, graph.boundary, p, b)
+        n = graph.group * self.network.data_parallel
+        ring_lat, ring_bw = latency[graph.device, graph.dst], bandwidth[graph.device, graph.dst]
+        if self.network.data_parallel > 1:  # data-parallel replicas sit on other nodes
+            ring_lat = jnp.maximum(ring_lat, self.network.inter_latency)
+            ring_bw = jnp.minimum(ring_bw, self.network.inter_bandwidth)
+        nf = n.astype(ring_bw.dtype)
+        allreduce = jnp.where(n > 1, 2 * (nf - 1) / nf * grad_bytes[p, s] / ring_bw
+                              + 2 * (nf - 1) * ring_lat, 0.0)
+        dur = jnp.select(
+            [compute, kind == _U, kind == _R, kind == _T],
+            [work, overhead + t["update"][p, s], allreduce, xfer],
+            0.0,
+        )
+        dur = jnp.where(kind == PAD, 0.0, dur)
+
+        is_transfer_edge = (graph.edge == EDGE_ACTIVATION) | (graph.edge == EDGE_GRADIENT)
+        edge_size = b[:, None]
+        delay = jnp.where(
+            is_transfer_edge,
+            transfer(graph.edge_src, graph.edge_dst, graph.edge_boundary, p[:, None], edge_size),
+            0.0,
+        )
+        return dur, delay

@@ -1,0 +1,207 @@
+"""``makespan`` and ``simulate``: the public evaluation entry points, and per-device memory.
+
+``makespan(graph, hw)`` is a jit/vmap/grad-able scalar. ``makespan(graph, hws, batched=True)``
+evaluates a batch of hardware (leaves with a leading batch axis, e.g. from
+``jax.vmap(Hardware.from_times)``) in one call with the batch as the last, contiguous axis of
+the evaluator's arrays: the fast path for what-if sweeps. ``simulate`` returns a ``Result`` with
+times, bubbles, memory, communication volume and, for asynchronous schedules, steady state and
+staleness.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._errors import ConfigError, ScheduleError
+from ._evaluate import finish_times, sink_max
+from ._graph import KIND_CODES, PAD, Graph, compile
+from ._hardware import Hardware
+from .schedules import Op, Schedule
+from .schedules._analysis import staleness as schedule_staleness
+
+
+def _temperature(temperature: Any, dtype) -> Array | None:
+    if temperature is None:
+        return None
+    if isinstance(temperature, (int, float)):
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
+    t = jnp.asarray(temperature, dtype=dtype)
+    return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+
+
+def _check_types(graph: Any, hw: Any) -> None:
+    if isinstance(graph, Schedule):
+        raise ConfigError("makespan expects a Graph: call diffpipe.compile(schedule) first")
+    if not isinstance(graph, Graph):
+        raise ConfigError(f"expected a Graph, got {type(graph).__name__}")
+    if not isinstance(hw, Hardware):
+        raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
+
+
+def _costs(graph: Graph, hw: Hardware, batched: bool) -> tuple[Array, Array]:
+    """Durations ``[nodes, batch]`` and delays ``[nodes, k, batch]`` (batch last)."""
+    if not batched:
+        dur, delay = hw.costs(graph)
+        return dur[:, None], delay[:, :, None]
+    dur, delay = jax.vmap(lambda h: h.costs(graph))(hw)
+    return jnp.moveaxis(dur, 0, -1), jnp.moveaxis(delay, 0, -1)
+
+
+@eqx.filter_jit
+def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool) -> Array:
+    dur, delay = _costs(graph, hw, batched)
+    finish = finish_times(graph, dur, delay, temperature)
+    out = sink_max(graph, finish, temperature)
+    return out if batched else out[0]
+
+
+def makespan(
+    graph: Graph, hw: Hardware, *, temperature: float | Array | None = None, batched: bool = False
+) -> Float[Array, "*batch"]:
+    """Time of one step (the whole unrolled window for asynchronous schedules).
+
+    Args:
+        graph: from ``diffpipe.compile``.
+        hw: a ``Hardware``; with ``batched=True`` every leaf carries a leading batch axis.
+        temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
+            max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
+        batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
+
+    Returns:
+        A scalar, or ``[batch]`` when ``batched``. Works under ``jax.jit``, ``jax.vmap``, ``jax.grad``;
+        new float values never recompile.
+    """
+    _check_types(graph, hw)
+    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched)
+
+
+def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
+    """Per device: peak bytes (static + stored activations) and peak stored-activation count.
+
+    Exact and independent of timing: a device runs its order sequentially, so the peak is the
+    maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
+    """
+    static = hw.per_stage("static_bytes", graph) * graph.versions
+    static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
+    act = hw.per_stage("activation_bytes", graph)
+    size = hw.per_microbatch(graph)
+    nodes = graph.lane_nodes
+    compute = graph.kind[nodes] <= KIND_CODES["W"]
+    m = jnp.where(compute, graph.microbatch[nodes], 0)
+    sign = graph.release[nodes].astype(act.dtype)
+    delta = sign * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
+    peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
+    peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
+    return static_per_device + peak_bytes, peak_count
+
+
+def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:
+    """Per segment (contiguous, sorted), the max over prefixes of the running sum (>= 0)."""
+    total = jnp.cumsum(values)
+    before = jax.ops.segment_sum(values, segment, segments)
+    base = jnp.cumsum(before) - before  # running sum before each segment starts
+    prefix = total - base[segment]
+    return jnp.maximum(jax.ops.segment_max(prefix, segment, segments), 0.0)
+
+
+class Result(eqx.Module):
+    """What one simulated step looks like. Arrays over ops follow ``ops`` (the schedule's order).
+
+    Attributes:
+        ops: the schedule's ops (None when simulating a bare ``Graph``).
+        start, finish: per op, seconds.
+        makespan: the step time (the whole unrolled window for asynchronous schedules).
+        busy: per device, seconds of compute (collectives count on every participant).
+        bubble_ratio: idle fraction of ``devices x makespan``.
+        peak_memory: per device, bytes; ``peak_activations``: stored stage-microbatch activations.
+        fits: per device, whether ``peak_memory <= capacity``.
+        communication_bytes: bytes sent between devices (transfers; collectives not included).
+        step_finish: per optimizer step, when its last op finishes; ``period``: the differences
+            (constant in steady state for asynchronous schedules).
+        staleness: per forward op, optimizer steps between it and its backward (from the orders).
+    """
+
+    start: Float[Array, " ops"]
+    finish: Float[Array, " ops"]
+    makespan: Float[Array, ""]
+    busy: Float[Array, " devices"]
+    bubble_ratio: Float[Array, ""]
+    peak_memory: Float[Array, " devices"]
+    peak_activations: Float[Array, " devices"]
+    fits: Array
+    communication_bytes: Float[Array, ""]
+    step_finish: Float[Array, " steps"]
+    period: Float[Array, " gaps"]
+    ops: tuple[Op, ...] | None = eqx.field(static=True, default=None)
+    staleness: dict | None = eqx.field(static=True, default=None)
+
+    def time_of(self, op: Op) -> tuple[float, float]:
+        """``(start, finish)`` of ``op``."""
+        if self.ops is None:
+            raise ScheduleError("this result came from a bare Graph: simulate the Schedule to look up ops")
+        i = self.ops.index(op)
+        return float(self.start[i]), float(self.finish[i])
+
+
+@eqx.filter_jit
+def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
+    dur, delay = _costs(graph, hw, False)
+    finish = finish_times(graph, dur, delay, temperature)[:, 0]
+    total = sink_max(graph, finish[:, None], temperature)[0]
+    dur = dur[:, 0]
+    real = graph.kind != PAD
+    on_lane = real & (graph.kind != KIND_CODES["T"])
+    # collectives occupy every participant: attribute the first and last; middle ones (rare) too
+    busy = jax.ops.segment_sum(jnp.where(on_lane, dur, 0.0), graph.device, graph.devices)
+    extra = (graph.kind == KIND_CODES["R"]) & (graph.dst != graph.device)
+    busy = busy + jax.ops.segment_sum(jnp.where(extra, dur * (graph.group - 1), 0.0), graph.dst, graph.devices)
+    if graph.communication == "blocking":  # a blocking transfer occupies both ends
+        xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
+        busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
+        busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)
+    bubble = 1.0 - jnp.sum(busy) / (graph.devices * total)
+    memory, count = peak_memory(graph, hw)
+    msg = hw.per_stage("message_bytes", graph)
+    size = hw.per_microbatch(graph)
+    is_xfer_edge = (graph.edge == 3) | (graph.edge == 4)
+    edge_bytes = size[jnp.where(graph.kind <= KIND_CODES["W"], graph.microbatch, 0)][:, None] * msg[
+        graph.pipeline[:, None], jnp.maximum(graph.edge_boundary, 0)]
+    node_bytes = size[jnp.where(graph.kind == KIND_CODES["T"], graph.microbatch, 0)] * msg[
+        graph.pipeline, jnp.maximum(graph.boundary, 0)]
+    volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
+        jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
+    step_finish = finish[graph.step_last]
+    return finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish
+
+
+def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None) -> Result:
+    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``."""
+    if not isinstance(hw, Hardware):
+        raise ConfigError(f"simulate expects a Hardware, got {type(hw).__name__}")
+    ops = stale = None
+    if isinstance(schedule, Schedule):
+        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node)
+        ops, stale = schedule.ops, schedule_staleness(schedule)
+    elif isinstance(schedule, Graph):
+        graph = schedule
+    else:
+        raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
+    start, finish, total, busy, bubble, memory, count, volume, step_finish = _simulate(
+        graph, hw, _temperature(temperature, hw.forward.dtype))
+    index = np.asarray(graph.op_index)
+    rows = np.flatnonzero(index >= 0)
+    order = rows[np.argsort(index[rows])]
+    return Result(
+        start=start[order], finish=finish[order], makespan=total, busy=busy, bubble_ratio=bubble,
+        peak_memory=memory, peak_activations=count, fits=memory <= hw.per_device(graph),
+        communication_bytes=volume, step_finish=step_finish, period=jnp.diff(step_finish),
+        ops=ops, staleness=stale,
+    )
