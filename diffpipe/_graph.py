@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
@@ -306,3 +307,88 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
         pipelines=schedule.pipelines, microbatches=schedule.microbatches, steps=schedule.steps,
         communication=communication, devices_per_node=per_node,
     )
+
+
+def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sinks: int, lane: int,
+              steps: int, devices: int, stages: int, pipelines: int, microbatches: int,
+              devices_per_node: int | None = None) -> Graph:
+    """``graph`` padded to larger sizes without changing any result: padded predecessors, sinks and
+    lane entries point to the sentinel (``-inf``, no activation), padded levels to scratch rows."""
+    n = int(np.sum(np.asarray(graph.kind) != PAD))
+    old_sentinel = graph.sentinel
+    rows = nodes + width + 1
+    sentinel = rows - 1
+    if nodes < n or width < graph.width or k < graph.pred.shape[-1] or levels < graph.offsets.shape[-1]:
+        raise ConfigError("pad_graph: target sizes are smaller than the graph's")
+
+    def rowwise(x: Array, fill: int) -> Array:
+        x = np.asarray(x)
+        out = np.full((rows, *x.shape[1:]), fill, dtype=x.dtype)
+        out[:n] = x[:n]
+        return out
+
+    def columns(x: Array, fill: int) -> Array:
+        x = rowwise(x, fill)
+        out = np.full((rows, k), fill, dtype=x.dtype)
+        out[:, : x.shape[1]] = x
+        return out
+
+    def extend(x: Array, size: int, fill: int) -> np.ndarray:
+        x = np.asarray(x)
+        return np.concatenate([x, np.full(size - x.shape[0], fill, dtype=x.dtype)])
+
+    def remap(x: np.ndarray) -> np.ndarray:
+        return np.where(x == old_sentinel, sentinel, x).astype(np.int32)
+
+    def table(x: Array) -> np.ndarray:
+        x = np.asarray(x)
+        out = np.zeros((pipelines, stages), dtype=x.dtype)
+        out[: x.shape[0], : x.shape[1]] = x
+        return out
+
+    pred = remap(columns(graph.pred, old_sentinel))
+    pred[n:] = sentinel
+    lane_nodes = remap(extend(graph.lane_nodes, lane, old_sentinel))
+    return Graph(
+        kind=jnp.asarray(rowwise(graph.kind, PAD)), stage=jnp.asarray(rowwise(graph.stage, 0)),
+        pipeline=jnp.asarray(rowwise(graph.pipeline, 0)), microbatch=jnp.asarray(rowwise(graph.microbatch, 0)),
+        device=jnp.asarray(rowwise(graph.device, 0)), dst=jnp.asarray(rowwise(graph.dst, 0)),
+        boundary=jnp.asarray(rowwise(graph.boundary, -1)), group=jnp.asarray(rowwise(graph.group, 1)),
+        op_index=jnp.asarray(rowwise(graph.op_index, -1)), release=jnp.asarray(rowwise(graph.release, 0)),
+        pred=jnp.asarray(pred), edge=jnp.asarray(columns(graph.edge, EDGE_PAD)),
+        edge_src=jnp.asarray(columns(graph.edge_src, 0)), edge_dst=jnp.asarray(columns(graph.edge_dst, 0)),
+        edge_boundary=jnp.asarray(columns(graph.edge_boundary, -1)),
+        offsets=jnp.asarray(extend(graph.offsets, levels, nodes)), sizes=jnp.asarray(extend(graph.sizes, levels, 0)),
+        sinks=jnp.asarray(remap(extend(graph.sinks, sinks, old_sentinel))),
+        step_last=jnp.asarray(remap(extend(graph.step_last, steps, old_sentinel))),
+        lane_nodes=jnp.asarray(lane_nodes),
+        lane_device=jnp.asarray(extend(graph.lane_device, lane, devices - 1)),
+        holder=jnp.asarray(table(graph.holder)), versions=jnp.asarray(table(graph.versions)),
+        width=width, devices=devices, stages=stages, pipelines=pipelines, microbatches=microbatches,
+        steps=steps, communication=graph.communication,
+        devices_per_node=devices_per_node or graph.devices_per_node,
+    )
+
+
+def stack_graphs(graphs: Sequence[Graph]) -> Graph:
+    """Pad graphs to common sizes and stack them (a leading axis on every array), so that one
+    ``jax.vmap`` evaluates several schedules; padding never changes a result. Per-stage hardware
+    is then broadcast against the largest ``stages``/``pipelines``/``microbatches``/``devices``."""
+    graphs = list(graphs)
+    if not graphs:
+        raise ConfigError("stack_graphs needs at least one graph")
+    modes = {(g.communication, g.devices_per_node if g.devices_per_node < g.devices else None) for g in graphs}
+    if len(modes) > 1:
+        raise ConfigError(f"stack_graphs: graphs compiled for different communication settings {sorted(modes)}")
+    sizes = dict(
+        nodes=max(int(np.sum(np.asarray(g.kind) != PAD)) for g in graphs),
+        k=max(g.pred.shape[-1] for g in graphs), levels=max(g.offsets.shape[-1] for g in graphs),
+        width=max(g.width for g in graphs), sinks=max(g.sinks.shape[-1] for g in graphs),
+        lane=max(g.lane_nodes.shape[-1] for g in graphs), steps=max(g.steps for g in graphs),
+        devices=max(g.devices for g in graphs), stages=max(g.stages for g in graphs),
+        pipelines=max(g.pipelines for g in graphs), microbatches=max(g.microbatches for g in graphs),
+    )
+    ((_, per_node),) = modes
+    per_node = per_node or sizes["devices"]  # one node holding every device
+    padded = [pad_graph(g, **sizes, devices_per_node=per_node) for g in graphs]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *padded)
