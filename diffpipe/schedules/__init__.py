@@ -4,6 +4,7 @@ from ._analysis import in_flight as in_flight
 from ._analysis import peak_activations as peak_activations
 from ._analysis import staleness as staleness
 from ._analysis import weight_versions as weight_versions
+from ._list_scheduler import list_schedule as list_schedule
 from ._ops import KINDS as KINDS
 from ._ops import Op as Op
 from ._ops import Placement as Placement
