@@ -1,0 +1,128 @@
+"""DualPipe-V: DeepSeek's DualPipe folded onto a V placement (two chunks per device, one model copy).
+
+Source: DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1 (DualPipe) and the
+``deepseek-ai/DualPipe`` repository (``DualPipeV``); the order is exactly
+``torch.distributed.pipelining.ScheduleDualPipeV``'s. Stage s runs on device s for s < D and on
+2D-1-s otherwise (``Placement.v``). Device d runs ``2(D-d-1)`` chunk-0 forwards, ``d+1`` pairs of
+chunk-0 and chunk-1 forwards, ``D-d-1`` zero-bubble steps ``I W F`` on chunk 1, then the main
+phase of overlapped forward-backward pairs (chunk 0 forward with chunk 1 backward, chunk 1 forward
+with chunk 0 backward), and a cool-down whose second half splits backwards into I and W.
+
+diffpipe has one compute stream per device, so torch's compound action ``(aFb;cBd)OVERLAP_F_B``
+becomes its two ops in order: the forward, then the full backward. The overlap DualPipe gets from
+hiding one pass's communication under the other's compute is a property of the hardware model
+(communication modes), not of the order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .._errors import ScheduleError
+from ._ops import Op, Placement, Schedule
+from ._registry import Family, Formula
+
+
+def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
+    """torch's ``ScheduleDualPipeV._calculate_single_rank_operations``."""
+    r, n = device, microbatches
+    stage = (r, 2 * devices - 1 - r)
+    count = {(kind, c): 0 for kind in "FIW" for c in (0, 1)}  # a full B counts as its I and W
+    pending_w: list[tuple[int, int]] = []  # (chunk, microbatch) of I passes awaiting their W
+    order: list[Op] = []
+
+    def add(kind: str, chunk: int) -> None:
+        key = (kind, chunk) if kind != "B" else ("I", chunk)
+        m = count[key]
+        order.append(Op(kind, stage[chunk], m))
+        if kind == "B":
+            count[("I", chunk)] += 1
+            count[("W", chunk)] += 1
+        else:
+            count[key] += 1
+            if kind == "I":
+                pending_w.append((chunk, m))
+
+    def add_pending_w() -> None:
+        if pending_w:
+            chunk, m = pending_w.pop(0)
+            order.append(Op("W", stage[chunk], m))
+            count[("W", chunk)] += 1
+
+    def overlapped(forward_chunk: int, backward_chunk: int) -> None:
+        add("F", forward_chunk)
+        add("B", backward_chunk)
+
+    for _ in range((devices - r - 1) * 2):  # step 1: chunk-0 forwards
+        add("F", 0)
+    for _ in range(r + 1):  # step 2: forward pairs
+        add("F", 0)
+        add("F", 1)
+    for _ in range(devices - r - 1):  # step 3: I W F on chunk 1
+        add("I", 1)
+        add_pending_w()
+        add("F", 1)
+    for i in range(n - 2 * devices + r + 1):  # step 4: the overlapped main phase
+        if i == 0 and r == devices - 1:
+            add("F", 0)  # not overlapped in torch, to shorten the bubble; the same two ops here
+            add("B", 1)
+        else:
+            overlapped(0, 1)
+        overlapped(1, 0)
+    for _ in range(devices - r - 1):  # step 5
+        add("B", 1)
+        overlapped(1, 0)
+    split = False
+    for i in range(r + 1):  # step 6: the second half of these backwards is split
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        add("I" if split else "B", 1)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        add("I" if split else "B", 0)
+    for _ in range(devices - r - 1):  # step 7
+        add_pending_w()
+        add("I" if split else "B", 0)
+    for _ in range(r + 1):  # step 8
+        add_pending_w()
+    return order
+
+
+def generate(*, devices: int, microbatches: int) -> Schedule:
+    if microbatches < 2 * devices:
+        raise ScheduleError(
+            f"dualpipe-v: microbatches ({microbatches}) must be at least 2 * devices = {2 * devices} "
+            f"(one per stage of the V, as in torch)"
+        )
+    orders = [_dualpipe_v_order(d, devices, microbatches) for d in range(devices)]
+    return Schedule(Placement.v(devices), orders, microbatches, family="dualpipe-v")
+
+
+def formula(*, devices: int, microbatches: int, durations: Mapping[str, float]) -> Formula | None:
+    """At per-chunk ``t_F = t_I = t_W = t`` (so ``t_B = 2t``): makespan ``(6N + D - 1)·t``, as zb-v,
+    and peak activations ``2D + 1`` chunk-microbatches on every device (DeepSeek's table: PP+1
+    full-stage activations against 1F1B's PP). Derived here and checked against ``table``.
+
+    DeepSeek publish the bubble of two-way DualPipe, ``(PP/2-1)(F&B+B-3W)``, for overlapped F&B
+    chunks; one compute stream per device has no such overlap, so other times get None.
+    """
+    d, n = devices, microbatches
+    f, i, w, b = durations["F"], durations["I"], durations["W"], durations["B"]
+    if not (f == i == w and b == i + w) or n < 2 * d:
+        return None
+    makespan = (6 * n + d - 1) * f
+    return Formula(
+        makespan=makespan,
+        bubble_ratio=1 - 6 * n * f / makespan if makespan else 0.0,
+        assumption="per-chunk t_F = t_I = t_W, t_B = t_I + t_W, no communication, no F&B overlap",
+        peak_activations=(2 * d + 1,) * d,
+    )
+
+
+DUALPIPE_V = Family(
+    name="dualpipe-v",
+    generate=generate,
+    summary="DeepSeek DualPipe-V: V placement, overlapped forward/backward pairs, zero-bubble tail",
+    source="DeepSeek-V3 Technical Report, 2024, §3.2.1; deepseek-ai/DualPipe; torch ScheduleDualPipeV",
+    formula=formula,
+)
