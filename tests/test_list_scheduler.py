@@ -25,7 +25,10 @@ def data_predecessor(op, backward_kind, stages):
 def expected_ops(placement, microbatches, assignment, split):
     kinds = ("F", "I", "W") if split else ("F", "B")
     return {
-        Op(k, s, m, assignment[m]) for m in range(microbatches) for s in range(placement.stages) for k in kinds
+        Op(k, s, m, assignment[m])
+        for m in range(microbatches)
+        for s in range(placement.stages)
+        for k in kinds
     }
 
 
@@ -215,7 +218,8 @@ def test_table_reproduces_the_greedy_timing_and_the_greedy_never_idles_needlessl
 
 # -- random reorderings: valid, or a deadlock message naming a real cycle -------------------------
 LINK = re.compile(
-    r"device (\d+) waits at (\S+) for (?:(\S+) \((?:later in its own order|device (\d+))\)|device (\d+) to reach it)"
+    r"device (\d+) waits at (\S+) for "
+    r"(?:(\S+) \((?:later in its own order|device (\d+))\)|device (\d+) to reach it)"
 )
 
 

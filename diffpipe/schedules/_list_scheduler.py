@@ -64,9 +64,7 @@ def _key_function(priority: Priority) -> Callable[[Op], tuple[Any, ...]]:
     return lambda op: (ranks[op.kind], _tiebreak(op))
 
 
-def _check_assignment(
-    assignment: Sequence[int] | None, microbatches: int, pipelines: int
-) -> tuple[int, ...]:
+def _check_assignment(assignment: Sequence[int] | None, microbatches: int, pipelines: int) -> tuple[int, ...]:
     if assignment is None:
         return tuple(m % pipelines for m in range(microbatches))
     assignment = tuple(assignment)
