@@ -22,9 +22,15 @@ _LAZY = {
     "makespan": "._simulate",
     "peak_memory": "._simulate",
     "simulate": "._simulate",
+    "Device": "._transformer",
+    "Transformer": "._transformer",
+    "layer_costs": "._transformer",
 }
+# Public submodules loaded on first access (``diffpipe.presets.device("H100")``).
+_LAZY_MODULES = {"presets": "._presets"}
 
 if TYPE_CHECKING:
+    from . import _presets as presets  # noqa: F401  (public as a module: diffpipe.presets)
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs
@@ -34,6 +40,9 @@ if TYPE_CHECKING:
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory
     from ._simulate import simulate as simulate
+    from ._transformer import Device as Device
+    from ._transformer import Transformer as Transformer
+    from ._transformer import layer_costs as layer_costs
 
 
 def __getattr__(name: str):
@@ -43,8 +52,14 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
+    if name in _LAZY_MODULES:
+        import importlib
+
+        value = importlib.import_module(_LAZY_MODULES[name], __name__)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'diffpipe' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(list(globals()) + list(_LAZY) + list(_LAZY_MODULES))
