@@ -19,3 +19,6 @@ from ._registry import names as names
 from ._rules import Dep as Dep
 from ._table import Table as Table
 from ._table import table as table
+from ._torch import from_torch as from_torch
+from ._torch import from_torch_csv as from_torch_csv
+from ._torch import to_torch_csv as to_torch_csv
