@@ -85,6 +85,7 @@ def test_callable_priority():
         (dict(durations={"X": 1}), r"durations: unknown op kind"),
         (dict(durations={"F": -1}), r"durations: F must be a finite non-negative number"),
         (dict(priority=lambda op: 1 / 0), r"priority\(0F0\) raised ZeroDivisionError"),
+        (dict(durations=lambda op: -1.0), r"durations\(0F0\) = -1.0; give a finite non-negative number"),
         (dict(priority=lambda op: "x" if op.microbatch else 1), r"priority keys must be mutually comparable"),
     ],
 )

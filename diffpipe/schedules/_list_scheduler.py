@@ -29,6 +29,7 @@ while the device holds fewer than the cap (an activation is held from its F unti
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -180,12 +181,17 @@ def simulate(
             if op.kind == "F":
                 held[device] += 1
             busy[device] = True
-            heapq.heappush(running, (time + duration(op), device, op))
+            length = duration(op)
+            if not (isinstance(length, (int, float)) and math.isfinite(length) and length >= 0):
+                raise ScheduleError(
+                    f"list_schedule: durations({op}) = {length!r}; give a finite non-negative number"
+                )
+            heapq.heappush(running, (time + length, device, op))
         if not running:
             stuck = next(d for d in range(placement.devices) if ready[d])
             raise ScheduleError(
-                f"list_schedule: memory_limit {int(limits[stuck])} stalls device {stuck}: every activation "
-                f"slot holds a microbatch whose next forward is also on it; raise memory_limit "
+                f"list_schedule: memory_limit {int(limits[stuck])} stalls device {stuck}: its activations "
+                f"fill the cap and no backward can run until it runs another forward; raise memory_limit "
                 f"(or pass None)"
             )
         time = running[0][0]
