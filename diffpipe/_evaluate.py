@@ -58,10 +58,13 @@ def _weights(pred, finish, dur, delay, tau):
     start = finish - dur
     if tau is None:
         candidates = jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
-        winner = jnp.argmax(candidates, axis=1)  # first maximum; 0 = the release term
-        slots = jnp.arange(1, x.shape[1] + 1)[None, :, None]
+        winner = jnp.argmax(candidates, axis=1).astype(jnp.int32)  # first maximum; 0 = release
+        slots = jnp.arange(1, x.shape[1] + 1, dtype=jnp.int32)[None, :, None]
         return x, (winner[:, None, :] == slots).astype(dur.dtype)
-    return x, jnp.exp((x - start[:, None, :]) / tau)
+    # x <= start on real rows, so the exponent is <= 0; clamping and masking keep the scratch rows
+    # (junk values, zero cotangent) from producing inf * 0 = NaN.
+    exponent = jnp.minimum((x - start[:, None, :]) / tau, 0.0)
+    return x, jnp.where(jnp.isneginf(x), 0.0, jnp.exp(exponent))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 6))
@@ -77,7 +80,7 @@ def _finish_fwd(pred, offsets, sizes, width, dur, delay, exact, tau):
 def _finish_bwd(width, exact, residuals, g_finish):
     pred, offsets, sizes, dur, delay, tau, finish = residuals
     x, w = _weights(pred, finish, dur, delay, None if exact else tau)
-    lanes = jnp.arange(width)[:, None]
+    lanes = jnp.arange(width, dtype=sizes.dtype)[:, None]
 
     def level(g, level_at):
         offset, size = level_at

@@ -24,7 +24,7 @@ from jaxtyping import Array, Int
 from ._errors import ConfigError, ScheduleError
 from .schedules import Op, Schedule
 from .schedules._rules import ACTIVATION, DATA, GRADIENT, LANE
-from .schedules._table import DEFAULT_DURATIONS, as_duration_fn, evaluate
+from .schedules._table import transfer_order
 
 #: Node kind codes (``Graph.kind``); -1 marks padding.
 KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3, "U": 4, "R": 5, "T": 6}
@@ -48,7 +48,8 @@ class Graph(eqx.Module):
     (participants of a collective), ``op_index`` (position in ``schedule.ops``, -1 otherwise).
     Per edge ``[nodes, k]``: ``pred`` (sentinel-padded), ``edge`` (type code), and for transfer edges
     ``edge_src``, ``edge_dst``, ``edge_boundary``. Per level: ``offsets``, ``sizes``.
-    Memory: ``lane_nodes``/``lane_device`` list compute ops in device order; ``release`` is
+    Lanes: ``lane_nodes``/``lane_device`` list every device's ops in order (a collective once per
+    participant); ``release`` is
     +1 where an op stores an activation (F), -1 where it frees one (B, or W when split), else 0;
     ``holder[p, s]`` is the device of stage s of pipeline p; ``versions[p, s]`` weight versions held.
     """
@@ -149,7 +150,6 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
 
     ops = schedule.ops
     index = {op: i for i, op in enumerate(ops)}
-    placement = schedule.placement
     nodes: list[_Node] = []
     for i, op in enumerate(ops):
         lanes = schedule.devices_of(op)
@@ -179,18 +179,12 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
 
 
 def _add_link_order(schedule: Schedule, nodes: list[_Node], transfers, per_node: int) -> None:
-    """Chain the transfers of each link in issue order: by the producer's finish in the unit-time
-    table (ties by topological position). Every edge then increases that key, so no cycle appears."""
-    _, finish = evaluate(schedule, as_duration_fn(DEFAULT_DURATIONS))
+    """Chain the transfers of each link in issue order (``schedules._table.transfer_order``)."""
     ops = schedule.ops
-    lanes: dict[tuple, list[tuple[float, int, int]]] = {}
-    for t, producer, _ in transfers:
-        key = _link_of(nodes[t].device, nodes[t].dst, per_node)
-        lanes.setdefault(key, []).append((finish[ops[producer]], producer, t))
-    for queue in lanes.values():
-        queue.sort()
-        for (_, _, before), (_, _, after) in zip(queue, queue[1:]):
-            nodes[after].preds.append((before, EDGE_LINK, -1, -1, -1))
+    node_of = {(ops[producer], ops[consumer]): t for t, producer, consumer in transfers}
+    for queue in transfer_order(schedule, lambda s, d: _link_of(s, d, per_node)).values():
+        for before, after in zip(queue, queue[1:]):
+            nodes[node_of[after]].preds.append((node_of[before], EDGE_LINK, -1, -1, -1))
 
 
 def _add_blocking(schedule: Schedule, nodes: list[_Node], transfers, index: dict[Op, int]) -> None:
@@ -286,9 +280,8 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
     index = {op: i for i, op in enumerate(ops)}
     for d, lane in enumerate(schedule.orders):
         for op in lane:
-            if op.kind != "R":
-                lane_nodes.append(op_node[index[op]])
-                lane_device.append(d)
+            lane_nodes.append(op_node[index[op]])
+            lane_device.append(d)
     from .schedules._analysis import weight_versions
 
     return Graph(

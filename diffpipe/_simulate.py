@@ -89,11 +89,11 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
     maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
     """
-    static = hw.per_stage("static_bytes", graph) * graph.versions
+    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
     static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
     act = hw.per_stage("activation_bytes", graph)
     size = hw.per_microbatch(graph)
-    nodes = graph.lane_nodes
+    nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
     compute = graph.kind[nodes] <= KIND_CODES["W"]
     m = jnp.where(compute, graph.microbatch[nodes], 0)
     sign = graph.release[nodes].astype(act.dtype)
@@ -158,11 +158,7 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     total = sink_max(graph, finish[:, None], temperature)[0]
     dur = dur[:, 0]
     real = graph.kind != PAD
-    on_lane = real & (graph.kind != KIND_CODES["T"])
-    # collectives occupy every participant: attribute the first and last; middle ones (rare) too
-    busy = jax.ops.segment_sum(jnp.where(on_lane, dur, 0.0), graph.device, graph.devices)
-    extra = (graph.kind == KIND_CODES["R"]) & (graph.dst != graph.device)
-    busy = busy + jax.ops.segment_sum(jnp.where(extra, dur * (graph.group - 1), 0.0), graph.dst, graph.devices)
+    busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
     if graph.communication == "blocking":  # a blocking transfer occupies both ends
         xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
         busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)

@@ -107,7 +107,7 @@ def _check_complete(schedule: Schedule, lanes: dict[Op, list[int]]) -> dict[tupl
             raise ScheduleError(f"microbatch {m} has no ops: missing op 0F{m}")
         p = pipeline_of[m]
         for s in range(stages):
-            def has(kind: str) -> bool:
+            def has(kind: str, s: int = s, m: int = m, p: int = p) -> bool:
                 return Op(kind, s, m, p) in lanes
 
             home = f"(expected on device {schedule.placement.device(p, s)})"
