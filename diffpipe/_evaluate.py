@@ -102,20 +102,30 @@ def _finish_bwd(width, exact, residuals, g_finish):
 _finish.defvjp(_finish_fwd, _finish_bwd)
 
 
+#: How gradients are computed: ``"sweep"`` the reverse sweep above (custom VJP; reverse mode only);
+#: ``"autodiff"`` JAX's own differentiation of the level scan (forward mode too, but reverse mode
+#: stores every level's carry and is several times slower: see benchmarks/bench_simulator.py).
+ADJOINTS = ("sweep", "autodiff")
+
+
 def finish_times(
     graph: Graph,
     dur: Float[Array, "nodes batch"],
     delay: Float[Array, "nodes k batch"],
     temperature: Float[Array, ""] | None = None,
+    adjoint: str = "sweep",
 ) -> Float[Array, "nodes batch"]:
-    """Finish time of every node (rows past the real nodes are scratch: ignore them).
+    """Finish time of every node; rows that are not real nodes (scratch, sentinel) hold ``-inf``.
 
     ``temperature=None`` is exact max-plus; a positive temperature smooths every max.
     """
     real = (graph.kind != PAD)[:, None]
     dur = jnp.where(real, dur, 0.0)
-    tau = jnp.ones((), dur.dtype) if temperature is None else temperature
-    finish = _finish(graph.pred, graph.offsets, graph.sizes, graph.width, dur, delay, temperature is None, tau)
+    if adjoint == "autodiff":
+        finish = _sweep(graph.pred, graph.offsets, graph.width, dur, delay, temperature)
+    else:
+        tau = jnp.ones((), dur.dtype) if temperature is None else temperature
+        finish = _finish(graph.pred, graph.offsets, graph.sizes, graph.width, dur, delay, temperature is None, tau)
     return jnp.where(real, finish, -jnp.inf)
 
 

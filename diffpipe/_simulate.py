@@ -20,7 +20,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError, ScheduleError
-from ._evaluate import finish_times, sink_max
+from ._evaluate import ADJOINTS, finish_times, sink_max
 from ._graph import KIND_CODES, PAD, Graph, compile
 from ._hardware import Hardware
 from .schedules import Op, Schedule
@@ -56,15 +56,20 @@ def _costs(graph: Graph, hw: Hardware, batched: bool) -> tuple[Array, Array]:
 
 
 @eqx.filter_jit
-def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool) -> Array:
+def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
     dur, delay = _costs(graph, hw, batched)
-    finish = finish_times(graph, dur, delay, temperature)
+    finish = finish_times(graph, dur, delay, temperature, adjoint)
     out = sink_max(graph, finish, temperature)
     return out if batched else out[0]
 
 
 def makespan(
-    graph: Graph, hw: Hardware, *, temperature: float | Array | None = None, batched: bool = False
+    graph: Graph,
+    hw: Hardware,
+    *,
+    temperature: float | Array | None = None,
+    batched: bool = False,
+    adjoint: str = "sweep",
 ) -> Float[Array, "*batch"]:
     """Time of one step (the whole unrolled window for asynchronous schedules).
 
@@ -74,13 +79,18 @@ def makespan(
         temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
             max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
         batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
+        adjoint: ``"sweep"`` (default) differentiates with the reverse sweep of ``_evaluate``, about
+            one extra forward in time and memory; ``"autodiff"`` lets JAX differentiate the scan,
+            which also allows forward mode (``jax.jvp``, ``jax.jacfwd``).
 
     Returns:
         A scalar, or ``[batch]`` when ``batched``. Works under ``jax.jit``, ``jax.vmap``, ``jax.grad``;
         new float values never recompile.
     """
     _check_types(graph, hw)
-    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched)
+    if adjoint not in ADJOINTS:
+        raise ConfigError(f"adjoint {adjoint!r} is not one of {', '.join(ADJOINTS)}")
+    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, adjoint)
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:

@@ -325,3 +325,20 @@ def test_blocking_deadlock_is_reported():
     dp.compile(s, communication="overlap")
     with pytest.raises(dp.ScheduleError, match="deadlocks under blocking"):
         dp.compile(s, communication="blocking")
+
+
+@pytest.mark.parametrize("tau", [1e-6, 0.3])
+def test_forward_mode_with_autodiff_adjoint_has_no_nan(tau):
+    s1 = dp.schedules.get("1f1b", devices=4, microbatches=4)
+    s2 = dp.schedules.get("gpipe", devices=2, microbatches=3)
+    stacked = dp.stack_graphs([dp.compile(s1), dp.compile(s2)])
+
+    def f(x):
+        hw = dp.Hardware.from_times(x, 2.0 * x, p2p_time=0.1)
+        return jnp.sum(jax.vmap(lambda g: dp.makespan(g, hw, temperature=tau, adjoint="autodiff"))(stacked))
+
+    _, tangent = jax.jvp(f, (jnp.ones(4),), (jnp.ones(4),))
+    assert np.isfinite(float(tangent))
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(f)(jnp.ones(4))), np.asarray(jax.grad(f)(jnp.ones(4))), rtol=1e-5)
+    with pytest.raises(dp.ConfigError, match="adjoint"):
+        dp.makespan(dp.compile(s1), dp.Hardware.from_times(1.0, 2.0), adjoint="magic")
