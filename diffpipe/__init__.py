@@ -25,17 +25,35 @@ _LAZY = {
     "Device": "._transformer",
     "Transformer": "._transformer",
     "layer_costs": "._transformer",
+    "Plan": "._baselines",
+    "brute_force_partition": "._baselines",
+    "minmax_partition": "._baselines",
+    "uniform_partition": "._baselines",
+    "MicrobatchSplit": "._knobs",
+    "StageBalance": "._knobs",
+    "Workload": "._knobs",
+    "OptimizeResult": "._optimize",
+    "optimize": "._optimize",
 }
 # Public submodules loaded on first access (``diffpipe.presets.device("H100")``).
 _LAZY_MODULES = {"presets": "._presets"}
 
 if TYPE_CHECKING:
     from . import _presets as presets  # noqa: F401  (public as a module: diffpipe.presets)
+    from ._baselines import Plan as Plan
+    from ._baselines import brute_force_partition as brute_force_partition
+    from ._baselines import minmax_partition as minmax_partition
+    from ._baselines import uniform_partition as uniform_partition
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs
     from ._hardware import Hardware as Hardware
     from ._hardware import Network as Network
+    from ._knobs import MicrobatchSplit as MicrobatchSplit
+    from ._knobs import StageBalance as StageBalance
+    from ._knobs import Workload as Workload
+    from ._optimize import OptimizeResult as OptimizeResult
+    from ._optimize import optimize as optimize
     from ._simulate import Result as Result
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory

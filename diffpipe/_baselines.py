@@ -1,0 +1,222 @@
+"""Baseline stage splits, and exact batched evaluation of integer plans.
+
+- ``uniform_partition``: equal layers per stage (the default of most frameworks);
+- ``minmax_partition``: the dynamic program minimising the largest stage compute time, the proxy
+  objective of the PipeDream and Alpa planners (Narayanan et al., "PipeDream: Generalized Pipeline
+  Parallelism for DNN Training", SOSP'19, §3.1; Zheng et al., "Alpa", OSDI'22, §5.2) without their
+  communication and memory terms: it ignores transfers, memory and the schedule's shape;
+- ``brute_force_partition``: every split into contiguous non-empty stages (``C(L-1, S-1)`` of
+  them), evaluated with the batched exact simulator; refused above ``BRUTE_FORCE_LIMIT``.
+
+``evaluate_plans`` is the exact check every reported plan goes through.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import ConfigError
+from ._graph import Graph
+from ._knobs import Workload, _uniform
+from ._simulate import makespan, peak_memory
+
+#: Largest number of splits ``brute_force_partition`` evaluates by default (24 layers over 8
+#: stages is C(23, 7) = 245,157: a few seconds on two CPU cores).
+BRUTE_FORCE_LIMIT = 300_000
+#: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.
+EVALUATION_CHUNK = 4096
+#: Batches are padded to one of these sizes (the last one is ``chunk``), so that only a few shapes
+#: are ever compiled whatever the number of plans.
+_BUCKETS = (64, 512)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An integer plan checked by the exact simulator.
+
+    Attributes:
+        layers_per_stage: layers of each stage (the schedule's stages, in order).
+        samples: samples per microbatch, or ``None`` when the workload's sizes were used.
+        makespan: exact step time (seconds).
+        peak_memory: per device, exact peak bytes (static + stored activations).
+        capacity: per device, bytes.
+        fits: whether every device's peak is within its capacity.
+    """
+
+    layers_per_stage: tuple[int, ...]
+    samples: tuple[int, ...] | None
+    makespan: float
+    peak_memory: tuple[float, ...]
+    capacity: tuple[float, ...]
+    fits: bool
+
+
+@eqx.filter_jit
+def _exact(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Array):
+    hws = jax.vmap(workload.hardware)(boundaries, size)
+    times = makespan(graph, hws, batched=True)
+    memory = jax.vmap(lambda hw: peak_memory(graph, hw)[0])(hws)
+    return times, memory
+
+
+@eqx.filter_jit
+def exact_one(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Array | None):
+    """Exact makespan and per-device peak memory of one plan (the unbatched simulator path)."""
+    hw = workload.hardware(boundaries, size)
+    return makespan(graph, hw), peak_memory(graph, hw)[0]
+
+
+def evaluate_plans(
+    graph: Graph, workload: Workload, layers_per_stage: Any, size: Any = None, *, chunk: int = EVALUATION_CHUNK
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact makespan ``[B]``, peak memory ``[B, devices]`` and fit ``[B]`` of ``B`` integer plans.
+
+    ``layers_per_stage`` is ``[B, stages]``; ``size`` (relative microbatch sizes) ``[B, microbatches]``,
+    or ``None`` for the workload's. Batches are padded to one of a few sizes (at most ``chunk`` per
+    call), so new plan counts rarely compile anything new.
+    """
+    counts = np.asarray(layers_per_stage, dtype=np.int64)
+    if counts.ndim != 2 or counts.shape[1] != graph.stages:
+        raise ConfigError(f"plans: layers_per_stage has shape {counts.shape}, expected [plans, {graph.stages}]")
+    n = counts.shape[0]
+    dtype = workload.forward.dtype
+    if size is None:
+        sizes = np.broadcast_to(np.asarray(workload.size), (n, *np.shape(workload.size)))
+    else:
+        sizes = np.asarray(size)
+        if sizes.shape[0] != n:
+            raise ConfigError(f"plans: {sizes.shape[0]} sizes for {n} plans")
+    bounds = np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
+    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
+    times = np.empty(n)
+    memory = np.empty((n, graph.devices))
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
+        index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
+        t, m = _exact(graph, workload, jnp.asarray(bounds[index], dtype), jnp.asarray(sizes[index], dtype))
+        times[lo:hi] = np.asarray(t)[: hi - lo]
+        memory[lo:hi] = np.asarray(m)[: hi - lo]
+    fits = np.all(memory <= capacity[None, :], axis=1)
+    return times, memory, fits
+
+
+def best_plan(times: np.ndarray, memory: np.ndarray, fits: np.ndarray, capacity: np.ndarray) -> int:
+    """Index of the fastest fitting plan; when none fits, of the one with the least overflow."""
+    if np.any(fits):
+        return int(np.argmin(np.where(fits, times, np.inf)))
+    finite = np.isfinite(capacity)[None, :]
+    overflow = np.max(np.where(finite, (memory - capacity[None, :]) / np.where(finite, capacity, 1.0), -np.inf),
+                      axis=1)
+    return int(np.lexsort((times, overflow))[0])
+
+
+def make_plan(graph: Graph, workload: Workload, counts: Sequence[int], samples: Sequence[int] | None,
+              time: float, memory: np.ndarray) -> Plan:
+    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
+    return Plan(
+        layers_per_stage=tuple(int(c) for c in counts),
+        samples=None if samples is None else tuple(int(s) for s in samples),
+        makespan=float(time), peak_memory=tuple(float(m) for m in memory),
+        capacity=tuple(float(c) for c in capacity), fits=bool(np.all(memory <= capacity)),
+    )
+
+
+# -- the baselines -----------------------------------------------------------------------------------
+def _check_split(layers: int, stages: int) -> None:
+    for name, value in (("layers", layers), ("stages", stages)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"partition: {name} must be a positive int, got {value!r}")
+    if stages > layers:
+        raise ConfigError(f"partition: {stages} stages exceed the {layers} layers")
+
+
+def uniform_partition(layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per stage as equal as possible, the first ``layers % stages`` stages one more."""
+    _check_split(layers, stages)
+    return _uniform(int(layers), int(stages))
+
+
+def minmax_partition(costs: Workload | Sequence[float], stages: int) -> tuple[int, ...]:
+    """Contiguous non-empty stages minimising the largest stage cost (per-layer ``F + I + W`` of a
+    ``Workload``, or any per-layer costs). ``O(stages x layers^2)`` dynamic program; ties go to the
+    split whose earlier stages end earliest."""
+    if isinstance(costs, Workload):
+        values = np.asarray(costs.compute, np.float64)
+    else:
+        values = np.asarray(costs, np.float64)
+    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ConfigError("minmax_partition: costs must be a finite non-negative [layers] sequence")
+    layers = values.shape[0]
+    _check_split(layers, stages)
+    cumulative = np.concatenate([[0.0], np.cumsum(values)])
+    # best[s, l]: least largest cost of layers 0..l-1 over s + 1 stages; cut[s, l] where the last starts.
+    best = np.full((stages, layers + 1), np.inf)
+    cut = np.zeros((stages, layers + 1), dtype=np.int64)
+    best[0, 1:] = cumulative[1:]
+    for s in range(1, stages):
+        for end in range(s + 1, layers + 1):
+            starts = np.arange(s, end)
+            candidate = np.maximum(best[s - 1, starts], cumulative[end] - cumulative[starts])
+            i = int(np.argmin(candidate))
+            best[s, end], cut[s, end] = candidate[i], starts[i]
+    counts, end = [], layers
+    for s in range(stages - 1, 0, -1):
+        start = int(cut[s, end])
+        counts.append(end - start)
+        end = start
+    counts.append(end)
+    return tuple(reversed(counts))
+
+
+def compositions(layers: int, stages: int) -> np.ndarray:
+    """Every split of ``layers`` into ``stages`` contiguous non-empty stages, ``[C(L-1, S-1), S]``."""
+    cuts = np.array(list(itertools.combinations(range(1, layers), stages - 1)), dtype=np.int64)
+    cuts = cuts.reshape(-1, stages - 1)
+    edges = np.concatenate([np.zeros((cuts.shape[0], 1), np.int64), cuts,
+                            np.full((cuts.shape[0], 1), layers, np.int64)], axis=1)
+    return np.diff(edges, axis=1)
+
+
+def brute_force_partition(
+    graph: Graph, workload: Workload, *, size: Any = None, limit: int = BRUTE_FORCE_LIMIT,
+    chunk: int = EVALUATION_CHUNK,
+) -> Plan:
+    """The best split over all ``C(layers-1, stages-1)`` splits, by the exact simulator.
+
+    The best is the fastest that fits memory; when none fits, the plan with the least overflow
+    (``fits=False``). ``size``: relative microbatch sizes (scalar or ``[microbatches]``), default
+    the workload's. Raises ``ConfigError`` when there are more than ``limit`` splits.
+    """
+    if not isinstance(graph, Graph):
+        raise ConfigError(f"brute_force_partition expects a Graph, got {type(graph).__name__}")
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"brute_force_partition expects a Workload, got {type(workload).__name__}")
+    layers, stages = workload.layers, graph.stages
+    _check_split(layers, stages)
+    count = math.comb(layers - 1, stages - 1)
+    if count > limit:
+        raise ConfigError(f"brute force: C({layers - 1}, {stages - 1}) = {count} splits exceed limit={limit}; "
+                          "use diffpipe.optimize")
+    plans = compositions(layers, stages)
+    sizes = None
+    if size is not None:
+        s = np.asarray(size, np.float64)
+        sizes = np.broadcast_to(s, (count, *s.shape))
+    times, memory, fits = evaluate_plans(graph, workload, plans, sizes, chunk=chunk)
+    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
+    i = best_plan(times, memory, fits, capacity)
+    return make_plan(graph, workload, plans[i], None, times[i], memory[i])
+
+
+__all__ = ["BRUTE_FORCE_LIMIT", "EVALUATION_CHUNK", "Plan", "brute_force_partition", "compositions",
+           "evaluate_plans", "minmax_partition", "uniform_partition"]

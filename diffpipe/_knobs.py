@@ -1,0 +1,529 @@
+"""Knobs: equinox Modules that map continuous parameters and a ``Workload`` to a ``Hardware``.
+
+A loss is then plain composition (DESIGN.md, "Knobs, optimization and sweeps")::
+
+    knob = dp.StageBalance(stages=4)
+    loss = lambda p: dp.makespan(graph, knob(p, workload), temperature=tau)
+    jax.grad(loss)(knob.init())
+
+``Workload`` is a per-layer table (forward, input-gradient and weight-gradient seconds; static,
+gradient, stored-activation and output bytes) plus what a ``Hardware`` needs besides stage costs
+(network, capacity, overhead). ``StageBalance`` places continuous stage boundaries on the
+cumulative per-layer cost curve and reads every per-stage quantity off the cumulative curves by
+linear interpolation; ``MicrobatchSplit`` turns logits into positive microbatch sizes summing to
+the global batch. With integer boundaries the interpolation is exact, so the same function gives
+the hardware of a rounded plan (``Workload.hardware``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._errors import ConfigError
+from ._hardware import Hardware, Network, _check_values, _concrete, _float
+
+#: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
+#: cumulative cost curve, so that the curve is strictly increasing and a boundary placed on it
+#: maps to a unique layer position.
+FLAT_LAYER_WEIGHT = 1e-2
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+def _counts(value: Any, what: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(operator.index(c) for c in value)
+    except TypeError:
+        raise ConfigError(f"{what} must be a sequence of ints, got {value!r}") from None
+    return counts
+
+
+class Workload(eqx.Module):
+    """A model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
+
+    Per-layer arrays ``[layers]`` (one microbatch of ``samples`` samples; see ``samples``):
+        forward, backward, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
+            gradient); a full ``B`` is ``I + W``.
+        update: seconds of the optimizer step ``U`` for the layer's parameters.
+        static_bytes: weights, gradients and optimizer state held by the stage holding the layer.
+        gradient_bytes: what a data-parallel all-reduce of the layer's gradients moves.
+        activation_bytes: bytes stored from the layer's forward until its backward.
+        output_bytes: the layer's output, sent across a stage boundary placed after it (the
+            gradient sent back is the same size).
+    Other fields:
+        overhead: seconds added to every compute op; capacity: device memory, scalar or ``[devices]``;
+        network: the links (``Network``); size: relative microbatch sizes used when no
+            ``MicrobatchSplit`` sets them (scalar or ``[microbatches]``).
+        shared_static_bytes / shared_gradient_bytes: bytes of the last layer that duplicate the
+            first's (a tied embedding): dropped when one stage holds both.
+        samples: samples per microbatch the per-layer costs are for; ``None`` means "the mean
+            microbatch" (``batch / microbatches`` of a ``MicrobatchSplit``).
+        layers_per_stage: the split used when no ``StageBalance`` sets one (``None``: uniform).
+
+    Build with ``Workload.from_model`` (the transformer cost model on a ``Device``) or
+    ``Workload.from_table`` (any per-layer table, e.g. measured).
+    """
+
+    forward: Float[Array, " layers"]
+    backward: Float[Array, " layers"]
+    weight: Float[Array, " layers"]
+    update: Float[Array, " layers"]
+    static_bytes: Float[Array, " layers"]
+    gradient_bytes: Float[Array, " layers"]
+    activation_bytes: Float[Array, " layers"]
+    output_bytes: Float[Array, " layers"]
+    overhead: Float[Array, ""]
+    capacity: Float[Array, "..."]
+    size: Float[Array, "..."]
+    network: Network
+    shared_static_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    shared_gradient_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    samples: float | None = eqx.field(static=True, default=None)
+    layers_per_stage: tuple[int, ...] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self) -> None:
+        if not isinstance(self.network, Network):
+            raise ConfigError(f"workload: network must be a Network, got {type(self.network).__name__}")
+        shape = jnp.shape(self.forward)
+        if len(shape) != 1 or shape[0] < 1:
+            raise ConfigError(f"workload: forward must be a non-empty [layers] array, got shape {shape}")
+        for name in ("backward", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
+                     "output_bytes"):
+            if jnp.shape(getattr(self, name)) != shape:
+                raise ConfigError(f"workload: {name} has shape {jnp.shape(getattr(self, name))}, "
+                                  f"forward has {shape}")
+        for name in ("forward", "backward", "weight", "update", "static_bytes", "gradient_bytes",
+                     "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
+                     "shared_gradient_bytes"):
+            _check_values(f"workload {name}", getattr(self, name))
+        _check_values("workload capacity", self.capacity, positive=True, allow_inf=True)
+        if self.samples is not None and not (isinstance(self.samples, (int, float)) and self.samples > 0
+                                             and math.isfinite(self.samples)):
+            raise ConfigError(f"workload: samples must be a positive number or None, got {self.samples!r}")
+        if self.layers_per_stage is not None:
+            counts = self.layers_per_stage
+            if any(c < 1 for c in counts) or sum(counts) != shape[0]:
+                raise ConfigError(f"workload: layers_per_stage {list(counts)} must be positive and sum to "
+                                  f"the {shape[0]} layers")
+
+    # -- constructors -------------------------------------------------------------------------------
+    @classmethod
+    def from_table(
+        cls,
+        forward: Any,
+        backward: Any,
+        weight: Any = None,
+        *,
+        update: Any = 0.0,
+        static_bytes: Any = 0.0,
+        gradient_bytes: Any = 0.0,
+        activation_bytes: Any = 0.0,
+        output_bytes: Any = 0.0,
+        overhead: Any = 0.0,
+        capacity: Any = math.inf,
+        size: Any = 1.0,
+        network: Network | None = None,
+        samples: float | None = None,
+        layers_per_stage: Sequence[int] | None = None,
+        shared_static_bytes: float = 0.0,
+        shared_gradient_bytes: float = 0.0,
+    ) -> Workload:
+        """A workload from per-layer sequences (scalars broadcast to every layer).
+
+        ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``backward`` is then the
+        whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
+        """
+        f = _float(forward)
+        if f.ndim != 1 or f.shape[0] < 1:
+            raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "
+                              f"{f.shape}")
+
+        def layer(x: Any, name: str) -> Array:
+            x = _float(x)
+            if x.ndim == 0:
+                return jnp.broadcast_to(x, f.shape)
+            if x.shape != f.shape:
+                raise ConfigError(f"workload: {name} has shape {x.shape}, forward has {f.shape}")
+            return x
+
+        return cls(
+            forward=f, backward=layer(backward, "backward"),
+            weight=layer(0.0 if weight is None else weight, "weight"), update=layer(update, "update"),
+            static_bytes=layer(static_bytes, "static_bytes"), gradient_bytes=layer(gradient_bytes, "gradient_bytes"),
+            activation_bytes=layer(activation_bytes, "activation_bytes"),
+            output_bytes=layer(output_bytes, "output_bytes"), overhead=_float(overhead),
+            capacity=_float(capacity), size=_float(size),
+            network=Network.uniform() if network is None else network, samples=samples,
+            layers_per_stage=None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage"),
+            shared_static_bytes=shared_static_bytes, shared_gradient_bytes=shared_gradient_bytes,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        device: Any,
+        network: Network | None = None,
+        *,
+        overhead: Any = 0.0,
+        update: Any = 0.0,
+        capacity: Any = None,
+        layers_per_stage: Sequence[int] | None = None,
+    ) -> Workload:
+        """The transformer cost model (``diffpipe.layer_costs``) on ``device``.
+
+        Layers are the rows of ``layer_costs(model)``: the embedding, every block, the LM head
+        (``model.layers + 2``), so the uneven first and last layers are placed like any other.
+        Times are FLOPs over ``peak_flops x efficiency``; ``samples`` is ``model.microbatch``;
+        ``capacity`` defaults to the device memory; ``update`` (seconds for the whole model) is
+        spread over layers in proportion to their parameters. A tied embedding's copy in the head
+        is dropped when one stage holds both (as ``Hardware.from_model`` does).
+        """
+        from ._transformer import Device, Transformer, layer_costs
+
+        if not isinstance(model, Transformer):
+            raise ConfigError(f"Workload.from_model expects a Transformer, got {type(model).__name__}")
+        if not isinstance(device, Device):
+            raise ConfigError(f"Workload.from_model expects a Device, got {type(device).__name__}")
+        costs = layer_costs(model)
+        forward, backward, weight = costs.times(device)
+        dtype = forward.dtype
+        share = costs.parameters / costs.parameters.sum()
+        return cls.from_table(
+            forward, backward, weight,
+            update=jnp.asarray(update, dtype) * jnp.asarray(share, dtype),
+            static_bytes=jnp.asarray(costs.static_bytes, dtype),
+            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
+            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
+            output_bytes=jnp.asarray(costs.output_bytes, dtype),
+            overhead=overhead, capacity=device.memory if capacity is None else capacity,
+            network=Network.uniform() if network is None else network,
+            samples=float(model.microbatch), layers_per_stage=layers_per_stage,
+            shared_static_bytes=costs.shared_parameters * model.bytes_per_parameter,
+            shared_gradient_bytes=costs.shared_parameters * model.dtype_bytes,
+        )
+
+    def with_split(self, layers_per_stage: Sequence[int] | None) -> Workload:
+        """This workload with another default split (``None``: uniform)."""
+        counts = None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage")
+        return dataclasses.replace(self, layers_per_stage=counts)
+
+    # -- derived ------------------------------------------------------------------------------------
+    @property
+    def layers(self) -> int:
+        return int(self.forward.shape[0])
+
+    @property
+    def compute(self) -> Float[Array, " layers"]:
+        """Per-layer ``F + I + W`` seconds: the cost curve stage boundaries are placed on."""
+        return self.forward + self.backward + self.weight
+
+    def boundaries(self, layers_per_stage: Sequence[int] | Array) -> Float[Array, "... stages+1"]:
+        """Stage boundary positions ``[0, c_0, c_0 + c_1, ..., layers]`` of integer splits."""
+        counts = jnp.asarray(layers_per_stage)
+        zero = jnp.zeros((*counts.shape[:-1], 1), dtype=self.forward.dtype)
+        return jnp.concatenate([zero, jnp.cumsum(counts.astype(self.forward.dtype), axis=-1)], axis=-1)
+
+    def default_boundaries(self, stages: int) -> Float[Array, " stages+1"]:
+        counts = self.layers_per_stage
+        if counts is None:
+            counts = _uniform(self.layers, stages)
+        elif len(counts) != stages:
+            raise ConfigError(f"workload: layers_per_stage has {len(counts)} stages, the schedule has {stages}")
+        return self.boundaries(counts)
+
+    def hardware(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> Hardware:
+        """``Hardware`` for stages between ``boundaries`` (positions on the layer axis, from 0 to
+        ``layers``, non-decreasing; fractional positions split a layer linearly).
+
+        Per stage: ``F, I, W, U`` seconds, static, gradient and activation bytes are differences of
+        the cumulative per-layer curves at the boundaries (linear interpolation); the message
+        entering stage ``k`` is ``output_bytes`` of the layer before boundary ``k``, interpolated
+        between neighbouring layers. ``size`` (relative microbatch sizes) defaults to
+        ``self.size``. Only array operations: differentiable in every float and vmap-safe.
+        """
+        x = jnp.asarray(boundaries, dtype=self.forward.dtype)
+        if x.ndim != 1 or x.shape[0] < 2:
+            raise ConfigError(f"workload: boundaries must be [stages + 1] positions, got shape {x.shape}")
+
+        def per_stage(q: Array) -> Array:
+            return jnp.diff(_cumulative_at(q, x))
+
+        static, gradient = per_stage(self.static_bytes), per_stage(self.gradient_bytes)
+        if x.shape[0] == 2:  # one stage holds the first and the last layer
+            static = static - self.shared_static_bytes
+            gradient = gradient - self.shared_gradient_bytes
+        message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(self.output_bytes, x[1:-1])])
+        return Hardware(
+            forward=per_stage(self.forward), backward=per_stage(self.backward), weight=per_stage(self.weight),
+            update=per_stage(self.update), overhead=self.overhead,
+            size=self.size if size is None else jnp.asarray(size, dtype=x.dtype),
+            message_bytes=message, gradient_bytes=gradient, static_bytes=static,
+            activation_bytes=per_stage(self.activation_bytes), capacity=self.capacity, network=self.network,
+        )
+
+
+def _cumulative_at(q: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
+    """``sum(q[:x])`` extended linearly between integers (exact at integer ``x``)."""
+    layers = q.shape[0]
+    cumulative = jnp.concatenate([jnp.zeros((1,), q.dtype), jnp.cumsum(q)])
+    k = jnp.clip(jnp.floor(x), 0, layers - 1).astype(jnp.int32)
+    return cumulative[k] + (x - k.astype(x.dtype)) * q[k]
+
+
+def _boundary_bytes(output: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
+    """Bytes crossing a boundary at position ``x``: ``output[k-1]`` at integer ``k``, linear between."""
+    layers = output.shape[0]
+    if layers < 2:
+        return jnp.zeros_like(x)
+    knots = jnp.arange(1, layers, dtype=x.dtype)
+    return jnp.interp(x, knots, output[:-1])
+
+
+def _uniform(layers: int, stages: int) -> tuple[int, ...]:
+    q, r = divmod(layers, stages)
+    return tuple(q + (i < r) for i in range(stages))
+
+
+class StageBalance(eqx.Module):
+    """Continuous stage boundaries: parameters are logits of the stages' shares of compute.
+
+    ``softmax(params)`` gives each stage's fraction of the model's total ``F + I + W``; the
+    fractions' running sums are placed on the cumulative per-layer cost curve and mapped back to
+    (fractional) layer positions by inverting it (linear between layers). Every per-stage quantity
+    then follows by interpolating its own cumulative curve (``Workload.hardware``). Zero
+    parameters give a compute-balanced split. Stages are the schedule's stages (virtual stages of
+    interleaved schedules); concurrent pipelines (Chimera, AMDP) replicate them.
+
+    Attributes:
+        stages: number of stages (the schedule's ``stages``).
+    """
+
+    stages: int = eqx.field(static=True)
+
+    def __check_init__(self) -> None:
+        if not _positive_int(self.stages):
+            raise ConfigError(f"StageBalance: stages must be a positive int, got {self.stages!r}")
+
+    def check(self, workload: Workload) -> None:
+        """Eager: the workload has at least one layer per stage."""
+        if not isinstance(workload, Workload):
+            raise ConfigError(f"StageBalance expects a Workload, got {type(workload).__name__}")
+        if self.stages > workload.layers:
+            raise ConfigError(f"StageBalance: {self.stages} stages exceed the workload's {workload.layers} layers")
+
+    def init(self, workload: Workload | None = None, layers_per_stage: Sequence[int] | None = None
+             ) -> Float[Array, " stages"]:
+        """Logits: zeros (compute-balanced), or the logits that reproduce ``layers_per_stage``."""
+        if layers_per_stage is None:
+            dtype = jnp.result_type(float) if workload is None else workload.forward.dtype
+            return jnp.zeros((self.stages,), dtype)
+        if workload is None:
+            raise ConfigError("StageBalance.init: layers_per_stage needs the workload")
+        counts = _counts(layers_per_stage, "layers_per_stage")
+        if len(counts) != self.stages or any(c < 1 for c in counts) or sum(counts) != workload.layers:
+            raise ConfigError(f"StageBalance.init: layers_per_stage {list(counts)} needs {self.stages} positive "
+                              f"entries summing to {workload.layers}")
+        curve = _cumulative_at(_curve_weights(workload), workload.boundaries(counts))
+        return jnp.log(jnp.diff(curve))
+
+    def boundaries(self, params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages+1"]:
+        """Positions ``[0, x_1, ..., x_{S-1}, layers]`` on the layer axis."""
+        self.check(workload)
+        params = jnp.asarray(params)
+        if params.shape != (self.stages,):
+            raise ConfigError(f"StageBalance: params have shape {params.shape}, expected ({self.stages},)")
+        w = _curve_weights(workload)
+        cumulative = jnp.concatenate([jnp.zeros((1,), w.dtype), jnp.cumsum(w)])
+        targets = cumulative[-1] * jnp.cumsum(jax.nn.softmax(params.astype(w.dtype)))[:-1]
+        k = jnp.clip(jnp.searchsorted(cumulative, targets, side="right") - 1, 0, workload.layers - 1)
+        inner = k.astype(w.dtype) + (targets - cumulative[k]) / w[k]
+        inner = jnp.clip(inner, 0.0, float(workload.layers))
+        ends = jnp.zeros((1,), w.dtype), jnp.full((1,), workload.layers, w.dtype)
+        return jnp.concatenate([ends[0], inner, ends[1]])
+
+    def layers(self, params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages"]:
+        """Continuous layers per stage (sums to ``workload.layers``)."""
+        return jnp.diff(self.boundaries(params, workload))
+
+    def contribute(self, params: Float[Array, " stages"], workload: Workload) -> dict[str, Array]:
+        return {"boundaries": self.boundaries(params, workload)}
+
+    def __call__(self, params: Float[Array, " stages"], workload: Workload) -> Hardware:
+        return workload.hardware(**self.contribute(params, workload))
+
+
+def _curve_weights(workload: Workload) -> Float[Array, " layers"]:
+    compute = workload.compute
+    mean = jnp.mean(compute)
+    return compute + FLAT_LAYER_WEIGHT * jnp.where(mean > 0, mean, 1.0)
+
+
+class MicrobatchSplit(eqx.Module):
+    """A global batch split into ``microbatches`` positive sizes: ``batch x softmax(params)``.
+
+    The sizes feed ``Hardware.size`` relative to the workload's ``samples`` per microbatch (by
+    default the mean, ``batch / microbatches``): compute time, message bytes and stored
+    activations all scale with it (``Hardware``'s cost model). For unrolled asynchronous schedules
+    the microbatches are every id of the window (all its steps).
+
+    Attributes:
+        batch: samples in the global batch (at least one per microbatch).
+        microbatches: the schedule's ``microbatches``.
+    """
+
+    batch: int = eqx.field(static=True)
+    microbatches: int = eqx.field(static=True)
+
+    def __check_init__(self) -> None:
+        if not _positive_int(self.microbatches):
+            raise ConfigError(f"MicrobatchSplit: microbatches must be a positive int, got {self.microbatches!r}")
+        if not _positive_int(self.batch):
+            raise ConfigError(f"MicrobatchSplit: batch must be a positive int, got {self.batch!r}")
+        if self.batch < self.microbatches:
+            raise ConfigError(f"MicrobatchSplit: batch {self.batch} is smaller than the {self.microbatches} "
+                              "microbatches (each needs at least one sample)")
+
+    def check(self, workload: Workload) -> None:
+        if not isinstance(workload, Workload):
+            raise ConfigError(f"MicrobatchSplit expects a Workload, got {type(workload).__name__}")
+
+    def init(self, workload: Workload | None = None, samples: Sequence[int] | None = None
+             ) -> Float[Array, " microbatches"]:
+        """Logits: zeros (equal sizes), or the logits of ``samples`` per microbatch."""
+        dtype = jnp.result_type(float) if workload is None else workload.forward.dtype
+        if samples is None:
+            return jnp.zeros((self.microbatches,), dtype)
+        counts = np.asarray(_counts(samples, "samples"), dtype=np.float64)
+        if counts.shape != (self.microbatches,) or np.any(counts < 1) or counts.sum() != self.batch:
+            raise ConfigError(f"MicrobatchSplit.init: samples {counts.astype(int).tolist()} need "
+                              f"{self.microbatches} positive entries summing to {self.batch}")
+        return jnp.asarray(np.log(counts), dtype)
+
+    def samples(self, params: Float[Array, " microbatches"]) -> Float[Array, " microbatches"]:
+        """Samples per microbatch (positive, summing to ``batch``)."""
+        params = jnp.asarray(params)
+        if params.shape != (self.microbatches,):
+            raise ConfigError(f"MicrobatchSplit: params have shape {params.shape}, expected ({self.microbatches},)")
+        return self.batch * jax.nn.softmax(params)
+
+    def relative(self, samples: Float[Array, "... microbatches"], workload: Workload) -> Array:
+        """``Hardware.size`` of ``samples`` per microbatch."""
+        reference = workload.samples if workload.samples is not None else self.batch / self.microbatches
+        return samples / reference
+
+    def contribute(self, params: Float[Array, " microbatches"], workload: Workload) -> dict[str, Array]:
+        self.check(workload)
+        return {"size": self.relative(self.samples(params).astype(workload.forward.dtype), workload)}
+
+    def __call__(self, params: Float[Array, " microbatches"], workload: Workload) -> Hardware:
+        stages = len(workload.layers_per_stage) if workload.layers_per_stage is not None else None
+        if stages is None:
+            raise ConfigError("MicrobatchSplit: the workload has no layers_per_stage (use workload.with_split, "
+                              "or combine with StageBalance)")
+        return workload.hardware(workload.default_boundaries(stages), **self.contribute(params, workload))
+
+
+Knob = StageBalance | MicrobatchSplit
+
+
+def as_knobs(knob: Any) -> tuple[Knob, ...]:
+    """A knob or a tuple of knobs (at most one of each kind) as a tuple."""
+    knobs = tuple(knob) if isinstance(knob, (tuple, list)) else (knob,)
+    if not knobs:
+        raise ConfigError("optimize: give at least one knob (StageBalance, MicrobatchSplit)")
+    kinds = [type(k) for k in knobs]
+    for k in knobs:
+        if not isinstance(k, (StageBalance, MicrobatchSplit)):
+            raise ConfigError(f"knob must be a StageBalance or MicrobatchSplit, got {type(k).__name__}")
+    if len(set(kinds)) != len(kinds):
+        raise ConfigError("knobs: give at most one StageBalance and one MicrobatchSplit")
+    return knobs
+
+
+def apply_knobs(knobs: tuple[Knob, ...], params: tuple, workload: Workload, stages: int) -> Hardware:
+    """The hardware of several knobs at once (``params`` follows ``knobs``); stages without a
+    ``StageBalance`` follow ``workload.layers_per_stage`` (uniform when ``None``)."""
+    parts: dict[str, Array] = {}
+    for k, p in zip(knobs, params):
+        parts.update(k.contribute(p, workload))
+    if "boundaries" not in parts:
+        parts["boundaries"] = workload.default_boundaries(stages)
+    return workload.hardware(**parts)
+
+
+def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.ndarray, devices: int,
+                        fixed: Sequence[int] | None = None) -> None:
+    """Raise ``ConfigError`` when no split of the layers into stages can hold the static bytes.
+
+    ``holder[p, s]`` is the device of stage ``s`` of pipeline ``p``; ``versions[p, s]`` the weight
+    versions it holds. With ``fixed`` layers per stage the check is exact. Otherwise it is exact
+    when every device holds one stage (a dynamic program over splits), and for other placements
+    uses two necessary conditions: every device can hold the largest layer, and all devices
+    together can hold every stage's static bytes.
+    """
+    static = _concrete(workload.static_bytes)
+    capacity = _concrete(workload.capacity)
+    if static is None or capacity is None:
+        return
+    static = static.astype(np.float64)
+    pipelines, stages = holder.shape
+    layers = static.shape[0]
+    cap = np.broadcast_to(np.asarray(capacity, np.float64), (devices,)) if capacity.ndim == 0 else capacity
+    if cap.shape != (devices,):
+        raise ConfigError(f"workload: capacity has shape {cap.shape}, the schedule has {devices} devices")
+    if np.all(np.isinf(cap)):
+        return
+    cumulative = np.concatenate([[0.0], np.cumsum(static)])
+    shared = float(np.asarray(workload.shared_static_bytes)) if stages == 1 else 0.0
+    if fixed is not None:
+        edges = np.concatenate([[0], np.cumsum(fixed)]).astype(int)
+        per_stage = np.diff(cumulative[edges]) - shared
+        held = np.zeros(devices)
+        np.add.at(held, holder.ravel(), (versions * per_stage[None, :]).ravel())
+        worst = int(np.argmax(held - cap))
+        if held[worst] > cap[worst]:
+            raise ConfigError(f"workload: device {worst} needs {held[worst]:.4g} static bytes with layers_per_stage "
+                              f"{list(fixed)}, over its capacity {cap[worst]:.4g}")
+        return
+    one_each = pipelines == 1 and len(set(holder.ravel().tolist())) == stages
+    if one_each:
+        # reach[s][l]: layers 0..l-1 fit on stages 0..s-1 (each stage at least one layer).
+        reach = np.zeros(layers + 1, dtype=bool)
+        reach[0] = True
+        for s in range(stages):
+            limit = cap[holder[0, s]] / versions[0, s]
+            nxt = np.zeros_like(reach)
+            for end in range(1, layers + 1):
+                starts = np.flatnonzero(reach[:end])
+                nxt[end] = np.any(cumulative[end] - cumulative[starts] - shared <= limit)
+            reach = nxt
+        if not reach[layers]:
+            raise ConfigError(f"workload: no split of {layers} layers into {stages} stages fits the static bytes "
+                              f"({cumulative[-1]:.4g} in all) in the memory capacity {cap.min():.4g}")
+        return
+    least = float(versions.min())
+    biggest = float(static.max()) * least
+    if biggest > cap.max():
+        raise ConfigError(f"workload: layer {int(static.argmax())} alone needs {biggest:.4g} static bytes, over "
+                          f"every device's capacity (at most {cap.max():.4g})")
+    total = (cumulative[-1] - shared) * pipelines * least
+    if total > cap.sum():
+        raise ConfigError(f"workload: the {pipelines} pipeline(s) need {total:.4g} static bytes, over the "
+                          f"devices' total capacity {cap.sum():.4g}")
+
+
+__all__ = ["FLAT_LAYER_WEIGHT", "MicrobatchSplit", "StageBalance", "Workload", "apply_knobs", "as_knobs",
+           "check_static_memory"]
