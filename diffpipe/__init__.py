@@ -13,6 +13,8 @@ from .schedules import table as table
 
 # Public name -> module that defines it (imported on first attribute access).
 _LAZY = {
+    "Comparison": "._compare",
+    "compare": "._compare",
     "Graph": "._graph",
     "compile": "._graph",
     "stack_graphs": "._graph",
@@ -22,6 +24,8 @@ _LAZY = {
     "makespan": "._simulate",
     "peak_memory": "._simulate",
     "simulate": "._simulate",
+    "SweepResult": "._sweep",
+    "sweep": "._sweep",
     "Device": "._transformer",
     "Transformer": "._transformer",
     "layer_costs": "._transformer",
@@ -36,14 +40,17 @@ _LAZY = {
     "optimize": "._optimize",
 }
 # Public submodules loaded on first access (``diffpipe.presets.device("H100")``).
-_LAZY_MODULES = {"presets": "._presets"}
+_LAZY_MODULES = {"presets": "._presets", "viz": ".viz"}
 
 if TYPE_CHECKING:
     from . import _presets as presets  # noqa: F401  (public as a module: diffpipe.presets)
+    from . import viz as viz  # noqa: F401
     from ._baselines import Plan as Plan
     from ._baselines import brute_force_partition as brute_force_partition
     from ._baselines import minmax_partition as minmax_partition
     from ._baselines import uniform_partition as uniform_partition
+    from ._compare import Comparison as Comparison
+    from ._compare import compare as compare
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs
@@ -58,6 +65,8 @@ if TYPE_CHECKING:
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory
     from ._simulate import simulate as simulate
+    from ._sweep import SweepResult as SweepResult
+    from ._sweep import sweep as sweep
     from ._transformer import Device as Device
     from ._transformer import Transformer as Transformer
     from ._transformer import layer_costs as layer_costs

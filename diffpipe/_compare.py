@@ -1,0 +1,597 @@
+"""``compare``: the three abstraction levels of the "Tabular Schedule Abstraction" study side by side.
+
+Source: Barley, Leis, Klenk and Fröning, "A Tabular Schedule Abstraction for Communication-Aware
+Evaluation of Pipeline-Parallel LLM Training" (ISPDC 2026, arXiv:2605.24006): a schedule's quality
+is judged at three levels, and its ranking among other schedules need not survive the step from
+one level to the next.
+
+1. **formula**: the family's closed form from the registry (``schedules.formula``) at the table's
+   per-kind durations. Ranked by *bubble ratio*, the quantity every closed form gives. Where the
+   closed form only holds under another assumption (Chimera's needs ``t_F = t_B``), it is
+   evaluated at ``F = B = 1`` instead and the assumption is reported; a bubble ratio is
+   dimensionless, so it still ranks. Families without a closed form (Hanayo, the asymmetric
+   Chimera) are *missing* at this level: unranked, and left out of that level's Kendall tau.
+2. **table**: ``schedules.table`` at unit-ish durations (default F=1, B=2, I=W=1) and no
+   communication. Compute durations are per *device share* of the model: a schedule with ``S``
+   stages per pipeline on ``D`` devices runs each stage in ``D/S`` of the time (Hanayo's chunks,
+   interleaved virtual stages), so every schedule does the same work. Ranked by makespan.
+3. **simulation**: ``simulate`` on the given hardware: per-stage costs, communication in the
+   hardware's mode, memory. Ranked by makespan.
+
+Peak activation memory is reported at every level: in *activation units* (one microbatch's
+activations for ``1/D`` of the model: a stage-microbatch count times ``D/S``) for the formula and
+the table, in bytes for the simulation (peak stored activations; ``peak_memory`` adds the static
+bytes: weights, gradients, optimizer state).
+
+Ranks are competition ranks ("1224"): two values within ``rtol`` of each other tie. For each pair
+of levels, Kendall's tau-b over the schedules ranked at both (tau-b corrects for ties; it is
+undefined, ``None``, when fewer than two schedules are shared or one level ties them all) and the
+*flips*: pairs ordered one way at one level and the other way at the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+from ._errors import ConfigError, ScheduleError
+from .schedules import Schedule
+from .schedules import formula as family_formula
+from .schedules import get as get_schedule
+from .schedules import names as family_names
+from .schedules import table as schedule_table
+from .schedules._analysis import peak_activations as schedule_peak_activations
+from .schedules._table import DEFAULT_DURATIONS
+
+#: The levels, in order of increasing fidelity.
+LEVELS = ("formula", "table", "simulation")
+#: What each level ranks by (lower is better).
+RANKED_BY = {"formula": "bubble_ratio", "table": "makespan", "simulation": "makespan"}
+#: The schedules compared when none are given: the four of the study.
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "chimera", "hanayo")
+#: Devices and microbatches when neither is given nor implied by a Schedule: one 8-GPU node at
+#: Hanayo's operating point N = D.
+DEFAULT_DEVICES = 8
+DEFAULT_MICROBATCHES = 8
+#: Relative tolerance under which two values tie (float32 simulation noise is ~1e-6).
+DEFAULT_RTOL = 1e-4
+#: Durations under which a closed form assuming ``t_F = t_B`` (Chimera, Table 2) is evaluated.
+_EQUAL_FB = {"F": 1.0, "B": 1.0, "I": 0.5, "W": 0.5, "U": 0.0, "R": 0.0}
+_COMPUTE = ("F", "B", "I", "W")
+
+
+# -- the modelled machine ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Machine:
+    """A modelled machine: a transformer trained on accelerators over a network.
+
+    Each schedule gets its own ``Hardware`` (``Hardware.from_model``) with the model's layers
+    split evenly into *that schedule's* stages, so Hanayo's ``2D`` chunks and a ``D``-stage 1F1B
+    share the same model and devices. Call it with a schedule to get that hardware.
+    """
+
+    model: Any  # diffpipe.Transformer
+    device: Any  # diffpipe.Device
+    network: Any  # diffpipe.Network
+    name: str = "custom"
+    uniform_stages: bool = False
+
+    def __call__(self, schedule: Schedule) -> Any:
+        """The ``Hardware`` of ``schedule`` on this machine.
+
+        With ``uniform_stages`` every stage gets the mean of the per-stage compute times, memory
+        and gradient bytes (the assumption of the closed forms), instead of whole layers with the
+        embedding on the first stage and the LM head on the last; boundary messages are unchanged.
+        """
+        import equinox as eqx
+        import jax.numpy as jnp
+
+        from ._hardware import Hardware
+
+        if schedule.stages > self.model.layers:
+            raise ConfigError(
+                f"machine {self.name!r}: {schedule.family} needs {schedule.stages} stages, the model has only "
+                f"{self.model.layers} layers"
+            )
+        hw = Hardware.from_model(self.model, self.device, self.network, stages=schedule.stages)
+        if not self.uniform_stages:
+            return hw
+        fields = ("forward", "backward", "weight", "static_bytes", "gradient_bytes", "activation_bytes")
+        return eqx.tree_at(lambda h: [getattr(h, f) for f in fields], hw,
+                           [jnp.full_like(getattr(hw, f), jnp.mean(getattr(hw, f))) for f in fields])
+
+
+def default_machine(mode: str = "contention") -> Machine:
+    """The machine ``compare`` models when given no hardware.
+
+    A GPT-3 6.7B-style model (Brown et al. 2020, Table 2.1: 32 layers, hidden 4096, 32 heads,
+    sequence 2048; GPT-2 vocabulary 50257; microbatch 1, fp16, mixed-precision Adam) on one node
+    of 8 H100 SXM (989 dense BF16 TFLOP/s at 50% utilisation, 80 GB) joined by 4th-generation
+    NVLink (450 GB/s per direction), with the transformer cost model of ``diffpipe._transformer``
+    and link contention (each directed link carries one transfer at a time).
+    """
+    from ._presets import device, network
+    from ._transformer import Transformer
+
+    model = Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
+    return Machine(model, device("H100"), network("nvlink4", mode=mode),
+                   name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4, contention")
+
+
+# -- results ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """One schedule at the three levels (``None`` where a level has no value for it).
+
+    ``formula``: ``bubble_ratio``, ``makespan`` (table time units; None when the closed form was
+    evaluated under its own assumption), ``peak_activations`` (activation units, or None),
+    ``assumption``. ``table``: ``makespan``, ``bubble_ratio``, ``peak_activations``.
+    ``simulation``: ``makespan_s``, ``bubble_ratio``, ``peak_memory_bytes``,
+    ``peak_activation_bytes``, ``fits``.
+    """
+
+    name: str
+    family: str
+    options: tuple[tuple[str, Any], ...]
+    stages: int
+    pipelines: int
+    formula: Mapping[str, Any] | None
+    formula_missing: str | None
+    table: Mapping[str, Any]
+    simulation: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LevelPair:
+    """Agreement of two levels: Kendall's tau-b over the schedules ranked at both, and the pairs
+    whose order reverses (``flips``) or that tie at exactly one of the two (``ties_changed``)."""
+
+    levels: tuple[str, str]
+    compared: tuple[str, ...]
+    kendall_tau: float | None
+    flips: tuple[tuple[str, str], ...]
+    ties_changed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of ``compare``: entries, per-level ranks and level-pair agreement.
+
+    ``ranks[level][i]`` is entry i's competition rank at ``level`` (1 = best; None if missing).
+    ``str()`` is a human table; ``to_markdown()`` the same as Markdown; ``to_json()`` / ``to_dict()``
+    the stable machine-readable form (keys documented in ``to_dict``).
+    """
+
+    devices: int
+    microbatches: int
+    machine: str
+    durations: Mapping[str, float]
+    rtol: float
+    entries: tuple[Entry, ...]
+    ranks: Mapping[str, tuple[int | None, ...]]
+    pairs: tuple[LevelPair, ...]
+    communication: str = field(default="")
+
+    # -- lookups --------------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+    def entry(self, name: str) -> Entry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise ConfigError(f"comparison has no schedule {name!r}; it has {', '.join(self.names)}")
+
+    def rank(self, name: str, level: str) -> int | None:
+        _check_level(level)
+        return self.ranks[level][self.names.index(self.entry(name).name)]
+
+    def ranking(self, level: str) -> tuple[str, ...]:
+        """Names ranked at ``level``, best first (ties in input order); missing ones left out."""
+        _check_level(level)
+        ranked = [(r, i) for i, r in enumerate(self.ranks[level]) if r is not None]
+        return tuple(self.entries[i].name for r, i in sorted(ranked))
+
+    def pair(self, a: str, b: str) -> LevelPair:
+        _check_level(a)
+        _check_level(b)
+        for p in self.pairs:
+            if set(p.levels) == {a, b}:
+                return p
+        raise ConfigError(f"no level pair {a!r}/{b!r}")  # pragma: no cover - every pair is built
+
+    @property
+    def invariant(self) -> bool:
+        """Whether no pair of schedules flips between any two levels."""
+        return not any(p.flips for p in self.pairs)
+
+    # -- output ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data. Keys: ``devices``, ``microbatches``, ``machine``, ``communication``,
+        ``durations``, ``rtol``, ``levels`` (level -> metric ranked, lower better), ``schedules``
+        (list of ``{name, family, options, stages, pipelines, formula, formula_missing, table,
+        simulation, rank: {level: int|null}}``) and ``pairs`` (list of ``{levels, compared,
+        kendall_tau, flips, ties_changed}``). Seconds and bytes are SI; ``null`` marks a missing value."""
+        return {
+            "devices": self.devices,
+            "microbatches": self.microbatches,
+            "machine": self.machine,
+            "communication": self.communication,
+            "durations": dict(self.durations),
+            "rtol": self.rtol,
+            "levels": dict(RANKED_BY),
+            "schedules": [
+                {
+                    "name": e.name, "family": e.family, "options": dict(e.options), "stages": e.stages,
+                    "pipelines": e.pipelines,
+                    "formula": None if e.formula is None else dict(e.formula),
+                    "formula_missing": e.formula_missing,
+                    "table": dict(e.table), "simulation": dict(e.simulation),
+                    "rank": {level: self.ranks[level][i] for level in LEVELS},
+                }
+                for i, e in enumerate(self.entries)
+            ],
+            "pairs": [
+                {"levels": list(p.levels), "compared": list(p.compared), "kendall_tau": p.kendall_tau,
+                 "flips": [list(f) for f in p.flips], "ties_changed": [list(t) for t in p.ties_changed]}
+                for p in self.pairs
+            ],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def _rows(self) -> tuple[list[str], list[list[str]]]:
+        longest = max((e.simulation["makespan_s"] for e in self.entries), default=0.0)
+        scale, unit = (1.0, "s") if longest >= 10 else (1e3, "ms") if longest >= 1e-2 else (1e6, "µs")
+        has_bytes = any(e.simulation["peak_memory_bytes"] > 0 for e in self.entries)
+        header = ["schedule", "formula bubble", "#", "table makespan", "table bubble", "#",
+                  f"sim makespan ({unit})", "sim bubble", "#", "peak act formula", "peak act table",
+                  "peak act sim (GB)", "peak mem (GB)", "fits"]
+        rows = []
+        for i, e in enumerate(self.entries):
+            f, t, s = e.formula, e.table, e.simulation
+            rank = [_fmt_rank(self.ranks[level], i) for level in LEVELS]
+            rows.append([
+                e.name,
+                "—" if f is None else f"{f['bubble_ratio']:.3f}" + ("*" if f["makespan"] is None else ""),
+                rank[0],
+                f"{t['makespan']:g}", f"{t['bubble_ratio']:.3f}", rank[1],
+                f"{s['makespan_s'] * scale:.2f}", f"{s['bubble_ratio']:.3f}", rank[2],
+                "—" if f is None or f["peak_activations"] is None else f"{f['peak_activations']:g}",
+                f"{t['peak_activations']:g}",
+                f"{s['peak_activation_bytes'] / 1e9:.1f}" if has_bytes else "—",
+                f"{s['peak_memory_bytes'] / 1e9:.1f}" if has_bytes else "—",
+                "yes" if s["fits"] else "NO",
+            ])
+        return header, rows
+
+    def _notes(self) -> list[str]:
+        notes = [f"{self.devices} devices, {self.microbatches} microbatches; simulation on {self.machine}"
+                 + (f" (communication: {self.communication})" if self.communication else "") + "."]
+        durations = ", ".join(f"{k}={v:g}" for k, v in self.durations.items() if k in _COMPUTE)
+        notes.append(f"formula and table at {durations} per device share, no communication; ranks: formula by "
+                     "bubble ratio, table and simulation by makespan; '=' marks a tie (rtol "
+                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch through "
+                     "1/D of the model.")
+        for e in self.entries:
+            if e.formula is None:
+                notes.append(f"{e.name}: no formula ({e.formula_missing}).")
+            elif e.formula["makespan"] is None:
+                notes.append(f"{e.name}: * closed form evaluated under its assumption ({e.formula['assumption']}).")
+        for p in self.pairs:
+            tau = "undefined" if p.kendall_tau is None else f"{p.kendall_tau:+.3f}"
+            text = f"{p.levels[0]} vs {p.levels[1]}: Kendall tau {tau} over {len(p.compared)} schedules"
+            if p.flips:
+                text += "; flips: " + ", ".join(f"{a}/{b}" for a, b in p.flips)
+            if p.ties_changed:
+                text += "; tie at one level only: " + ", ".join(f"{a}/{b}" for a, b in p.ties_changed)
+            if not p.flips and not p.ties_changed:
+                text += "; same order"
+            notes.append(text + ".")
+        return notes
+
+    def to_markdown(self) -> str:
+        header, rows = self._rows()
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in self._notes()) + "\n"
+
+    def __str__(self) -> str:
+        header, rows = self._rows()
+        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+        line = "  ".join
+        out = [line(h.ljust(w) for h, w in zip(header, widths))]
+        out.append(line("-" * w for w in widths))
+        out += [line(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        return "\n".join(out) + "\n\n" + "\n".join(self._notes())
+
+
+def _fmt_rank(level_ranks: Sequence[int | None], i: int) -> str:
+    rank = level_ranks[i]
+    if rank is None:
+        return "—"
+    return f"{rank}=" if sum(r == rank for r in level_ranks) > 1 else str(rank)
+
+
+def _check_level(level: str) -> None:
+    if level not in LEVELS:
+        raise ConfigError(f"unknown level {level!r}; levels are {', '.join(LEVELS)}")
+
+
+# -- ranking ------------------------------------------------------------------------------------------
+def _order(a: float, b: float, rtol: float) -> int:
+    """-1 if a is better (smaller) than b, +1 if worse, 0 if they tie within ``rtol``."""
+    if abs(a - b) <= rtol * max(abs(a), abs(b)) or a == b:
+        return 0
+    return -1 if a < b else 1
+
+
+def ranks(values: Sequence[float | None], rtol: float = DEFAULT_RTOL) -> tuple[int | None, ...]:
+    """Competition ranks (1 = smallest; ties share a rank, "1224"); None stays None."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        out.append(1 + sum(1 for w in values if w is not None and _order(w, v, rtol) < 0))
+    return tuple(out)
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float], rtol: float = DEFAULT_RTOL) -> float | None:
+    """Kendall's tau-b of two paired samples (ties within ``rtol``); None when undefined (fewer
+    than two items, or every pair tied in one sample). Kendall, Biometrika 1945."""
+    n = len(x)
+    if len(y) != n:
+        raise ConfigError(f"kendall_tau: samples of different lengths {n} and {len(y)}")
+    concordant = discordant = tied_x = tied_y = 0
+    for i, j in combinations(range(n), 2):
+        sx, sy = _order(x[i], x[j], rtol), _order(y[i], y[j], rtol)
+        tied_x += sx == 0
+        tied_y += sy == 0
+        if sx * sy > 0:
+            concordant += 1
+        elif sx * sy < 0:
+            discordant += 1
+    pairs = n * (n - 1) // 2
+    denominator = math.sqrt((pairs - tied_x) * (pairs - tied_y))
+    return None if denominator == 0 else (concordant - discordant) / denominator
+
+
+def _level_pair(a: str, b: str, names: Sequence[str], values: Mapping[str, Sequence[float | None]],
+                rtol: float) -> LevelPair:
+    shared = [i for i in range(len(names)) if values[a][i] is not None and values[b][i] is not None]
+    xa = [values[a][i] for i in shared]
+    xb = [values[b][i] for i in shared]
+    flips, ties = [], []
+    for i, j in combinations(shared, 2):
+        sa, sb = _order(values[a][i], values[a][j], rtol), _order(values[b][i], values[b][j], rtol)
+        if sa * sb < 0:
+            flips.append((names[i], names[j]))
+        elif (sa == 0) != (sb == 0):
+            ties.append((names[i], names[j]))
+    return LevelPair((a, b), tuple(names[i] for i in shared), kendall_tau(xa, xb, rtol), tuple(flips), tuple(ties))
+
+
+# -- the three levels ------------------------------------------------------------------------------
+def _share(schedule: Schedule) -> float:
+    """Fraction of a device's share of the model in one stage: ``D / S``."""
+    return schedule.devices / schedule.stages
+
+
+def _formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[dict | None, str | None]:
+    if schedule.family not in family_names():
+        return None, f"custom schedule, family {schedule.family!r} is not registered"
+    options = dict(schedule.options)
+    sizes = dict(devices=schedule.devices, microbatches=schedule.microbatches)
+    result = family_formula(schedule.family, **sizes, durations=durations, **options)
+    assumption_only = False
+    if result is None:
+        result = family_formula(schedule.family, **sizes, durations=_EQUAL_FB, **options)
+        assumption_only = result is not None
+    if result is None:
+        return None, "no closed form in the registry"
+    peak = None
+    if result.peak_activations is not None:
+        peak = max(result.peak_activations) * _share(schedule)
+    return {
+        "bubble_ratio": float(result.bubble_ratio),
+        "makespan": None if assumption_only else float(result.makespan),
+        "peak_activations": peak,
+        "assumption": result.assumption,
+    }, None
+
+
+def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
+    share = _share(schedule)
+
+    def duration(op: Any) -> float:
+        return durations[op.kind] * (share if op.kind in _COMPUTE else 1.0)
+
+    t = schedule_table(schedule, duration)
+    return {
+        "makespan": float(t.makespan),
+        "bubble_ratio": float(t.bubble_ratio),
+        "peak_activations": max(schedule_peak_activations(schedule)) * share,
+    }
+
+
+def _simulation_level(schedule: Schedule, hw: Any) -> dict:
+    import equinox as eqx
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ._graph import compile as compile_graph
+    from ._simulate import simulate
+
+    result = simulate(schedule, hw)
+    graph = compile_graph(schedule, communication="none")  # memory does not depend on timing
+    no_static = eqx.tree_at(lambda h: h.static_bytes, hw, jnp.zeros((), hw.static_bytes.dtype))
+    activation, _ = _jitted_peak_memory()(graph, no_static)
+    return {
+        "makespan_s": float(result.makespan),
+        "bubble_ratio": float(result.bubble_ratio),
+        "peak_memory_bytes": float(np.max(result.peak_memory)),
+        "peak_activation_bytes": float(np.max(activation)),
+        "fits": bool(np.all(result.fits)),
+    }
+
+
+@functools.cache
+def _jitted_peak_memory():
+    """``peak_memory`` under one jit (eagerly each of its small ops would compile on its own)."""
+    import equinox as eqx
+
+    from ._simulate import peak_memory
+
+    return eqx.filter_jit(peak_memory)
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+def _label(family: str, options: Mapping[str, Any]) -> str:
+    if not options:
+        return family
+    return family + "(" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+
+
+def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[tuple[str, Schedule]]:
+    if isinstance(items, (str, Schedule)):
+        items = [items]
+    try:
+        items = list(items)
+    except TypeError:
+        raise ConfigError(f"compare: expected a sequence of schedules or family names, got "
+                          f"{type(items).__name__}") from None
+    if not items:
+        raise ConfigError("compare: give at least one schedule or family name")
+    given = [it for it in items if isinstance(it, Schedule)]
+    if devices is None:
+        devices = given[0].devices if given else DEFAULT_DEVICES
+    if microbatches is None:
+        microbatches = given[0].microbatches if given else DEFAULT_MICROBATCHES
+    out: list[tuple[str, Schedule]] = []
+    for item in items:
+        if isinstance(item, Schedule):
+            schedule = item
+        elif isinstance(item, str):
+            schedule = get_schedule(item, devices=devices, microbatches=microbatches)
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+            schedule = get_schedule(item[0], devices=devices, microbatches=microbatches, **item[1])
+        else:
+            raise ConfigError(f"compare: cannot compare {item!r}: give a family name, (name, options) or a Schedule")
+        if schedule.devices != devices or schedule.microbatches != microbatches:
+            raise ConfigError(
+                f"compare: {schedule.family} has {schedule.devices} devices and {schedule.microbatches} "
+                f"microbatches, the comparison {devices} and {microbatches}"
+            )
+        out.append((_label(schedule.family, dict(schedule.options)), schedule))
+    seen: dict[str, int] = {}
+    labelled = []
+    for name, schedule in out:
+        seen[name] = seen.get(name, 0) + 1
+        labelled.append((name if seen[name] == 1 else f"{name}#{seen[name]}", schedule))
+    return labelled
+
+
+def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, str]:
+    """A ``schedule -> Hardware`` function, a description of the machine and its communication mode."""
+    from ._hardware import Hardware
+
+    if hardware is None:
+        hardware = default_machine()
+    if isinstance(hardware, Hardware):
+        stages = {s.stages for _, s in schedules}
+        scalar = all(getattr(hardware, n).ndim == 0 for n in ("forward", "backward", "weight"))
+        if len(stages) > 1 and scalar:
+            (a, sa), (b, sb) = (min(schedules, key=lambda x: x[1].stages), max(schedules, key=lambda x: x[1].stages))
+            raise ConfigError(
+                f"compare: {b} has {sb.stages} stages per pipeline and {a} {sa.stages}; one Hardware would give "
+                "each stage the same cost: pass a Machine or a callable schedule -> Hardware"
+            )
+        return (lambda s: hardware), "the given Hardware", hardware.network.mode
+    if isinstance(hardware, Machine):
+        return hardware, hardware.name, hardware.network.mode
+    if callable(hardware):
+        return hardware, getattr(hardware, "__name__", "the given hardware function"), ""
+    raise ConfigError(f"compare: hardware must be a Hardware, a Machine or a callable schedule -> Hardware, "
+                      f"got {type(hardware).__name__}")
+
+
+def compare(
+    schedules_or_names: Sequence[str | Schedule | tuple[str, Mapping[str, Any]]] = DEFAULT_SCHEDULES,
+    hardware: Any = None,
+    *,
+    devices: int | None = None,
+    microbatches: int | None = None,
+    durations: Mapping[str, float] | None = None,
+    rtol: float = DEFAULT_RTOL,
+) -> Comparison:
+    """Rank schedules at the formula, table and simulation levels and show where rankings flip.
+
+    Args:
+        schedules_or_names: family names (generated at ``devices`` x ``microbatches``),
+            ``(name, options)`` pairs, or ``Schedule`` objects; default GPipe, 1F1B, Chimera, Hanayo.
+        hardware: the machine of the simulation level: ``None`` for ``default_machine()`` (a GPT-3
+            6.7B-style model on 8x H100 NVLink with link contention), a ``Machine`` (the model is
+            split into each schedule's own stages), a callable ``schedule -> Hardware``, or one
+            ``Hardware`` (only when every schedule has the same number of stages, or its per-stage
+            leaves are arrays that fit them all).
+        devices, microbatches: sizes of generated schedules (default: those of the first given
+            ``Schedule``, else 8 and 8). Every schedule must have these sizes.
+        durations: per-kind durations of the formula and table levels (default F=1, B=2, I=W=1).
+        rtol: relative tolerance under which two values tie.
+
+    Returns:
+        A ``Comparison`` (see its ``to_markdown``, ``to_json`` and ``str``).
+
+    Raises:
+        ScheduleError: an unknown family or sizes a family rejects.
+        ConfigError: inconsistent sizes, unusable hardware, a bad tolerance.
+    """
+    if not (isinstance(rtol, (int, float)) and math.isfinite(rtol) and 0 <= rtol < 1):
+        raise ConfigError(f"compare: rtol must be a number in [0, 1), got {rtol!r}")
+    if durations is not None:
+        unknown = set(durations) - set(DEFAULT_DURATIONS)
+        if unknown:
+            raise ScheduleError(f"compare: durations has unknown op kind(s) {sorted(unknown)}")
+    merged = {**DEFAULT_DURATIONS, **(durations or {})}
+    for kind, value in merged.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"compare: duration of {kind} must be a finite non-negative number, got {value!r}")
+    from ._hardware import Hardware
+
+    schedules = _resolve(schedules_or_names, devices, microbatches)
+    hw_of, machine, mode = _hardware_for(hardware, schedules)
+
+    entries = []
+    for name, schedule in schedules:
+        formula, missing = _formula_level(schedule, merged)
+        hw = hw_of(schedule)
+        if not isinstance(hw, Hardware):
+            raise ConfigError(f"compare: the hardware function returned {type(hw).__name__} for {name}, "
+                              "expected a Hardware")
+        mode = mode or hw.network.mode
+        entries.append(Entry(
+            name=name, family=schedule.family, options=schedule.options, stages=schedule.stages,
+            pipelines=schedule.pipelines, formula=formula, formula_missing=missing,
+            table=_table_level(schedule, merged), simulation=_simulation_level(schedule, hw),
+        ))
+    values = {
+        "formula": [None if e.formula is None else e.formula["bubble_ratio"] for e in entries],
+        "table": [e.table["makespan"] for e in entries],
+        "simulation": [e.simulation["makespan_s"] for e in entries],
+    }
+    names = [e.name for e in entries]
+    return Comparison(
+        devices=schedules[0][1].devices, microbatches=schedules[0][1].microbatches, machine=machine,
+        durations=merged, rtol=float(rtol), entries=tuple(entries),
+        ranks={level: ranks(values[level], rtol) for level in LEVELS},
+        pairs=tuple(_level_pair(a, b, names, values, rtol) for a, b in combinations(LEVELS, 2)),
+        communication=mode,
+    )

@@ -1,0 +1,303 @@
+"""A simulated step laid out for drawing: op intervals per device, transfers per link, memory.
+
+Shared by ``gantt`` and ``trace``. Op times come from ``diffpipe.simulate`` (or the ``Result``
+given); transfer times from the same hardware: under ``none``/``overlap`` a transfer starts when
+its producer ends and lasts the edge's delay; under ``contention``/``blocking`` each transfer is a
+node of the compiled graph and starts when everything it waits for (its producer, the previous
+transfer on its link, the receiver's previous op) has finished.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import ConfigError
+from ..schedules import Op, Schedule
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One cross-device data edge: ``producer`` on ``src`` feeds ``consumer`` on ``dst``.
+
+    ``kind`` is ``activation`` or ``gradient``; ``lane`` names the link it occupies (a directed
+    link ``"link 0→1"`` or a node's NIC ``"NIC node 0"``); ``start``/``finish`` are seconds, or
+    None when no hardware was given (then only the arrow from producer to consumer is known).
+    """
+
+    producer: Op
+    consumer: Op
+    src: int
+    dst: int
+    kind: str
+    lane: str
+    start: float | None
+    finish: float | None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything a picture of one step needs, in seconds and bytes (numpy, float64).
+
+    ``ops``/``start``/``finish``/``devices_of`` follow ``schedule.ops``; ``lanes`` lists the link
+    lanes in display order (transfers that overlap on one link are spread over numbered sub-lanes
+    ``"link 0→1 #2"``); ``memory[d]`` is ``(times, values)`` of device d's step curve, in bytes
+    when the hardware has activation sizes (``memory_unit == "bytes"``), else a count of stored
+    stage-microbatch activations (``"activations"``).
+    """
+
+    schedule: Schedule
+    start: np.ndarray
+    finish: np.ndarray
+    transfers: tuple[Transfer, ...]
+    lanes: tuple[str, ...]
+    memory: tuple[tuple[np.ndarray, np.ndarray], ...]
+    memory_unit: str
+    communication: str
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self.schedule.ops
+
+    @property
+    def makespan(self) -> float:
+        ends = [float(np.max(self.finish, initial=0.0))]
+        ends += [t.finish for t in self.transfers if t.finish is not None]
+        return max(ends)
+
+
+def _lane_name(src: int, dst: int, per_node: int, mode: str) -> str:
+    if mode == "contention" and src // per_node != dst // per_node:
+        return f"NIC node {src // per_node}"
+    return f"link {src}→{dst}"
+
+
+def _spread(transfers: list[Transfer]) -> tuple[list[Transfer], list[str]]:
+    """Give transfers that overlap in time on one lane their own numbered sub-lanes (greedy
+    interval partitioning), so every lane's slices are disjoint (Chrome traces need nesting)."""
+    out: list[Transfer] = []
+    lanes: list[str] = []
+    by_lane: dict[str, list[Transfer]] = {}
+    for t in transfers:
+        by_lane.setdefault(t.lane, []).append(t)
+    for lane in sorted(by_lane, key=_lane_key):
+        ends: list[float] = []
+        for t in sorted(by_lane[lane], key=lambda t: (t.start, t.finish)):
+            slot = next((i for i, end in enumerate(ends) if t.start >= end - 1e-12), None)
+            if slot is None:
+                slot = len(ends)
+                ends.append(0.0)
+                lanes.append(lane if slot == 0 else f"{lane} #{slot + 1}")
+            ends[slot] = t.finish
+            name = lane if slot == 0 else f"{lane} #{slot + 1}"
+            out.append(Transfer(t.producer, t.consumer, t.src, t.dst, t.kind, name, t.start, t.finish))
+    return out, lanes
+
+
+def _lane_key(lane: str) -> tuple:
+    parts = lane.replace("→", " ").split()
+    return (parts[0] != "link", *[int(p) for p in parts if p.isdigit()])
+
+
+def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -> Timeline:
+    """Lay out ``source`` (a ``Schedule``, simulated on ``hw``, or a ``Result`` of ``schedule``).
+
+    ``hw`` defaults, for a schedule, to unit times (``Hardware.from_times(1.0, 2.0)``: F = 1 s,
+    B = 2 s, free communication). With a ``Result`` and no ``hw``, transfers are known only as
+    arrows and memory is counted in activations.
+    """
+    from .._hardware import Hardware
+    from .._simulate import Result, simulate
+
+    if hw is not None and not isinstance(hw, Hardware):
+        raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
+    if isinstance(source, Schedule):
+        if schedule is not None and schedule != source:
+            raise ConfigError("give the schedule once: as the source or as schedule=, not two different ones")
+        schedule = source
+        if hw is None:
+            hw = Hardware.from_times(1.0, 2.0)
+        result = simulate(schedule, hw)
+    elif isinstance(source, Result):
+        if schedule is None:
+            raise ConfigError("a Result does not know its devices: pass schedule= (the simulated Schedule)")
+        if not isinstance(schedule, Schedule):
+            raise ConfigError(f"schedule= must be a Schedule, got {type(schedule).__name__}")
+        if source.ops is not None and tuple(source.ops) != tuple(schedule.ops):
+            raise ConfigError(f"the Result was not simulated from this schedule ({schedule.family})")
+        if source.ops is None and np.shape(source.start) != (len(schedule.ops),):
+            raise ConfigError(f"the Result has {np.shape(source.start)[0]} ops, the schedule {len(schedule.ops)}")
+        result = source
+    else:
+        raise ConfigError(f"expected a Schedule or a Result, got {type(source).__name__}")
+
+    start = np.asarray(result.start, dtype=np.float64)
+    finish = np.asarray(result.finish, dtype=np.float64)
+    if hw is None:
+        transfers = [
+            Transfer(dep.op, op, dep.src, dep.dst, dep.edge, f"link {dep.src}→{dep.dst}", None, None)
+            for op in schedule.ops for dep in schedule.dependencies[op] if dep.is_transfer
+        ]
+        lanes: list[str] = []
+        mode = "unknown"
+    else:
+        transfers, mode = _timed_transfers(schedule, hw, start, finish)
+        transfers, lanes = _spread(transfers)
+    memory, unit = _memory(schedule, hw, start, finish)
+    return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode)
+
+
+def _costs(graph: Any, hw: Any):
+    """``hw.costs(graph)`` under one jit (eagerly, each of its many small ops would compile alone)."""
+    return _jitted()[0](graph, hw)
+
+
+def _peak_memory(graph: Any, hw: Any):
+    return _jitted()[1](graph, hw)
+
+
+@functools.cache
+def _jitted():
+    import equinox as eqx
+
+    from .._simulate import peak_memory
+
+    return eqx.filter_jit(lambda g, h: h.costs(g)), eqx.filter_jit(peak_memory)
+
+
+def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
+    from .._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
+    from .._graph import compile as compile_graph
+
+    mode = hw.network.mode
+    graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node)
+    per_node = graph.devices_per_node
+    dur, delay = (np.asarray(x, dtype=np.float64) for x in _costs(graph, hw))
+    kind = np.asarray(graph.kind)
+    op_index = np.asarray(graph.op_index)
+    pred, edge = np.asarray(graph.pred), np.asarray(graph.edge)
+    src_of, dst_of = np.asarray(graph.device), np.asarray(graph.dst)
+    ops = schedule.ops
+    # Finish of every graph row: ops from the simulation, transfer nodes computed below in row
+    # order (rows are sorted by topological level, so a transfer's predecessors come first).
+    row_finish = np.full(kind.shape[0], -np.inf)
+    real = op_index >= 0
+    row_finish[real] = finish[op_index[real]]
+    transfers = []
+    if mode in ("contention", "blocking"):
+        consumer_of = {}
+        for i in np.flatnonzero(real):
+            for k in np.flatnonzero(edge[i] == EDGE_FEED):
+                consumer_of[int(pred[i, k])] = int(i)
+        for t in np.flatnonzero(kind == KIND_CODES["T"]):
+            preds = pred[t][edge[t] > 0]
+            ready = max(0.0, float(np.max(row_finish[preds], initial=0.0)))
+            row_finish[t] = ready + dur[t]
+            producer = int(pred[t][np.flatnonzero(edge[t] == EDGE_FEED)[0]])
+            consumer = consumer_of[int(t)]
+            p_op, c_op = ops[op_index[producer]], ops[op_index[consumer]]
+            kind_name = "activation" if c_op.kind == "F" else "gradient"
+            s, d = int(src_of[t]), int(dst_of[t])
+            transfers.append(Transfer(p_op, c_op, s, d, kind_name, _lane_name(s, d, per_node, mode),
+                                      ready, ready + float(dur[t])))
+    else:
+        edge_src, edge_dst = np.asarray(graph.edge_src), np.asarray(graph.edge_dst)
+        for i in np.flatnonzero(real):
+            for k in np.flatnonzero((edge[i] == EDGE_ACTIVATION) | (edge[i] == EDGE_GRADIENT)):
+                producer = int(pred[i, k])
+                s, d = int(edge_src[i, k]), int(edge_dst[i, k])
+                begin = float(row_finish[producer])
+                transfers.append(Transfer(
+                    ops[op_index[producer]], ops[op_index[i]], s, d,
+                    "activation" if edge[i, k] == EDGE_ACTIVATION else "gradient",
+                    _lane_name(s, d, per_node, mode), begin, begin + float(delay[i, k])))
+    transfers.sort(key=lambda t: (t.start, t.src, t.dst))
+    return transfers, mode
+
+
+def _memory(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
+    """Per device, the step curve of memory: static bytes plus activations stored at each F's
+    start and freed at the end of the op that last needs them (B, or W when split)."""
+    from ..schedules._analysis import releases_activation
+
+    act = size = None
+    static = np.zeros(schedule.devices)
+    unit = "activations"
+    if hw is not None:
+        import equinox as eqx
+        import jax.numpy as jnp
+
+        from .._graph import compile as compile_graph
+
+        graph = compile_graph(schedule, communication="none")
+        act = np.asarray(hw.per_stage("activation_bytes", graph), dtype=np.float64)
+        size = np.asarray(hw.per_microbatch(graph), dtype=np.float64)
+        if np.any(act > 0):
+            unit = "bytes"
+            no_act = eqx.tree_at(lambda h: h.activation_bytes, hw, jnp.zeros((), hw.activation_bytes.dtype))
+            static = np.asarray(_peak_memory(graph, no_act)[0], dtype=np.float64)
+    index = {op: i for i, op in enumerate(schedule.ops)}
+    tolerance = 1e-6 * float(np.max(finish, initial=0.0))
+    curves = []
+    for d, order in enumerate(schedule.orders):
+        events = []
+        for op in order:
+            i = index[op]
+            amount = 1.0
+            if unit == "bytes":
+                amount = act[op.pipeline, op.stage] * size[op.microbatch]
+            if op.kind == "F":
+                events.append((start[i], amount))
+            elif releases_activation(op):
+                events.append((finish[i], -amount))
+        # Events at the same instant (within float32 noise) are merged: a free and the next
+        # allocation back to back must not draw a spike.
+        events.sort(key=lambda e: e[0])
+        times, deltas = [0.0], [0.0]
+        for t, v in events:
+            if t - times[-1] <= tolerance:
+                deltas[-1] += v
+            else:
+                times.append(t)
+                deltas.append(v)
+        curves.append((np.asarray(times), static[d] + np.cumsum(deltas)))
+    return tuple(curves), unit
+
+
+# -- writing files ------------------------------------------------------------------------------------
+def check_paths(path: Any, allowed: Sequence[str], what: str) -> list[Path]:
+    """Target paths as ``Path``s: suffix among ``allowed`` and an existing parent directory."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise ConfigError(f"{what}: no path given")
+    out = []
+    for p in paths:
+        if not isinstance(p, (str, os.PathLike)):
+            raise ConfigError(f"{what}: path must be a string or a Path, got {type(p).__name__}")
+        p = Path(p)
+        if p.suffix.lower() not in allowed:
+            raise ConfigError(f"{what}: cannot write {str(p)!r}: the suffix must be one of {', '.join(allowed)}")
+        if not p.parent.is_dir():
+            raise ConfigError(f"{what}: directory {str(p.parent)!r} does not exist")
+        out.append(p)
+    return out
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to a temporary file next to ``path``, then rename it over ``path``: an error
+    never leaves a half-written file behind."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,103 @@
+"""Chrome trace JSON of a simulated step, for Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+Format: the Trace Event Format (Google, "Trace Event Format", the JSON object form with
+``traceEvents``). Process 0 ("devices") has one thread (track) per device, process 1 ("links")
+one per link lane; every op and every timed transfer is a complete event (``ph: "X"``) with its
+real start ``ts`` and duration ``dur`` in microseconds; each cross-device transfer is also a flow
+(``ph: "s"`` inside the producing op on the sender's track, ``ph: "f"`` with ``bp: "e"`` inside
+the consuming op on the receiver's track), which Perfetto draws as an arrow from send to receive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._timeline import Timeline, check_paths, timeline, write_atomic
+
+#: Seconds to trace microseconds.
+US = 1e6
+DEVICES_PID, LINKS_PID = 0, 1
+
+
+def _name(op: Any) -> str:
+    return f"{op.kind}{op.microbatch}" + "'" * op.pipeline
+
+
+def events(tl: Timeline) -> list[dict[str, Any]]:
+    """The trace events of ``tl`` (metadata, complete events, flows), sorted by time."""
+    s = tl.schedule
+    meta: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": DEVICES_PID, "tid": 0, "args": {"name": "devices"}},
+        {"name": "process_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": 0, "args": {"sort_index": 0}},
+    ]
+    for d in range(s.devices):
+        meta.append({"name": "thread_name", "ph": "M", "pid": DEVICES_PID, "tid": d, "args": {"name": f"device {d}"}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": d, "args": {"sort_index": d}})
+    lane_tid = {lane: i for i, lane in enumerate(tl.lanes)}
+    if tl.lanes:
+        meta.append({"name": "process_name", "ph": "M", "pid": LINKS_PID, "tid": 0, "args": {"name": "links"}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": LINKS_PID, "tid": 0, "args": {"sort_index": 1}})
+        for lane, tid in lane_tid.items():
+            meta.append({"name": "thread_name", "ph": "M", "pid": LINKS_PID, "tid": tid, "args": {"name": lane}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": LINKS_PID, "tid": tid,
+                         "args": {"sort_index": tid}})
+
+    timed: list[dict[str, Any]] = []
+    mid: dict[Any, float] = {}
+    for i, op in enumerate(tl.ops):
+        ts, dur = tl.start[i] * US, (tl.finish[i] - tl.start[i]) * US
+        mid[op] = ts + dur / 2
+        args = {"stage": op.stage, "microbatch": op.microbatch, "pipeline": op.pipeline}
+        for d in s.devices_of(op):
+            timed.append({"name": _name(op), "cat": op.kind, "ph": "X", "ts": ts, "dur": dur,
+                          "pid": DEVICES_PID, "tid": d, "args": args})
+    for n, t in enumerate(tl.transfers):
+        label = f"{t.kind} {_name(t.producer)}→{_name(t.consumer)}"
+        if t.start is not None and t.lane in lane_tid:
+            timed.append({"name": label, "cat": "transfer", "ph": "X", "ts": t.start * US,
+                          "dur": (t.finish - t.start) * US, "pid": LINKS_PID, "tid": lane_tid[t.lane],
+                          "args": {"src": t.src, "dst": t.dst, "kind": t.kind}})
+        # Flow ends sit strictly inside their ops (the midpoints) so each binds to that op's slice.
+        timed.append({"name": label, "cat": "transfer", "ph": "s", "id": n, "ts": mid[t.producer],
+                      "pid": DEVICES_PID, "tid": t.src})
+        timed.append({"name": label, "cat": "transfer", "ph": "f", "bp": "e", "id": n, "ts": mid[t.consumer],
+                      "pid": DEVICES_PID, "tid": t.dst})
+    timed.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
+    return meta + timed
+
+
+def trace(
+    result_or_schedule: Any,
+    hw: Any = None,
+    *,
+    path: str | Path | None = None,
+    schedule: Any = None,
+) -> dict[str, Any]:
+    """A Chrome/Perfetto trace of one simulated step.
+
+    Args:
+        result_or_schedule: a ``Schedule`` (simulated on ``hw``) or a ``Result`` (pass ``schedule=``).
+        hw: the ``Hardware`` (default for a schedule: unit times, F = 1 s, B = 2 s). Link tracks
+            appear when it times transfers.
+        path: where to write the JSON (``.json``); written to a temporary file and renamed, so an
+            error leaves nothing behind. None: only return it.
+
+    Returns:
+        The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
+    """
+    paths = None if path is None else check_paths(path, (".json",), "trace")
+    tl = timeline(result_or_schedule, hw, schedule=schedule)
+    s = tl.schedule
+    data = {
+        "traceEvents": events(tl),
+        "displayTimeUnit": "ms",
+        "otherData": {"family": s.family, "devices": s.devices, "stages": s.stages,
+                      "microbatches": s.microbatches, "communication": tl.communication,
+                      "makespan_us": tl.makespan * US},
+    }
+    text = json.dumps(data)
+    for p in paths or ():
+        write_atomic(p, lambda tmp: tmp.write_text(text))
+    return data
