@@ -1,4 +1,5 @@
-"""Every script under examples/ runs with ``--fast`` in a fresh interpreter and prints what it promises."""
+"""Every script under examples/ runs with ``--fast`` in a fresh interpreter (new scripts are picked up
+automatically) and prints what it promises (``EXPECTED``, where listed)."""
 
 import subprocess
 import sys
@@ -8,20 +9,23 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-CASES = {
+EXPECTED = {
     "quickstart.py": ["1f1b: 4 devices", "closed form: makespan 33", "d makespan / d forward", "p2p 1.00 ms"],
-    "what_if_bandwidth.py": ["step time (ms), 4 devices", "interleaved-1f1b", "the fastest changes"],
+    "what_if_bandwidth.py": ["step time (ms), 4 devices", "interleaved-1f1b", "fastest"],
     "torch_round_trip.py": ["Interleaved1F1B", "torch validates it", "read back: the same schedule"],
 }
 
 
-def test_every_example_is_covered():
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(CASES)
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
 
 
-@pytest.mark.parametrize("script", sorted(CASES))
+def test_the_examples_are_there():
+    assert set(EXPECTED) <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_example_runs_fast(script, tmp_path):
-    if script.startswith("torch"):
+    if script.startswith("torch"):  # the torch round trip needs torch
         pytest.importorskip("torch.distributed.pipelining")
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--fast"],
@@ -31,6 +35,6 @@ def test_example_runs_fast(script, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for expected in CASES[script]:
+    for expected in EXPECTED.get(script, ()):
         assert expected in done.stdout, (expected, done.stdout[-2000:])
     assert "Traceback" not in done.stderr
