@@ -31,7 +31,6 @@ undefined, ``None``, when fewer than two schedules are shared or one level ties 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -423,34 +422,43 @@ def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
 
 
 def _simulation_level(schedule: Schedule, hw: Any) -> dict:
-    import equinox as eqx
-    import jax.numpy as jnp
     import numpy as np
 
-    from ._graph import compile as compile_graph
     from ._simulate import simulate
 
     result = simulate(schedule, hw)
-    graph = compile_graph(schedule, communication="none")  # memory does not depend on timing
-    no_static = eqx.tree_at(lambda h: h.static_bytes, hw, jnp.zeros((), hw.static_bytes.dtype))
-    activation, _ = _jitted_peak_memory()(graph, no_static)
     return {
         "makespan_s": float(result.makespan),
         "bubble_ratio": float(result.bubble_ratio),
         "peak_memory_bytes": float(np.max(result.peak_memory)),
-        "peak_activation_bytes": float(np.max(activation)),
+        "peak_activation_bytes": _peak_activation_bytes(schedule, hw),
         "fits": bool(np.all(result.fits)),
     }
 
 
-@functools.cache
-def _jitted_peak_memory():
-    """``peak_memory`` under one jit (eagerly each of its small ops would compile on its own)."""
-    import equinox as eqx
+def _peak_activation_bytes(schedule: Schedule, hw: Any) -> float:
+    """Largest peak, over devices, of stored activation bytes: ``activation_bytes[p, s] x size[m]``
+    from each F until the op that frees it (``schedules._analysis.releases_activation``), summed
+    along the device's order (exact for any timing, as ``peak_memory``; plain numpy, no compile)."""
+    import numpy as np
 
-    from ._simulate import peak_memory
+    from .schedules._analysis import releases_activation
 
-    return eqx.filter_jit(peak_memory)
+    act = np.asarray(hw.activation_bytes, dtype=np.float64)
+    if act.ndim == 1:
+        act = act[None, :]
+    act = np.broadcast_to(act, (schedule.pipelines, schedule.stages))
+    size = np.broadcast_to(np.asarray(hw.size, dtype=np.float64), (schedule.microbatches,))
+    peak = 0.0
+    for order in schedule.orders:
+        held = 0.0
+        for op in order:
+            if op.kind == "F":
+                held += act[op.pipeline, op.stage] * size[op.microbatch]
+                peak = max(peak, held)
+            elif releases_activation(op):
+                held -= act[op.pipeline, op.stage] * size[op.microbatch]
+    return float(peak)
 
 
 # -- inputs -----------------------------------------------------------------------------------------
@@ -458,6 +466,18 @@ def _label(family: str, options: Mapping[str, Any]) -> str:
     if not options:
         return family
     return family + "(" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+
+
+def _schedule_label(schedule: Schedule) -> str:
+    """The family name, with the options that differ from the family's defaults."""
+    if schedule.family not in family_names():
+        return schedule.family
+    try:
+        default = dict(get_schedule(schedule.family, devices=schedule.devices,
+                                    microbatches=schedule.microbatches).options)
+    except ScheduleError:
+        default = {}
+    return _label(schedule.family, {k: v for k, v in schedule.options if default.get(k, object()) != v})
 
 
 def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[tuple[str, Schedule]]:
@@ -478,11 +498,12 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
     out: list[tuple[str, Schedule]] = []
     for item in items:
         if isinstance(item, Schedule):
-            schedule = item
+            schedule, label = item, _schedule_label(item)
         elif isinstance(item, str):
-            schedule = get_schedule(item, devices=devices, microbatches=microbatches)
+            schedule, label = get_schedule(item, devices=devices, microbatches=microbatches), item
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
             schedule = get_schedule(item[0], devices=devices, microbatches=microbatches, **item[1])
+            label = _label(item[0], item[1])
         else:
             raise ConfigError(f"compare: cannot compare {item!r}: give a family name, (name, options) or a Schedule")
         if schedule.devices != devices or schedule.microbatches != microbatches:
@@ -490,7 +511,7 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
                 f"compare: {schedule.family} has {schedule.devices} devices and {schedule.microbatches} "
                 f"microbatches, the comparison {devices} and {microbatches}"
             )
-        out.append((_label(schedule.family, dict(schedule.options)), schedule))
+        out.append((label, schedule))
     seen: dict[str, int] = {}
     labelled = []
     for name, schedule in out:

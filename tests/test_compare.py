@@ -1,0 +1,219 @@
+"""compare(): the formula, table and simulation levels, ranks with ties, Kendall tau, flips, output."""
+
+import json
+import math
+
+import pytest
+
+import diffpipe as dp
+from diffpipe._compare import (
+    DEFAULT_DEVICES,
+    DEFAULT_MICROBATCHES,
+    DEFAULT_SCHEDULES,
+    LEVELS,
+    Machine,
+    _schedule_label,
+    default_machine,
+    kendall_tau,
+    ranks,
+)
+
+D = N = 4
+FOUR = ["gpipe", "1f1b", "chimera", "hanayo"]
+
+
+def unit_hardware(p2p_time=0.0):
+    """Unit times per device share (F = 1, B = 2 for D/S of the model), a fixed p2p delay."""
+
+    def hw(schedule):
+        share = schedule.devices / schedule.stages
+        return dp.Hardware.from_times(forward=share, backward=2.0 * share, p2p_time=p2p_time)
+
+    return hw
+
+
+@pytest.fixture(scope="module")
+def free():
+    return dp.compare(FOUR, unit_hardware(), devices=D, microbatches=N)
+
+
+@pytest.fixture(scope="module")
+def slow():
+    return dp.compare(FOUR, unit_hardware(p2p_time=1.0), devices=D, microbatches=N)
+
+
+# -- the levels ---------------------------------------------------------------------------------------
+def test_without_communication_the_simulation_is_the_table(free):
+    for e in free.entries:
+        assert e.simulation["makespan_s"] == pytest.approx(e.table["makespan"], rel=1e-6)
+        assert e.simulation["bubble_ratio"] == pytest.approx(e.table["bubble_ratio"], abs=1e-6)
+    pair = free.pair("table", "simulation")
+    assert pair.kendall_tau == pytest.approx(1.0) and not pair.flips and not pair.ties_changed
+    assert free.ranks["table"] == free.ranks["simulation"]
+
+
+def test_formula_level_from_the_registry(free):
+    gpipe, one, chimera, hanayo = free.entries
+    assert gpipe.formula["bubble_ratio"] == pytest.approx((D - 1) / (N + D - 1))
+    assert gpipe.formula["makespan"] == pytest.approx(gpipe.table["makespan"])  # the closed form is exact
+    assert one.formula["peak_activations"] == D and gpipe.formula["peak_activations"] == N
+    # Chimera's closed form needs t_F = t_B: evaluated under that assumption, makespan withheld.
+    assert chimera.formula["makespan"] is None and "t_F = t_B" in chimera.formula["assumption"]
+    assert chimera.formula["bubble_ratio"] == pytest.approx((D - 2) / (2 * N + D - 2))
+    # Hanayo has none: missing, unranked, and left out of the formula's level pairs.
+    assert hanayo.formula is None and "no closed form" in hanayo.formula_missing
+    assert free.rank("hanayo", "formula") is None
+    assert "hanayo" not in free.pair("formula", "table").compared
+    assert free.ranking("formula") == ("chimera", "gpipe", "1f1b")
+
+
+def test_ties_share_a_rank(free):
+    assert free.rank("gpipe", "table") == free.rank("1f1b", "table")
+    assert free.rank("gpipe", "formula") == free.rank("1f1b", "formula") == 2
+    assert "2=" in str(free)
+
+
+def test_table_scales_chunks_to_the_same_work(free):
+    hanayo = free.entry("hanayo")
+    assert hanayo.stages == 2 * D
+    # Same total work per device as 1F1B: N (F + B) = 12 units, so makespan = 12 / (1 - bubble).
+    assert hanayo.table["makespan"] * (1 - hanayo.table["bubble_ratio"]) == pytest.approx(3.0 * N)
+    assert hanayo.table["peak_activations"] == max(dp.schedules.peak_activations(
+        dp.schedules.get("hanayo", devices=D, microbatches=N))) / 2
+
+
+def test_communication_flips_the_ranking(slow):
+    # Hanayo's chunks double the transfers on the critical path: ahead of GPipe in the table,
+    # behind it once every transfer costs a third of a forward.
+    assert slow.rank("hanayo", "table") < slow.rank("gpipe", "table")
+    assert slow.rank("hanayo", "simulation") > slow.rank("gpipe", "simulation")
+    pair = slow.pair("table", "simulation")
+    assert ("gpipe", "hanayo") in pair.flips
+    assert pair.kendall_tau < 1.0 and not slow.invariant
+    assert "flips: " in slow.to_markdown()
+
+
+# -- Kendall tau and ranks ------------------------------------------------------------------------------
+def test_kendall_tau_b():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # one tie in x: tau-b = (C - D) / sqrt((n0 - n1)(n0 - n2)) = 2 / sqrt(2 * 3)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
+    assert kendall_tau([1, 1 + 1e-9, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))  # within rtol
+    assert kendall_tau([1, 1], [1, 2]) is None  # every pair tied in x
+    assert kendall_tau([1], [1]) is None
+    with pytest.raises(dp.ConfigError, match="different lengths"):
+        kendall_tau([1, 2], [1])
+
+
+def test_competition_ranks():
+    assert ranks([3.0, 1.0, 1.0, None, 2.0]) == (4, 1, 1, None, 3)
+    assert ranks([1.0, 1.00001, 2.0], rtol=1e-3) == (1, 1, 3)
+    assert ranks([1.0, 1.00001, 2.0], rtol=0) == (1, 2, 3)
+
+
+# -- output -----------------------------------------------------------------------------------------
+def test_outputs(slow):
+    data = json.loads(slow.to_json())
+    assert [s["name"] for s in data["schedules"]] == FOUR
+    assert data["levels"] == {"formula": "bubble_ratio", "table": "makespan", "simulation": "makespan"}
+    assert data["schedules"][3]["formula"] is None and data["schedules"][3]["rank"]["formula"] is None
+    assert [p["levels"] for p in data["pairs"]] == [["formula", "table"], ["formula", "simulation"],
+                                                    ["table", "simulation"]]
+    assert data["devices"] == D and data["microbatches"] == N
+    md = slow.to_markdown()
+    assert md.startswith("| schedule |") and md.count("\n| ") == len(FOUR)
+    text = str(slow)
+    for name in FOUR:
+        assert name in text and name in md
+    assert "Kendall tau" in text and "hanayo: no formula" in text
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+def test_schedules_options_and_duplicate_labels():
+    s = dp.schedules.get("1f1b", devices=D, microbatches=N)
+    c = dp.compare([s, "1f1b", ("gpipe", {}), s, ("chimera", {"sync": False})], unit_hardware())
+    assert c.names == ("1f1b", "1f1b#2", "gpipe", "1f1b#3", "chimera(sync=False)")
+    assert c.devices == D and c.microbatches == N
+    assert c.ranking("table") == ("chimera(sync=False)", *c.names[:4])  # the rest tie: input order
+    synced = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
+    assert _schedule_label(synced) == "chimera(sync=True)"
+    assert _schedule_label(dp.schedules.get("chimera", devices=D, microbatches=N)) == "chimera"
+
+
+def test_default_machine_is_a_gpt_on_h100_nvlink():
+    assert DEFAULT_SCHEDULES == ("gpipe", "1f1b", "chimera", "hanayo")
+    assert (DEFAULT_DEVICES, DEFAULT_MICROBATCHES) == (8, 8)
+    machine = default_machine()
+    assert "H100" in machine.name and "NVLink" in machine.name
+    assert machine.network.mode == "contention"
+    hw = machine(dp.schedules.get("hanayo", devices=4, microbatches=4))
+    assert hw.forward.shape == (8,)  # the model split into Hanayo's 2D stages
+    uniform = Machine(machine.model, machine.device, machine.network, uniform_stages=True)
+    hw = uniform(dp.schedules.get("1f1b", devices=4, microbatches=4))
+    assert float(hw.forward.max()) == pytest.approx(float(hw.forward.min()))
+
+
+def test_default_machine_end_to_end():
+    c = dp.compare(["1f1b", "chimera"], devices=2, microbatches=2)
+    assert "H100" in c.machine and c.communication == "contention"
+    for e in c.entries:
+        s = e.simulation
+        assert 0 < s["makespan_s"] < 10 and 0 < s["peak_activation_bytes"] < s["peak_memory_bytes"]
+        assert isinstance(s["fits"], bool)
+    # Two replicas: Chimera holds twice the weights of 1F1B.
+    assert c.entry("chimera").simulation["peak_memory_bytes"] > c.entry("1f1b").simulation["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, message",
+    [
+        (["nope"], dict(devices=4, microbatches=4), dp.ScheduleError, "unknown schedule family 'nope'"),
+        (["chimera"], dict(devices=4, microbatches=6), dp.ScheduleError, "chimera: microbatches must be"),
+        ([], dict(devices=4, microbatches=4), dp.ConfigError, "at least one"),
+        ([3], dict(devices=4, microbatches=4), dp.ConfigError, "cannot compare 3"),
+        (["gpipe"], dict(devices=4, microbatches=4, rtol=-1), dp.ConfigError, "rtol"),
+        (["gpipe"], dict(devices=4, microbatches=4, durations={"X": 1}), dp.ScheduleError, "unknown op kind"),
+        (["gpipe"], dict(devices=4, microbatches=4, durations={"F": -1}), dp.ConfigError, "duration of F"),
+    ],
+)
+def test_errors(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        dp.compare(args, unit_hardware(), **kwargs)
+
+
+def test_hardware_errors():
+    with pytest.raises(dp.ConfigError, match="hanayo has 8 stages per pipeline and gpipe 4"):
+        dp.compare(["gpipe", "hanayo"], dp.Hardware.from_times(1.0, 2.0), devices=4, microbatches=4)
+    with pytest.raises(dp.ConfigError, match="hardware must be"):
+        dp.compare(["gpipe"], 3.0, devices=4, microbatches=4)
+    with pytest.raises(dp.ConfigError, match="returned str for gpipe"):
+        dp.compare(["gpipe"], lambda s: "fast", devices=4, microbatches=4)
+    s = dp.schedules.get("gpipe", devices=2, microbatches=2)
+    with pytest.raises(dp.ConfigError, match="gpipe has 2 devices and 2 microbatches, the comparison 4 and 4"):
+        dp.compare([s], unit_hardware(), devices=4, microbatches=4)
+    with pytest.raises(dp.ConfigError, match="needs 16 stages, the model has only 8 layers"):
+        small = dp.Transformer(layers=8, hidden=64, heads=4, sequence=32, vocabulary=100)
+        machine = default_machine()
+        dp.compare(["hanayo"], Machine(small, machine.device, machine.network), devices=8, microbatches=8)
+
+
+def test_unknown_level(free):
+    for call in (lambda: free.ranking("bubble"), lambda: free.rank("gpipe", "x"), lambda: free.pair("table", "x")):
+        with pytest.raises(dp.ConfigError, match="unknown level"):
+            call()
+    with pytest.raises(dp.ConfigError, match="no schedule 'zb-h1'"):
+        free.entry("zb-h1")
+    assert set(free.ranks) == set(LEVELS)
+
+
+def test_peak_activation_bytes_match_the_simulator():
+    from diffpipe._compare import _peak_activation_bytes
+
+    for name in ("gpipe", "chimera"):
+        s = dp.schedules.get(name, devices=D, microbatches=N)
+        act = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]][: s.pipelines]
+        hw = dp.Hardware.from_times(1.0, 2.0, activation_bytes=act, size=[1.0, 0.5, 2.0, 1.5])
+        memory, _ = dp.peak_memory(dp.compile(s), hw)
+        assert _peak_activation_bytes(s, hw) == pytest.approx(float(memory.max()))
