@@ -68,13 +68,6 @@ def _exact(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Ar
     return times, memory
 
 
-@eqx.filter_jit
-def exact_one(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Array | None):
-    """Exact makespan and per-device peak memory of one plan (the unbatched simulator path)."""
-    hw = workload.hardware(boundaries, size)
-    return makespan(graph, hw), peak_memory(graph, hw)[0]
-
-
 def evaluate_plans(
     graph: Graph, workload: Workload, layers_per_stage: Any, size: Any = None, *, chunk: int = EVALUATION_CHUNK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,15 +80,25 @@ def evaluate_plans(
     counts = np.asarray(layers_per_stage, dtype=np.int64)
     if counts.ndim != 2 or counts.shape[1] != graph.stages:
         raise ConfigError(f"plans: layers_per_stage has shape {counts.shape}, expected [plans, {graph.stages}]")
-    n = counts.shape[0]
+    bounds = np.concatenate([np.zeros((counts.shape[0], 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
+    return evaluate_boundaries(graph, workload, bounds, size, chunk=chunk)
+
+
+def evaluate_boundaries(
+    graph: Graph, workload: Workload, boundaries: Any, size: Any = None, *, chunk: int = EVALUATION_CHUNK
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``evaluate_plans`` for stage boundaries ``[B, stages + 1]`` (fractional ones split layers)."""
+    bounds = np.asarray(boundaries, dtype=np.float64)
+    n = bounds.shape[0]
     dtype = workload.forward.dtype
+    shape = (graph.microbatches,)
     if size is None:
-        sizes = np.broadcast_to(np.asarray(workload.size), (n, *np.shape(workload.size)))
+        sizes = np.broadcast_to(np.asarray(workload.size, np.float64), shape)
+        sizes = np.broadcast_to(sizes, (n, *shape))
     else:
-        sizes = np.asarray(size)
-        if sizes.shape[0] != n:
-            raise ConfigError(f"plans: {sizes.shape[0]} sizes for {n} plans")
-    bounds = np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(counts, axis=1)], axis=1)
+        sizes = np.asarray(size, np.float64)
+        if sizes.shape != (n, *shape):
+            raise ConfigError(f"plans: size has shape {sizes.shape}, expected {[n, *shape]}")
     capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
     times = np.empty(n)
     memory = np.empty((n, graph.devices))
@@ -210,8 +213,7 @@ def brute_force_partition(
     plans = compositions(layers, stages)
     sizes = None
     if size is not None:
-        s = np.asarray(size, np.float64)
-        sizes = np.broadcast_to(s, (count, *s.shape))
+        sizes = np.broadcast_to(np.asarray(size, np.float64), (count, graph.microbatches))
     times, memory, fits = evaluate_plans(graph, workload, plans, sizes, chunk=chunk)
     capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
     i = best_plan(times, memory, fits, capacity)
@@ -219,4 +221,4 @@ def brute_force_partition(
 
 
 __all__ = ["BRUTE_FORCE_LIMIT", "EVALUATION_CHUNK", "Plan", "brute_force_partition", "compositions",
-           "evaluate_plans", "minmax_partition", "uniform_partition"]
+           "evaluate_boundaries", "evaluate_plans", "minmax_partition", "uniform_partition"]

@@ -11,8 +11,8 @@ relative and the loss is about 1. An optax transformation runs it for ``steps`` 
 rounded (every floor/ceiling combination of the stage boundaries where there are few; largest
 remainders for samples), and a steepest-descent local search of ±1 moves (any combination of
 boundaries moving by one layer; one sample moving between two microbatches) runs with the batched
-exact simulator, from the rounded plan and from the best baseline. The result is re-checked with
-the (unbatched) exact simulator; nothing else is ever reported.
+exact simulator, from the rounded plan and from the best baseline. The chosen plan is evaluated
+afresh by the exact simulator at the end; nothing else is ever reported.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from ._baselines import Plan, evaluate_plans, exact_one, make_plan, minmax_partition, uniform_partition
+from ._baselines import Plan, evaluate_boundaries, evaluate_plans, make_plan, minmax_partition, uniform_partition
 from ._errors import ConfigError
 from ._graph import Graph, compile
 from ._hardware import Hardware
@@ -135,10 +135,14 @@ def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, sta
         def step(carry, tau):
             p, state = carry
             loss, grad = jax.value_and_grad(loss_fn)(p, tau)
-            updates, state = optimizer.update(grad, state, p)
-            return (optax.apply_updates(p, updates), state), loss
+            with jax.numpy_dtype_promotion("standard"):  # optax mixes int counters and floats
+                updates, state = optimizer.update(grad, state, p)
+                p = optax.apply_updates(p, updates)
+            return (p, state), loss
 
-        (p, _), losses = lax.scan(step, (p, optimizer.init(p)), taus)
+        with jax.numpy_dtype_promotion("standard"):
+            state = optimizer.init(p)
+        (p, _), losses = lax.scan(step, (p, state), taus)
         x, size = _continuous(graph, workload, knobs, p, stages)
         return p, losses, x, size
 
@@ -390,6 +394,7 @@ def optimize(
         if balance.stages != stages:
             raise ConfigError(f"optimize: StageBalance has {balance.stages} stages, the schedule has {stages}")
         balance.check(workload)
+        workload = workload.with_split(None)  # unused; dropping it lets workloads share compiled code
     else:
         if stages > workload.layers:
             raise ConfigError(f"optimize: the schedule's {stages} stages exceed the workload's {workload.layers} "
@@ -402,6 +407,8 @@ def optimize(
         raise ConfigError(f"optimize: MicrobatchSplit has {split.microbatches} microbatches, the schedule has {micro}")
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
         raise ConfigError(f"optimize: restarts must be a non-negative int, got {restarts!r}")
+    if restarts and key is None:
+        raise ConfigError("optimize: restarts need a PRNG key (key=jax.random.key(0))")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ConfigError(f"optimize: steps must be a positive int, got {steps!r}")
     if not (isinstance(memory_penalty, (int, float)) and math.isfinite(memory_penalty) and memory_penalty >= 0):
@@ -412,27 +419,26 @@ def optimize(
     taus = _temperatures(temperature, steps)
     check_static_memory(workload, holder, versions, devices,
                         fixed=None if balance is not None else workload.layers_per_stage)
+    dtype = workload.forward.dtype
+    splits = {"given": np.asarray(workload.layers_per_stage)} if balance is None else {
+        "uniform": np.asarray(uniform_partition(workload.layers, stages)),
+        "minmax": np.asarray(minmax_partition(workload, stages)),
+    }
+    starts = _starts(knobs, workload, init, splits, restarts, key, dtype)
     if isinstance(graph, Schedule):
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
     _check_mode(graph, workload)
 
-    dtype = workload.forward.dtype
-    search = _Search(graph, workload, split)
-
     # Baselines, exactly evaluated.
+    search = _Search(graph, workload, split)
     equal = None if split is None else _round_samples(np.full(micro, split.batch / micro), split.batch)
-    splits = {"given": np.asarray(workload.layers_per_stage)} if balance is None else {
-        "uniform": np.asarray(uniform_partition(workload.layers, stages)),
-        "minmax": np.asarray(minmax_partition(workload, stages)),
-    }
     baselines = {name: (counts, equal) for name, counts in splits.items()}
     keys = {name: search.key(plan) for name, plan in baselines.items()}
     baseline = min(keys, key=lambda n: keys[n])
     scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
 
     # The continuous phase, from every start at once.
-    starts = _starts(knobs, workload, init, splits, restarts, key, dtype)
     params, losses, xs, sizes = _descend(graph, workload, knobs, starts, optimizer, jnp.asarray(taus * scale, dtype),
                                          jnp.asarray(memory_penalty, dtype), jnp.asarray(scale, dtype), stages)
     losses, xs = np.asarray(losses), np.asarray(xs)
@@ -442,8 +448,8 @@ def optimize(
                           "the temperature")
     best = int(np.argmin(losses[:, -1]))
     chosen = tuple(p[best] for p in params)
-    continuous_makespan = float(exact_one(graph, workload, jnp.asarray(xs[best]),
-                                          None if sizes is None else sizes[best])[0])
+    continuous_makespan = float(evaluate_boundaries(graph, workload, xs[best:best + 1],
+                                                    None if sizes is None else np.asarray(sizes[best:best + 1]))[0][0])
     fractional = None
     if split is not None:
         fractional = np.asarray(jax.vmap(split.samples)(params[knobs.index(split)]))
@@ -464,10 +470,10 @@ def optimize(
         found = [(s, search.key(s)) for s in origins]
     (counts, samples), _ = min(found, key=lambda f: f[1])
 
-    # Final check with the unbatched exact simulator.
-    size = None if samples is None else jnp.asarray(search.size_of(samples), dtype)
-    time, memory = exact_one(graph, workload, workload.boundaries(counts), size)
-    time, memory = float(time), np.asarray(memory, np.float64)
+    # Final check: the chosen plan evaluated afresh (not from the search's cache).
+    size = None if samples is None else search.size_of(samples)[None, :]
+    time, memory, _ = evaluate_plans(graph, workload, counts[None, :], size)
+    time, memory = float(time[0]), memory[0]
     plan = make_plan(graph, workload, counts, samples, time, memory)
     base_plan = make_plan(graph, workload, *baselines[baseline], *search.evaluate([baselines[baseline]])[0])
     rounded_plan = make_plan(graph, workload, *rounded, *search.evaluate([rounded])[0])
@@ -506,8 +512,6 @@ def _starts(knobs, workload, init, splits, restarts, key, dtype) -> tuple:
                 rows.append(tuple(k.init(workload, tuple(counts.tolist())) if isinstance(k, StageBalance)
                                   else k.init(workload) for k in knobs))
     if restarts:
-        if key is None:
-            raise ConfigError("optimize: restarts need a PRNG key (key=jax.random.key(0))")
         for r in range(restarts):
             noise = jax.random.split(jax.random.fold_in(key, r), len(knobs))
             rows.append(tuple(p + RESTART_SPREAD * jax.random.normal(n, p.shape, dtype)
