@@ -150,26 +150,20 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
     else:
         transfers, mode = _timed_transfers(schedule, hw, start, finish)
         transfers, lanes = _spread(transfers)
-    memory, unit = _memory(schedule, hw, start, finish)
+    memory, unit = _memory(schedule, hw, result, start, finish)
     return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode)
+
+
+@functools.cache
+def _jitted_costs():
+    import equinox as eqx
+
+    return eqx.filter_jit(lambda graph, hw: hw.costs(graph))
 
 
 def _costs(graph: Any, hw: Any):
     """``hw.costs(graph)`` under one jit (eagerly, each of its many small ops would compile alone)."""
-    return _jitted()[0](graph, hw)
-
-
-def _peak_memory(graph: Any, hw: Any):
-    return _jitted()[1](graph, hw)
-
-
-@functools.cache
-def _jitted():
-    import equinox as eqx
-
-    from .._simulate import peak_memory
-
-    return eqx.filter_jit(lambda g, h: h.costs(g)), eqx.filter_jit(peak_memory)
+    return _jitted_costs()(graph, hw)
 
 
 def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
@@ -222,27 +216,20 @@ def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.
     return transfers, mode
 
 
-def _memory(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
+def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish: np.ndarray):
     """Per device, the step curve of memory: static bytes plus activations stored at each F's
-    start and freed at the end of the op that last needs them (B, or W when split)."""
+    start and freed at the end of the op that last needs them (B, or W when split). The static
+    part is the simulator's peak memory less the activations' peak (``_compare.activation_peaks``)."""
+    from .._compare import activation_peaks, activation_table
     from ..schedules._analysis import releases_activation
 
-    act = size = None
     static = np.zeros(schedule.devices)
     unit = "activations"
     if hw is not None:
-        import equinox as eqx
-        import jax.numpy as jnp
-
-        from .._graph import compile as compile_graph
-
-        graph = compile_graph(schedule, communication="none")
-        act = np.asarray(hw.per_stage("activation_bytes", graph), dtype=np.float64)
-        size = np.asarray(hw.per_microbatch(graph), dtype=np.float64)
+        act, size = activation_table(schedule, hw)
         if np.any(act > 0):
             unit = "bytes"
-            no_act = eqx.tree_at(lambda h: h.activation_bytes, hw, jnp.zeros((), hw.activation_bytes.dtype))
-            static = np.asarray(_peak_memory(graph, no_act)[0], dtype=np.float64)
+            static = np.asarray(result.peak_memory, dtype=np.float64) - np.asarray(activation_peaks(schedule, hw))
     index = {op: i for i, op in enumerate(schedule.ops)}
     tolerance = 1e-6 * float(np.max(finish, initial=0.0))
     curves = []
@@ -250,9 +237,7 @@ def _memory(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
         events = []
         for op in order:
             i = index[op]
-            amount = 1.0
-            if unit == "bytes":
-                amount = act[op.pipeline, op.stage] * size[op.microbatch]
+            amount = act[op.pipeline, op.stage] * size[op.microbatch] if unit == "bytes" else 1.0
             if op.kind == "F":
                 events.append((start[i], amount))
             elif releases_activation(op):
@@ -274,7 +259,12 @@ def _memory(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
 # -- writing files ------------------------------------------------------------------------------------
 def check_paths(path: Any, allowed: Sequence[str], what: str) -> list[Path]:
     """Target paths as ``Path``s: suffix among ``allowed`` and an existing parent directory."""
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if isinstance(path, (str, os.PathLike)):
+        paths = [path]
+    elif isinstance(path, (list, tuple)):
+        paths = list(path)
+    else:
+        raise ConfigError(f"{what}: path must be a string or a Path (or a list of them), got {type(path).__name__}")
     if not paths:
         raise ConfigError(f"{what}: no path given")
     out = []

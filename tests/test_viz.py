@@ -1,0 +1,177 @@
+"""viz: Gantt charts (PNG/SVG written whole or not at all) and Chrome traces (tracks, flows, units)."""
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import diffpipe as dp
+from diffpipe.viz import gantt, trace
+from diffpipe.viz._timeline import timeline, write_atomic
+
+D, N = 4, 4
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b():
+    return dp.schedules.get("1f1b", devices=D, microbatches=N)
+
+
+@pytest.fixture(scope="module")
+def contended():
+    """Per-device egress lanes (every device its own node), transfers a quarter of a forward."""
+    return dp.Hardware.from_times(1.0, 2.0, p2p_time=0.25, activation_bytes=2.0, static_bytes=10.0,
+                                  mode="contention")
+
+
+@pytest.fixture(scope="module")
+def chimera_sync(contended):
+    """Chimera with its stage all-reduces (collectives on two devices), simulated under contention."""
+    s = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
+    return s, dp.simulate(s, contended)
+
+
+def files(tmp_path):
+    return sorted(p.name for p in tmp_path.iterdir())
+
+
+# -- Gantt ----------------------------------------------------------------------------------------------
+def test_gantt_writes_png_and_svg(tmp_path, one_f_one_b, contended):
+    written = gantt(one_f_one_b, contended, path=[tmp_path / "g.png", tmp_path / "g.svg"])
+    assert [p.name for p in written] == ["g.png", "g.svg"]
+    png, svg = (tmp_path / "g.png").read_bytes(), (tmp_path / "g.svg").read_text()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "<svg" in svg and "d3" in svg and len(svg) > 10_000
+    assert files(tmp_path) == ["g.png", "g.svg"]  # no temporary left behind
+
+
+def test_gantt_of_a_result_with_link_lanes(tmp_path, contended, chimera_sync):
+    s, result = chimera_sync
+    fig = gantt(result, contended, schedule=s, title="chimera")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:D] == [f"d{d}" for d in range(D)] and any(lab.startswith("link") for lab in labels[D:])
+    assert ax.get_title(loc="left") == "chimera"
+    assert len(fig.axes) >= 2 and fig.axes[1].get_ylabel() == "memory (GB)"
+    gantt(result, schedule=s, path=tmp_path / "r.svg", memory=False, arrows=False)  # no hardware: no lanes
+    assert (tmp_path / "r.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [("chart.pdf", "suffix must be one of .png, .svg"), ("missing/chart.png", "directory .* does not exist"),
+     (3, "path must be a string")],
+)
+def test_gantt_bad_path_writes_nothing(tmp_path, one_f_one_b, path, message):
+    target = tmp_path / path if isinstance(path, str) else path
+    with pytest.raises(dp.ConfigError, match=message):
+        gantt(one_f_one_b, path=target)
+    assert files(tmp_path) == []
+
+
+def test_bad_sources(one_f_one_b, contended):
+    result = dp.simulate(one_f_one_b, contended)
+    with pytest.raises(dp.ConfigError, match="pass schedule="):
+        gantt(result)
+    with pytest.raises(dp.ConfigError, match="not simulated from this schedule"):
+        trace(result, schedule=dp.schedules.get("gpipe", devices=D, microbatches=N + 1))
+    with pytest.raises(dp.ConfigError, match="expected a Schedule or a Result, got str"):
+        trace("1f1b")
+    with pytest.raises(dp.ConfigError, match="expected a Hardware, got float"):
+        gantt(one_f_one_b, 1.0)
+
+
+def test_write_atomic_leaves_nothing_on_error(tmp_path):
+    target = tmp_path / "out.json"
+
+    def fail(tmp):
+        tmp.write_text("{half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_atomic(target, fail)
+    assert files(tmp_path) == []
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        write_atomic(target, fail)
+    assert target.read_text() == "old"  # the previous file survives intact
+
+
+# -- the timeline behind both -------------------------------------------------------------------------
+def test_timeline_transfers_and_memory(one_f_one_b, contended):
+    tl = timeline(one_f_one_b, contended)
+    result = dp.simulate(one_f_one_b, contended)
+    np.testing.assert_allclose(tl.start, np.asarray(result.start), rtol=1e-6)
+    index = {op: i for i, op in enumerate(tl.ops)}
+    assert len(tl.transfers) == 2 * (D - 1) * N  # an activation and a gradient per boundary and microbatch
+    for t in tl.transfers:
+        assert t.start >= tl.finish[index[t.producer]] - 1e-6
+        assert t.finish <= tl.start[index[t.consumer]] + 1e-6
+        assert t.finish - t.start == pytest.approx(0.25, rel=1e-5)
+        assert t.lane.startswith("link ")
+    by_lane = {}
+    for t in tl.transfers:  # a lane's transfers never overlap (contention: one at a time)
+        by_lane.setdefault(t.lane, []).append((t.start, t.finish))
+    for spans in by_lane.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+    # The memory curves peak where the simulator says: static + activations.
+    assert tl.memory_unit == "bytes"
+    peaks = [float(values.max()) for _, values in tl.memory]
+    np.testing.assert_allclose(peaks, np.asarray(result.peak_memory), rtol=1e-6)
+    assert peaks == [10.0 + 2.0 * min(D - d, N) for d in range(D)]
+
+
+def test_timeline_without_activation_sizes_counts_activations(one_f_one_b):
+    tl = timeline(one_f_one_b)
+    assert tl.memory_unit == "activations" and tl.lanes  # overlap: a lane per directed link
+    assert [int(v.max()) for _, v in tl.memory] == list(dp.schedules.peak_activations(one_f_one_b))
+
+
+# -- trace ----------------------------------------------------------------------------------------------
+def test_trace_json(tmp_path, one_f_one_b, contended):
+    data = trace(one_f_one_b, contended, path=tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text()) == data
+    assert files(tmp_path) == ["t.json"]
+    events = data["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert [names[(0, d)] for d in range(D)] == [f"device {d}" for d in range(D)]
+    links = {name for (pid, _), name in names.items() if pid == 1}
+    assert links and all(name.startswith("link ") for name in links)
+    ops = [e for e in events if e["ph"] == "X" and e["pid"] == 0]
+    assert len(ops) == len(one_f_one_b.ops)
+    forward = next(e for e in ops if e["name"] == "F0" and e["tid"] == 0)
+    assert forward["ts"] == 0 and forward["dur"] == pytest.approx(1e6)  # 1 s in microseconds
+    assert all(e["dur"] == pytest.approx(2e6) for e in ops if e["cat"] == "B")
+    link_events = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    assert len(link_events) == 2 * (D - 1) * N and all(e["dur"] == pytest.approx(0.25e6) for e in link_events)
+    # Flows: one start and one finish per transfer, inside the producing and the consuming op.
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert set(starts) == set(finishes) and len(starts) == 2 * (D - 1) * N
+    for n, s in starts.items():
+        f = finishes[n]
+        assert f["bp"] == "e" and abs(s["tid"] - f["tid"]) == 1 and s["ts"] < f["ts"]
+        for flow in (s, f):
+            assert any(e["tid"] == flow["tid"] and e["ts"] < flow["ts"] < e["ts"] + e["dur"] for e in ops)
+    # A track's slices are disjoint: Perfetto needs them nested.
+    for track in Counter((e["pid"], e["tid"]) for e in events if e["ph"] == "X"):
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                       if e["ph"] == "X" and (e["pid"], e["tid"]) == track)
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:]))
+    assert data["otherData"]["makespan_us"] == pytest.approx(float(dp.simulate(one_f_one_b, contended).makespan) * 1e6)
+
+
+def test_trace_of_a_collective_spans_its_devices(tmp_path, contended, chimera_sync):
+    s, result = chimera_sync
+    data = trace(result, contended, schedule=s)
+    reduces = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] == "R"]
+    # One all-reduce per stage, on both devices holding a replica of it (d and D-1-d).
+    assert sorted(e["tid"] for e in reduces) == sorted(2 * list(range(D)))
+    for e in reduces:
+        partner = next(r for r in reduces if r["args"] == e["args"] and r["tid"] != e["tid"])
+        assert partner["tid"] == D - 1 - e["tid"] and partner["ts"] == e["ts"]
+    with pytest.raises(dp.ConfigError, match="suffix must be one of .json"):
+        trace(s, path=tmp_path / "t.txt")
+    assert files(tmp_path) == []
