@@ -25,6 +25,7 @@ from jax import lax
 from jaxtyping import Array, Float
 
 from ._graph import PAD, Graph
+from ._hardware import CostTables
 
 
 def _start_exact(x: Array) -> Array:
@@ -37,70 +38,118 @@ def _start_smooth(x: Array, tau: Array) -> Array:
     return top + tau * jnp.log(total)
 
 
+def _level(finish, pred, dur, delay, tau):
+    """One level: ``dur + smax(0, max_k finish[pred] + delay)`` for its ``[width]`` rows."""
+    x = finish[pred] + delay
+    return dur + (_start_exact(x) if tau is None else _start_smooth(x, tau))
+
+
 def _sweep(pred, offsets, width, dur, delay, tau):
-    rows, batch = dur.shape
+    """Forward sweep over levels from precomputed ``dur [rows, B]`` and ``delay [rows, k, B]``."""
 
     def level(finish, offset):
-        p = lax.dynamic_slice_in_dim(pred, offset, width)
-        x = finish[p] + lax.dynamic_slice_in_dim(delay, offset, width)
-        start = _start_exact(x) if tau is None else _start_smooth(x, tau)
-        return lax.dynamic_update_slice_in_dim(finish, lax.dynamic_slice_in_dim(dur, offset, width) + start,
+        rows = _level(finish, lax.dynamic_slice_in_dim(pred, offset, width),
+                      lax.dynamic_slice_in_dim(dur, offset, width),
+                      lax.dynamic_slice_in_dim(delay, offset, width), tau)
+        return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
+
+    finish0 = jnp.full(dur.shape, -jnp.inf, dtype=dur.dtype)
+    return lax.scan(level, finish0, offsets)[0]
+
+
+def _sweep_tables(graph: Graph, tables: CostTables, tau):
+    """The same sweep reading each level's costs straight from the small cost tables, so the
+    ``[rows, k, B]`` delays are never materialised (they would dominate memory traffic)."""
+    width = graph.width
+    batch = tables.size.shape[-1]
+
+    def level(finish, offset):
+        def cut(x):
+            return lax.dynamic_slice_in_dim(x, offset, width)
+
+        node_row, edge_row = cut(graph.node_row), cut(graph.edge_row)
+        size = tables.size[cut(graph.microbatch)]
+        dur = tables.base[node_row] + size * tables.per_size[node_row]
+        delay = tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+        return lax.dynamic_update_slice_in_dim(finish, _level(finish, cut(graph.pred), dur, delay, tau),
                                                offset, 0), None
 
-    finish0 = jnp.full((rows, batch), -jnp.inf, dtype=dur.dtype)
-    finish, _ = lax.scan(level, finish0, offsets)
-    return finish
+    finish0 = jnp.full((graph.kind.shape[-1], batch), -jnp.inf, dtype=tables.base.dtype)
+    return lax.scan(level, finish0, graph.offsets)[0]
 
 
-def _weights(pred, finish, dur, delay, tau):
-    """Soft-argmax (or argmax) weight of every incoming edge, and its argument ``x``."""
-    x = finish[pred] + delay  # [rows, k, batch]
-    start = finish - dur
+def _edge_weights(x, start, tau):
+    """Soft-argmax weights ``exp((x_k - start) / tau)`` of the incoming edges (argmax one-hot when
+    exact); the release term takes the rest. ``x`` is ``[width, k, B]``, ``start`` ``[width, B]``."""
     if tau is None:
         candidates = jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
         winner = jnp.argmax(candidates, axis=1).astype(jnp.int32)  # first maximum; 0 = release
         slots = jnp.arange(1, x.shape[1] + 1, dtype=jnp.int32)[None, :, None]
-        return x, (winner[:, None, :] == slots).astype(dur.dtype)
-    # x <= start on real rows, so the exponent is <= 0; clamping and masking keep the scratch rows
-    # (junk values, zero cotangent) from producing inf * 0 = NaN.
+        return (winner[:, None, :] == slots).astype(x.dtype)
+    # x <= start on real rows, so the exponent is <= 0; clamping and masking keep rows outside the
+    # level (junk values, zero cotangent) from producing inf * 0 = NaN.
     exponent = jnp.minimum((x - start[:, None, :]) / tau, 0.0)
-    return x, jnp.where(jnp.isneginf(x), 0.0, jnp.exp(exponent))
+    return jnp.where(jnp.isneginf(x), 0.0, jnp.exp(exponent))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 6))
-def _finish(pred, offsets, sizes, width, dur, delay, exact, tau):
-    return _sweep(pred, offsets, width, dur, delay, None if exact else tau)
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _finish(graph: Graph, tables: CostTables, exact: bool, tau):
+    return _sweep_tables(graph, tables, None if exact else tau)
 
 
-def _finish_fwd(pred, offsets, sizes, width, dur, delay, exact, tau):
-    finish = _sweep(pred, offsets, width, dur, delay, None if exact else tau)
-    return finish, (pred, offsets, sizes, dur, delay, tau, finish)
+def _finish_fwd(graph, tables, exact, tau):
+    finish = _sweep_tables(graph, tables, None if exact else tau)
+    return finish, (graph, tables, tau, finish)
 
 
-def _finish_bwd(width, exact, residuals, g_finish):
-    pred, offsets, sizes, dur, delay, tau, finish = residuals
-    x, w = _weights(pred, finish, dur, delay, None if exact else tau)
-    lanes = jnp.arange(width, dtype=sizes.dtype)[:, None]
+def _finish_bwd(exact, residuals, g_finish):
+    """Reverse sweep: each level sends its rows' (final) cotangents to their predecessors with the
+    edge weights; then the cost tables' cotangents are segment sums over the rows using them."""
+    graph, tables, tau, finish = residuals
+    smooth = None if exact else tau
+    width = graph.width
+    lanes = jnp.arange(width, dtype=graph.sizes.dtype)[:, None]
+    real = (graph.kind != PAD)[:, None]
+    dur, delay = tables.expand(graph)
+    start = finish - dur
+    x = finish[graph.pred] + delay
+    w = _edge_weights(x, start, smooth)
 
     def level(g, level_at):
-        offset, size = level_at
-        gl = jnp.where(lanes < size, lax.dynamic_slice_in_dim(g, offset, width), 0.0)
+        offset, count = level_at
+        gl = jnp.where(lanes < count, lax.dynamic_slice_in_dim(g, offset, width), 0.0)
         push = gl[:, None, :] * lax.dynamic_slice_in_dim(w, offset, width)
-        return g.at[lax.dynamic_slice_in_dim(pred, offset, width)].add(push), None
+        return g.at[lax.dynamic_slice_in_dim(graph.pred, offset, width)].add(push), None
 
-    g, _ = lax.scan(level, g_finish, (offsets, sizes), reverse=True)
+    g, _ = lax.scan(level, jnp.where(real, g_finish, 0.0), (graph.offsets, graph.sizes), reverse=True)
+    g = jnp.where(real, g, 0.0)  # = cotangent of every duration
     g_delay = g[:, None, :] * w
+    g_tables = _table_cotangent(graph, tables, g, g_delay)
     if exact:
         g_tau = jnp.zeros_like(tau)
     else:  # d start / d tau at fixed inputs: (start - sum_k w_k x_k) / tau
-        start = finish - dur
         local = (start - jnp.sum(jnp.where(w > 0, w * x, 0.0), axis=1)) / tau
-        g_tau = jnp.sum(jnp.where(jnp.isfinite(local), g * local, 0.0)).astype(tau.dtype)
-    return None, None, None, g, g_delay, g_tau
+        g_tau = jnp.sum(jnp.where(real & jnp.isfinite(local), g * local, 0.0)).astype(tau.dtype)
+    return None, g_tables, g_tau
+
+
+def _table_cotangent(graph: Graph, tables: CostTables, g_dur, g_delay) -> CostTables:
+    """Transpose of ``CostTables.expand``: segment sums of the duration and delay cotangents."""
+    rows, k, batch = g_delay.shape
+    size = tables.size[graph.microbatch]
+    flat_rows, flat_delay = graph.edge_row.reshape(-1), g_delay.reshape(rows * k, batch)
+    costs, edge_costs, microbatches = tables.base.shape[0], tables.edge_base.shape[0], tables.size.shape[0]
+    to_size = g_dur * tables.per_size[graph.node_row] + jnp.sum(g_delay * tables.edge_per_size[graph.edge_row], axis=1)
+    return CostTables(
+        base=jax.ops.segment_sum(g_dur, graph.node_row, costs),
+        per_size=jax.ops.segment_sum(g_dur * size, graph.node_row, costs),
+        edge_base=jax.ops.segment_sum(flat_delay, flat_rows, edge_costs),
+        edge_per_size=jax.ops.segment_sum((g_delay * size[:, None, :]).reshape(rows * k, batch), flat_rows, edge_costs),
+        size=jax.ops.segment_sum(to_size, graph.microbatch, microbatches),
+    )
 
 
 _finish.defvjp(_finish_fwd, _finish_bwd)
-
 
 #: How gradients are computed: ``"sweep"`` the reverse sweep above (custom VJP; reverse mode only);
 #: ``"autodiff"`` JAX's own differentiation of the level scan (forward mode too, but reverse mode
@@ -110,23 +159,20 @@ ADJOINTS = ("sweep", "autodiff")
 
 def finish_times(
     graph: Graph,
-    dur: Float[Array, "nodes batch"],
-    delay: Float[Array, "nodes k batch"],
+    tables: CostTables,
     temperature: Float[Array, ""] | None = None,
     adjoint: str = "sweep",
 ) -> Float[Array, "nodes batch"]:
-    """Finish time of every node; rows that are not real nodes (scratch, sentinel) hold ``-inf``.
-
-    ``temperature=None`` is exact max-plus; a positive temperature smooths every max.
-    """
-    real = (graph.kind != PAD)[:, None]
-    dur = jnp.where(real, dur, 0.0)
+    """Finish time of every node under cost ``tables`` (batch last); rows that are not real nodes
+    (scratch, sentinel) hold ``-inf``. ``temperature=None`` is exact max-plus; a positive
+    temperature smooths every max."""
     if adjoint == "autodiff":
+        dur, delay = tables.expand(graph)
         finish = _sweep(graph.pred, graph.offsets, graph.width, dur, delay, temperature)
     else:
-        tau = jnp.ones((), dur.dtype) if temperature is None else temperature
-        finish = _finish(graph.pred, graph.offsets, graph.sizes, graph.width, dur, delay, temperature is None, tau)
-    return jnp.where(real, finish, -jnp.inf)
+        tau = jnp.ones((), tables.base.dtype) if temperature is None else temperature
+        finish = _finish(graph, tables, temperature is None, tau)
+    return jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
 
 
 def smooth_max(values: Float[Array, "n batch"], temperature: Float[Array, ""] | None) -> Float[Array, " batch"]:

@@ -33,6 +33,10 @@ PAD = -1
 EDGE_PAD, EDGE_LANE, EDGE_DATA, EDGE_ACTIVATION, EDGE_GRADIENT, EDGE_FEED, EDGE_LINK, EDGE_BLOCK = range(8)
 _EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GRADIENT: EDGE_GRADIENT}
 
+#: Cost-row types (``Graph.node_cost[:, 0]``): zero, the four compute kinds, optimizer step,
+#: all-reduce (args: participants, first and last device), transfer (args: src, dst, boundary).
+COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T = range(8)
+
 #: How communication is modelled (see ``Hardware``): ``none`` idealized; ``overlap`` a delay on the
 #: edge, no contention; ``contention`` each directed link, or a node's shared NIC for inter-node
 #: traffic, carries one transfer at a time in issue order; ``blocking`` sender and receiver are busy.
@@ -48,6 +52,10 @@ class Graph(eqx.Module):
     (participants of a collective), ``op_index`` (position in ``schedule.ops``, -1 otherwise).
     Per edge ``[nodes, k]``: ``pred`` (sentinel-padded), ``edge`` (type code), and for transfer edges
     ``edge_src``, ``edge_dst``, ``edge_boundary``. Per level: ``offsets``, ``sizes``.
+    Costs: nodes that cost the same share a *cost row* ``node_row`` described by ``node_cost``
+    (``COST_*`` type, pipeline, stage, and three arguments); a node lasts
+    ``base[row] + size[microbatch] * per_size[row]`` (``Hardware.tables``). Transfer edges likewise
+    share ``edge_row`` rows described by ``edge_cost`` (src, dst, pipeline, boundary); row 0 is free.
     Lanes: ``lane_nodes``/``lane_device`` list every device's ops in order (a collective once per
     participant); ``release`` is
     +1 where an op stores an activation (F), -1 where it frees one (B, or W when split), else 0;
@@ -64,6 +72,10 @@ class Graph(eqx.Module):
     group: Int[Array, " nodes"]
     op_index: Int[Array, " nodes"]
     release: Int[Array, " nodes"]
+    node_row: Int[Array, " nodes"]
+    edge_row: Int[Array, "nodes k"]
+    node_cost: Int[Array, "costs 6"]
+    edge_cost: Int[Array, "edge_costs 4"]
     pred: Int[Array, "nodes k"]
     edge: Int[Array, "nodes k"]
     edge_src: Int[Array, "nodes k"]
@@ -92,9 +104,10 @@ class Graph(eqx.Module):
 
     @property
     def structure(self) -> tuple[int, ...]:
-        """Array sizes ``(nodes, k, levels, width, sinks, lane)``: graphs of equal structure stack."""
+        """Array sizes: graphs of equal structure (and equal static fields) stack without padding."""
         return (self.kind.shape[-1], self.pred.shape[-1], self.offsets.shape[-1], self.width,
-                self.sinks.shape[-1], self.lane_nodes.shape[-1])
+                self.sinks.shape[-1], self.lane_nodes.shape[-1], self.node_cost.shape[-2],
+                self.edge_cost.shape[-2], self.step_last.shape[-1])
 
 
 @dataclass
@@ -231,6 +244,30 @@ def _levels(nodes: list[_Node], *, blocking: bool, ops: Sequence[Op]) -> list[in
     return level
 
 
+def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
+    """Group nodes (and transfer edges) that cost the same into rows of small cost tables."""
+    kinds = {"F": COST_F, "B": COST_B, "I": COST_I, "W": COST_W, "U": COST_U, "R": COST_R, "T": COST_T}
+    node_rows: dict[tuple, int] = {(COST_ZERO, 0, 0, 0, 0, 0): 0}
+    edge_rows: dict[tuple, int] = {(0, 0, 0, -1): 0}
+    node_row = np.zeros(rows, dtype=np.int32)
+    edge_row = np.zeros((rows, k), dtype=np.int32)
+    for old, n in enumerate(nodes):
+        if n.kind == "R":
+            key = (COST_R, n.pipeline, n.stage, n.group, n.device, n.dst)
+        elif n.kind == "T":
+            key = (COST_T, n.pipeline, n.stage, n.device, n.dst, n.boundary)
+        else:
+            key = (kinds[n.kind], n.pipeline, n.stage, 0, 0, 0)
+        node_row[new[old]] = node_rows.setdefault(key, len(node_rows))
+        for slot, (_, code, src, dst, boundary) in enumerate(n.preds):
+            if code in (EDGE_ACTIVATION, EDGE_GRADIENT):
+                edge_row[new[old], slot] = edge_rows.setdefault((src, dst, n.pipeline, boundary), len(edge_rows))
+    node_cost = np.asarray(list(node_rows), dtype=np.int32)
+    edge_cost = np.asarray(list(edge_rows), dtype=np.int32)
+    edge_cost[0, 3] = 0
+    return node_row, edge_row, node_cost, edge_cost
+
+
 def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communication: str,
             per_node: int) -> Graph:
     count = len(nodes)
@@ -267,6 +304,7 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
     for old, n in enumerate(nodes):
         if n.kind == "W" or (n.kind == "B" and (n.pipeline, n.stage, n.microbatch) not in backward_split):
             rel[new[old]] = -1
+    node_row, edge_row, node_cost, edge_cost = _cost_rows(nodes, new, rows, k)
     sinks = np.array([new[i] for i in range(count) if not has_successor[new[i]]], dtype=np.int32)
     # The last op of each step (by topological level) marks when that step's work has finished.
     step_last = np.full(schedule.steps, sentinel, dtype=np.int32)
@@ -288,7 +326,9 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
         kind=jnp.asarray(kind), stage=jnp.asarray(stage), pipeline=jnp.asarray(pipe),
         microbatch=jnp.asarray(mb), device=jnp.asarray(dev), dst=jnp.asarray(dst),
         boundary=jnp.asarray(bnd), group=jnp.asarray(grp), op_index=jnp.asarray(opi),
-        release=jnp.asarray(rel), pred=jnp.asarray(pred), edge=jnp.asarray(edge),
+        release=jnp.asarray(rel), node_row=jnp.asarray(node_row), edge_row=jnp.asarray(edge_row),
+        node_cost=jnp.asarray(node_cost), edge_cost=jnp.asarray(edge_cost),
+        pred=jnp.asarray(pred), edge=jnp.asarray(edge),
         edge_src=jnp.asarray(esrc), edge_dst=jnp.asarray(edst), edge_boundary=jnp.asarray(ebnd),
         offsets=jnp.asarray(offsets), sizes=jnp.asarray(sizes.astype(np.int32)),
         sinks=jnp.asarray(sinks), step_last=jnp.asarray(step_last),
@@ -304,10 +344,13 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
 
 def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sinks: int, lane: int,
               steps: int, devices: int, stages: int, pipelines: int, microbatches: int,
+              costs: int | None = None, edge_costs: int | None = None,
               devices_per_node: int | None = None) -> Graph:
     """``graph`` padded to larger sizes without changing any result: padded predecessors, sinks and
     lane entries point to the sentinel (``-inf``, no activation), padded levels to scratch rows."""
     n = int(np.sum(np.asarray(graph.kind) != PAD))
+    costs = costs or graph.node_cost.shape[0]
+    edge_costs = edge_costs or graph.edge_cost.shape[0]
     old_sentinel = graph.sentinel
     rows = nodes + width + 1
     sentinel = rows - 1
@@ -339,6 +382,12 @@ def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sink
         out[: x.shape[0], : x.shape[1]] = x
         return out
 
+    def cost_table(x: Array, size: int) -> np.ndarray:
+        x = np.asarray(x)
+        out = np.zeros((size, x.shape[1]), dtype=x.dtype)
+        out[: x.shape[0]] = x
+        return out
+
     pred = remap(columns(graph.pred, old_sentinel))
     pred[n:] = sentinel
     lane_nodes = remap(extend(graph.lane_nodes, lane, old_sentinel))
@@ -348,6 +397,9 @@ def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sink
         device=jnp.asarray(rowwise(graph.device, 0)), dst=jnp.asarray(rowwise(graph.dst, 0)),
         boundary=jnp.asarray(rowwise(graph.boundary, -1)), group=jnp.asarray(rowwise(graph.group, 1)),
         op_index=jnp.asarray(rowwise(graph.op_index, -1)), release=jnp.asarray(rowwise(graph.release, 0)),
+        node_row=jnp.asarray(rowwise(graph.node_row, 0)), edge_row=jnp.asarray(columns(graph.edge_row, 0)),
+        node_cost=jnp.asarray(cost_table(graph.node_cost, costs)),
+        edge_cost=jnp.asarray(cost_table(graph.edge_cost, edge_costs)),
         pred=jnp.asarray(pred), edge=jnp.asarray(columns(graph.edge, EDGE_PAD)),
         edge_src=jnp.asarray(columns(graph.edge_src, 0)), edge_dst=jnp.asarray(columns(graph.edge_dst, 0)),
         edge_boundary=jnp.asarray(columns(graph.edge_boundary, -1)),
@@ -380,6 +432,7 @@ def stack_graphs(graphs: Sequence[Graph]) -> Graph:
         lane=max(g.lane_nodes.shape[-1] for g in graphs), steps=max(g.steps for g in graphs),
         devices=max(g.devices for g in graphs), stages=max(g.stages for g in graphs),
         pipelines=max(g.pipelines for g in graphs), microbatches=max(g.microbatches for g in graphs),
+        costs=max(g.node_cost.shape[0] for g in graphs), edge_costs=max(g.edge_cost.shape[0] for g in graphs),
     )
     ((_, per_node),) = modes
     per_node = per_node or sizes["devices"]  # one node holding every device

@@ -27,10 +27,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
-from ._graph import COMMUNICATION_MODES, EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph
-
-_F, _B, _I, _W, _U, _R, _T = (KIND_CODES[k] for k in "FBIWURT")
-
+from ._graph import COMMUNICATION_MODES, COST_F, COST_R, COST_T, COST_U, COST_W, Graph
 
 def _float(value: Any) -> Array:
     return jnp.asarray(value, dtype=jnp.result_type(float))
@@ -245,8 +242,8 @@ class Hardware(eqx.Module):
             )
 
     # -- costs ------------------------------------------------------------------------------------
-    def costs(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, "nodes k"]]:
-        """Duration of every node and delay of every edge of ``graph`` under this hardware."""
+    def tables(self, graph: Graph) -> CostTables:
+        """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
         self.check_graph(graph)
         t = {name: _traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "backward", "weight", "update")}
@@ -258,38 +255,60 @@ class Hardware(eqx.Module):
         if self.network.mode == "none":
             latency, bandwidth = jnp.zeros_like(latency), jnp.full_like(bandwidth, jnp.inf)
 
-        kind, p, s = graph.kind, graph.pipeline, graph.stage
-        compute = kind <= _W
-        m = jnp.where(compute | (kind == _T), graph.microbatch, 0)
-        b = size[m]
-        per_kind = jnp.stack([t["forward"], t["backward"] + t["weight"], t["backward"], t["weight"]])
-        work = overhead + b * per_kind[jnp.minimum(kind, _W), p, s]
+        def transfer(src, dst, pipe, boundary):
+            base = jnp.where(src != dst, latency[src, dst], 0.0)
+            per = jnp.where(src != dst, msg[pipe, boundary] / bandwidth[src, dst], 0.0)
+            return base, per
 
-        def transfer(src, dst, boundary, pipe, mb_size):
-            boundary = jnp.maximum(boundary, 0)
-            return latency[src, dst] + mb_size * msg[pipe, boundary] / bandwidth[src, dst]
-
-        xfer = transfer(graph.device, graph.dst, graph.boundary, p, b)
-        n = graph.group * self.network.data_parallel
-        ring_lat, ring_bw = latency[graph.device, graph.dst], bandwidth[graph.device, graph.dst]
+        cost = graph.node_cost
+        kind, p, s = cost[:, 0], cost[:, 1], cost[:, 2]
+        a1, a2, a3 = cost[:, 3], cost[:, 4], cost[:, 5]
+        # all-reduce rows: (participants, first device, last device); a ring over the slowest link
+        n = a1 * self.network.data_parallel
+        ring_lat, ring_bw = latency[a2, a3], bandwidth[a2, a3]
         if self.network.data_parallel > 1:  # data-parallel replicas sit on other nodes
             ring_lat = jnp.maximum(ring_lat, self.network.inter_latency)
             ring_bw = jnp.minimum(ring_bw, self.network.inter_bandwidth)
         nf = n.astype(ring_bw.dtype)
-        allreduce = jnp.where(n > 1, 2 * (nf - 1) / nf * grad_bytes[p, s] / ring_bw
+        allreduce = jnp.where(n > 1, 2 * (nf - 1) / jnp.maximum(nf, 1.0) * grad_bytes[p, s] / ring_bw
                               + 2 * (nf - 1) * ring_lat, 0.0)
-        dur = jnp.select(
-            [compute, kind == _U, kind == _R, kind == _T],
-            [work, overhead + t["update"][p, s], allreduce, xfer],
-            0.0,
-        )
-        dur = jnp.where(kind == PAD, 0.0, dur)
+        t_base, t_per = transfer(a1, a2, p, a3)
+        compute = (kind >= COST_F) & (kind <= COST_W)
+        per_kind = jnp.stack([t["forward"], t["backward"] + t["weight"], t["backward"], t["weight"]])
+        base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
+                          [jnp.broadcast_to(overhead, kind.shape), overhead + t["update"][p, s], allreduce, t_base], 0.0)
+        per = jnp.select([compute, kind == COST_T],
+                         [per_kind[jnp.clip(kind - COST_F, 0, 3), p, s], t_per], 0.0)
+        e = graph.edge_cost
+        e_base, e_per = transfer(e[:, 0], e[:, 1], e[:, 2], e[:, 3])
+        return CostTables(base, per, e_base, e_per, size)
 
-        is_transfer_edge = (graph.edge == EDGE_ACTIVATION) | (graph.edge == EDGE_GRADIENT)
-        edge_size = b[:, None]
-        delay = jnp.where(
-            is_transfer_edge,
-            transfer(graph.edge_src, graph.edge_dst, graph.edge_boundary, p[:, None], edge_size),
-            0.0,
-        )
+    def costs(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, "nodes k"]]:
+        """Duration of every node and delay of every edge of ``graph`` under this hardware."""
+        dur, delay = self.tables(graph).batch_last().expand(graph)
+        return dur[:, 0], delay[:, :, 0]
+
+
+class CostTables(eqx.Module):
+    """Cost rows of a graph under one hardware (or a batch, along the last axis after
+    ``batch_last``): a node lasts ``base[row] + size[microbatch] * per_size[row]``, a transfer edge
+    delays by ``edge_base[row] + size[microbatch] * edge_per_size[row]``."""
+
+    base: Float[Array, "costs *batch"]
+    per_size: Float[Array, "costs *batch"]
+    edge_base: Float[Array, "edge_costs *batch"]
+    edge_per_size: Float[Array, "edge_costs *batch"]
+    size: Float[Array, "microbatches *batch"]
+
+    def batch_last(self, batched: bool = False) -> CostTables:
+        """Unbatched tables get a trailing batch axis of 1; batched ones (leading axis) move it last."""
+        if batched:
+            return jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), self)
+        return jax.tree.map(lambda x: x[..., None], self)
+
+    def expand(self, graph: Graph) -> tuple[Float[Array, "nodes batch"], Float[Array, "nodes k batch"]]:
+        """Per-node durations and per-edge delays (batch last)."""
+        size = self.size[graph.microbatch]
+        dur = self.base[graph.node_row] + size * self.per_size[graph.node_row]
+        delay = self.edge_base[graph.edge_row] + size[:, None, :] * self.edge_per_size[graph.edge_row]
         return dur, delay

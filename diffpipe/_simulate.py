@@ -22,7 +22,7 @@ from jaxtyping import Array, Float
 from ._errors import ConfigError, ScheduleError
 from ._evaluate import ADJOINTS, finish_times, sink_max
 from ._graph import KIND_CODES, PAD, Graph, compile
-from ._hardware import Hardware
+from ._hardware import CostTables, Hardware
 from .schedules import Op, Schedule
 from .schedules._analysis import staleness as schedule_staleness
 
@@ -46,19 +46,16 @@ def _check_types(graph: Any, hw: Any) -> None:
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
 
 
-def _costs(graph: Graph, hw: Hardware, batched: bool) -> tuple[Array, Array]:
-    """Durations ``[nodes, batch]`` and delays ``[nodes, k, batch]`` (batch last)."""
+def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
+    """The hardware's cost tables for ``graph``, batch last (a batch of one when not ``batched``)."""
     if not batched:
-        dur, delay = hw.costs(graph)
-        return dur[:, None], delay[:, :, None]
-    dur, delay = jax.vmap(lambda h: h.costs(graph))(hw)
-    return jnp.moveaxis(dur, 0, -1), jnp.moveaxis(delay, 0, -1)
+        return hw.tables(graph).batch_last()
+    return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
 
 
 @eqx.filter_jit
 def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
-    dur, delay = _costs(graph, hw, batched)
-    finish = finish_times(graph, dur, delay, temperature, adjoint)
+    finish = finish_times(graph, _tables(graph, hw, batched), temperature, adjoint)
     out = sink_max(graph, finish, temperature)
     return out if batched else out[0]
 
@@ -163,8 +160,9 @@ class Result(eqx.Module):
 
 @eqx.filter_jit
 def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
-    dur, delay = _costs(graph, hw, False)
-    finish = finish_times(graph, dur, delay, temperature)[:, 0]
+    tables = _tables(graph, hw, False)
+    dur, _ = tables.expand(graph)
+    finish = finish_times(graph, tables, temperature)[:, 0]
     total = sink_max(graph, finish[:, None], temperature)[0]
     dur = dur[:, 0]
     real = graph.kind != PAD
