@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
@@ -92,6 +92,7 @@ def test_matches_reference_every_family_and_mode(case, s, mode):
     assert float(result.makespan) == pytest.approx(max(want), rel=2e-5)
 
 
+@settings(max_examples=12)
 @given(data=st.data())
 def test_random_hardware_matches_reference(data):
     case, s = data.draw(st.sampled_from(SCHEDULES))
