@@ -17,6 +17,7 @@ afresh by the exact simulator at the end; nothing else is ever reported.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -403,6 +404,8 @@ def optimize(
         if len(workload.layers_per_stage) != stages:
             raise ConfigError(f"optimize: workload.layers_per_stage has {len(workload.layers_per_stage)} stages, "
                               f"the schedule has {stages}")
+    if split is None and workload.samples is not None:
+        workload = dataclasses.replace(workload, samples=None)  # unused here; lets workloads share compiled code
     if split is not None and split.microbatches != micro:
         raise ConfigError(f"optimize: MicrobatchSplit has {split.microbatches} microbatches, the schedule has {micro}")
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
