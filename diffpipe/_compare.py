@@ -111,15 +111,22 @@ def default_machine(mode: str = "contention") -> Machine:
     A GPT-3 6.7B-style model (Brown et al. 2020, Table 2.1: 32 layers, hidden 4096, 32 heads,
     sequence 2048; GPT-2 vocabulary 50257; microbatch 1, fp16, mixed-precision Adam) on one node
     of 8 H100 SXM (989 dense BF16 TFLOP/s at 50% utilisation, 80 GB) joined by 4th-generation
-    NVLink (450 GB/s per direction), with the transformer cost model of ``diffpipe._transformer``
-    and link contention (each directed link carries one transfer at a time).
+    NVLink through NVSwitch (450 GB/s per GPU and direction, 3 µs), with the transformer cost model
+    of ``diffpipe._transformer``. Under ``contention`` each GPU's sends share its NVLink bandwidth,
+    one at a time, whatever their destination (``devices_per_node=1``: every GPU's egress is a lane).
     """
-    from ._presets import device, network
+    import jax.numpy as jnp
+
+    from ._hardware import Network
+    from ._presets import NETWORKS, device
     from ._transformer import Transformer
 
+    link = NETWORKS["nvlink4"]
+    latency, bandwidth = jnp.asarray(link.latency), jnp.asarray(link.bandwidth)
+    network = Network(latency, bandwidth, latency, bandwidth, mode=mode, devices_per_node=1)
     model = Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
-    return Machine(model, device("H100"), network("nvlink4", mode=mode),
-                   name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4, contention")
+    return Machine(model, device("H100"), network,
+                   name=f"GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4 ({mode})")
 
 
 # -- results ------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ class Transfer:
     """One cross-device data edge: ``producer`` on ``src`` feeds ``consumer`` on ``dst``.
 
     ``kind`` is ``activation`` or ``gradient``; ``lane`` names the link it occupies (a directed
-    link ``"link 0→1"`` or a node's NIC ``"NIC node 0"``); ``start``/``finish`` are seconds, or
+    link ``"link 0→1"``, a node's NIC ``"NIC node 0"``, or with one device per node its egress
+    ``"egress d0"``); ``start``/``finish`` are seconds, or
     None when no hardware was given (then only the arrow from producer to consumer is known).
     """
 
@@ -75,7 +76,8 @@ class Timeline:
 
 def _lane_name(src: int, dst: int, per_node: int, mode: str) -> str:
     if mode == "contention" and src // per_node != dst // per_node:
-        return f"NIC node {src // per_node}"
+        # One device per node: the lane is that device's egress (its NIC, or its NVSwitch port).
+        return f"egress d{src}" if per_node == 1 else f"NIC node {src // per_node}"
     return f"link {src}→{dst}"
 
 
@@ -102,8 +104,8 @@ def _spread(transfers: list[Transfer]) -> tuple[list[Transfer], list[str]]:
 
 
 def _lane_key(lane: str) -> tuple:
-    parts = lane.replace("→", " ").split()
-    return (parts[0] != "link", *[int(p) for p in parts if p.isdigit()])
+    parts = lane.replace("→", " ").replace(" d", " ").split()
+    return (parts[0], *[int(p) for p in parts if p.isdigit()])
 
 
 def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -> Timeline:

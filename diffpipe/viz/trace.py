@@ -64,8 +64,22 @@ def events(tl: Timeline) -> list[dict[str, Any]]:
                       "pid": DEVICES_PID, "tid": t.src})
         timed.append({"name": label, "cat": "transfer", "ph": "f", "bp": "e", "id": n, "ts": mid[t.consumer],
                       "pid": DEVICES_PID, "tid": t.dst})
+    _disjoint([e for e in timed if e["ph"] == "X"])
     timed.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
     return meta + timed
+
+
+def _disjoint(slices: list[dict[str, Any]]) -> None:
+    """Make each track's slices disjoint: float32 times can let an op start a few nanoseconds
+    before its predecessor on the device ends, which a trace viewer would draw as bad nesting."""
+    last_end: dict[tuple[int, int], float] = {}
+    for e in sorted(slices, key=lambda e: (e["pid"], e["tid"], e["ts"], e["dur"])):
+        track = (e["pid"], e["tid"])
+        end = e["ts"] + e["dur"]
+        if e["ts"] < last_end.get(track, -float("inf")):
+            e["ts"] = last_end[track]
+            e["dur"] = max(0.0, end - e["ts"])
+        last_end[track] = max(last_end.get(track, -float("inf")), e["ts"] + e["dur"])
 
 
 def trace(
