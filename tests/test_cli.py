@@ -1,0 +1,110 @@
+"""The command line: every --help example runs, bad input is one line and exit code 2."""
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffpipe import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ["list", "show", "simulate", "compare", "optimize", "sweep", "export"]
+
+
+def run(argv, capsys):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def example_of(command):
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    line = sub.epilog.split("example:", 1)[1].strip()
+    return shlex.split(line)[1:]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_example_runs(command, tmp_path, monkeypatch, capsys):
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "machine.toml", tmp_path / "examples" / "machine.toml")
+    monkeypatch.chdir(tmp_path)
+    argv = example_of(command)
+    if command == "compare":  # the default machine is large: a smaller pipeline keeps the test quick
+        argv = ["compare", "gpipe", "1f1b", "--devices", "4", "--microbatches", "4"]
+    if command == "optimize":
+        argv += ["--steps", "30"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert out.strip()
+
+
+def test_json_outputs_are_valid(capsys):
+    code, out, _ = run(["list", "--json"], capsys)
+    assert code == 0 and {r["name"] for r in json.loads(out)} >= {"gpipe", "amdp"}
+    code, out, _ = run(["show", "1f1b", "--devices", "2", "--microbatches", "2", "--json"], capsys)
+    data = json.loads(out)
+    assert data["makespan"] == 9 and data["orders"][0] == ["0F0", "0F1", "0B0", "0B1"]
+    code, out, _ = run(["simulate", "1f1b", "--forward", "1", "--backward", "2", "--json"], capsys)
+    data = json.loads(out)
+    assert data["makespan_s"] == pytest.approx(33.0) and data["bubble_ratio"] == pytest.approx(9 / 33)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["show", "nope"], "unknown schedule family 'nope'"),
+        (["show", "interleaved-1f1b", "--devices", "4", "--microbatches", "6", "--option", "chunks=2"], "microbatches"),
+        (["show", "1f1b", "--option", "chunks"], "expected NAME=VALUE"),
+        (["simulate", "1f1b", "--device", "B200"], "unknown device preset 'B200'"),
+        (["simulate", "1f1b", "--intra", "warp"], "warp"),
+        (["simulate", "1f1b", "--forward", "1"], "forward and backward"),
+        (["simulate", "1f1b", "--forward", "-1", "--backward", "2"], "forward must be non-negative"),
+        (["sweep", "--devices", "x"], "comma-separated integers"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_malformed_and_unknown_config(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nlayers = 'x\n")
+    code, _, err = run(["simulate", "1f1b", "--config", str(bad)], capsys)
+    assert code == 2 and "malformed TOML" in err
+    bad.write_text("[model]\nlayerz = 4\n")
+    code, _, err = run(["simulate", "1f1b", "--config", str(bad)], capsys)
+    assert code == 2 and "unknown key 'layerz' in [model]" in err
+    code, _, err = run(["simulate", "1f1b", "--config", str(tmp_path / "missing.toml")], capsys)
+    assert code == 2 and "no such file" in err
+
+
+def test_bad_csv_action_and_nothing_half_written(tmp_path, capsys):
+    csv = tmp_path / "bad.csv"
+    csv.write_text("0F0,0F1,0B0,0B1\n1F0,1X0,1F1,1B1\n")
+    code, _, err = run(["show", "--torch-csv", str(csv)], capsys)
+    assert code == 2 and "1X0" in err and err.count("\n") == 1
+    out = tmp_path / "chimera.csv"
+    code, _, err = run(["export", "chimera", "--devices", "4", "--microbatches", "4", "--csv", str(out)], capsys)
+    assert code == 2 and "pipeline" in err
+    assert not out.exists() and not list(tmp_path.glob("chimera*"))
+
+
+def test_torch_csv_round_trip_through_the_cli(tmp_path, capsys):
+    path = tmp_path / "s.csv"
+    assert run(["export", "zb-h1", "--devices", "3", "--microbatches", "4", "--csv", str(path)], capsys)[0] == 0
+    code, out, _ = run(["show", "--torch-csv", str(path), "--json"], capsys)
+    assert code == 0 and json.loads(out)["devices"] == 3
+
+
+def test_installed_entry_point_starts_without_jax():
+    code = ("import sys; from diffpipe import cli; cli.main(['list']); "
+            "assert 'jax' not in sys.modules, 'list imported jax'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
