@@ -259,7 +259,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         return
     gib = 2**30
     print(f"{schedule.family} {dict(schedule.options) or ''} on {machine.name}".replace("  ", " "))
-    print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({summary['microbatches_per_s']:.1f} microbatches/s)")
+    rate = summary["microbatches_per_s"]
+    print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({rate:.1f} microbatches/s)")
     print(f"  bubble ratio   {summary['bubble_ratio']:.3f}")
     print(f"  communication  {summary['communication_bytes'] / gib:.3f} GiB")
     if "step_period_s" in summary:
@@ -337,7 +338,8 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
     if out["samples"] is not None:
         print(f"  samples           {out['samples']}")
     print(f"  makespan          {out['makespan_s'] * 1e3:.3f} ms (exact)")
-    print(f"  baseline {out['baseline']:<8} {out['baseline_layers_per_stage']}  {out['baseline_makespan_s'] * 1e3:.3f} ms"
+    base_ms = out["baseline_makespan_s"] * 1e3
+    print(f"  baseline {out['baseline']:<8} {out['baseline_layers_per_stage']}  {base_ms:.3f} ms"
           f"  -> speed-up {out['speedup']:.3f}x")
 
 
