@@ -29,6 +29,7 @@ from jaxtyping import Array, Float
 from ._errors import ConfigError
 from ._graph import COMMUNICATION_MODES, COST_F, COST_R, COST_T, COST_U, COST_W, Graph
 
+
 def _float(value: Any) -> Array:
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
@@ -275,8 +276,9 @@ class Hardware(eqx.Module):
         t_base, t_per = transfer(a1, a2, p, a3)
         compute = (kind >= COST_F) & (kind <= COST_W)
         per_kind = jnp.stack([t["forward"], t["backward"] + t["weight"], t["backward"], t["weight"]])
+        every = jnp.broadcast_to(overhead, kind.shape)
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
-                          [jnp.broadcast_to(overhead, kind.shape), overhead + t["update"][p, s], allreduce, t_base], 0.0)
+                          [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
         per = jnp.select([compute, kind == COST_T],
                          [per_kind[jnp.clip(kind - COST_F, 0, 3), p, s], t_per], 0.0)
         e = graph.edge_cost
@@ -294,11 +296,11 @@ class CostTables(eqx.Module):
     ``batch_last``): a node lasts ``base[row] + size[microbatch] * per_size[row]``, a transfer edge
     delays by ``edge_base[row] + size[microbatch] * edge_per_size[row]``."""
 
-    base: Float[Array, "costs *batch"]
-    per_size: Float[Array, "costs *batch"]
-    edge_base: Float[Array, "edge_costs *batch"]
-    edge_per_size: Float[Array, "edge_costs *batch"]
-    size: Float[Array, "microbatches *batch"]
+    base: Float[Array, "costs ..."]
+    per_size: Float[Array, "costs ..."]
+    edge_base: Float[Array, "edge_costs ..."]
+    edge_per_size: Float[Array, "edge_costs ..."]
+    size: Float[Array, "microbatches ..."]
 
     def batch_last(self, batched: bool = False) -> CostTables:
         """Unbatched tables get a trailing batch axis of 1; batched ones (leading axis) move it last."""

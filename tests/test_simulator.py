@@ -8,14 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _cases import schedules
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
 from diffpipe._graph import _link_of
 from diffpipe.schedules._table import evaluate_network
-
-from _cases import schedules
 
 SCHEDULES = schedules()
 MODES = ("none", "overlap", "contention", "blocking")
@@ -152,7 +151,7 @@ def test_padding_never_changes_a_result():
     stacked = dp.stack_graphs(graphs)
     hw = dp.Hardware.from_times(1.0, 2.0, 0.5, p2p_time=0.3)
     for tau in (None, 0.2):
-        got = jax.vmap(lambda g: dp.makespan(g, hw, temperature=tau))(stacked)
+        got = jax.vmap(lambda g, tau=tau: dp.makespan(g, hw, temperature=tau))(stacked)
         want = [dp.makespan(g, hw, temperature=tau) for g in graphs]
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
 
