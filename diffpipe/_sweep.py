@@ -790,20 +790,29 @@ def _durations_and_finish(graph: Graph, hw: Hardware) -> tuple[Array, Array]:
     return dur, finish_times(graph, tables, None)
 
 
-def _point_metrics(graph: Graph, hw: Hardware):
+def _busy_weights(graph: Graph) -> np.ndarray:
+    """Per node, how many device lanes its duration keeps busy: a compute op one, a collective one
+    per participant (its lane entries), a blocking transfer two (sender and receiver). The total
+    busy time ``sum(weights * dur)`` is then one product, not a per-device gather and scatter."""
+    kind = np.asarray(graph.kind)
+    weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
+    if graph.communication == "blocking":
+        weights += 2 * (kind == KIND_CODES["T"])
+    return weights
+
+
+def _point_metrics(stack: tuple[Graph, Array], hw: Hardware):
     """Exact makespan, total busy time, microbatch work, largest peak memory and fit of one graph
-    on a hardware batch (leading axis; the batch is last inside, the fast path)."""
+    (and its ``_busy_weights``) on a hardware batch (leading axis; the batch is last inside, the
+    fast path)."""
+    graph, weights = stack
     dur, finish = _durations_and_finish(graph, hw)
     total = sink_max(graph, finish, None)
-    busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
-    if graph.communication == "blocking":  # a blocking transfer occupies both ends (as simulate)
-        xfer = jnp.where((graph.kind == KIND_CODES["T"])[:, None], dur, 0.0)
-        busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
-        busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)
+    busy = jnp.sum(weights.astype(dur.dtype)[:, None] * dur, axis=0)
     memory = jax.vmap(lambda h: peak_memory(graph, h)[0])(hw)
     capacity = jax.vmap(lambda h: h.per_device(graph))(hw)
     work = jnp.sum(jax.vmap(lambda h: h.per_microbatch(graph))(hw), axis=-1)
-    return total, jnp.sum(busy, axis=0), work, jnp.max(memory, axis=-1), jnp.all(memory <= capacity, axis=-1)
+    return total, busy, work, jnp.max(memory, axis=-1), jnp.all(memory <= capacity, axis=-1)
 
 
 _EVALUATORS: dict[tuple, Callable] = {}
@@ -912,6 +921,7 @@ def _evaluate_stack(entries: Sequence[_Entry], hardware: int, mesh: Mesh, max_by
     devices = mesh.devices.size
     plan = _chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
     stacked = _stack([e.graph for e in entries])
+    weights = np.stack([_busy_weights(jax.tree.map(lambda x, i=i: x[i], stacked)) for i in range(len(entries))])
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
     # Hardware shared by the whole stack (one normalisation) unless it depends on the schedule's shape.
     shared = all(e.variants is entries[0].variants for e in entries)
@@ -924,8 +934,8 @@ def _evaluate_stack(entries: Sequence[_Entry], hardware: int, mesh: Mesh, max_by
     split = NamedSharding(mesh, P("points"))
     whole = NamedSharding(mesh, P())
     split_second = NamedSharding(mesh, P(None, "points"))
-    graph_def = jax.tree.structure(stacked)
-    stacked_leaves = jax.tree.leaves(stacked)
+    graph_def = jax.tree.structure((stacked, weights))
+    stacked_leaves = jax.tree.leaves((stacked, weights))
     for g0 in range(0, len(entries), plan.graphs):
         members = list(range(g0, min(g0 + plan.graphs, len(entries))))
         members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack

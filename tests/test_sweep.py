@@ -112,8 +112,10 @@ def test_grouping_stacking_and_chunking_do_not_change_results(result):
     want = result.filter(communication="overlap")
     for family in ("1f1b", "zb-v"):
         a, b = small.filter(family=family), want.filter(family=family)
-        for column in ("makespan", "peak_memory", "fits", "bubble_ratio", "throughput", "hardware"):
+        for column in ("makespan", "peak_memory", "fits", "throughput", "hardware"):
             np.testing.assert_array_equal(a[column], b[column])
+        # the busy-time sum runs over the padded rows: the same terms, possibly another order
+        np.testing.assert_allclose(a["bubble_ratio"], b["bubble_ratio"], rtol=1e-6, atol=1e-7)
 
 
 def test_hardware_forms_agree():
@@ -275,13 +277,9 @@ SHARDED = textwrap.dedent(
     _sweep._fetch = spy
     kwargs = grid(families=["1f1b", "zb-v"], placements=(), options=None, communication="overlap")
     by_graph = dp.sweep(hardware(), **kwargs)  # 3 variants < 4 devices: the graph axis is split
-    graph_spy, seen[:] = list(seen), []
-    hw = hardware()
-    by_hardware = dp.sweep(hw + hw + hw[:2], **kwargs)  # 8 variants: the hardware axis is split
     print(json.dumps({
-        "devices": len(jax.devices()), "used": [by_graph.devices_used, by_hardware.devices_used],
-        "by_graph": by_graph["makespan"].tolist(), "by_hardware": by_hardware["makespan"].tolist(),
-        "memory": by_hardware["peak_memory"].tolist(), "graph_spy": graph_spy, "hardware_spy": seen,
+        "devices": len(jax.devices()), "used": by_graph.devices_used, "makespan": by_graph["makespan"].tolist(),
+        "memory": by_graph["peak_memory"].tolist(), "spy": seen,
     }))
     """
 )
@@ -293,21 +291,68 @@ def test_sharded_over_four_cpu_devices_in_a_subprocess(result):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["devices"] == 4 and out["used"] == [4, 4]
+    assert out["devices"] == 4 and out["used"] == 4
 
     want = result.filter(communication="overlap")
     want = want.where(np.isin(want["family"], ["1f1b", "zb-v"]))
-    assert out["by_graph"] == want["makespan"].tolist()  # identical to one device
-    by_hardware = np.asarray(out["by_hardware"]).reshape(2, 8)
-    memory = np.asarray(out["memory"]).reshape(2, 8)
-    for h in range(8):
-        np.testing.assert_array_equal(by_hardware[:, h], want["makespan"].reshape(2, 3)[:, h % 3])
-        np.testing.assert_array_equal(memory[:, h], want["peak_memory"].reshape(2, 3)[:, h % 3])
+    assert out["makespan"] == want["makespan"].tolist()  # identical to one device
+    assert out["memory"] == want["peak_memory"].tolist()
+    # The work was split: every output has one shard on each of the 4 devices, a quarter each
+    # (3 hardware variants < 4 devices: the graph axis, padded to 4, is the one split).
+    assert out["spy"]
+    for spec, device_ids, shard_shapes, shape in out["spy"]:
+        assert device_ids == [0, 1, 2, 3] and "points" in spec
+        assert all(s[0] * 4 == shape[0] for s in shard_shapes)
 
-    # The work was split: every output has one shard on each of the 4 devices, a quarter each.
-    for spy, axis in ((out["graph_spy"], 0), (out["hardware_spy"], 1)):
-        assert spy
-        for spec, device_ids, shard_shapes, shape in spy:
-            assert device_ids == [0, 1, 2, 3]
-            assert "points" in spec
-            assert all(s[axis] * 4 == shape[axis] for s in shard_shapes)
+
+MULTIHOST = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(sys.argv[2], 2, int(sys.argv[3]))
+    import diffpipe as dp
+    sys.path.insert(0, sys.argv[1])
+    from test_sweep import hardware, grid
+
+    kwargs = grid(families=["1f1b", "zb-v"], placements=(), options=None, communication="overlap")
+    hw = hardware()
+    out = dp.sweep(hw + hw + hw[:2], **kwargs)
+    print(json.dumps({"devices": len(jax.devices()), "local": len(jax.local_devices()), "used": out.devices_used,
+                      "makespan": out["makespan"].tolist(), "memory": out["peak_memory"].tolist()}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_multihost_two_processes_of_two_cpu_devices(result):
+    """jax.distributed with 2 processes (2 forced CPU devices each, gloo): 8 hardware variants split
+    over the 4 devices; every process gets the whole table, identical to one process."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST, os.path.dirname(__file__), f"localhost:{port}",
+                               str(pid)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for pid in (0, 1)]
+    outputs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            assert p.returncode == 0, stderr[-3000:]
+            outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = result.filter(communication="overlap")
+    want = want.where(np.isin(want["family"], ["1f1b", "zb-v"]))
+    for out in outputs:
+        assert (out["devices"], out["local"], out["used"]) == (4, 2, 4)
+        got = np.asarray(out["makespan"]).reshape(2, 8)
+        memory = np.asarray(out["memory"]).reshape(2, 8)
+        for h in range(8):
+            np.testing.assert_array_equal(got[:, h], want["makespan"].reshape(2, 3)[:, h % 3])
+            np.testing.assert_array_equal(memory[:, h], want["peak_memory"].reshape(2, 3)[:, h % 3])

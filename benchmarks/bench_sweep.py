@@ -1,0 +1,200 @@
+"""Sweep throughput: >= 10^6 (schedule, hardware) points, peak memory, the pure-Python reference.
+
+Run by hand (nothing in CI depends on a timing):
+
+    python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--out PATH]
+
+``--host-devices N`` splits the CPU into N JAX devices (``XLA_FLAGS=--xla_force_host_platform_
+device_count``, set before JAX starts), so the sweep's sharding uses N cores; on GPUs/TPUs leave it
+out and the sweep shards over every accelerator. The sweep runs twice: cold (graph compilation and
+XLA compilation included) and warm (compiled evaluators reused; schedules and graphs rebuilt).
+Peak memory is the process's maximum resident set (``resource.getrusage``), next to the sweep's
+stated per-device chunk bound; the evaluator's own buffers are checked against the estimate
+(``bytes_per_point``) with XLA's ``memory_analysis``. The same run times the pure-Python reference
+evaluator (``schedules._table.evaluate``) on a sample of the points and checks its makespans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=1_000_000, help="at least this many points (default 10^6)")
+    parser.add_argument("--host-devices", type=int, default=0, help="split the CPU into N JAX devices")
+    parser.add_argument("--max-bytes", type=int, default=None, help="per-device chunk bound (default: sweep's)")
+    parser.add_argument("--sample", type=int, default=200, help="points timed with the pure-Python evaluator")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/sweep-<backend>.json)")
+    return parser.parse_args()
+
+
+ARGS = parse()
+if ARGS.host_devices:  # must precede the first JAX import
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={ARGS.host_devices}").strip()
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import diffpipe as dp  # noqa: E402
+from diffpipe import _sweep  # noqa: E402
+from diffpipe.schedules._table import evaluate  # noqa: E402
+
+FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
+DEVICES = [4]
+MICROBATCHES = [8, 16]
+MODES = ["overlap", "contention"]
+
+
+def maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def hardware_grid(count: int) -> tuple[dp.Hardware, dict[str, np.ndarray]]:
+    """A product grid of hardware variants (per-stage times alike): forward time x backward
+    ratio x weight-gradient share x p2p delay x activation size, capacities cycling, >= count."""
+    side = int(np.ceil(count ** (1 / 5)))
+    axes = np.meshgrid(np.linspace(0.5, 2.0, side), np.linspace(1.5, 2.5, side), np.linspace(0.0, 0.5, side),
+                       np.linspace(0.0, 1.0, side), np.linspace(1e6, 4e6, side), indexing="ij")
+    f, ratio, share, p2p, act = (a.ravel()[:count].astype(np.float32) for a in axes)
+    backward = f * ratio * (1 - share)
+    weight = f * ratio * share
+    capacity = np.resize(np.asarray([4e7, 6e7, 1e9], np.float32), count)
+    values = dict(forward=f, backward=backward, weight=weight, p2p=p2p, activation=act, capacity=capacity)
+    hw = jax.vmap(lambda f, b, w, c, a, cap: dp.Hardware.from_times(
+        f, b, w, p2p_time=c, activation_bytes=a, static_bytes=1e7, capacity=cap))(
+        f, backward, weight, p2p, act, capacity)
+    return hw, values
+
+
+def run_sweep(hw: dp.Hardware, max_bytes: int | None) -> tuple[dp.SweepResult, float]:
+    kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
+    t0 = time.perf_counter()
+    result = dp.sweep(hw, families=FAMILIES, devices=DEVICES, microbatches=MICROBATCHES, communication=MODES,
+                      progress=True, **kwargs)
+    return result, time.perf_counter() - t0
+
+
+def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int) -> dict:
+    """Time the pure-Python evaluator on ``sample`` overlap points and compare its makespans."""
+    rng = np.random.default_rng(0)
+    overlap = np.flatnonzero(result["communication"] == "overlap")
+    picked = rng.choice(overlap, size=min(sample, overlap.size), replace=False)
+    rows = result.where(np.sort(picked)).rows()
+    cache: dict = {}
+    seconds, worst = 0.0, 0.0
+    for row in rows:
+        key = (row["family"], tuple(sorted(row["options"].items())), row["devices"], row["microbatches"])
+        if key not in cache:
+            cache[key] = dp.schedules.get(row["family"], devices=row["devices"], microbatches=row["microbatches"],
+                                          **row["options"])
+        schedule = cache[key]
+        h = row["hardware"]
+        f, b, w, c = (float(values[k][h]) for k in ("forward", "backward", "weight", "p2p"))
+        durations = {"F": f, "B": b + w, "I": b, "W": w, "U": 0.0, "R": 0.0}
+
+        def duration(op, durations=durations):
+            return durations[op.kind]
+
+        def delay(op, dep, c=c):
+            return c if dep.is_transfer else 0.0
+
+        t0 = time.perf_counter()
+        _, finish = evaluate(schedule, duration, delay)
+        seconds += time.perf_counter() - t0
+        want = max(finish.values())
+        worst = max(worst, abs(want - row["makespan"]) / want)
+    return {"points": len(rows), "s_per_point": seconds / len(rows), "max_rel_diff": worst}
+
+
+def memory_check(max_points: int = 256) -> list[dict]:
+    """XLA's buffers for one chunk of the evaluator vs the sweep's estimate, per representative graph."""
+    rows = []
+    for family, n, mode in (("1f1b", 8, "overlap"), ("zb-v", 16, "contention"), ("hanayo", 16, "overlap")):
+        s = dp.schedules.get(family, devices=4, microbatches=n)
+        g = dp.compile(s, communication=mode)
+        sizes = _sweep._Sizes.of(g)
+        hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(
+            np.linspace(1.0, 2.0, max_points).astype(np.float32))
+        stacked = (jax.tree.map(lambda x: np.asarray(x)[None], g), _sweep._busy_weights(g)[None])
+        local = jax.vmap(_sweep._point_metrics, in_axes=(0, None))  # the evaluator on one device
+        dynamic, static = eqx.partition((stacked, hws), eqx.is_array)
+        t0 = time.perf_counter()
+        fn = jax.jit(lambda d, local=local, static=static: local(*eqx.combine(d, static)))
+        compiled = fn.lower(dynamic).compile()
+        compile_s = time.perf_counter() - t0
+        stats = compiled.memory_analysis()
+        xla = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+        graph_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(stacked))
+        estimate = _sweep.bytes_per_graph(sizes) + max_points * _sweep.bytes_per_point(sizes)
+        rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k,
+                     "cells": sizes.cells, "xla_bytes": int(xla), "estimate_bytes": int(estimate),
+                     "xla_per_point": (xla - graph_bytes) / max_points,
+                     "estimate_per_point": _sweep.bytes_per_point(sizes), "compile_s": compile_s})
+    return rows
+
+
+def main() -> None:
+    backend = jax.default_backend()
+    print(f"backend: {backend}, {len(jax.devices())} device(s), jax {jax.__version__}")
+    entries = len(FAMILIES) * len(DEVICES) * len(MICROBATCHES) * len(MODES)
+    hw, values = hardware_grid(-(-ARGS.points // entries))
+    rss_before = maxrss_mib()
+    cold, cold_s = run_sweep(hw, ARGS.max_bytes)
+    rss_cold = maxrss_mib()
+    warm, warm_s = run_sweep(hw, ARGS.max_bytes)
+    rss_warm = maxrss_mib()
+    assert np.array_equal(cold["makespan"], warm["makespan"])
+    ref = reference(warm, values, ARGS.sample)
+    memory = memory_check()
+    points = len(warm)
+    results = {
+        "platform": {"backend": backend, "devices": [str(d) for d in jax.devices()], "machine": platform.machine(),
+                     "cpus": os.cpu_count(), "jax": jax.__version__, "python": sys.version.split()[0]},
+        "grid": {"families": FAMILIES, "devices": DEVICES, "microbatches": MICROBATCHES, "modes": MODES,
+                 "hardware_variants": warm.hardware_variants, "points": points, "skipped": list(warm.skipped)},
+        "sweep": {"cold_s": cold_s, "warm_s": warm_s, "cold_points_per_s": points / cold_s,
+                  "warm_points_per_s": points / warm_s, "stacks_compiled": warm.compiled,
+                  "devices_used": warm.devices_used, "max_bytes": warm.max_bytes, "chunk_bytes": warm.chunk_bytes,
+                  "maxrss_before_mib": rss_before, "maxrss_after_cold_mib": rss_cold,
+                  "maxrss_after_warm_mib": rss_warm},
+        "reference": ref | {"speedup_warm": ref["s_per_point"] / (warm_s / points)},
+        "memory_estimate": memory,
+        "fits": float(np.mean(warm["fits"])),
+    }
+    print(f"\n{points} points = {entries} (schedule, mode) x {warm.hardware_variants} hardware variants; "
+          f"{warm.compiled} stacks compiled, sharded over {warm.devices_used} device(s)")
+    print("\n| run | wall | points/s | s/point | max RSS | chunk bound (per device) |")
+    print("|---|---|---|---|---|---|")
+    for name, secs, rss in (("sweep, cold (compiles included)", cold_s, rss_cold),
+                            ("sweep, warm", warm_s, rss_warm)):
+        print(f"| {name} | {secs:.1f} s | {points / secs:,.0f} | {secs / points * 1e6:.2f} µs | {rss:.0f} MiB | "
+              f"{warm.chunk_bytes / 2**20:.1f} of {warm.max_bytes / 2**20:.0f} MiB |")
+    print(f"| pure-Python reference ({ref['points']} sampled points) | - | {1 / ref['s_per_point']:,.0f} | "
+          f"{ref['s_per_point'] * 1e6:.0f} µs | - | - |")
+    print(f"\nspeed-up of the warm sweep over the reference: {results['reference']['speedup_warm']:,.0f}x; "
+          f"max relative makespan difference on the sample: {ref['max_rel_diff']:.1e}; "
+          f"RSS before the sweeps: {rss_before:.0f} MiB")
+    print("\n| evaluator memory (256 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
+          "XLA total | estimate total | compile |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in memory:
+        print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']} | "
+              f"{r['xla_bytes'] / 2**20:.2f} MiB | {r['estimate_bytes'] / 2**20:.2f} MiB | {r['compile_s']:.1f} s |")
+    out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
