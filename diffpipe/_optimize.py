@@ -38,7 +38,7 @@ from ._hardware import Hardware
 from ._knobs import MicrobatchSplit, StageBalance, Workload, apply_knobs, as_knobs, check_static_memory
 from ._simulate import makespan, peak_memory
 from .schedules import Schedule
-from .schedules._analysis import weight_versions
+from .schedules._analysis import peak_activations, weight_versions
 
 #: Default optimizer: Adam (Kingma and Ba, ICLR 2015) on the knobs' logits. One module-level object,
 #: so repeated calls reuse the compiled loop.
@@ -427,7 +427,13 @@ def optimize(
         "uniform": np.asarray(uniform_partition(workload.layers, stages)),
         "minmax": np.asarray(minmax_partition(workload, stages)),
     }
-    starts = _starts(knobs, workload, init, splits, restarts, key, dtype)
+    fitted = None if balance is None else _memory_minmax(workload, holder, versions, _peak_in_flight(graph),
+                                                           1.0 if split is not None else float(np.max(workload.size)))
+    if balance is not None:  # a fixed number of starts: one compiled loop per graph and workload shape
+        splits_to_start = {**splits, "memory": splits["minmax"] if fitted is None else fitted}
+    else:
+        splits_to_start = splits
+    starts = _starts(knobs, workload, init, splits_to_start, restarts, key, dtype)
     if isinstance(graph, Schedule):
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
@@ -466,7 +472,7 @@ def optimize(
         samples = None if split is None else _round_samples(fractional[r], split.batch)
         candidates += [(c, samples) for c in counts]
     rounded, _ = search.best(candidates)
-    origins = [rounded, baselines[baseline]]
+    origins = [rounded, baselines[baseline]] + ([] if fitted is None else [(fitted, equal)])
     if local_search:
         found = [search.descend(s, move_split=balance is not None) for s in origins]
     else:
@@ -491,6 +497,54 @@ def optimize(
         continuous_makespan=continuous_makespan, loss=losses[best],
         temperatures=taus * scale, evaluations=search.evaluations,
     )
+
+
+def _peak_in_flight(graph: Graph | Schedule) -> np.ndarray:
+    """Per device, the peak number of stored activations (timing-free: the lane order decides)."""
+    if isinstance(graph, Schedule):
+        return np.asarray(peak_activations(graph), np.float64)
+    release = np.asarray(graph.release)[np.asarray(graph.lane_nodes)]
+    device = np.asarray(graph.lane_device)
+    peaks = np.zeros(graph.devices)
+    for d in range(graph.devices):
+        steps = release[device == d]
+        peaks[d] = max(0.0, float(np.max(np.cumsum(steps), initial=0.0)))
+    return peaks
+
+
+def _memory_minmax(workload: Workload, holder: np.ndarray, versions: np.ndarray, in_flight: np.ndarray,
+                   size: float) -> np.ndarray | None:
+    """The split minimising the largest stage compute subject to every stage fitting its device's
+    memory (static bytes x versions + activation bytes x peak stored activations x size): a start
+    for the search that is feasible where the unconstrained min-max is not. Only for placements with
+    one stage per device (else ``None``), and ``None`` when no split fits."""
+    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), in_flight.shape)
+    pipelines, stages = holder.shape
+    if pipelines != 1 or len(set(holder.ravel().tolist())) != stages or np.all(np.isinf(capacity)):
+        return None
+    layers = workload.layers
+    cost, static, act = (np.concatenate([[0.0], np.cumsum(np.asarray(x, np.float64))])
+                         for x in (workload.compute, workload.static_bytes, workload.activation_bytes))
+    best = np.full((stages + 1, layers + 1), np.inf)
+    cut = np.zeros((stages + 1, layers + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for s in range(1, stages + 1):
+        d = holder[0, s - 1]
+        for end in range(s, layers + 1):
+            starts = np.arange(s - 1, end)
+            memory = versions[0, s - 1] * (static[end] - static[starts]) + \
+                in_flight[d] * size * (act[end] - act[starts])
+            candidate = np.where(memory <= capacity[d], np.maximum(best[s - 1, starts], cost[end] - cost[starts]),
+                                 np.inf)
+            i = int(np.argmin(candidate))
+            best[s, end], cut[s, end] = candidate[i], starts[i]
+    if not np.isfinite(best[stages, layers]):
+        return None
+    counts, end = [], layers
+    for s in range(stages, 0, -1):
+        counts.append(end - int(cut[s, end]))
+        end = int(cut[s, end])
+    return np.asarray(counts[::-1], dtype=np.int64)
 
 
 #: Spread of the logits of random restarts around the first start.
