@@ -8,7 +8,8 @@ hardware). No pandas.
 
 How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
 
-1. **Grouping.** Each (schedule, mode) compiles to a ``Graph``. ``diffpipe.makespan`` is an
+1. **Grouping.** Each (schedule, mode) compiles to a ``Graph``. The sweep's evaluator (the exact
+   simulator's batched fast path plus busy time and peak memory), like ``diffpipe.makespan``, is an
    ``eqx.filter_jit`` function whose cache key is the graph's array shapes (``Graph.structure``)
    plus its static fields (devices, stages, pipelines, microbatches, steps, communication,
    devices per node): graphs with equal keys share one compiled function, evaluated on the
@@ -26,8 +27,9 @@ How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
 3. **Chunks with a stated memory bound.** Each stack is evaluated in chunks of ``[graphs,
    hardware]`` points of one fixed shape (the last chunk is padded by repeating a point, so a stack
    compiles once). The evaluator's working memory per point is estimated from the padded graph's
-   sizes by ``bytes_per_point`` (checked against XLA's own memory analysis in the tests) and per
-   graph by ``bytes_per_graph``; a chunk is sized so that on every device
+   sizes by ``bytes_per_point`` (``benchmarks/bench_sweep.py`` compares it with XLA's own memory
+   analysis: the estimate is 2.2-2.5x XLA's arguments + outputs + temporaries) and per graph by
+   ``bytes_per_graph``; a chunk is sized so that on every device
    ``graphs_on_device * bytes_per_graph + points_on_device * bytes_per_point <= max_bytes``.
    ``SweepResult.chunk_bytes`` states the largest estimate used.
 4. **Scale-out.** The chunk's batch axis (the hardware axis when there are at least as many
@@ -52,8 +54,11 @@ How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
 
    See docs/scale-out.md.
 
-Measured constants (2-core CPU, jax 0.10, float32): compiling one stack's evaluator takes about
-1.5 s; evaluating runs at about 1e8 cells per second; so ``COMPILE_CELLS = 1.5e8``.
+Measured constants (2-core CPU shared with other jobs, jax 0.10, float32): compiling one stack's
+evaluator takes 4-7 s; evaluation runs at 2.5e7-1e8 cells per second (time per point tracks
+``levels * width * k`` within about 2x across the families); so ``COMPILE_CELLS = 1.5e8``, about
+4 s of evaluation. On such a machine padding a small graph into a stack with a large one pays off
+until a few tens of thousands of hardware variants per graph.
 """
 
 from __future__ import annotations
@@ -89,13 +94,17 @@ from .schedules._list_scheduler import PRIORITIES, list_schedule
 
 _tables = getattr(_simulate_module, "_tables", None)
 
-#: One compilation of a stack's evaluator, in evaluated cells (see the module docstring): ~1.5 s of
-#: compile time at ~1e8 cells/s on a 2-core CPU.
+#: One compilation of a stack's evaluator, in evaluated cells (see the module docstring): ~4 s of
+#: compile time at ~4e7 cells/s on a 2-core CPU.
 COMPILE_CELLS = 1.5e8
 #: Points from which a sweep shows a progress bar by default (when stderr is a terminal).
 LONG_RUN = 100_000
-#: Default bound on the evaluator's working memory per device, bytes.
-DEFAULT_MAX_BYTES = 256 * 2**20
+#: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
+#: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
+#: 256 MiB were 20-50% slower); accelerators run the level scan as one kernel launch per level
+#: per chunk, so they want large chunks.
+DEFAULT_MAX_BYTES = {"cpu": 32 * 2**20}
+DEFAULT_MAX_BYTES_ACCELERATOR = 2**30
 #: Bytes of one float32 / int32 element.
 _WORD = 4
 #: Placement variants, scheduled by the greedy list scheduler (``list_schedule``).
@@ -602,10 +611,12 @@ class _HardwareSource:
         return out
 
 
-def _pad_variants(v: _Variants, p: int, s: int, m: int, d: int) -> dict[str, np.ndarray]:
-    """Leaves padded to a stack's sizes: unread padding is 0, capacity ``inf``, bandwidth ``inf``."""
+def _pad_variants(v: _Variants, index: np.ndarray, p: int, s: int, m: int, d: int) -> dict[str, np.ndarray]:
+    """The variants ``index`` (one chunk: host memory stays proportional to the chunk), padded to a
+    stack's sizes: unread padding is 0, capacity ``inf``, bandwidth ``inf``."""
     out = {}
     for name, x in v.leaves.items():
+        x = x[index]
         if name in _PER_STAGE:
             target, fill = (p, s), 0.0
         elif name == "size":
@@ -702,8 +713,8 @@ def bytes_per_point(sizes: _Sizes, pairs: bool = False) -> int:
     ``[rows, k]`` float arrays (delays and the cost model's per-edge temporaries: about two per
     edge slot), ``[rows]`` arrays (durations, finish times and the cost model's per-node terms:
     about six), per-lane memory prefix sums (three), and the point's hardware leaves. Calibrated
-    against XLA's ``memory_analysis`` (XLA measured 6 to 8.6 words per row at k = 2, 3; this
-    gives 10 to 12); ``tests/test_sweep.py`` checks it bounds XLA's figure.
+    against XLA's ``memory_analysis``, which it exceeds by 2.2-2.5x (``benchmarks/bench_sweep.py``):
+    a bound, not a forecast.
     """
     p_s = sizes.pipelines * sizes.stages
     hardware = len(_PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(_NETWORK_SCALARS)
@@ -925,10 +936,6 @@ def _evaluate_stack(entries: Sequence[_Entry], hardware: int, mesh: Mesh, max_by
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
     # Hardware shared by the whole stack (one normalisation) unless it depends on the schedule's shape.
     shared = all(e.variants is entries[0].variants for e in entries)
-    leaves = {}  # id(variants) -> padded leaves
-    for e in entries:
-        if id(e.variants) not in leaves:
-            leaves[id(e.variants)] = _pad_variants(e.variants, *hw_sizes)
     mode = entries[0].mode
     evaluate = _evaluator(mesh, plan.axis, shared)
     split = NamedSharding(mesh, P("points"))
@@ -946,11 +953,11 @@ def _evaluate_stack(entries: Sequence[_Entry], hardware: int, mesh: Mesh, max_by
             index = np.arange(b0, b0 + plan.hardware)
             index = np.where(index < hardware, index, b0)  # pad with a real variant
             if shared:
-                chunk = {k: v[index] for k, v in leaves[id(entries[0].variants)].items()}
+                chunk = _pad_variants(entries[0].variants, index, *hw_sizes)
                 sharding = split if plan.axis == 1 else whole
             else:
-                chunk = {k: np.stack([leaves[id(entries[i].variants)][k][index] for i in members])
-                         for k in leaves[id(entries[0].variants)]}
+                parts = [_pad_variants(entries[i].variants, index, *hw_sizes) for i in members]
+                chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
                 sharding = split_second if plan.axis == 1 else split
             hw = _as_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node)
             hw = jax.tree.map(lambda x, s=sharding: _put(x, s), hw)
@@ -979,7 +986,7 @@ def sweep(
     priorities: str | Sequence[str] = ("backward-first",),
     schedules: Sequence[Schedule] = (),
     communication: str | Sequence[str] | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_bytes: int | None = None,
     stacking: str = "auto",
     progress: bool | None = None,
 ) -> SweepResult:
@@ -1006,7 +1013,8 @@ def sweep(
         schedules: extra ready-made ``Schedule`` objects (evaluated as given).
         communication: mode(s) to evaluate (``none``, ``overlap``, ``contention``, ``blocking``),
             overriding the hardware's own; default: the hardware's mode.
-        max_bytes: bound on the estimated evaluator working memory per device, per chunk.
+        max_bytes: bound on the estimated evaluator working memory per device, per chunk
+            (default 32 MiB on CPU, 1 GiB on accelerators).
         stacking: ``"auto"`` (pad and stack different structures when the cost model says it is
             cheaper than compiling each: see the module docstring), ``"never"``, ``"always"``.
         progress: show a progress bar (tqdm when installed, else a stderr line); default: when
@@ -1024,6 +1032,8 @@ def sweep(
     """
     if stacking not in ("auto", "never", "always"):
         raise ConfigError(f"sweep: stacking {stacking!r} is not 'auto', 'never' or 'always'")
+    if max_bytes is None:
+        max_bytes = DEFAULT_MAX_BYTES.get(jax.default_backend(), DEFAULT_MAX_BYTES_ACCELERATOR)
     if not isinstance(max_bytes, (int, np.integer)) or isinstance(max_bytes, bool) or max_bytes < 1:
         raise ConfigError(f"sweep: max_bytes must be a positive int, got {max_bytes!r}")
     modes = None if communication is None else _values("communication", communication)
