@@ -51,8 +51,11 @@ from .schedules._table import DEFAULT_DURATIONS
 LEVELS = ("formula", "table", "simulation")
 #: What each level ranks by (lower is better).
 RANKED_BY = {"formula": "bubble_ratio", "table": "makespan", "simulation": "makespan"}
-#: The schedules compared when none are given: the four of the study.
-DEFAULT_SCHEDULES = ("gpipe", "1f1b", "chimera", "hanayo")
+#: The schedules compared when none are given: the four of the study, Chimera with the gradient
+#: all-reduce its two replicas need once per step (``sync``).
+DEFAULT_SCHEDULES: Mapping[str, Any] = {
+    "gpipe": "gpipe", "1f1b": "1f1b", "chimera": ("chimera", {"sync": True}), "hanayo": "hanayo",
+}
 #: Devices and microbatches when neither is given nor implied by a Schedule: one 8-GPU node at
 #: Hanayo's operating point N = D.
 DEFAULT_DEVICES = 8
@@ -507,11 +510,17 @@ def _schedule_label(schedule: Schedule) -> str:
 def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[tuple[str, Schedule]]:
     if isinstance(items, (str, Schedule)):
         items = [items]
-    try:
-        items = list(items)
-    except TypeError:
-        raise ConfigError(f"compare: expected a sequence of schedules or family names, got "
-                          f"{type(items).__name__}") from None
+    labels: list[str | None]
+    if isinstance(items, Mapping):
+        labels = [str(k) for k in items]
+        items = list(items.values())
+    else:
+        try:
+            items = list(items)
+        except TypeError:
+            raise ConfigError(f"compare: expected a sequence of schedules or family names, got "
+                              f"{type(items).__name__}") from None
+        labels = [None] * len(items)
     if not items:
         raise ConfigError("compare: give at least one schedule or family name")
     given = [it for it in items if isinstance(it, Schedule)]
@@ -520,7 +529,7 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
     if microbatches is None:
         microbatches = given[0].microbatches if given else DEFAULT_MICROBATCHES
     out: list[tuple[str, Schedule]] = []
-    for item in items:
+    for given_label, item in zip(labels, items):
         if isinstance(item, Schedule):
             schedule, label = item, _schedule_label(item)
         elif isinstance(item, str):
@@ -535,7 +544,7 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
                 f"compare: {schedule.family} has {schedule.devices} devices and {schedule.microbatches} "
                 f"microbatches, the comparison {devices} and {microbatches}"
             )
-        out.append((label, schedule))
+        out.append((given_label or label, schedule))
     seen: dict[str, int] = {}
     labelled = []
     for name, schedule in out:
@@ -569,7 +578,7 @@ def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> t
 
 
 def compare(
-    schedules_or_names: Sequence[str | Schedule | tuple[str, Mapping[str, Any]]] = DEFAULT_SCHEDULES,
+    schedules_or_names: Sequence[Any] | Mapping[str, Any] = DEFAULT_SCHEDULES,
     hardware: Any = None,
     *,
     devices: int | None = None,
@@ -581,7 +590,10 @@ def compare(
 
     Args:
         schedules_or_names: family names (generated at ``devices`` x ``microbatches``),
-            ``(name, options)`` pairs, or ``Schedule`` objects; default GPipe, 1F1B, Chimera, Hanayo.
+            ``(name, options)`` pairs, or ``Schedule`` objects; or a mapping from labels to those.
+            Default ``DEFAULT_SCHEDULES``: GPipe, 1F1B, Chimera (with its replicas' gradient
+            all-reduce), Hanayo. Unlabelled entries are named by their family and
+            any non-default options (``chimera(sync=True)``).
         hardware: the machine of the simulation level: ``None`` for ``default_machine()`` (a GPT-3
             6.7B-style model on 8x H100 NVLink with link contention), a ``Machine`` (the model is
             split into each schedule's own stages), a callable ``schedule -> Hardware``, or one

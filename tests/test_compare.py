@@ -20,7 +20,8 @@ from diffpipe._compare import (
 )
 
 D = N = 4
-FOUR = ["gpipe", "1f1b", "chimera", "hanayo"]
+# Chimera with its replicas' gradient all-reduce, labelled "chimera" (the mapping form of compare).
+FOUR = {"gpipe": "gpipe", "1f1b": "1f1b", "chimera": ("chimera", {"sync": True}), "hanayo": "hanayo"}
 
 
 def unit_hardware(p2p_time=0.0):
@@ -128,7 +129,7 @@ def test_competition_ranks():
 # -- output -----------------------------------------------------------------------------------------
 def test_outputs(slow):
     data = json.loads(slow.to_json())
-    assert [s["name"] for s in data["schedules"]] == FOUR
+    assert [s["name"] for s in data["schedules"]] == list(FOUR)
     assert data["levels"] == {"formula": "bubble_ratio", "table": "makespan", "simulation": "makespan"}
     assert data["schedules"][3]["formula"] is None and data["schedules"][3]["rank"]["formula"] is None
     assert [p["levels"] for p in data["pairs"]] == [["formula", "table"], ["formula", "simulation"],
@@ -145,17 +146,18 @@ def test_outputs(slow):
 # -- inputs -----------------------------------------------------------------------------------------
 def test_schedules_options_and_duplicate_labels():
     s = dp.schedules.get("1f1b", devices=D, microbatches=N)
-    c = dp.compare([s, "1f1b", ("gpipe", {}), s, ("chimera", {"sync": False})], machine())
-    assert c.names == ("1f1b", "1f1b#2", "gpipe", "1f1b#3", "chimera(sync=False)")
+    c = dp.compare([s, "1f1b", ("gpipe", {}), s, ("chimera", {"sync": True})], machine())
+    assert c.names == ("1f1b", "1f1b#2", "gpipe", "1f1b#3", "chimera(sync=True)")
     assert c.devices == D and c.microbatches == N
-    assert c.ranking("table") == ("chimera(sync=False)", *c.names[:4])  # the rest tie: input order
+    assert c.ranking("table") == ("chimera(sync=True)", *c.names[:4])  # the rest tie: input order
     synced = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
     assert _schedule_label(synced) == "chimera(sync=True)"
     assert _schedule_label(dp.schedules.get("chimera", devices=D, microbatches=N)) == "chimera"
 
 
 def test_default_machine_is_a_gpt_on_h100_nvlink():
-    assert DEFAULT_SCHEDULES == ("gpipe", "1f1b", "chimera", "hanayo")
+    assert list(DEFAULT_SCHEDULES) == ["gpipe", "1f1b", "chimera", "hanayo"]
+    assert DEFAULT_SCHEDULES["chimera"] == ("chimera", {"sync": True})
     assert (DEFAULT_DEVICES, DEFAULT_MICROBATCHES) == (8, 8)
     machine = default_machine()
     assert "H100" in machine.name and "NVLink" in machine.name
@@ -168,7 +170,7 @@ def test_default_machine_is_a_gpt_on_h100_nvlink():
 
 
 def test_default_machine_end_to_end():
-    c = dp.compare(["1f1b", "chimera"], devices=D, microbatches=N)
+    c = dp.compare({k: DEFAULT_SCHEDULES[k] for k in ("1f1b", "chimera")}, devices=D, microbatches=N)
     assert "H100" in c.machine and c.communication == "contention"
     for e in c.entries:
         s = e.simulation
@@ -225,7 +227,7 @@ def test_peak_activation_bytes_match_the_simulator():
 
     from diffpipe._compare import _peak_activation_bytes
 
-    s = dp.schedules.get("chimera", devices=D, microbatches=N)
+    s = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
     hw = machine()(s)
     hw = eqx.tree_at(lambda h: (h.static_bytes, h.activation_bytes), hw,
                      (jnp.zeros_like(hw.static_bytes), jnp.asarray([1.0, 2.0, 3.0, 4.0])))

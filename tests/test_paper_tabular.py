@@ -51,23 +51,24 @@ def test_1f1b_has_the_lower_activation_peak(paper, results):
 
 def test_chimera_is_ahead_mainly_at_low_microbatch_counts_and_fast_links(paper, results):
     c = paper.claim_chimera(results)
-    assert c["ahead_at_n_equal_d"]
-    assert c["decreasing_in_microbatches"]
+    assert c["ahead_at_n_equal_d_on_nvlink"]
+    assert c["decreasing_in_microbatches_on_nvlink"]
     assert c["larger_on_faster_links"]
+    assert c["behind_on_ethernet"]  # the replicas' gradient all-reduce on a 12.5 GB/s link
     assert c["table_behind_from"] == {D: 4 * D}  # and without communication behind from N = 4D
 
 
 def test_hanayo_is_good_at_its_operating_point_but_network_sensitive(paper, results, sweep):
     c = paper.claim_hanayo(results, sweep, paper.SWEEP_FAST)
     assert c["beats_gpipe_and_1f1b_on_nvlink"] and c["ahead_of_flush_at_fastest"]
-    assert c["most_sensitive"]
+    assert c["more_sensitive_than_gpipe_and_1f1b"]
     assert c["behind_flush_below_bandwidth"] is not None and c["behind_flush_below_bandwidth"] < 50e9
 
 
 def test_asymmetric_chimera_keeps_the_peak_and_gains_little_when_shallow(paper, results):
     c = paper.claim_asymmetric(results, shallow=D)
     assert c["peak_not_lower"]
-    assert c["shallow_gain_limited"] and c["shallow_max_gain_vs_1f1b"] > 0
+    assert c["shallow_gain_limited"] and abs(c["shallow_max_gain_vs_1f1b"]) < 0.10
 
 
 def test_rankings_are_not_abstraction_invariant(paper, results, sweep):

@@ -1,6 +1,7 @@
 """viz: Gantt charts (PNG/SVG written whole or not at all) and Chrome traces (tracks, flows, units)."""
 
 import json
+import os
 from collections import Counter
 
 import jax.numpy as jnp
@@ -59,6 +60,9 @@ def test_gantt_writes_png_and_svg(tmp_path, one_f_one_b, contended):
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert "<svg" in svg and "d3" in svg and len(svg) > 10_000
     assert files(tmp_path) == ["g.png", "g.svg"]  # no temporary left behind
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "g.png").stat().st_mode & 0o777 == 0o666 & ~mask  # an ordinary file's mode
 
 
 def test_gantt_of_a_result_with_link_lanes(tmp_path, chimera_sync):

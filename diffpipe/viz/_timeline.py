@@ -282,6 +282,12 @@ def check_paths(path: Any, allowed: Sequence[str], what: str) -> list[Path]:
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` to a temporary file next to ``path``, then rename it over ``path``: an error
     never leaves a half-written file behind."""
@@ -289,6 +295,7 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it a new file's mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -38,7 +38,17 @@ HERE = Path(__file__).resolve().parent
 #: GPT-3 6.7B (Brown et al. 2020, Table 2.1) with GPT-2's vocabulary, microbatch 1, fp16.
 MODEL = dict(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
 DEVICE = "H100"
-FAMILIES = ("gpipe", "1f1b", "chimera", "chimera-asymmetric", "hanayo")
+#: The schedules, by the names the tables use. Both Chimera variants synchronise the gradients of
+#: their two replicas once per step (``sync``: a ring all-reduce per stage, at the end of the
+#: step on the compute stream, so an upper bound on its cost); ``grid(sync=False)`` drops it.
+SCHEDULES = {
+    "gpipe": ("gpipe", {}),
+    "1f1b": ("1f1b", {}),
+    "chimera": ("chimera", {"sync": True}),
+    "chimera-asymmetric": ("chimera-asymmetric", {"sync": True}),
+    "hanayo": ("hanayo", {}),
+}
+FAMILIES = tuple(SCHEDULES)
 
 
 @dataclass(frozen=True)
@@ -80,19 +90,20 @@ def machine(system: System, *, uniform_stages: bool = True) -> Machine:
                    name=f"{system.name}: {system.description}", uniform_stages=uniform_stages)
 
 
-def families_at(devices: int, microbatches: int) -> tuple[str, ...]:
-    """Hanayo only at its operating point N = D (the restricted regime)."""
-    return tuple(f for f in FAMILIES if f != "hanayo" or microbatches == devices)
+def families_at(devices: int, microbatches: int, *, sync: bool = True) -> dict[str, tuple[str, dict]]:
+    """The schedules to compare: Hanayo only at its operating point N = D (the restricted regime)."""
+    return {label: (family, {k: sync if k == "sync" else v for k, v in options.items()})
+            for label, (family, options) in SCHEDULES.items() if family != "hanayo" or microbatches == devices}
 
 
 def grid(systems=SYSTEMS, sizes=((8, 8), (8, 16), (8, 32), (4, 4), (4, 8), (4, 16)), *,
-         uniform_stages: bool = True) -> dict[tuple[str, int, int], Comparison]:
+         uniform_stages: bool = True, sync: bool = True) -> dict[tuple[str, int, int], Comparison]:
     """``compare`` at every system and ``(devices, microbatches)``."""
     out = {}
     for name, system in systems.items():
         for devices, microbatches in sizes:
             out[(name, devices, microbatches)] = dp.compare(
-                families_at(devices, microbatches), machine(system, uniform_stages=uniform_stages),
+                families_at(devices, microbatches, sync=sync), machine(system, uniform_stages=uniform_stages),
                 devices=devices, microbatches=microbatches)
     return out
 
@@ -100,8 +111,8 @@ def grid(systems=SYSTEMS, sizes=((8, 8), (8, 16), (8, 32), (4, 4), (4, 8), (4, 1
 def bandwidth_sweep(devices: int, microbatches: int, bandwidths=SWEEP) -> dict[str, list[float]]:
     """Simulated makespan (s) of every family at each per-device egress bandwidth."""
     out: dict[str, list[float]] = {}
-    for family in families_at(devices, microbatches):
-        schedule = get(family, devices=devices, microbatches=microbatches)
+    for family, (name, options) in families_at(devices, microbatches).items():
+        schedule = get(name, devices=devices, microbatches=microbatches, **options)
         out[family] = [
             float(dp.simulate(schedule, machine(System("sweep", bw, SWEEP_LATENCY, ""))(schedule)).makespan)
             for bw in bandwidths
@@ -159,12 +170,11 @@ def claim_chimera(results: dict, table_microbatches=(1, 2, 3, 4, 6, 8)) -> dict:
     decreasing, favourable = True, True
     for d in depths:
         ns = sorted({n for _, dd, n in speedup if dd == d})
-        for s in systems:
-            series = [speedup[(s, d, n)] for n in ns]
-            decreasing &= all(a > b for a, b in zip(series, series[1:]))
+        series = [speedup[("nvlink", d, n)] for n in ns]
+        decreasing &= all(a > b for a, b in zip(series, series[1:]))
         for n in ns:
             across = [speedup[(s, d, n)] for s in systems]
-            favourable &= all(a >= b - 1e-9 for a, b in zip(across, across[1:]))  # faster link, larger lead
+            favourable &= all(a > b for a, b in zip(across, across[1:]))  # faster link, larger lead
     table_speedup = {}
     for d in depths:
         for k in table_microbatches:
@@ -174,10 +184,11 @@ def claim_chimera(results: dict, table_microbatches=(1, 2, 3, 4, 6, 8)) -> dict:
     return dict(
         speedup={f"{s}/D={d}/N={n}": v for (s, d, n), v in sorted(speedup.items())},
         table_speedup={f"D={d}/N={n}": v for (d, n), v in sorted(table_speedup.items())},
-        decreasing_in_microbatches=decreasing,
+        decreasing_in_microbatches_on_nvlink=decreasing,
         larger_on_faster_links=favourable,
-        ahead_at_n_equal_d=all(v > 0 for (_, d, n), v in speedup.items() if n == d),
-        behind_somewhere=any(v < 0 for v in speedup.values()),
+        ahead_at_n_equal_d_on_nvlink=all(v > 0 for (s, d, n), v in speedup.items() if n == d and s == "nvlink"),
+        behind_on_ethernet=all(v < 0 for (s, _, _), v in speedup.items() if s == "ethernet"),
+        best_lead=max(speedup.values()),
         table_behind_from={d: min((n for (dd, n), v in table_speedup.items() if dd == d and v < 0), default=None)
                            for d in depths},
     )
@@ -196,7 +207,8 @@ def claim_hanayo(results: dict, sweep: dict[str, list[float]], bandwidths=SWEEP)
         at_operating_point={f"{s}/D={d}": v for (s, d, _), v in sorted(at_point.items())},
         beats_gpipe_and_1f1b_on_nvlink=beats_flush_fast,
         slowdown=slowdown,
-        most_sensitive=max(slowdown, key=slowdown.get) == "hanayo",
+        # Among the single-replica schedules; Chimera's replicas add a gradient all-reduce.
+        more_sensitive_than_gpipe_and_1f1b=slowdown["hanayo"] > max(slowdown["gpipe"], slowdown["1f1b"]),
         behind_flush_below_bandwidth=max(behind) if behind else None,
         ahead_of_flush_at_fastest=sweep["hanayo"][-1] < min(sweep["gpipe"][-1], sweep["1f1b"][-1]),
     )
@@ -339,29 +351,35 @@ def plot_sweep(sweep: dict[str, list[float]], bandwidths, devices: int, path: Pa
     ax.set_yscale("log")
     ax.set_ylabel("simulated step time (ms)")
     ax.set_title(f"Step time, D = N = {devices}, GPT-3 6.7B on H100", fontsize=10)
+    ax2.set_yscale("log")
     ax2.set_ylabel("slowdown vs. 450 GB/s")
     ax2.set_title("Sensitivity to the network", fontsize=10)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=130)
 
 
-def plot_chimera(results: dict, chimera: dict, path: Path) -> None:
+def plot_chimera(results: dict, chimera: dict, path: Path, hidden: dict | None = None) -> None:
+    """Chimera's lead against N: simulated per system (solid: replicas' all-reduce at the end of the
+    step; dashed, from ``hidden``: without it), the table and the formula."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     depths = sorted({d for _, d, _ in results})
-    fig = Figure(figsize=(5.2 * len(depths), 4.0), layout="constrained")
+    fig = Figure(figsize=(5.2 * len(depths), 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(depths), squeeze=False)[0]
     for ax, d in zip(axes, depths):
-        for system in SYSTEMS:
+        for i, system in enumerate(SYSTEMS):
             ns = sorted(n for s, dd, n in results if s == system and dd == d)
             if ns:
                 ax.plot(ns, [100 * chimera["speedup"][f"{system}/D={d}/N={n}"] for n in ns], marker="o",
-                        label=f"simulation, {system}")
+                        color=f"C{i}", label=f"simulation, {system}")
+            if ns and hidden is not None:
+                ax.plot(ns, [100 * hidden["speedup"][f"{system}/D={d}/N={n}"] for n in ns], marker=".",
+                        color=f"C{i}", linestyle="--", alpha=0.6, label=f"{system}, all-reduce hidden")
         table_ns = sorted(int(k.split("N=")[1]) for k in chimera["table_speedup"] if k.startswith(f"D={d}/"))
         ax.plot(table_ns, [100 * chimera["table_speedup"][f"D={d}/N={n}"] for n in table_ns], color="black",
-                linestyle="--", marker="x", label="table (F=1, B=2)")
+                linestyle="-.", marker="x", label="table (F=1, B=2)")
         formula = [100 * ((n + d - 1) / (n + d / 2 - 1) - 1) for n in table_ns]  # bubble ratios at t_F = t_B
         ax.plot(table_ns, formula, color="grey", linestyle=":", label="formula (t_F = t_B)")
         ax.axhline(0, color="black", linewidth=0.6)
@@ -370,7 +388,8 @@ def plot_chimera(results: dict, chimera: dict, path: Path) -> None:
         ax.set_ylabel("Chimera's lead over the best of GPipe/1F1B (%)")
         ax.set_title(f"D = {d}", fontsize=10)
         ax.grid(alpha=0.3, linewidth=0.4)
-        ax.legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     fig.savefig(path, dpi=130)
 
 
@@ -381,7 +400,7 @@ def verdicts(c1, c2, c3, c4, c5) -> list[tuple[str, str, str]]:
     def status(core: bool, everywhere: bool = True) -> str:
         return "not supported" if not core else "supported" if everywhere else "partly supported"
 
-    others = max(v for k, v in c3["slowdown"].items() if k != "hanayo")
+    flush = max(c3["slowdown"]["gpipe"], c3["slowdown"]["1f1b"])
     behind = c3["behind_flush_below_bandwidth"]
     return [
         ("GPipe and 1F1B are runtime-equivalent",
@@ -392,19 +411,25 @@ def verdicts(c1, c2, c3, c4, c5) -> list[tuple[str, str, str]]:
          status(c1["memory_lower_when_n_above_d"] and c1["activation_ratio_expected"], False),
          "1F1B's activation peak is min(D, N)/N of GPipe's: lower for N > D, equal at N = D"),
         ("Chimera is ahead mainly at low microbatch counts and with favourable communication",
-         status(c2["decreasing_in_microbatches"] and c2["larger_on_faster_links"] and c2["ahead_at_n_equal_d"]),
-         "its lead over the best of GPipe/1F1B falls with N on every system and is largest on the fastest link; "
-         "it is behind from N = " + ", ".join(f"{n} (D = {d})" for d, n in c2["table_behind_from"].items())
-         + " even without communication"),
+         status(c2["decreasing_in_microbatches_on_nvlink"] and c2["larger_on_faster_links"]
+                and c2["ahead_at_n_equal_d_on_nvlink"]),
+         f"ahead of the best of GPipe/1F1B by up to {_pct(c2['best_lead'])} on NVLink at N = D, a lead that "
+         "falls with N and with the link's bandwidth"
+         + (" (behind everywhere on Ethernet, where the replicas' gradient all-reduce dominates)"
+            if c2["behind_on_ethernet"] else "")
+         + "; without communication behind from N = "
+         + ", ".join(f"{n} (D = {d})" for d, n in c2["table_behind_from"].items())),
         ("Hanayo is good at its operating point but sensitive to network bottlenecks",
-         status(c3["beats_gpipe_and_1f1b_on_nvlink"] and c3["most_sensitive"] and behind is not None),
+         status(c3["beats_gpipe_and_1f1b_on_nvlink"] and c3["more_sensitive_than_gpipe_and_1f1b"]
+                and behind is not None),
          f"faster than GPipe/1F1B at N = D on NVLink; {c3['slowdown']['hanayo']:.2f}x slower at 0.5 than at "
-         f"450 GB/s (others at most {others:.2f}x); behind GPipe/1F1B at or below "
+         f"450 GB/s (GPipe/1F1B at most {flush:.2f}x); behind GPipe/1F1B at or below "
          f"{(behind or 0) / 1e9:.3g} GB/s"),
         ("Asymmetric Chimera does not lower the global peak memory and gains little in shallow pipelines",
          status(c4["peak_not_lower"] and c4["shallow_gain_limited"], c4["gain_at_n_equal_d"] < 0.10),
          f"global activation peak equal to 1F1B's and Chimera's everywhere; at D = 4 and N > D at most "
-         f"{_pct(c4['shallow_max_gain_vs_1f1b'])} over 1F1B, but up to {_pct(c4['gain_at_n_equal_d'])} at N = D"),
+         f"{_pct(c4['shallow_max_gain_vs_1f1b'])} faster than 1F1B, but up to {_pct(c4['gain_at_n_equal_d'])} "
+         "at N = D"),
         ("Rankings are not abstraction-invariant",
          status(c5["formula_table_flip"] and c5["table_simulation_flip"]),
          f"{len(c5['flips'])} flipped pairs across the configurations; smallest Kendall tau {c5['min_tau']:+.2f}"),
@@ -424,6 +449,10 @@ def run(out: Path = HERE, *, fast: bool = False) -> dict:
     c5 = claim_not_invariant(results, sweep, bandwidths, sweep_devices)
     layer_split = grid({"nvlink": SYSTEMS["nvlink"]}, sizes[:1] + sizes[2:3] if not fast else sizes,
                        uniform_stages=False)
+    # The replicas' all-reduce sits at the end of the step, on the compute stream: an upper bound
+    # on its cost. Without it (a perfectly overlapped all-reduce) is the lower bound.
+    no_sync = grid(SYSTEMS, sizes, sync=False)
+    c2_free, c4_free = claim_chimera(no_sync), claim_asymmetric(no_sync)
     found = verdicts(c1, c2, c3, c4, c5)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -441,17 +470,27 @@ def run(out: Path = HERE, *, fast: bool = False) -> dict:
                      [[r["system"], str(r["devices"]), str(r["microbatches"]), f"{r['sim_ratio']:.4f}",
                        f"{r['activation_ratio']:.3f}"] for r in c1["rows"]]), "",
            "## 2. Chimera's lead over the best of GPipe and 1F1B", "",
-           _md_table(["configuration", "lead (simulation)"], [[k, _pct(v)] for k, v in c2["speedup"].items()]), "",
+           "With the replicas' gradient all-reduce at the end of the step (upper bound on its cost) and "
+           "without it (a perfectly overlapped all-reduce, lower bound):", "",
+           _md_table(["configuration", "lead, all-reduce at the end", "lead, all-reduce hidden"],
+                     [[k, _pct(v), _pct(c2_free["speedup"][k])] for k, v in c2["speedup"].items()]), "",
+           "Without the all-reduce: lead decreasing in N on NVLink: "
+           f"{c2_free['decreasing_in_microbatches_on_nvlink']}; "
+           f"larger on faster links: {c2_free['larger_on_faster_links']}; ahead at N = D on NVLink: "
+           f"{c2_free['ahead_at_n_equal_d_on_nvlink']}.", "",
            _md_table(["configuration", "lead (table, F=1, B=2)"],
                      [[k, _pct(v)] for k, v in c2["table_speedup"].items()]), "",
            f"## 3. Hanayo (N = D) over the bandwidth sweep (D = {sweep_devices})", "",
            sweep_markdown(sweep, bandwidths), "",
            "Slowdown from 450 to 0.5 GB/s: " + ", ".join(f"{f} {v:.2f}x" for f, v in c3["slowdown"].items()) + ".", "",
            "## 4. Asymmetric Chimera", "",
-           _md_table(["system", "D", "N", "peak / 1F1B's", "peak / Chimera's", "gain vs 1F1B", "gain vs Chimera"],
+           _md_table(["system", "D", "N", "peak / 1F1B's", "peak / Chimera's", "gain vs 1F1B", "gain vs Chimera",
+                      "gain vs 1F1B, all-reduce hidden"],
                      [[r["system"], str(r["devices"]), str(r["microbatches"]), f"{r['peak_vs_1f1b']:.3f}",
-                       f"{r['peak_vs_chimera']:.3f}", _pct(r["gain_vs_1f1b"]), _pct(r["gain_vs_chimera"])]
-                      for r in c4["rows"]]), "",
+                       f"{r['peak_vs_chimera']:.3f}", _pct(r["gain_vs_1f1b"]), _pct(r["gain_vs_chimera"]),
+                       _pct(f["gain_vs_1f1b"])] for r, f in zip(c4["rows"], c4_free["rows"])]), "",
+           f"All-reduce hidden: global peak not lowered: {c4_free['peak_not_lower']}; gain over 1F1B at D = 4, "
+           f"N > D at most {_pct(c4_free['shallow_max_gain_vs_1f1b'])}.", "",
            "## 5. Rank flips between levels", "",
            _md_table(["where", "levels", "pair"],
                      [[f["where"], " vs ".join(f["levels"]), " / ".join(f["pair"])] for f in c5["flips"]]), "",
@@ -466,15 +505,16 @@ def run(out: Path = HERE, *, fast: bool = False) -> dict:
         f"# Simulated step time over the bandwidth sweep (D = N = {sweep_devices}, latency 10 µs)\n\n"
         + sweep_markdown(sweep, bandwidths))
     plot_sweep(sweep, bandwidths, sweep_devices, out / "bandwidth_sweep.png")
-    plot_chimera(results, c2, out / "chimera_microbatches.png")
+    plot_chimera(results, c2, out / "chimera_microbatches.png", hidden=c2_free)
     from diffpipe.viz import gantt
 
     s = get("hanayo", devices=4, microbatches=4)
     gantt(s, machine(SYSTEMS["ethernet"])(s), path=out / "gantt_hanayo_ethernet.png", dpi=110)
     summary = dict(
         fast=fast, verdicts=[dict(claim=c, status=st, evidence=e) for c, st, e in found],
-        gpipe_1f1b={k: v for k, v in c1.items() if k != "rows"}, chimera=c2,
+        gpipe_1f1b={k: v for k, v in c1.items() if k != "rows"}, chimera=c2, chimera_allreduce_hidden=c2_free,
         hanayo=c3, asymmetric={k: v for k, v in c4.items() if k != "rows"},
+        asymmetric_allreduce_hidden={k: v for k, v in c4_free.items() if k != "rows"},
         not_invariant={k: v for k, v in c5.items() if k != "kendall_tau"},
     )
     (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
