@@ -14,6 +14,7 @@ from .schedules import table as table
 # Public name -> module that defines it (imported on first attribute access).
 _LAZY = {
     "Comparison": "._compare",
+    "Machine": "._compare",
     "compare": "._compare",
     "Graph": "._graph",
     "compile": "._graph",
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from ._baselines import minmax_partition as minmax_partition
     from ._baselines import uniform_partition as uniform_partition
     from ._compare import Comparison as Comparison
+    from ._compare import Machine as Machine
     from ._compare import compare as compare
     from ._graph import Graph as Graph
     from ._graph import compile as compile

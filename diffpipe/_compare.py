@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from types import MappingProxyType
 from typing import Any
 
 from ._errors import ConfigError, ScheduleError
@@ -53,9 +54,9 @@ LEVELS = ("formula", "table", "simulation")
 RANKED_BY = {"formula": "bubble_ratio", "table": "makespan", "simulation": "makespan"}
 #: The schedules compared when none are given: the four of the study, Chimera with the gradient
 #: all-reduce its two replicas need once per step (``sync``).
-DEFAULT_SCHEDULES: Mapping[str, Any] = {
+DEFAULT_SCHEDULES: Mapping[str, Any] = MappingProxyType({
     "gpipe": "gpipe", "1f1b": "1f1b", "chimera": ("chimera", {"sync": True}), "hanayo": "hanayo",
-}
+})
 #: Devices and microbatches when neither is given nor implied by a Schedule: one 8-GPU node at
 #: Hanayo's operating point N = D.
 DEFAULT_DEVICES = 8
@@ -82,6 +83,11 @@ class Machine:
     network: Any  # diffpipe.Network
     name: str = "custom"
     uniform_stages: bool = False
+
+    @classmethod
+    def default(cls, mode: str = "contention") -> Machine:
+        """The machine ``compare`` models when given none (see ``default_machine``)."""
+        return default_machine(mode)
 
     def __call__(self, schedule: Schedule) -> Any:
         """The ``Hardware`` of ``schedule`` on this machine.
@@ -129,7 +135,7 @@ def default_machine(mode: str = "contention") -> Machine:
     network = Network(latency, bandwidth, latency, bandwidth, mode=mode, devices_per_node=1)
     model = Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
     return Machine(model, device("H100"), network,
-                   name=f"GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4 ({mode})")
+                   name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4")
 
 
 # -- results ------------------------------------------------------------------------------------------

@@ -160,6 +160,7 @@ def test_default_machine_is_a_gpt_on_h100_nvlink():
     assert DEFAULT_SCHEDULES["chimera"] == ("chimera", {"sync": True})
     assert (DEFAULT_DEVICES, DEFAULT_MICROBATCHES) == (8, 8)
     machine = default_machine()
+    assert dp.Machine.default() == machine
     assert "H100" in machine.name and "NVLink" in machine.name
     assert machine.network.mode == "contention" and machine.network.devices_per_node == 1
     hw = machine(dp.schedules.get("hanayo", devices=4, microbatches=4))
