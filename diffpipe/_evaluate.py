@@ -103,56 +103,66 @@ def _finish_fwd(graph, tables, exact, tau):
 
 
 def _finish_bwd(exact, residuals, g_finish):
-    """Reverse sweep: each level sends its rows' (final) cotangents to their predecessors with the
-    edge weights; then the cost tables' cotangents are segment sums over the rows using them."""
+    """Reverse sweep over the levels, recomputing each level's costs and edge weights from the
+    cost tables (as the forward does), so no ``[nodes, k, batch]`` array is ever stored; each
+    level sends its rows' final cotangents to their predecessors. The tables' cotangents are then
+    segment sums: a node's duration cotangent is its own, a transfer edge's is its weight times its
+    node's cotangent (recomputed for the transfer edges only)."""
     graph, tables, tau, finish = residuals
     smooth = None if exact else tau
     width = graph.width
     lanes = jnp.arange(width, dtype=graph.sizes.dtype)[:, None]
     real = (graph.kind != PAD)[:, None]
-    # Barriers keep XLA from fusing the gathers into the elementwise work that follows (on CPU
-    # that fusion redoes each gather per element: about 10x slower, measured).
-    dur, delay = lax.optimization_barrier(tables.expand(graph))
-    start = finish - dur
-    x = lax.optimization_barrier(finish[graph.pred] + delay)
-    w = lax.optimization_barrier(_edge_weights(x, start, smooth))
 
-    def level(g, level_at):
+    def level(carry, level_at):
+        g, g_tau = carry
         offset, count = level_at
-        gl = jnp.where(lanes < count, lax.dynamic_slice_in_dim(g, offset, width), 0.0)
-        push = gl[:, None, :] * lax.dynamic_slice_in_dim(w, offset, width)
-        return g.at[lax.dynamic_slice_in_dim(graph.pred, offset, width)].add(push), None
 
-    g, _ = lax.scan(level, jnp.where(real, g_finish, 0.0), (graph.offsets, graph.sizes), reverse=True)
-    g = jnp.where(real, g, 0.0)  # = cotangent of every duration
-    g_delay = g[:, None, :] * w
-    g_tables = _table_cotangent(graph, tables, g, g_delay)
-    if exact:
-        g_tau = jnp.zeros_like(tau)
-    else:  # d start / d tau at fixed inputs: (start - sum_k w_k x_k) / tau
-        local = (start - jnp.sum(jnp.where(w > 0, w * x, 0.0), axis=1)) / tau
-        g_tau = jnp.sum(jnp.where(real & jnp.isfinite(local), g * local, 0.0)).astype(tau.dtype)
-    return None, g_tables, g_tau
+        def cut(x):
+            return lax.dynamic_slice_in_dim(x, offset, width)
+
+        pred, x, start = _level_inputs(graph, tables, finish, cut(graph.pred), cut(graph.node_row),
+                                       cut(graph.edge_row), cut(graph.microbatch), cut(finish))
+        w = _edge_weights(x, start, smooth)
+        gl = jnp.where(lanes < count, cut(g), 0.0)
+        g = g.at[pred].add(gl[:, None, :] * w)
+        if smooth is not None:  # d start / d tau at fixed inputs: (start - sum_k w_k x_k) / tau
+            local = (start - jnp.sum(jnp.where(w > 0, w * x, 0.0), axis=1)) / tau
+            g_tau = g_tau + jnp.sum(jnp.where(jnp.isfinite(local), gl * local, 0.0))
+        return (g, g_tau), None
+
+    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros((), tau.dtype))
+    (g, g_tau), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
+    g = jnp.where(real, g, 0.0)  # the cotangent of every node's duration
+    g_tau = jnp.zeros_like(tau) if exact else g_tau.astype(tau.dtype)
+    return None, _table_cotangent(graph, tables, finish, g, smooth), g_tau
 
 
-def _table_cotangent(graph: Graph, tables: CostTables, g_dur, g_delay) -> CostTables:
-    """Transpose of ``CostTables.expand``: segment sums of the duration and delay cotangents."""
-    rows, k, batch = g_delay.shape
-    size, per, edge_per = lax.optimization_barrier(
-        (tables.size[graph.microbatch], tables.per_size[graph.node_row], tables.edge_per_size[graph.edge_row]))
-    flat_rows, flat_delay = graph.edge_row.reshape(-1), g_delay.reshape(rows * k, batch)
+def _level_inputs(graph: Graph, tables: CostTables, finish, pred, node_row, edge_row, microbatch, row_finish):
+    """For some rows: predecessors, edge arguments ``x = finish[pred] + delay`` and start times."""
+    size = tables.size[microbatch]
+    dur = tables.base[node_row] + size * tables.per_size[node_row]
+    x = finish[pred] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+    return pred, x, row_finish - dur
+
+
+def _table_cotangent(graph: Graph, tables: CostTables, finish, g, smooth) -> CostTables:
+    """Transpose of ``CostTables.expand`` given the nodes' cotangents ``g``: segment sums."""
+    node, slot = graph.xfer_node, graph.xfer_slot
+    pred, x, start = _level_inputs(graph, tables, finish, graph.pred[node], graph.node_row[node],
+                                   graph.edge_row[node], graph.microbatch[node], finish[node])
+    w = jnp.take_along_axis(_edge_weights(x, start, smooth), slot[:, None, None], axis=1)[:, 0]
+    g_edge = g[node] * w  # [transfers, batch]: the cotangent of each transfer edge's delay
+    row = graph.edge_row[node, slot]
+    size, edge_size = tables.size[graph.microbatch], tables.size[graph.microbatch[node]]
     costs, edge_costs, microbatches = tables.base.shape[0], tables.edge_base.shape[0], tables.size.shape[0]
-    weighted = lax.optimization_barrier((
-        g_dur * size,
-        (g_delay * size[:, None, :]).reshape(rows * k, batch),
-        g_dur * per + jnp.sum(g_delay * edge_per, axis=1),
-    ))
     return CostTables(
-        base=jax.ops.segment_sum(g_dur, graph.node_row, costs),
-        per_size=jax.ops.segment_sum(weighted[0], graph.node_row, costs),
-        edge_base=jax.ops.segment_sum(flat_delay, flat_rows, edge_costs),
-        edge_per_size=jax.ops.segment_sum(weighted[1], flat_rows, edge_costs),
-        size=jax.ops.segment_sum(weighted[2], graph.microbatch, microbatches),
+        base=jax.ops.segment_sum(g, graph.node_row, costs),
+        per_size=jax.ops.segment_sum(g * size, graph.node_row, costs),
+        edge_base=jax.ops.segment_sum(g_edge, row, edge_costs),
+        edge_per_size=jax.ops.segment_sum(g_edge * edge_size, row, edge_costs),
+        size=jax.ops.segment_sum(g * tables.per_size[graph.node_row], graph.microbatch, microbatches)
+        + jax.ops.segment_sum(g_edge * tables.edge_per_size[row], graph.microbatch[node], microbatches),
     )
 
 

@@ -56,6 +56,7 @@ class Graph(eqx.Module):
     (``COST_*`` type, pipeline, stage, and three arguments); a node lasts
     ``base[row] + size[microbatch] * per_size[row]`` (``Hardware.tables``). Transfer edges likewise
     share ``edge_row`` rows described by ``edge_cost`` (src, dst, pipeline, boundary); row 0 is free.
+    ``xfer_node``/``xfer_slot`` list the transfer edges (sentinel-padded) for the gradient.
     Lanes: ``lane_nodes``/``lane_device`` list every device's ops in order (a collective once per
     participant); ``release`` is
     +1 where an op stores an activation (F), -1 where it frees one (B, or W when split), else 0;
@@ -76,6 +77,8 @@ class Graph(eqx.Module):
     edge_row: Int[Array, "nodes k"]
     node_cost: Int[Array, "costs 6"]
     edge_cost: Int[Array, "edge_costs 4"]
+    xfer_node: Int[Array, " transfers"]
+    xfer_slot: Int[Array, " transfers"]
     pred: Int[Array, "nodes k"]
     edge: Int[Array, "nodes k"]
     edge_src: Int[Array, "nodes k"]
@@ -107,7 +110,7 @@ class Graph(eqx.Module):
         """Array sizes: graphs of equal structure (and equal static fields) stack without padding."""
         return (self.kind.shape[-1], self.pred.shape[-1], self.offsets.shape[-1], self.width,
                 self.sinks.shape[-1], self.lane_nodes.shape[-1], self.node_cost.shape[-2],
-                self.edge_cost.shape[-2], self.step_last.shape[-1])
+                self.edge_cost.shape[-2], self.step_last.shape[-1], self.xfer_node.shape[-1])
 
 
 @dataclass
@@ -305,6 +308,9 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
         if n.kind == "W" or (n.kind == "B" and (n.pipeline, n.stage, n.microbatch) not in backward_split):
             rel[new[old]] = -1
     node_row, edge_row, node_cost, edge_cost = _cost_rows(nodes, new, rows, k)
+    xfer = [(i, slot) for i in range(rows) for slot in range(k) if edge_row[i, slot] > 0] or [(sentinel, 0)]
+    xfer_node = np.asarray([i for i, _ in xfer], dtype=np.int32)
+    xfer_slot = np.asarray([slot for _, slot in xfer], dtype=np.int32)
     sinks = np.array([new[i] for i in range(count) if not has_successor[new[i]]], dtype=np.int32)
     # The last op of each step (by topological level) marks when that step's work has finished.
     step_last = np.full(schedule.steps, sentinel, dtype=np.int32)
@@ -328,6 +334,7 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
         boundary=jnp.asarray(bnd), group=jnp.asarray(grp), op_index=jnp.asarray(opi),
         release=jnp.asarray(rel), node_row=jnp.asarray(node_row), edge_row=jnp.asarray(edge_row),
         node_cost=jnp.asarray(node_cost), edge_cost=jnp.asarray(edge_cost),
+        xfer_node=jnp.asarray(xfer_node), xfer_slot=jnp.asarray(xfer_slot),
         pred=jnp.asarray(pred), edge=jnp.asarray(edge),
         edge_src=jnp.asarray(esrc), edge_dst=jnp.asarray(edst), edge_boundary=jnp.asarray(ebnd),
         offsets=jnp.asarray(offsets), sizes=jnp.asarray(sizes.astype(np.int32)),
@@ -344,13 +351,14 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
 
 def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sinks: int, lane: int,
               steps: int, devices: int, stages: int, pipelines: int, microbatches: int,
-              costs: int | None = None, edge_costs: int | None = None,
+              costs: int | None = None, edge_costs: int | None = None, transfers: int | None = None,
               devices_per_node: int | None = None) -> Graph:
     """``graph`` padded to larger sizes without changing any result: padded predecessors, sinks and
     lane entries point to the sentinel (``-inf``, no activation), padded levels to scratch rows."""
     n = int(np.sum(np.asarray(graph.kind) != PAD))
     costs = costs or graph.node_cost.shape[0]
     edge_costs = edge_costs or graph.edge_cost.shape[0]
+    transfers = transfers or graph.xfer_node.shape[0]
     old_sentinel = graph.sentinel
     rows = nodes + width + 1
     sentinel = rows - 1
@@ -400,6 +408,8 @@ def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sink
         node_row=jnp.asarray(rowwise(graph.node_row, 0)), edge_row=jnp.asarray(columns(graph.edge_row, 0)),
         node_cost=jnp.asarray(cost_table(graph.node_cost, costs)),
         edge_cost=jnp.asarray(cost_table(graph.edge_cost, edge_costs)),
+        xfer_node=jnp.asarray(remap(extend(graph.xfer_node, transfers, old_sentinel))),
+        xfer_slot=jnp.asarray(extend(graph.xfer_slot, transfers, 0)),
         pred=jnp.asarray(pred), edge=jnp.asarray(columns(graph.edge, EDGE_PAD)),
         edge_src=jnp.asarray(columns(graph.edge_src, 0)), edge_dst=jnp.asarray(columns(graph.edge_dst, 0)),
         edge_boundary=jnp.asarray(columns(graph.edge_boundary, -1)),
@@ -415,6 +425,20 @@ def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sink
     )
 
 
+def common_sizes(graphs: Sequence[Graph]) -> dict[str, int]:
+    """The smallest sizes every graph pads to (``pad_graph``'s keyword arguments)."""
+    return dict(
+        nodes=max(int(np.sum(np.asarray(g.kind) != PAD)) for g in graphs),
+        k=max(g.pred.shape[-1] for g in graphs), levels=max(g.offsets.shape[-1] for g in graphs),
+        width=max(g.width for g in graphs), sinks=max(g.sinks.shape[-1] for g in graphs),
+        lane=max(g.lane_nodes.shape[-1] for g in graphs), steps=max(g.steps for g in graphs),
+        devices=max(g.devices for g in graphs), stages=max(g.stages for g in graphs),
+        pipelines=max(g.pipelines for g in graphs), microbatches=max(g.microbatches for g in graphs),
+        costs=max(g.node_cost.shape[0] for g in graphs), edge_costs=max(g.edge_cost.shape[0] for g in graphs),
+        transfers=max(g.xfer_node.shape[0] for g in graphs),
+    )
+
+
 def stack_graphs(graphs: Sequence[Graph]) -> Graph:
     """Pad graphs to common sizes and stack them (a leading axis on every array), so that one
     ``jax.vmap`` evaluates several schedules; padding never changes a result. Per-stage hardware
@@ -425,15 +449,7 @@ def stack_graphs(graphs: Sequence[Graph]) -> Graph:
     modes = {(g.communication, g.devices_per_node if g.devices_per_node < g.devices else None) for g in graphs}
     if len(modes) > 1:
         raise ConfigError(f"stack_graphs: graphs compiled for different communication settings {sorted(modes)}")
-    sizes = dict(
-        nodes=max(int(np.sum(np.asarray(g.kind) != PAD)) for g in graphs),
-        k=max(g.pred.shape[-1] for g in graphs), levels=max(g.offsets.shape[-1] for g in graphs),
-        width=max(g.width for g in graphs), sinks=max(g.sinks.shape[-1] for g in graphs),
-        lane=max(g.lane_nodes.shape[-1] for g in graphs), steps=max(g.steps for g in graphs),
-        devices=max(g.devices for g in graphs), stages=max(g.stages for g in graphs),
-        pipelines=max(g.pipelines for g in graphs), microbatches=max(g.microbatches for g in graphs),
-        costs=max(g.node_cost.shape[0] for g in graphs), edge_costs=max(g.edge_cost.shape[0] for g in graphs),
-    )
+    sizes = common_sizes(graphs)
     ((_, per_node),) = modes
     per_node = per_node or sizes["devices"]  # one node holding every device
     padded = [pad_graph(g, **sizes, devices_per_node=per_node) for g in graphs]

@@ -82,17 +82,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from . import _simulate as _simulate_module
 from ._errors import ConfigError, ScheduleError
 from ._evaluate import finish_times, sink_max
-from ._graph import COMMUNICATION_MODES, KIND_CODES, PAD, Graph, compile, pad_graph
+from ._graph import COMMUNICATION_MODES, KIND_CODES, PAD, Graph, common_sizes, compile, pad_graph
 from ._hardware import Hardware, Network
-from ._simulate import peak_memory
+from ._simulate import _tables, peak_memory
 from .schedules import Placement, Schedule, get
 from .schedules import family as family_of
 from .schedules._list_scheduler import PRIORITIES, list_schedule
-
-_tables = getattr(_simulate_module, "_tables", None)
 
 #: One compilation of a stack's evaluator, in evaluated cells (see the module docstring): ~4 s of
 #: compile time at ~4e7 cells/s on a 2-core CPU.
@@ -772,17 +769,7 @@ def _plan_stacks(entries: Sequence[_Entry], hardware: int, stacking: str) -> lis
 def _stack(graphs: Sequence[Graph]) -> Graph:
     """``stack_graphs`` on the host: the same padding (``pad_graph`` to the common sizes), stacked
     with numpy so that a new stack shape compiles nothing (``jnp.stack`` compiles per shape)."""
-    sizes = dict(
-        nodes=max(int(np.sum(np.asarray(g.kind) != PAD)) for g in graphs),
-        k=max(g.pred.shape[-1] for g in graphs), levels=max(g.offsets.shape[-1] for g in graphs),
-        width=max(g.width for g in graphs), sinks=max(g.sinks.shape[-1] for g in graphs),
-        lane=max(g.lane_nodes.shape[-1] for g in graphs), steps=max(g.steps for g in graphs),
-        devices=max(g.devices for g in graphs), stages=max(g.stages for g in graphs),
-        pipelines=max(g.pipelines for g in graphs), microbatches=max(g.microbatches for g in graphs),
-    )
-    if hasattr(graphs[0], "node_cost"):  # graphs with cost tables pad those too
-        sizes.update(costs=max(g.node_cost.shape[0] for g in graphs),
-                     edge_costs=max(g.edge_cost.shape[0] for g in graphs))
+    sizes = common_sizes(graphs)
     per_node = {g.devices_per_node for g in graphs}  # one value within a stack class, unless all on one node
     per_node = per_node.pop() if len(per_node) == 1 else sizes["devices"]
     padded = [pad_graph(g, **sizes, devices_per_node=per_node) for g in graphs]
@@ -790,12 +777,8 @@ def _stack(graphs: Sequence[Graph]) -> Graph:
 
 
 def _durations_and_finish(graph: Graph, hw: Hardware) -> tuple[Array, Array]:
-    """Node durations and exact finish times ``[nodes, batch]`` of a hardware batch: the
-    simulator's own internals (the one place this module depends on them; written for the
-    per-node cost form and for the cost-table form of ``_simulate``)."""
-    if _tables is None:
-        dur, delay = _simulate_module._costs(graph, hw, True)
-        return dur, finish_times(graph, dur, delay, None)
+    """Node durations and exact finish times ``[nodes, batch]`` of a hardware batch (the one place
+    this module uses the simulator's internals)."""
     tables = _tables(graph, hw, True)
     dur, _ = tables.expand(graph)
     return dur, finish_times(graph, tables, None)
