@@ -53,11 +53,32 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
     return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
 
 
+#: Hardware variants evaluated together in the batched path: larger batches run as a sequence of
+#: chunks this wide, so the ``[nodes, chunk]`` carry stays in cache (measured on a 2-core CPU:
+#: 1F1B 8x32, 1.1 us per variant in chunks of 128 against 4.4 us in one batch of 4096).
+BATCH_CHUNK = 128
+
+
 @eqx.filter_jit
 def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
-    finish = finish_times(graph, _tables(graph, hw, batched), temperature, adjoint)
-    out = sink_max(graph, finish, temperature)
-    return out if batched else out[0]
+    tables = _tables(graph, hw, batched)
+
+    def evaluate(t: CostTables) -> Array:
+        return sink_max(graph, finish_times(graph, t, temperature, adjoint), temperature)
+
+    batch = tables.size.shape[-1]
+    if not batched:
+        return evaluate(tables)[0]
+    if batch <= BATCH_CHUNK:
+        return evaluate(tables)
+    chunks = -(-batch // BATCH_CHUNK)
+    pad = chunks * BATCH_CHUNK - batch  # padded with copies of the last variant, then dropped
+
+    def split(x: Array) -> Array:
+        x = jnp.concatenate([x, jnp.repeat(x[..., -1:], pad, axis=-1)], axis=-1) if pad else x
+        return jnp.moveaxis(x.reshape(*x.shape[:-1], chunks, BATCH_CHUNK), -2, 0)
+
+    return jax.lax.map(evaluate, jax.tree.map(split, tables)).reshape(-1)[:batch]
 
 
 def makespan(
