@@ -170,7 +170,9 @@ def benchmarks() -> dict:
     if path.exists():
         d = json.loads(path.read_text())
         out["sweep"] = {
-            "file": "benchmarks/results/sweep-cpu.json", "command": "python benchmarks/bench_sweep.py --host-devices 2",
+            "file": "benchmarks/results/sweep-cpu.json",
+            "command": "python benchmarks/bench_sweep.py" + (
+                f" --host-devices {len(d['platform']['devices'])}" if len(d["platform"]["devices"]) > 1 else ""),
             "points": d["grid"]["points"], "cpus": d["platform"]["cpus"],
             "cold_points_per_s": d["sweep"]["cold_points_per_s"], "warm_points_per_s": d["sweep"]["warm_points_per_s"],
             "reference_s_per_point": d["reference"]["s_per_point"], "speedup_warm": d["reference"]["speedup_warm"],
@@ -260,7 +262,7 @@ def benchmarks_markdown(b: dict) -> str:
     if s is None:
         lines.append("- sweep: `benchmarks/results/sweep-cpu.json` is missing.")
     else:
-        lines += [f"- **sweep** (`{s['file']}`, produced by `{s['command']}`, {s['cpus']} CPUs): {s['points']:,} "
+        lines += [f"- **sweep** (`{s['file']}`, produced by `{s['command']}` on {s['cpus']} CPU cores): {s['points']:,} "
                   f"points at {s['warm_points_per_s']:,.0f} points/s warm ({s['cold_points_per_s']:,.0f} cold, "
                   f"compilation included), {s['speedup_warm']:.1f}x the pure-Python reference evaluator "
                   f"({s['reference_s_per_point'] * 1e3:.3f} ms per point) with max relative difference "
