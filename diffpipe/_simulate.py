@@ -59,16 +59,14 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
 BATCH_CHUNK = 128
 
 
-@eqx.filter_jit
-def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
-    tables = _tables(graph, hw, batched)
+def batched_makespan(graph: Graph, tables: CostTables, temperature: Array | None = None,
+                     adjoint: str = "sweep") -> Array:
+    """Makespan ``[batch]`` of batch-last cost tables, evaluated in chunks of ``BATCH_CHUNK``."""
 
     def evaluate(t: CostTables) -> Array:
         return sink_max(graph, finish_times(graph, t, temperature, adjoint), temperature)
 
     batch = tables.size.shape[-1]
-    if not batched:
-        return evaluate(tables)[0]
     if batch <= BATCH_CHUNK:
         return evaluate(tables)
     chunks = -(-batch // BATCH_CHUNK)
@@ -79,6 +77,13 @@ def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bo
         return jnp.moveaxis(x.reshape(*x.shape[:-1], chunks, BATCH_CHUNK), -2, 0)
 
     return jax.lax.map(evaluate, jax.tree.map(split, tables)).reshape(-1)[:batch]
+
+
+@eqx.filter_jit
+def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
+    tables = _tables(graph, hw, batched)
+    out = batched_makespan(graph, tables, temperature, adjoint)
+    return out if batched else out[0]
 
 
 def makespan(

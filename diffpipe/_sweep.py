@@ -83,10 +83,9 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
 from ._errors import ConfigError, ScheduleError
-from ._evaluate import finish_times, sink_max
 from ._graph import COMMUNICATION_MODES, KIND_CODES, PAD, Graph, common_sizes, compile, pad_graph
 from ._hardware import Hardware, Network
-from ._simulate import _tables, peak_memory
+from ._simulate import _tables, batched_makespan, peak_memory
 from .schedules import Placement, Schedule, get
 from .schedules import family as family_of
 from .schedules._list_scheduler import PRIORITIES, list_schedule
@@ -776,14 +775,6 @@ def _stack(graphs: Sequence[Graph]) -> Graph:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *padded)
 
 
-def _durations_and_finish(graph: Graph, hw: Hardware) -> tuple[Array, Array]:
-    """Node durations and exact finish times ``[nodes, batch]`` of a hardware batch (the one place
-    this module uses the simulator's internals)."""
-    tables = _tables(graph, hw, True)
-    dur, _ = tables.expand(graph)
-    return dur, finish_times(graph, tables, None)
-
-
 def _busy_weights(graph: Graph) -> np.ndarray:
     """Per node, how many device lanes its duration keeps busy: a compute op one, a collective one
     per participant (its lane entries), a blocking transfer two (sender and receiver). The total
@@ -800,8 +791,9 @@ def _point_metrics(stack: tuple[Graph, Array], hw: Hardware):
     (and its ``_busy_weights``) on a hardware batch (leading axis; the batch is last inside, the
     fast path)."""
     graph, weights = stack
-    dur, finish = _durations_and_finish(graph, hw)
-    total = sink_max(graph, finish, None)
+    tables = _tables(graph, hw, True)  # the simulator's internals: the batched fast path
+    dur, _ = tables.expand(graph)
+    total = batched_makespan(graph, tables)
     busy = jnp.sum(weights.astype(dur.dtype)[:, None] * dur, axis=0)
     memory = jax.vmap(lambda h: peak_memory(graph, h)[0])(hw)
     capacity = jax.vmap(lambda h: h.per_device(graph))(hw)
