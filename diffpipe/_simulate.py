@@ -21,7 +21,7 @@ from jaxtyping import Array, Float
 
 from ._errors import ConfigError, ScheduleError
 from ._evaluate import ADJOINTS, finish_times, sink_max
-from ._graph import KIND_CODES, PAD, Graph, compile
+from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
 from ._hardware import CostTables, Hardware
 from .schedules import Op, Schedule
 from .schedules._analysis import staleness as schedule_staleness
@@ -201,7 +201,7 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     memory, count = peak_memory(graph, hw)
     msg = hw.per_stage("message_bytes", graph)
     size = hw.per_microbatch(graph)
-    is_xfer_edge = (graph.edge == 3) | (graph.edge == 4)
+    is_xfer_edge = (graph.edge == EDGE_ACTIVATION) | (graph.edge == EDGE_GRADIENT)
     edge_bytes = size[jnp.where(graph.kind <= KIND_CODES["W"], graph.microbatch, 0)][:, None] * msg[
         graph.pipeline[:, None], jnp.maximum(graph.edge_boundary, 0)]
     node_bytes = size[jnp.where(graph.kind == KIND_CODES["T"], graph.microbatch, 0)] * msg[
