@@ -10,9 +10,14 @@ always finite, so no reduction is all ``-inf`` and tangents never become NaN. Si
 exact one by at most ``tau * ln(k + 1)`` per level it lies below the sources, and the makespan (a
 smoothed max over ``s`` sinks) by at most ``tau * (levels * ln(k + 1) + ln(s))``.
 
-Gradients: a reverse sweep over the levels sends each node's cotangent to its predecessors with
-the soft-argmax weights ``exp((x_k - start_i) / tau)`` (one-hot for exact), so reverse mode costs
-about one more forward and stores only ``[nodes, batch]`` and ``[nodes, k, batch]`` arrays.
+Costs are read per level from the graph's small cost tables (``CostTables``), so no
+``[nodes, k, batch]`` array is materialised in either direction.
+
+Gradients: a reverse sweep over the levels recomputes each level's edge weights, the soft-argmax
+``exp((x_k - start_i) / tau)`` (one-hot for exact), and sends each node's cotangent to its
+predecessors; the tables' cotangents are then segment sums. Reverse mode costs about two
+forwards and stores ``[nodes, batch]`` arrays plus ``[transfers, k, batch]`` for the delays'
+cotangents (measured in benchmarks/bench_simulator.py).
 """
 
 from __future__ import annotations
