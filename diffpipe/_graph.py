@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
@@ -113,6 +112,12 @@ class Graph(eqx.Module):
                 self.edge_cost.shape[-2], self.step_last.shape[-1], self.xfer_node.shape[-1])
 
 
+def _int_array(x) -> Array:
+    """A host int32 array on the default device. ``jax.device_put`` rather than ``jnp.asarray``,
+    which compiles a small conversion per new shape (about 0.1 s per compiled graph, measured)."""
+    return jax.device_put(np.asarray(x, dtype=np.int32))
+
+
 @dataclass
 class _Node:
     kind: str
@@ -124,10 +129,7 @@ class _Node:
     boundary: int = -1
     group: int = 1
     op_index: int = -1
-    preds: list = None  # [(node id, edge code, src, dst, boundary)]
-
-    def __post_init__(self) -> None:
-        self.preds = [] if self.preds is None else self.preds
+    preds: list = field(default_factory=list)  # [(node id, edge code, src, dst, boundary)]
 
 
 def _link_of(src: int, dst: int, devices_per_node: int) -> tuple:
@@ -329,20 +331,20 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
     from .schedules._analysis import weight_versions
 
     return Graph(
-        kind=jnp.asarray(kind), stage=jnp.asarray(stage), pipeline=jnp.asarray(pipe),
-        microbatch=jnp.asarray(mb), device=jnp.asarray(dev), dst=jnp.asarray(dst),
-        boundary=jnp.asarray(bnd), group=jnp.asarray(grp), op_index=jnp.asarray(opi),
-        release=jnp.asarray(rel), node_row=jnp.asarray(node_row), edge_row=jnp.asarray(edge_row),
-        node_cost=jnp.asarray(node_cost), edge_cost=jnp.asarray(edge_cost),
-        xfer_node=jnp.asarray(xfer_node), xfer_slot=jnp.asarray(xfer_slot),
-        pred=jnp.asarray(pred), edge=jnp.asarray(edge),
-        edge_src=jnp.asarray(esrc), edge_dst=jnp.asarray(edst), edge_boundary=jnp.asarray(ebnd),
-        offsets=jnp.asarray(offsets), sizes=jnp.asarray(sizes.astype(np.int32)),
-        sinks=jnp.asarray(sinks), step_last=jnp.asarray(step_last),
-        lane_nodes=jnp.asarray(np.asarray(lane_nodes, dtype=np.int32)),
-        lane_device=jnp.asarray(np.asarray(lane_device, dtype=np.int32)),
-        holder=jnp.asarray(np.asarray(schedule.placement.table, dtype=np.int32)),
-        versions=jnp.asarray(np.asarray(weight_versions(schedule), dtype=np.int32)),
+        kind=_int_array(kind), stage=_int_array(stage), pipeline=_int_array(pipe),
+        microbatch=_int_array(mb), device=_int_array(dev), dst=_int_array(dst),
+        boundary=_int_array(bnd), group=_int_array(grp), op_index=_int_array(opi),
+        release=_int_array(rel), node_row=_int_array(node_row), edge_row=_int_array(edge_row),
+        node_cost=_int_array(node_cost), edge_cost=_int_array(edge_cost),
+        xfer_node=_int_array(xfer_node), xfer_slot=_int_array(xfer_slot),
+        pred=_int_array(pred), edge=_int_array(edge),
+        edge_src=_int_array(esrc), edge_dst=_int_array(edst), edge_boundary=_int_array(ebnd),
+        offsets=_int_array(offsets), sizes=_int_array(sizes.astype(np.int32)),
+        sinks=_int_array(sinks), step_last=_int_array(step_last),
+        lane_nodes=_int_array(np.asarray(lane_nodes, dtype=np.int32)),
+        lane_device=_int_array(np.asarray(lane_device, dtype=np.int32)),
+        holder=_int_array(np.asarray(schedule.placement.table, dtype=np.int32)),
+        versions=_int_array(np.asarray(weight_versions(schedule), dtype=np.int32)),
         width=width, devices=schedule.devices, stages=schedule.stages,
         pipelines=schedule.pipelines, microbatches=schedule.microbatches, steps=schedule.steps,
         communication=communication, devices_per_node=per_node,
@@ -400,25 +402,25 @@ def pad_graph(graph: Graph, *, nodes: int, k: int, levels: int, width: int, sink
     pred[n:] = sentinel
     lane_nodes = remap(extend(graph.lane_nodes, lane, old_sentinel))
     return Graph(
-        kind=jnp.asarray(rowwise(graph.kind, PAD)), stage=jnp.asarray(rowwise(graph.stage, 0)),
-        pipeline=jnp.asarray(rowwise(graph.pipeline, 0)), microbatch=jnp.asarray(rowwise(graph.microbatch, 0)),
-        device=jnp.asarray(rowwise(graph.device, 0)), dst=jnp.asarray(rowwise(graph.dst, 0)),
-        boundary=jnp.asarray(rowwise(graph.boundary, -1)), group=jnp.asarray(rowwise(graph.group, 1)),
-        op_index=jnp.asarray(rowwise(graph.op_index, -1)), release=jnp.asarray(rowwise(graph.release, 0)),
-        node_row=jnp.asarray(rowwise(graph.node_row, 0)), edge_row=jnp.asarray(columns(graph.edge_row, 0)),
-        node_cost=jnp.asarray(cost_table(graph.node_cost, costs)),
-        edge_cost=jnp.asarray(cost_table(graph.edge_cost, edge_costs)),
-        xfer_node=jnp.asarray(remap(extend(graph.xfer_node, transfers, old_sentinel))),
-        xfer_slot=jnp.asarray(extend(graph.xfer_slot, transfers, 0)),
-        pred=jnp.asarray(pred), edge=jnp.asarray(columns(graph.edge, EDGE_PAD)),
-        edge_src=jnp.asarray(columns(graph.edge_src, 0)), edge_dst=jnp.asarray(columns(graph.edge_dst, 0)),
-        edge_boundary=jnp.asarray(columns(graph.edge_boundary, -1)),
-        offsets=jnp.asarray(extend(graph.offsets, levels, nodes)), sizes=jnp.asarray(extend(graph.sizes, levels, 0)),
-        sinks=jnp.asarray(remap(extend(graph.sinks, sinks, old_sentinel))),
-        step_last=jnp.asarray(remap(extend(graph.step_last, steps, old_sentinel))),
-        lane_nodes=jnp.asarray(lane_nodes),
-        lane_device=jnp.asarray(extend(graph.lane_device, lane, devices - 1)),
-        holder=jnp.asarray(table(graph.holder)), versions=jnp.asarray(table(graph.versions)),
+        kind=_int_array(rowwise(graph.kind, PAD)), stage=_int_array(rowwise(graph.stage, 0)),
+        pipeline=_int_array(rowwise(graph.pipeline, 0)), microbatch=_int_array(rowwise(graph.microbatch, 0)),
+        device=_int_array(rowwise(graph.device, 0)), dst=_int_array(rowwise(graph.dst, 0)),
+        boundary=_int_array(rowwise(graph.boundary, -1)), group=_int_array(rowwise(graph.group, 1)),
+        op_index=_int_array(rowwise(graph.op_index, -1)), release=_int_array(rowwise(graph.release, 0)),
+        node_row=_int_array(rowwise(graph.node_row, 0)), edge_row=_int_array(columns(graph.edge_row, 0)),
+        node_cost=_int_array(cost_table(graph.node_cost, costs)),
+        edge_cost=_int_array(cost_table(graph.edge_cost, edge_costs)),
+        xfer_node=_int_array(remap(extend(graph.xfer_node, transfers, old_sentinel))),
+        xfer_slot=_int_array(extend(graph.xfer_slot, transfers, 0)),
+        pred=_int_array(pred), edge=_int_array(columns(graph.edge, EDGE_PAD)),
+        edge_src=_int_array(columns(graph.edge_src, 0)), edge_dst=_int_array(columns(graph.edge_dst, 0)),
+        edge_boundary=_int_array(columns(graph.edge_boundary, -1)),
+        offsets=_int_array(extend(graph.offsets, levels, nodes)), sizes=_int_array(extend(graph.sizes, levels, 0)),
+        sinks=_int_array(remap(extend(graph.sinks, sinks, old_sentinel))),
+        step_last=_int_array(remap(extend(graph.step_last, steps, old_sentinel))),
+        lane_nodes=_int_array(lane_nodes),
+        lane_device=_int_array(extend(graph.lane_device, lane, devices - 1)),
+        holder=_int_array(table(graph.holder)), versions=_int_array(table(graph.versions)),
         width=width, devices=devices, stages=stages, pipelines=pipelines, microbatches=microbatches,
         steps=steps, communication=graph.communication,
         devices_per_node=devices_per_node or graph.devices_per_node,
@@ -453,4 +455,4 @@ def stack_graphs(graphs: Sequence[Graph]) -> Graph:
     ((_, per_node),) = modes
     per_node = per_node or sizes["devices"]  # one node holding every device
     padded = [pad_graph(g, **sizes, devices_per_node=per_node) for g in graphs]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *padded)
+    return jax.tree.map(lambda *xs: _int_array(np.stack([np.asarray(x) for x in xs])), *padded)
