@@ -424,7 +424,9 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffpipe", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="diffpipe",
+                                     description="Pipeline-parallel schedules: show, simulate, compare, "
+                                                 "optimize, sweep and export them.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
