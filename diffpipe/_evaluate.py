@@ -39,7 +39,11 @@ def _start_exact(x: Array) -> Array:
 
 def _start_smooth(x: Array, tau: Array) -> Array:
     top = jnp.maximum(jnp.max(x, axis=1), 0.0)  # finite: includes the release term
-    total = jnp.exp(-top / tau) + jnp.sum(jnp.exp((x - top[:, None, :]) / tau), axis=1)
+    # Padded edges (x = -inf) are masked on both sides of the exp, so that plain autodiff never
+    # forms inf * 0 (the derivative in tau of exp(-inf / tau)).
+    finite = jnp.isfinite(x)
+    z = jnp.where(finite, x - top[:, None, :], 0.0) / tau
+    total = jnp.exp(-top / tau) + jnp.sum(jnp.where(finite, jnp.exp(z), 0.0), axis=1)
     return top + tau * jnp.log(total)
 
 

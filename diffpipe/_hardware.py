@@ -252,7 +252,10 @@ class Hardware(eqx.Module):
         grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
         size = _traced_check("size", self.per_microbatch(graph))
         overhead = _traced_check("overhead", self.overhead)
-        latency, bandwidth = self.network.links(graph.devices, graph.devices_per_node)
+        # The hardware's topology decides which links are inter-node; under contention the graph's
+        # lanes were built for it too (check_graph above).
+        per_node = self.network.devices_per_node or graph.devices_per_node
+        latency, bandwidth = self.network.links(graph.devices, per_node)
         if self.network.mode == "none":
             latency, bandwidth = jnp.zeros_like(latency), jnp.full_like(bandwidth, jnp.inf)
 

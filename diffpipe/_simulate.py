@@ -111,6 +111,11 @@ def makespan(
         new float values never recompile.
     """
     _check_types(graph, hw)
+    if batched:
+        sizes = {x.shape[0] if x.ndim else None for x in jax.tree.leaves(eqx.filter(hw, eqx.is_array))}
+        if None in sizes or len(sizes) != 1:
+            raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
+                              "(build it with jax.vmap(Hardware.from_times))")
     if adjoint not in ADJOINTS:
         raise ConfigError(f"adjoint {adjoint!r} is not one of {', '.join(ADJOINTS)}")
     return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, adjoint)

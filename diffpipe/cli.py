@@ -125,6 +125,9 @@ def _machine(args: argparse.Namespace, config: dict[str, dict[str, Any]]) -> _Ma
     if getattr(args, "device", None):
         dev_cfg["preset"] = args.device
     if times:
+        presets = sorted(set(net) & {"intra", "inter", "devices_per_node"})
+        if presets:
+            raise ConfigError(f"per-stage times take --p2p for transfers; {presets[0]} needs a model and device")
         if "forward" not in times or "backward" not in times:
             raise ConfigError("times: give both forward and backward (seconds per stage)")
         if model_cfg or dev_cfg:
@@ -152,6 +155,8 @@ def _machine(args: argparse.Namespace, config: dict[str, dict[str, Any]]) -> _Ma
         device = base.device
     if dev_cfg:
         raise ConfigError(f"device: give a preset (and efficiency); custom keys {sorted(dev_cfg)} need a preset")
+    if ("inter" in net or "devices_per_node" in net) and "intra" not in net and "latency" not in net:
+        raise ConfigError("--inter/--devices-per-node need --intra (the intra-node network preset)")
     if "intra" in net:
         network = _presets.network(net["intra"], net.get("inter"), devices_per_node=net.get("devices_per_node", 8),
                                    mode=mode)
@@ -178,8 +183,8 @@ def _schedule(args: argparse.Namespace, config: dict[str, dict[str, Any]]) -> An
     if not family:
         raise ConfigError("no schedule family: give one (see 'diffpipe list') or [schedule] family in --config")
     options = {**section.get("options", {}), **_family_options(args.option)}
-    devices = args.devices or section.get("devices", 4)
-    microbatches = args.microbatches or section.get("microbatches", 8)
+    devices = args.devices if args.devices is not None else section.get("devices", 4)
+    microbatches = args.microbatches if args.microbatches is not None else section.get("microbatches", 8)
     return schedules.get(family, devices=devices, microbatches=microbatches, **options)
 
 
@@ -290,8 +295,9 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     config = _load_config(args.config)
     machine = _machine(args, config)
     families = args.families or list(DEFAULT_COMPARE)
-    comparison = compare(families, machine.hardware, devices=args.devices or 8,
-                         microbatches=args.microbatches or 8)
+    comparison = compare(families, machine.hardware,
+                         devices=8 if args.devices is None else args.devices,
+                         microbatches=8 if args.microbatches is None else args.microbatches)
     if args.json:
         print(comparison.to_json())
     elif args.markdown:

@@ -346,3 +346,33 @@ def test_batched_path_in_chunks_equals_one_by_one():
     grads = jax.grad(lambda h: jnp.sum(dp.makespan(g, h, batched=True, temperature=0.1)))(hws)
     one = jax.vmap(jax.grad(lambda h: dp.makespan(g, h, temperature=0.1)))(hws)
     np.testing.assert_allclose(np.asarray(grads.forward), np.asarray(one.forward), rtol=1e-4, atol=1e-6)
+
+
+def test_hardware_topology_decides_inter_node_links_in_every_mode():
+    s = dp.schedules.get("1f1b", devices=4, microbatches=4)
+    for mode in ("overlap", "blocking"):
+        net = dp.Network(jnp.asarray(1e-5), jnp.asarray(4e11), jnp.asarray(1e-5), jnp.asarray(1e10),
+                         mode=mode, devices_per_node=2)
+        hw = eqx.tree_at(lambda h: (h.network, h.message_bytes),
+                         dp.Hardware.from_times(1e-3, 2e-3), (net, jnp.asarray(1e8)))
+        direct = dp.makespan(dp.compile(s, communication=mode), hw)
+        assert float(direct) == pytest.approx(float(dp.simulate(s, hw).makespan), rel=1e-6)
+
+
+def test_autodiff_adjoint_temperature_gradient_is_finite_and_agrees():
+    with jax.enable_x64(True):
+        s = dp.schedules.get("1f1b", devices=4, microbatches=8)
+        g = dp.compile(s)
+        hw = dp.Hardware.from_times(1e-3, 2e-3, p2p_time=1e-4)
+        sweep = jax.grad(lambda t: dp.makespan(g, hw, temperature=t))(jnp.asarray(1e-4))
+        plain = jax.grad(lambda t: dp.makespan(g, hw, temperature=t, adjoint="autodiff"))(jnp.asarray(1e-4))
+        _, tangent = jax.jvp(lambda t: dp.makespan(g, hw, temperature=t, adjoint="autodiff"),
+                             (jnp.asarray(1e-4),), (jnp.asarray(1.0),))
+        assert float(plain) == pytest.approx(float(sweep), rel=1e-6)
+        assert float(tangent) == pytest.approx(float(sweep), rel=1e-6)
+
+
+def test_batched_needs_a_batch_axis():
+    g = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
+    with pytest.raises(dp.ConfigError, match="leading batch axis"):
+        dp.makespan(g, dp.Hardware.from_times(1.0, 2.0), batched=True)
