@@ -1,0 +1,50 @@
+"""The shared validators: one copy of each check, used eagerly at the API's edge.
+
+Each returns the checked value (so ``n = check_int("devices", n)`` reads naturally) or raises
+``ConfigError`` (or the ``error`` type given) with one line naming the culprit and its value.
+Bools are not numbers and strings are not numbers: ``True`` and ``"1e-3"`` are refused.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from ._errors import ConfigError
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (numpy integers count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A real number that is not a bool (ints, floats, numpy scalars)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(what: str, value: Any, minimum: int | None = 1, maximum: int | None = None,
+              error: type[ValueError] = ConfigError) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (either bound may be None)."""
+    if not is_int(value):
+        raise error(f"{what} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise error(f"{what} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise error(f"{what} must be an integer <= {maximum}, got {value!r}")
+    return int(value)
+
+
+def check_number(what: str, value: Any, *, positive: bool = False, allow_inf: bool = False,
+                 error: type[ValueError] = ConfigError) -> float:
+    """``value`` as a float: finite (or +inf where allowed) and non-negative (or positive)."""
+    if not is_number(value):
+        raise error(f"{what} must be a number, got {value!r}")
+    x = float(value)
+    if math.isnan(x) or x < 0 or (positive and x == 0) or (math.isinf(x) and not allow_inf):
+        need = "positive" if positive else "non-negative"
+        need += "" if allow_inf else " and finite"
+        raise error(f"{what} must be {need}, got {value!r}")
+    return x
