@@ -41,10 +41,11 @@ _LAZY = {
     "optimize": "._optimize",
 }
 # Public submodules loaded on first access (``diffpipe.presets.device("H100")``).
-_LAZY_MODULES = {"presets": "._presets", "viz": ".viz"}
+_LAZY_MODULES = {"presets": "._presets", "viz": ".viz", "calibrate": ".calibrate"}
 
 if TYPE_CHECKING:
     from . import _presets as presets  # noqa: F401  (public as a module: diffpipe.presets)
+    from . import calibrate as calibrate  # noqa: F401
     from . import viz as viz  # noqa: F401
     from ._baselines import Plan as Plan
     from ._baselines import brute_force_partition as brute_force_partition

@@ -1,0 +1,18 @@
+"""Calibration from real runs: op times and per-op costs measured on a machine, as a ``Hardware``.
+
+``from_torch_trace`` reads ``torch.profiler`` traces of ``torch.distributed.pipelining`` steps,
+``profile_stages`` times torch modules the way a pipelined step runs them, ``from_measurements``
+takes times you measured yourself; each returns a ``Calibration`` whose ``hardware(schedule)``
+feeds ``simulate``/``compare``/``optimize``/``sweep`` and whose ``to_toml`` writes a machine file
+for the CLI (``cli_calibrate`` is the ``diffpipe calibrate`` command's body).
+"""
+
+from ._calibration import Calibration as Calibration
+from ._calibration import from_measurements as from_measurements
+from ._cli import cli_calibrate as cli_calibrate
+from ._measure import profile_stages as profile_stages
+from ._trace import from_torch_trace as from_torch_trace
+from ._trace import traced_schedule as traced_schedule
+
+__all__ = ["Calibration", "cli_calibrate", "from_measurements", "from_torch_trace", "profile_stages",
+           "traced_schedule"]

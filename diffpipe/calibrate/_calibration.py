@@ -1,0 +1,248 @@
+"""``Calibration``: per-stage op times and per-op costs measured on a real machine, and the
+``Hardware`` (or machine file) that predicts schedules from them.
+
+Terms (seconds):
+
+- ``forward[s]``, ``backward[s]``, ``input_grad[s]``, ``weight[s]``: the compute time of one
+  microbatch's ``F``, full backward ``B``, input-gradient backward ``I`` and weight-gradient
+  backward ``W`` on stage ``s`` (``None`` where not measured). Unlike ``Hardware.from_times``,
+  ``backward`` here is the *full* backward as torch runs it; torch's split ``I + W`` may cost more
+  than a full ``B`` (and on stage 0 torch runs the whole backward in ``W``: its ``I`` is empty).
+- ``overhead``: the framework time between two consecutive compute ops of a rank when neither
+  waits for data (the schedule loop, building and posting the P2P ops); diffpipe adds it to every op.
+- ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
+  ``transfer`` the raw delay from the producing op's end to the data's arrival.
+- ``setup`` / ``wind_down``: the time of a step before its first compute op (past one overhead)
+  and after its last one; diffpipe's cost model has no term for them yet, so ``predict`` adds them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._errors import ConfigError
+from .._io import dumps_json, write_atomic
+
+#: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
+TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead")
+
+
+def _stage_values(name: str, values: Any, stages: int | None) -> tuple[float | None, ...] | None:
+    """``values`` (a number, or one per stage; ``None`` entries allowed) as a tuple of floats."""
+    if values is None:
+        return None
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        if stages is None:
+            raise ConfigError(f"calibration: {name} is a number; give one value per stage (or forward per stage)")
+        values = [values] * stages
+    if not isinstance(values, Sequence) or isinstance(values, str):
+        raise ConfigError(f"calibration: {name} must be a number or one value per stage, got {values!r}")
+    out = []
+    for s, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"calibration: {name}[{s}] must be a number, got {v!r}") from None
+        if not math.isfinite(x) or x < 0:
+            raise ConfigError(f"calibration: {name}[{s}] must be finite and non-negative, got {x!r}")
+        out.append(x)
+    if stages is not None and len(out) != stages:
+        raise ConfigError(f"calibration: {name} has {len(out)} values, forward has {stages} stages")
+    return tuple(out)
+
+
+def _scalar(name: str, value: Any) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"calibration: {name} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise ConfigError(f"calibration: {name} must be finite and non-negative, got {x!r}")
+    return x
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured per-stage op times and per-op costs (seconds); see the module docstring.
+
+    ``orders`` (from a trace): the compute ops each rank ran in one step, as op strings
+    (``"1F0"``); ``stage_ranks[s]`` the rank that held stage ``s``; ``samples`` the number of ops
+    behind each median (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
+    ``residual`` how well the fit explains the trace: ``durations`` the median relative deviation
+    of op times from their stage's median, ``step`` the relative error of ``predict`` on the traced
+    schedule itself. ``source`` names where the numbers came from.
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float | None, ...] | None = None
+    input_grad: tuple[float | None, ...] | None = None
+    weight: tuple[float | None, ...] | None = None
+    overhead: float = 0.0
+    p2p: float = 0.0
+    transfer: float | None = None
+    setup: float = 0.0
+    wind_down: float = 0.0
+    step_time: float | None = None
+    stage_ranks: tuple[int, ...] | None = None
+    orders: tuple[tuple[str, ...], ...] | None = None
+    samples: Mapping[str, int] = field(default_factory=dict)
+    residual: Mapping[str, float | None] = field(default_factory=dict)
+    source: str = "measurements"
+
+    def __post_init__(self) -> None:
+        forward = _stage_values("forward", self.forward, None)
+        if not forward or any(v is None for v in forward):
+            raise ConfigError("calibration: forward needs a time for every stage")
+        object.__setattr__(self, "forward", forward)
+        for name in ("backward", "input_grad", "weight"):
+            object.__setattr__(self, name, _stage_values(name, getattr(self, name), len(forward)))
+        for name in ("overhead", "p2p", "setup", "wind_down"):
+            object.__setattr__(self, name, _scalar(name, getattr(self, name)))
+        if self.backward is None and (self.input_grad is None or self.weight is None):
+            raise ConfigError("calibration: give backward (full), or both input_grad and weight")
+
+    @property
+    def stages(self) -> int:
+        return len(self.forward)
+
+    # -- what the cost model takes ---------------------------------------------------------------------
+    def _split(self, weight_fraction: float | None) -> tuple[list[float], list[float]]:
+        """Per-stage ``(I, W)`` for a schedule that splits its backward."""
+        inputs, weights = [], []
+        for s in range(self.stages):
+            i = self.input_grad[s] if self.input_grad else None
+            w = self.weight[s] if self.weight else None
+            b = self.backward[s] if self.backward else None
+            if i is None or w is None:
+                if b is None or weight_fraction is None:
+                    raise ConfigError(
+                        f"calibration: stage {s} has no measured I/W split (the trace ran a full backward); "
+                        "calibrate from a zero-bubble schedule's trace or pass weight_fraction="
+                    )
+                i, w = b * (1 - weight_fraction), b * weight_fraction
+            inputs.append(i)
+            weights.append(w)
+        return inputs, weights
+
+    def _full(self) -> list[float]:
+        """Per-stage full backward: measured ``B``, else ``I + W``."""
+        out = []
+        for s in range(self.stages):
+            b = self.backward[s] if self.backward else None
+            if b is None:
+                i = self.input_grad[s] if self.input_grad else None
+                w = self.weight[s] if self.weight else None
+                if i is None or w is None:
+                    raise ConfigError(f"calibration: stage {s} has neither a full backward nor an I/W split")
+                b = i + w
+            out.append(b)
+        return out
+
+    def times(self, schedule: Any = None, *, weight_fraction: float | None = None) -> dict[str, Any]:
+        """``Hardware.from_times`` arguments (``backward`` = ``I``) for ``schedule``.
+
+        A schedule that splits its backward (any ``I``/``W`` op) gets the measured ``I`` and ``W``
+        (its full ``B`` ops, if any, then cost ``I + W``); one that runs only full backwards gets the
+        measured ``B`` as ``backward`` and no ``W``. Without a schedule: the split where measured.
+        ``weight_fraction`` splits a measured full ``B`` where no split was measured.
+        """
+        if schedule is not None:
+            if schedule.stages != self.stages:
+                raise ConfigError(
+                    f"calibration: measured {self.stages} stages, the schedule has {schedule.stages}"
+                )
+            split = any(op.kind in ("I", "W") for order in schedule.orders for op in order)
+        else:
+            split = self.input_grad is not None and self.weight is not None
+        if split:
+            backward, weight = self._split(weight_fraction)
+        else:
+            backward, weight = self._full(), [0.0] * self.stages
+        return {"forward": list(self.forward), "backward": backward, "weight": weight,
+                "p2p": self.p2p, "overhead": self.overhead}
+
+    def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
+                 mode: str = "overlap") -> Any:
+        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode``."""
+        from .._hardware import Hardware
+
+        t = self.times(schedule, weight_fraction=weight_fraction)
+        return Hardware.from_times(t["forward"], t["backward"], t["weight"], t["p2p"],
+                                   overhead=t["overhead"], mode=mode)
+
+    def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
+        """Predicted step time of ``schedule``: the simulated makespan plus ``setup`` and ``wind_down``."""
+        from .._simulate import simulate
+
+        result = simulate(schedule, self.hardware(schedule, weight_fraction=weight_fraction, mode=mode))
+        return float(result.makespan) + self.setup + self.wind_down
+
+    # -- files -----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in asdict(self).items()}
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """Strict JSON of ``to_dict``; written atomically to ``path`` when given."""
+        text = dumps_json(self.to_dict())
+        if path is not None:
+            write_atomic(path, text, "calibration JSON")
+        return text
+
+    def to_toml_text(self, schedule: Any = None, *, weight_fraction: float | None = None) -> str:
+        """A machine file for ``diffpipe --config``: ``[times]`` (see ``times``) and ``[network] mode``.
+
+        Terms the CLI does not read yet are comments: the measured full backward where the file
+        holds the split, ``setup``/``wind_down``, the step time and the residual.
+        """
+        t = self.times(schedule, weight_fraction=weight_fraction)
+        lines = [f"# diffpipe machine file calibrated from {self.source}",
+                 "# seconds per microbatch and stage; backward is the input-gradient part I, B = I + W"]
+        if self.backward is not None and any(w > 0 for w in t["weight"]):
+            lines.append(f"# measured full backward B: {_toml_value(list(self.backward))}")
+        lines.append(f"# not read by the CLI yet: setup = {self.setup!r}, wind_down = {self.wind_down!r}")
+        if self.step_time is not None:
+            lines.append(f"# measured step time: {self.step_time!r}")
+        if self.residual:
+            lines.append("# residual: " + ", ".join(f"{k} = {v!r}" for k, v in self.residual.items()))
+        lines += ["", "[times]"]
+        lines += [f"{key} = {_toml_value(t[key])}" for key in TOML_TIMES]
+        lines += ["", "[network]", 'mode = "overlap"', ""]
+        return "\n".join(lines)
+
+    def to_toml(self, path: str | os.PathLike, schedule: Any = None, *,
+                weight_fraction: float | None = None) -> None:
+        """Write ``to_toml_text`` to ``path`` atomically."""
+        write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction), "machine file")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if value is None:
+        return '"none"'
+    return repr(float(value))
+
+
+def from_measurements(forward: Any, backward: Any = None, *, input_grad: Any = None, weight: Any = None,
+                      overhead: float = 0.0, p2p: float = 0.0, setup: float = 0.0,
+                      wind_down: float = 0.0) -> Calibration:
+    """A ``Calibration`` from times you measured yourself (seconds; per stage, or one number for all).
+
+    ``backward`` is the *full* backward ``B``; ``input_grad`` and ``weight`` the split ``I`` and
+    ``W`` (give ``backward``, the split, or both). ``overhead`` is added to every op, ``p2p`` to
+    every transfer.
+    """
+    fwd = _stage_values("forward", forward, None)
+    if fwd is None:
+        raise ConfigError("calibration: forward is required")
+    n = len(fwd)
+    return Calibration(fwd, _stage_values("backward", backward, n), _stage_values("input_grad", input_grad, n),
+                       _stage_values("weight", weight, n), overhead=overhead, p2p=p2p, setup=setup,
+                       wind_down=wind_down)

@@ -1,0 +1,317 @@
+"""Read ``torch.profiler`` Chrome traces of ``torch.distributed.pipelining`` steps.
+
+torch 2.13 labels the actions of a step with ``record_function``:
+
+- ``_PipelineScheduleRuntime`` (``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS``,
+  ``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV`` and schedules
+  loaded from CSV) labels every action ``PP:<action>`` (``PP:1F0``, ``PP:0I3``, ``PP:1RECV_F0``,
+  ``PP:0SEND_B2``, ``PP:(0F1;3B0)OVERLAP_F_B``; ``_get_profiler_function_name``). A compute action
+  starts by waiting for the data its ``RECV`` action posted, so its compute begins when that
+  transfer's ``gloo:recv`` (or ``nccl:recv``) span ends.
+- ``ScheduleGPipe`` labels ``Forward <i>`` and ``Backward <i>``; each label posts and waits for its
+  receive, computes, then posts its send, so the compute is the part between the last receive span
+  and the first ``c10d::send``.
+- ``Schedule1F1B`` labels nothing: its trace cannot be read (run it through the runtime instead).
+
+A new step starts where a rank's action label repeats. Timestamps of all ranks share one clock
+when the ranks ran on one host (the transfer delays need that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .._errors import ConfigError, ScheduleError
+from .._io import read_text
+from ._calibration import Calibration
+
+_RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
+_OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
+_SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
+_SUB = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
+#: Events of a P2P operation: the host call posting it, and the backend's span until it completes.
+_RECV = re.compile(r"^(c10d::recv_\w*|\w+:recv)$")
+_SEND = re.compile(r"^(c10d::send|\w+:send)$")
+_POST = ("c10d::recv_", "c10d::send")
+_US = 1e-6
+
+
+@dataclass
+class _Compute:
+    kind: str
+    stage: int
+    mb: int
+    start: float  # label start
+    end: float  # compute end
+    begin: float  # compute start (after the wait for data)
+    waited: bool
+    overlapped: bool = False
+    subs: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass
+class _Recv:
+    post: float
+    end: float
+
+
+@dataclass
+class _Step:
+    computes: list[_Compute] = field(default_factory=list)
+    recvs: dict[tuple[str, int, int], _Recv] = field(default_factory=dict)
+    start: float = float("inf")
+    end: float = float("-inf")
+    labels: set[str] = field(default_factory=set)
+
+
+def _load(path: str | os.PathLike) -> dict[str, Any]:
+    text = read_text(path, "trace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"{path}: not a torch.profiler Chrome trace (not JSON: {error.msg} at line {error.lineno})"
+        ) from None
+    if isinstance(data, list):
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ConfigError(f"{path}: not a torch.profiler Chrome trace (no traceEvents list)")
+    return data
+
+
+def _spans(events: list[Any]) -> list[tuple[float, float, str, Any]]:
+    """Complete events as ``(start, end, name, thread)`` in seconds, sorted by start."""
+    out = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        out.append((ts * _US, (ts + dur) * _US, str(e.get("name", "")), (e.get("pid"), e.get("tid"))))
+    out.sort(key=lambda x: (x[0], -x[1]))
+    return out
+
+
+def _inside(spans, start: float, end: float, thread) -> list[tuple[float, float, str, Any]]:
+    return [s for s in spans if s[3] == thread and start <= s[0] <= end]
+
+
+def _rank_steps(path, spans, rank: int) -> list[_Step]:
+    """One rank's steps: its compute ops (with the wait for data taken out) and its receives."""
+    labels = [s for s in spans if _RUNTIME.match(s[2]) or _OVERLAP.match(s[2]) or _SINGLE.match(s[2])]
+    comms = [s for s in spans if _RECV.match(s[2]) or _SEND.match(s[2])]
+    steps: list[_Step] = []
+    step = None
+    for start, end, name, thread in labels:
+        if step is None or name in step.labels:
+            step = _Step()
+            steps.append(step)
+        step.labels.add(name)
+        step.start, step.end = min(step.start, start), max(step.end, end)
+        inner = _inside(comms, start, end, thread)
+        runtime = _RUNTIME.match(name)
+        if runtime:
+            stage, kind, mb = int(runtime[1]), runtime[2], int(runtime[3] or -1)
+            if kind in ("RECV_F", "RECV_B"):
+                posts = [s[0] for s in inner if s[2] in _POST]
+                ends = [s[1] for s in inner if _RECV.match(s[2])]
+                step.recvs[(kind[-1], stage, mb)] = _Recv(min(posts, default=start), max(ends, default=end))
+            elif kind in ("F", "B", "I", "W"):
+                recv = step.recvs.get(("F" if kind == "F" else "B", stage, mb)) if kind != "W" else None
+                begin = max(start, recv.end) if recv else start
+                step.computes.append(_Compute(kind, stage, mb, start, end, min(begin, end), begin > start))
+            continue
+        overlap = _OVERLAP.match(name)
+        if overlap:
+            subs = []
+            for text in overlap[1].split(";"):
+                sub = _SUB.match(text.strip())
+                if not sub:
+                    raise ConfigError(f"{path}: rank {rank}: cannot read overlapped action {text!r} in {name!r}")
+                subs.append((sub[2], int(sub[1]), int(sub[3])))
+            kind, stage, mb = subs[0]
+            step.computes.append(_Compute(kind, stage, mb, start, end, start, False, True, tuple(subs)))
+            continue
+        single = _SINGLE.match(name)
+        kind, mb = ("F" if single[1] == "Forward" else "B"), int(single[2])
+        recv_ends = [s[1] for s in inner if _RECV.match(s[2])]
+        send_posts = [s[0] for s in inner if s[2] == "c10d::send"]
+        if recv_ends:
+            posts = [s[0] for s in inner if s[2] in _POST and _RECV.match(s[2])]
+            step.recvs[(kind, rank, mb)] = _Recv(min(posts, default=start), max(recv_ends))
+        begin = max([start, *recv_ends])
+        finish = min([end, *[p for p in send_posts if p >= begin]])
+        step.computes.append(_Compute(kind, rank, mb, start, finish, min(begin, finish), begin > start))
+    return steps
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ops(step: _Step) -> tuple[str, ...]:
+    out = []
+    for c in step.computes:
+        for kind, stage, mb in c.subs or ((c.kind, c.stage, c.mb),):
+            out.append(f"{stage}{kind}{mb}")
+    return tuple(out)
+
+
+def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, list[_Step]]:
+    """Every rank's steps, keyed by rank; checks the trace covers every rank of its world."""
+    files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not files:
+        raise ConfigError("trace: no trace files given")
+    ranks: dict[int, list[_Step]] = {}
+    world = None
+    for index, path in enumerate(files):
+        data = _load(path)
+        info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+        rank = info.get("rank", index)
+        if not isinstance(rank, int):
+            raise ConfigError(f"{path}: distributedInfo.rank is {rank!r}, expected an int")
+        if isinstance(info.get("world_size"), int):
+            world = max(world or 0, info["world_size"])
+        if rank in ranks:
+            raise ConfigError(f"{path}: a second trace of rank {rank} (give one trace file per rank)")
+        steps = _rank_steps(path, _spans(data["traceEvents"]), rank)
+        if not steps or not any(s.computes for s in steps):
+            raise ConfigError(
+                f"{path}: no torch.distributed.pipelining action labels ('PP:<action>' or 'Forward <i>'/"
+                "'Backward <i>'); torch 2.13's Schedule1F1B labels none, run it through _PipelineScheduleRuntime"
+            )
+        ranks[rank] = steps
+    expected = set(range(world if world is not None else max(ranks) + 1))
+    missing = sorted(expected - set(ranks))
+    if missing:
+        raise ConfigError(f"trace: covers rank(s) {sorted(ranks)} of {len(expected)}; no trace of rank {missing[0]} "
+                          "(give one trace file per rank)")
+    counts = {r: len(s) for r, s in ranks.items()}
+    if len(set(counts.values())) != 1:
+        raise ConfigError(f"trace: ranks ran different numbers of steps: {counts}")
+    for r, steps in ranks.items():
+        for k, step in enumerate(steps[1:], start=1):
+            if _ops(step) != _ops(steps[0]):
+                raise ConfigError(f"trace: rank {r} ran a different op order in step {k} than in step 0 "
+                                  "(a step cut off by the profiler?)")
+    return dict(sorted(ranks.items()))
+
+
+def _check_schedule(schedule: Any, orders: dict[int, tuple[str, ...]]) -> None:
+    if schedule.devices != len(orders):
+        raise ConfigError(f"trace: covers {len(orders)} rank(s), the schedule has {schedule.devices} devices")
+    for rank, order in orders.items():
+        expected = tuple(str(op) for op in schedule.orders[rank] if op.kind in ("F", "B", "I", "W"))
+        if order != expected:
+            at = next((i for i, (a, b) in enumerate(zip(order, expected, strict=False)) if a != b),
+                      min(len(order), len(expected)))
+            got = order[at] if at < len(order) else "the end"
+            want = expected[at] if at < len(expected) else "the end"
+            raise ConfigError(f"trace: rank {rank} ran {got} at position {at} where the schedule has {want}")
+
+
+def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[int]) -> Any:
+    """The schedule the trace ran (its placement and orders), as a ``diffpipe`` ``Schedule``."""
+    from ..schedules import Op, Placement, Schedule
+
+    ops = [[Op.parse(text) for text in order] for order in orders.values()]
+    microbatches = 1 + max(op.microbatch for order in ops for op in order)
+    return Schedule(Placement(len(orders), (tuple(stage_ranks),)), ops, microbatches, options={"traced": True})
+
+
+def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None) -> Calibration:
+    """A ``Calibration`` from ``torch.profiler`` Chrome traces of pipelined steps (one file per rank).
+
+    Per stage and kind, the median compute time over microbatches and steps; the overhead is the
+    median gap between consecutive compute ops of a rank where the second did not wait for data;
+    the transfer delay is the median time from a producing op's end to its data's arrival at a
+    receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps.
+    ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
+    """
+    ranks = parse(paths)
+    orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
+    stage_ranks: dict[int, int] = {}
+    for r, order in orders.items():
+        for text in order:
+            stage = int(_SUB.match(text)[1])
+            if stage_ranks.setdefault(stage, r) != r:
+                raise ConfigError(f"trace: stage {stage} ran on ranks {stage_ranks[stage]} and {r}")
+    n_stages = max(stage_ranks) + 1
+    missing = sorted(set(range(n_stages)) - set(stage_ranks))
+    if missing:
+        raise ConfigError(f"trace: no compute op of stage {missing[0]} (of {n_stages}) in any rank's trace")
+    if schedule is not None:
+        _check_schedule(schedule, orders)
+
+    durations: dict[tuple[str, int], list[float]] = defaultdict(list)
+    gaps: list[float] = []
+    for steps in ranks.values():
+        for step in steps:
+            previous = None
+            for c in step.computes:
+                if not c.overlapped:
+                    durations[(c.kind, c.stage)].append(c.end - c.begin)
+                if previous is not None and not c.waited and not c.overlapped and not previous.overlapped:
+                    gaps.append(c.begin - previous.end)
+                previous = c
+    overhead = max(_median(gaps) or 0.0, 0.0)
+
+    transfers: list[float] = []
+    n_steps = len(next(iter(ranks.values())))
+    for k in range(n_steps):
+        produced = {(c.kind, c.stage, c.mb): c.end for steps in ranks.values() for c in [*steps[k].computes]
+                    if not c.overlapped}
+        for steps in ranks.values():
+            for (direction, stage, mb), recv in steps[k].recvs.items():
+                source = stage - 1 if direction == "F" else stage + 1
+                kinds = ("F",) if direction == "F" else ("B", "I")
+                end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
+                if end is not None and recv.post <= end:
+                    transfers.append(recv.end - end)
+    transfer = _median(transfers)
+    p2p = max((transfer or 0.0) - overhead, 0.0)
+
+    setups, winds, spans = [], [], []
+    for k in range(n_steps):
+        steps = [s[k] for s in ranks.values()]
+        start, end = min(s.start for s in steps), max(s.end for s in steps)
+        first = min(c.begin for s in steps for c in s.computes)
+        last = max(c.end for s in steps for c in s.computes)
+        setups.append(max(first - start - overhead, 0.0))
+        winds.append(max(end - last, 0.0))
+        spans.append(end - start)
+
+    def per_stage(kind: str) -> tuple[float | None, ...] | None:
+        values = tuple(_median(durations.get((kind, s), [])) for s in range(n_stages))
+        return None if all(v is None for v in values) else values
+
+    forward = per_stage("F")
+    if forward is None or any(v is None for v in forward):
+        raise ConfigError("trace: a stage has no forward op outside overlapped actions; cannot time forward")
+    deviations = [abs(d - statistics.median(ds)) / statistics.median(ds)
+                  for ds in durations.values() for d in ds if statistics.median(ds) > 0]
+    calibration = Calibration(
+        forward=forward, backward=per_stage("B"), input_grad=per_stage("I"), weight=per_stage("W"),
+        overhead=overhead, p2p=p2p, transfer=transfer, setup=statistics.median(setups),
+        wind_down=statistics.median(winds), step_time=statistics.median(spans),
+        stage_ranks=tuple(stage_ranks[s] for s in range(n_stages)), orders=tuple(orders.values()),
+        samples={f"{kind}{stage}": len(ds) for (kind, stage), ds in sorted(durations.items())},
+        residual={"durations": _median(deviations)},
+        source=", ".join(str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)),
+    )
+    try:  # the fit's residual on the step it was taken from (when the trace holds a whole schedule)
+        traced = schedule if schedule is not None else traced_schedule(orders, calibration.stage_ranks)
+        predicted = calibration.predict(traced)
+    except (ConfigError, ScheduleError):
+        return replace(calibration, residual={**calibration.residual, "step": None})
+    residual = {**calibration.residual, "step": (predicted - calibration.step_time) / calibration.step_time}
+    return replace(calibration, residual=residual)

@@ -1,0 +1,328 @@
+"""``diffpipe.calibrate``: traces of torch.distributed.pipelining steps -> Calibration -> Hardware.
+
+Unit tests read small synthetic traces built here (every number known, so every fitted term is
+checked exactly); the end-to-end test runs a real 2-rank gloo pipelined step under torch.profiler
+(``papers/validation/run.py``'s workers), calibrates from its traces and predicts other schedules,
+checking only what does not depend on timing noise: every rank ran the predicted op order, the
+fitted terms are positive and finite, every schedule gets a prediction, and diffpipe's peak stored
+activations equal torch's. No assertion on a measured time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import diffpipe as dp
+from diffpipe import calibrate
+from diffpipe.schedules import from_torch, get, to_torch_csv
+
+US = 1e-6
+
+
+# -- synthetic traces --------------------------------------------------------------------------------
+
+
+def _x(name: str, start: float, end: float, cat: str = "user_annotation") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": start, "dur": end - start, "pid": 1, "tid": 1}
+
+
+def _trace(path: Path, rank: int, events: list[dict], world: int = 2) -> Path:
+    data = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+            "traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1}, *events]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _recv(label: str, start: float, arrive: float) -> list[dict]:
+    """A RECV action posting at ``start``; its data arrives at ``arrive``."""
+    return [_x(label, start, start + 10), _x("c10d::recv_", start + 2, start + 8, "cpu_op"),
+            _x("gloo:recv", start + 5, arrive)]
+
+
+def _send(label: str, start: float) -> list[dict]:
+    return [_x(label, start, start + 10), _x("c10d::send", start + 2, start + 8, "cpu_op"),
+            _x("gloo:send", start + 5, start + 400)]
+
+
+def _runtime_step(t: float) -> tuple[list[dict], list[dict]]:
+    """One GPipe-ordered step of ``_PipelineScheduleRuntime`` labels on 2 ranks, starting at ``t`` (us).
+
+    Compute: F 100/150, B 200/300 on stages 0/1; 30 us between ops that do not wait; every
+    transfer that the receiver had posted in time arrives 40 us after its producer ends.
+    """
+    r0 = [_x("PP:0UNSHARD", t, t + 10), _x("PP:0F0", t + 100, t + 200), *_send("PP:0SEND_F0", t + 210),
+          _x("PP:0F1", t + 230, t + 330), *_send("PP:0SEND_F1", t + 340),
+          *_recv("PP:0RECV_B0", t + 360, t + 940), _x("PP:0B0", t + 380, t + 1140),
+          *_recv("PP:0RECV_B1", t + 1150, t + 1270), _x("PP:0B1", t + 1170, t + 1470),
+          _x("PP:0REDUCE_GRAD", t + 1480, t + 1500)]
+    r1 = [*_recv("PP:1RECV_F0", t + 100, t + 240), _x("PP:1F0", t + 120, t + 390),
+          *_recv("PP:1RECV_F1", t + 400, t + 420), _x("PP:1F1", t + 430, t + 580),  # posted late: no transfer
+          _x("PP:1B0", t + 600, t + 900), *_send("PP:1SEND_B0", t + 910),
+          _x("PP:1B1", t + 930, t + 1230), *_send("PP:1SEND_B1", t + 1240)]
+    return r0, r1
+
+
+def _runtime_files(tmp_path: Path, steps: int = 2) -> list[Path]:
+    ranks: list[list[dict]] = [[], []]
+    for k in range(steps):
+        for rank, events in enumerate(_runtime_step(10_000.0 * k)):
+            ranks[rank] += events
+    return [_trace(tmp_path / f"rank{r}.json", r, events) for r, events in enumerate(ranks)]
+
+
+def test_runtime_labels_give_every_term(tmp_path):
+    cal = calibrate.from_torch_trace(_runtime_files(tmp_path))
+    assert cal.orders == (("0F0", "0F1", "0B0", "0B1"), ("1F0", "1F1", "1B0", "1B1"))
+    assert cal.stage_ranks == (0, 1)
+    assert cal.forward == pytest.approx((100 * US, 150 * US))
+    assert cal.backward == pytest.approx((200 * US, 300 * US))
+    assert cal.input_grad is None and cal.weight is None
+    assert cal.overhead == pytest.approx(30 * US)  # gaps 30, 40, 20, 30: the median
+    assert cal.transfer == pytest.approx(40 * US)
+    assert cal.p2p == pytest.approx(10 * US)  # the transfer beyond one overhead
+    assert cal.setup == pytest.approx(70 * US)  # first compute at 100, less one overhead
+    assert cal.wind_down == pytest.approx(30 * US)
+    assert cal.step_time == pytest.approx(1500 * US)
+    assert cal.samples == {"B0": 4, "B1": 4, "F0": 4, "F1": 4}
+    assert cal.residual["durations"] == pytest.approx(0.0, abs=1e-9)
+    assert math.isfinite(cal.residual["step"])
+    # The traced schedule replayed on the calibrated hardware: ops back to back on each rank.
+    schedule = calibrate.traced_schedule(dict(enumerate(cal.orders)), cal.stage_ranks)
+    assert [[str(op) for op in order] for order in schedule.orders] == [list(o) for o in cal.orders]
+
+
+def test_a_single_file_per_rank_list_or_one_path(tmp_path):
+    files = _runtime_files(tmp_path)
+    one = _trace(tmp_path / "solo.json", 0, [_x("PP:0F0", 0, 100), _x("PP:0B0", 130, 330)], world=1)
+    cal = calibrate.from_torch_trace(one)
+    assert cal.orders == (("0F0", "0B0"),) and cal.forward == pytest.approx((100 * US,))
+    assert calibrate.from_torch_trace([str(f) for f in files]).stages == 2
+
+
+def test_gpipe_labels_take_out_the_wait_and_the_send(tmp_path):
+    r0 = [_x("Forward 0", 0, 150), _x("c10d::send", 100, 140, "cpu_op"),
+          _x("Backward 0", 200, 1000), _x("c10d::recv_", 205, 210, "cpu_op"), _x("gloo:recv", 208, 750)]
+    r1 = [_x("Forward 0", 0, 400), _x("c10d::recv_", 5, 10, "cpu_op"), _x("gloo:recv", 8, 150),
+          _x("Backward 0", 410, 800), _x("c10d::send", 700, 720, "cpu_op")]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.orders == (("0F0", "0B0"), ("1F0", "1B0"))
+    assert cal.forward == pytest.approx((100 * US, 250 * US))
+    assert cal.backward == pytest.approx((250 * US, 290 * US))
+    assert cal.overhead == pytest.approx(10 * US)
+    assert cal.transfer == pytest.approx(50 * US)
+    assert cal.p2p == pytest.approx(40 * US)
+
+
+def test_zero_bubble_split_and_overlapped_actions(tmp_path):
+    # Stage 0 runs its whole backward in W (torch's convention: its I has no input to differentiate).
+    r0 = [_x("PP:0F0", 0, 100), _x("PP:0I0", 500, 505), _x("PP:0W0", 520, 720)]
+    r1 = [*_recv("PP:1RECV_F0", 0, 140), _x("PP:1F0", 20, 290), _x("PP:1I0", 300, 420), _x("PP:1W0", 440, 490),
+          _x("PP:(1F1;1I1)OVERLAP_F_B", 600, 900)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.orders == (("0F0", "0I0", "0W0"), ("1F0", "1I0", "1W0", "1F1", "1I1"))
+    assert cal.input_grad == pytest.approx((5 * US, 120 * US))
+    assert cal.weight == pytest.approx((200 * US, 50 * US))
+    assert cal.backward is None
+    assert "F1" in cal.samples and cal.samples["F1"] == 1  # the overlapped F is not timed
+    assert cal.residual["step"] is None  # not a whole schedule: nothing to replay
+
+
+@pytest.mark.parametrize(
+    "write, message",
+    [
+        (lambda p: p.write_text("not json"), "not a torch.profiler Chrome trace"),
+        (lambda p: p.write_text('{"foo": 1}'), "no traceEvents"),
+        (lambda p: _trace(p, 0, [_x("aten::mm", 0, 10, "cpu_op")], world=1), "no torch.distributed.pipelining"),
+        (lambda p: p.write_bytes(b"\xff\xfe\x00"), "not UTF-8"),
+    ],
+)
+def test_bad_traces_name_what_is_missing(tmp_path, write, message):
+    path = tmp_path / "t.json"
+    write(path)
+    with pytest.raises(dp.ConfigError, match=message) as info:
+        calibrate.from_torch_trace(path)
+    assert "\n" not in str(info.value)
+
+
+def test_fewer_ranks_than_the_run_or_the_schedule(tmp_path):
+    files = _runtime_files(tmp_path)
+    with pytest.raises(dp.ConfigError, match="no trace of rank 1"):
+        calibrate.from_torch_trace(files[:1])
+    with pytest.raises(dp.ConfigError, match="second trace of rank 0"):
+        calibrate.from_torch_trace([files[0], files[0]])
+    with pytest.raises(dp.ConfigError, match="covers 2 rank.*4 devices"):
+        calibrate.from_torch_trace(files, get("gpipe", devices=4, microbatches=2))
+    with pytest.raises(dp.ConfigError, match="rank 0 ran 0B0 at position 2 where the schedule has 0F2"):
+        calibrate.from_torch_trace(files, get("gpipe", devices=2, microbatches=4))
+    calibrate.from_torch_trace(files, get("gpipe", devices=2, microbatches=2))
+
+
+def test_steps_cut_off_are_refused(tmp_path):
+    r0, r1 = _runtime_step(0.0)
+    s0, _ = _runtime_step(10_000.0)
+    files = [_trace(tmp_path / "r0.json", 0, r0 + s0[:3]), _trace(tmp_path / "r1.json", 1, r1)]
+    with pytest.raises(dp.ConfigError, match="different numbers of steps"):
+        calibrate.from_torch_trace(files)
+
+
+# -- Calibration -> Hardware / machine file ------------------------------------------------------------
+
+
+def test_hardware_takes_the_backward_each_schedule_runs():
+    cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.5], input_grad=[1.0, 2.0], weight=[1.5, 1.5],
+                                      overhead=0.1, p2p=0.2)
+    full = cal.times(get("1f1b", devices=2, microbatches=4))
+    split = cal.times(get("zb-h1", devices=2, microbatches=4))
+    assert full["backward"] == [3.0, 3.5] and full["weight"] == [0.0, 0.0]
+    assert split["backward"] == [1.0, 2.0] and split["weight"] == [1.5, 1.5]
+    hw = cal.hardware(get("1f1b", devices=2, microbatches=4))
+    assert float(hw.overhead) == pytest.approx(0.1) and float(hw.network.latency) == pytest.approx(0.2)
+    only_full = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0])
+    with pytest.raises(dp.ConfigError, match="no measured I/W split"):
+        only_full.times(get("zb-h1", devices=2, microbatches=4))
+    assert only_full.times(get("zb-h1", devices=2, microbatches=4), weight_fraction=0.5)["weight"] == [1.5, 1.5]
+    with pytest.raises(dp.ConfigError, match="measured 2 stages, the schedule has 4"):
+        only_full.hardware(get("1f1b", devices=4, microbatches=4))
+    # Without a full backward, B ops cost I + W.
+    split_only = calibrate.from_measurements([1.0, 1.0], input_grad=[1.0, 1.0], weight=[0.5, 0.5])
+    assert split_only.times(get("1f1b", devices=2, microbatches=4))["backward"] == [1.5, 1.5]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"forward": [1.0, -1.0], "backward": [1.0, 1.0]}, r"forward\[1\] must be finite and non-negative"),
+        ({"forward": [1.0, 1.0], "backward": [1.0]}, "backward has 1 values, forward has 2"),
+        ({"forward": [1.0, 1.0]}, "give backward"),
+        ({"forward": [1.0], "backward": [1.0], "overhead": math.nan}, "overhead must be finite"),
+        ({"forward": 1.0, "backward": 1.0}, "one value per stage"),
+    ],
+)
+def test_from_measurements_checks(kwargs, message):
+    with pytest.raises(dp.ConfigError, match=message):
+        calibrate.from_measurements(**kwargs)
+
+
+def test_machine_file_runs_in_the_cli(tmp_path, capsys):
+    from diffpipe import cli
+
+    cal = calibrate.from_measurements([1.0, 2.0], [2.0, 4.0], overhead=0.1, p2p=0.05, setup=0.3)
+    path = tmp_path / "machine.toml"
+    cal.to_toml(path)
+    data = tomllib.loads(path.read_text())
+    assert data["times"] == {"forward": [1.0, 2.0], "backward": [2.0, 4.0], "weight": [0.0, 0.0],
+                             "p2p": 0.05, "overhead": 0.1}
+    assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(path),
+                     "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["makespan_s"]
+    hw_time = float(dp.simulate(get("gpipe", devices=2, microbatches=2), cal.hardware()).makespan)
+    assert simulated == pytest.approx(hw_time)
+    assert cal.predict(get("gpipe", devices=2, microbatches=2)) == pytest.approx(hw_time + 0.3)
+    text = cal.to_json(tmp_path / "cal.json")
+    assert json.loads((tmp_path / "cal.json").read_text()) == json.loads(text)
+
+
+def test_cli_calibrate_writes_a_machine_file_for_the_schedule(tmp_path):
+    files = _runtime_files(tmp_path)
+    out = tmp_path / "m.toml"
+    cal = calibrate.cli_calibrate(files, "gpipe", out)
+    assert cal.orders is not None
+    assert tomllib.loads(out.read_text())["times"]["forward"] == pytest.approx([100 * US, 150 * US])
+    with pytest.raises(dp.ConfigError, match="rank 0 ran 0B0 at position 2 where the schedule has 0I0|torch"):
+        calibrate.cli_calibrate(files, "zb-h1", tmp_path / "n.toml")
+    assert not (tmp_path / "n.toml").exists()
+
+
+def test_profile_stages_times_torch_modules():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(3)]
+    cal = calibrate.profile_stages(stages, torch.randn(4, 8), repeats=3, warmup=1, overhead=1e-4,
+                                   loss_fn=lambda out: out.square().mean())
+    for values in (cal.forward, cal.backward, cal.input_grad, cal.weight):
+        assert len(values) == 3 and all(v > 0 and math.isfinite(v) for v in values)
+    assert cal.overhead == 1e-4
+    assert all(p.grad is not None for s in stages for p in s.parameters())
+    assert float(dp.simulate(get("zb-h1", devices=3, microbatches=3), cal.hardware(
+        get("zb-h1", devices=3, microbatches=3))).makespan) > 0
+
+
+# -- a real run, end to end ----------------------------------------------------------------------------
+
+_RUN = Path(__file__).resolve().parents[1] / "papers" / "validation" / "run.py"
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location("validation_run", _RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    pytest.importorskip("torch.distributed.pipelining")
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    run = _runner()
+    work = tmp_path_factory.mktemp("calibrate_run")
+    to_torch_csv(get("1f1b", devices=2, microbatches=4), work / "1f1b.csv")
+    jobs = [
+        run.job("gpipe", "GPipe", microbatches=4),
+        run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
+        run.job("zbv", "ZBVZeroBubble", microbatches=4),
+    ]
+    failure = run.run_jobs(jobs, work, timeout_s=90)
+    return work, failure
+
+
+#: job name -> the diffpipe schedule it ran.
+RAN = {
+    "gpipe": lambda: from_torch("GPipe", 2, 4),
+    "1f1b": lambda: get("1f1b", devices=2, microbatches=4),
+    "zbv": lambda: from_torch("ZBVZeroBubble", 2, 4),
+}
+#: job name -> schedules to predict from its calibration (same stage count).
+PREDICT = {
+    "gpipe": lambda: [get("gpipe", devices=2, microbatches=4), get("1f1b", devices=2, microbatches=8),
+                      get("zb-h1", devices=2, microbatches=4)],
+    "1f1b": lambda: [get("gpipe", devices=2, microbatches=8), get("1f1b", devices=2, microbatches=4)],
+    "zbv": lambda: [from_torch(name, 2, 4, 2) for name in
+                    ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble")],
+}
+
+
+@pytest.mark.parametrize("name", list(RAN))
+def test_real_run_calibrates_and_predicts(real_run, name):
+    work, failure = real_run
+    files = [work / f"{name}.rank{r}.json" for r in range(2)]
+    if not all(f.exists() for f in files):
+        pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
+    schedule = RAN[name]()
+    cal = calibrate.from_torch_trace(files, schedule)  # raises unless every rank ran the predicted order
+    assert cal.orders == tuple(tuple(str(op) for op in order) for order in schedule.orders)
+    # Every fitted term positive (or, for p2p beyond the overhead, non-negative) and finite.
+    measured = [v for kind in (cal.forward, cal.backward, cal.input_grad, cal.weight) if kind for v in kind]
+    assert measured and all(v is not None and v > 0 and math.isfinite(v) for v in measured)
+    assert cal.overhead > 0 and cal.step_time > 0 and math.isfinite(cal.residual["step"])
+    assert cal.transfer is not None and cal.transfer > 0 and 0 <= cal.p2p < math.inf
+    # A prediction for every schedule with the same stage count.
+    for other in PREDICT[name]():
+        predicted = cal.predict(other, weight_fraction=0.5)
+        assert math.isfinite(predicted) and predicted > 0, other
+    # Memory: diffpipe's peak stored activations equal what torch held, on every rank.
+    peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
+    result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
+    assert [int(x) for x in result.peak_activations] == peaks
