@@ -21,7 +21,8 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
     accumulates into the parameters' existing ``.grad`` (never reset, so no gradient buffer is
     allocated in the timed region), the allocator is warm (``warmup`` untimed rounds first), and the
     split backward is torch's own (``torch.distributed.pipelining._backward.stage_backward_input``
-    and ``stage_backward_weight``). The last stage backpropagates ``loss_fn(output)`` when given,
+    and ``stage_backward_weight``; on stage 0, as in torch, ``I`` is empty and ``W`` runs the full
+    backward). The last stage backpropagates ``loss_fn(output)`` when given,
     otherwise a fixed random output gradient, like every other stage. ``overhead`` and ``p2p`` (the
     framework cost per op and per transfer, which only a run of the schedule shows: see
     ``from_torch_trace``) are passed through. Returns a ``Calibration`` (medians of ``repeats``).
@@ -68,10 +69,13 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
             outs = run()
             roots, out_grads = target(outs)
             t3 = clock()
-            _, groups = stage_backward_input(roots, out_grads, [x for x in xs if x.requires_grad],
-                                             iter(params))
-            t4 = clock()
-            stage_backward_weight(iter(params), groups)
+            if s == 0:  # torch's convention: stage 0 has no input gradient; its W is the full backward
+                t3 = t4 = clock()
+                torch.autograd.backward(roots, grad_tensors=out_grads)
+            else:
+                _, groups = stage_backward_input(roots, out_grads, [x for x in xs if x.requires_grad], iter(params))
+                t4 = clock()
+                stage_backward_weight(iter(params), groups)
             t5 = clock()
             if k >= warmup:
                 for kind, dt in (("F", t1 - t0), ("B", t2 - t1), ("I", t4 - t3), ("W", t5 - t4)):

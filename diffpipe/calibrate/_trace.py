@@ -19,6 +19,7 @@ when the ranks ran on one host (the transfer delays need that).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -101,14 +102,24 @@ def _spans(events: list[Any]) -> list[tuple[float, float, str, Any]]:
     return out
 
 
-def _inside(spans, start: float, end: float, thread) -> list[tuple[float, float, str, Any]]:
-    return [s for s in spans if s[3] == thread and start <= s[0] <= end]
+class _Threads:
+    """Spans by thread, for the spans of one thread that start inside an interval."""
+
+    def __init__(self, spans) -> None:
+        self._by: dict[Any, list] = defaultdict(list)
+        for span in spans:
+            self._by[span[3]].append(span)
+        self._starts = {thread: [s[0] for s in group] for thread, group in self._by.items()}
+
+    def inside(self, start: float, end: float, thread) -> list[tuple[float, float, str, Any]]:
+        starts = self._starts.get(thread, [])
+        return self._by[thread][bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)] if starts else []
 
 
 def _rank_steps(path, spans, rank: int) -> list[_Step]:
     """One rank's steps: its compute ops (with the wait for data taken out) and its receives."""
     labels = [s for s in spans if _RUNTIME.match(s[2]) or _OVERLAP.match(s[2]) or _SINGLE.match(s[2])]
-    comms = [s for s in spans if _RECV.match(s[2]) or _SEND.match(s[2])]
+    comms = _Threads(s for s in spans if _RECV.match(s[2]) or _SEND.match(s[2]))
     steps: list[_Step] = []
     step = None
     for start, end, name, thread in labels:
@@ -117,7 +128,7 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
             steps.append(step)
         step.labels.add(name)
         step.start, step.end = min(step.start, start), max(step.end, end)
-        inner = _inside(comms, start, end, thread)
+        inner = comms.inside(start, end, thread)
         runtime = _RUNTIME.match(name)
         if runtime:
             stage, kind, mb = int(runtime[1]), runtime[2], int(runtime[3] or -1)

@@ -213,5 +213,206 @@ def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: boo
     return None
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--worker":
-    _worker(int(sys.argv[2]), sys.argv[3])
+# -- the study ---------------------------------------------------------------------------------------
+
+#: group -> (job name, torch schedule class or "csv:<diffpipe family>", stages per rank).
+GROUPS = {
+    "2 stages": [("GPipe", "GPipe", 1), ("1F1B", "1F1B", 1),
+                 ("ZB-H1 (InterleavedZeroBubble)", "InterleavedZeroBubble", 1),
+                 ("diffpipe 1f1b (CSV)", "csv:1f1b", 1), ("diffpipe zb-h1 (CSV)", "csv:zb-h1", 1)],
+    "4 stages": [("Interleaved1F1B", "Interleaved1F1B", 2), ("LoopedBFS", "LoopedBFS", 2),
+                 ("InterleavedZeroBubble", "InterleavedZeroBubble", 2), ("ZBVZeroBubble", "ZBVZeroBubble", 2),
+                 ("diffpipe interleaved-1f1b (CSV)", "csv:interleaved-1f1b", 2)],
+}
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def _diffpipe_schedule(kind: str, microbatches: int, spr: int, csv_path: Path | None):
+    """The diffpipe ``Schedule`` a job ran (torch's Schedule1F1B runs its own loop: textbook 1F1B)."""
+    from diffpipe.schedules import from_torch, from_torch_csv, get
+
+    if kind.startswith("csv:"):
+        return from_torch_csv(csv_path)
+    if kind == "1F1B":
+        return get("1f1b", devices=RANKS, microbatches=microbatches)
+    return from_torch(kind, RANKS, microbatches, spr)
+
+
+def _kendall(xs: list[float], ys: list[float]) -> float | None:
+    """Kendall's tau-a of two rankings (ties count as neither concordant nor discordant)."""
+    n = len(xs)
+    if n < 2:
+        return None
+    score = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            product = (xs[i] - xs[j]) * (ys[i] - ys[j])
+            score += (product > 0) - (product < 0)
+    return score / (n * (n - 1) / 2)
+
+
+def study(out: Path, *, microbatches: list[int], rounds: int, steps: int, width: int, rows: int,
+          work: Path) -> dict:
+    """Run every group's schedules (``rounds`` interleaved repetitions), calibrate from each
+    schedule's trace in turn, predict the others' step times; returns the results."""
+    import statistics
+
+    from diffpipe import calibrate
+    from diffpipe.schedules import get, peak_activations, to_torch_csv
+
+    jobs, meta = [], {}
+    for group, members in GROUPS.items():
+        for m in microbatches:
+            for name, kind, spr in members:
+                key = f"{_slug(group)}.m{m}.{_slug(name)}"
+                csv_path = None
+                if kind.startswith("csv:"):
+                    family = kind[4:]
+                    options = {"chunks": spr} if spr > 1 else {}
+                    csv_path = work / f"{key}.csv"
+                    to_torch_csv(get(family, devices=RANKS, microbatches=m, **options), csv_path)
+                meta[key] = {"group": group, "name": name, "kind": kind, "spr": spr, "microbatches": m,
+                             "csv": csv_path}
+    load_before = os.getloadavg()
+    for r in range(rounds):  # interleaved: every schedule once per round
+        for key, info in meta.items():
+            torch_kind = "csv" if info["kind"].startswith("csv:") else info["kind"]
+            jobs.append(job(f"{key}.r{r}", torch_kind, microbatches=info["microbatches"], stages_per_rank=info["spr"],
+                            width=width, rows=rows, warmup=1, steps=steps,
+                            csv=str(info["csv"]) if info["csv"] else None))
+    started = time.time()
+    failure = run_jobs(jobs, work, timeout_s=60 + 5 * len(jobs), pin=True)
+    if failure:
+        raise SystemExit(f"the torch run failed:\n{failure}")
+    elapsed = time.time() - started
+    load_after = os.getloadavg()
+
+    cases = {}
+    for key, info in meta.items():
+        samples = []
+        for r in range(rounds):
+            per_rank = [json.loads((work / f"{key}.r{r}.rank{k}.meta.json").read_text())["step_s"]
+                        for k in range(RANKS)]
+            samples += [max(ts) for ts in zip(*per_rank, strict=True)]
+        q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+        schedule = _diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
+        traces = [work / f"{key}.r0.rank{k}.json" for k in range(RANKS)]
+        try:
+            cal = calibrate.from_torch_trace(traces, schedule)
+        except Exception as error:  # noqa: BLE001  (Schedule1F1B has no labels: recorded, not fatal)
+            cal, note = None, str(error)
+        else:
+            note = None
+        peaks = [json.loads((work / f"{key}.r0.rank{k}.meta.json").read_text())["peak_stored"] for k in range(RANKS)]
+        cases[key] = {**{k: v for k, v in info.items() if k != "csv"}, "measured_s": statistics.median(samples),
+                      "iqr_s": q[2] - q[0], "samples": len(samples), "schedule": schedule, "calibration": cal,
+                      "calibration_note": note, "torch_peak_stored": peaks,
+                      "diffpipe_peak_activations": list(peak_activations(schedule))}
+
+    predictions = []
+    for source_key, source in cases.items():
+        if source["calibration"] is None:
+            continue
+        targets = [k for k, c in cases.items() if c["group"] == source["group"]]
+        for target_key in targets:
+            target = cases[target_key]
+            try:
+                predicted = source["calibration"].predict(target["schedule"])
+            except Exception as error:  # noqa: BLE001  (no I/W split measured: recorded as n/a)
+                predictions.append({"source": source_key, "target": target_key, "predicted_s": None,
+                                    "note": str(error)})
+                continue
+            predictions.append({"source": source_key, "target": target_key, "predicted_s": predicted,
+                                "measured_s": target["measured_s"],
+                                "error": (predicted - target["measured_s"]) / target["measured_s"]})
+
+    summary = []
+    for source_key in cases:
+        rows_ = [p for p in predictions if p["source"] == source_key and p["predicted_s"] is not None
+                 and p["target"] != source_key]
+        if not rows_:
+            continue
+        for m in microbatches:
+            sub = [p for p in rows_ if cases[p["target"]]["microbatches"] == m]
+            if len(sub) < 2:
+                continue
+            pred = [p["predicted_s"] for p in sub]
+            meas = [p["measured_s"] for p in sub]
+            separated = ordered = 0
+            for i in range(len(sub)):
+                for j in range(i + 1, len(sub)):
+                    a, b = cases[sub[i]["target"]], cases[sub[j]["target"]]
+                    if abs(a["measured_s"] - b["measured_s"]) > a["iqr_s"] + b["iqr_s"]:
+                        separated += 1
+                        ordered += (pred[i] - pred[j]) * (meas[i] - meas[j]) > 0
+            summary.append({"source": source_key, "microbatches": m, "targets": len(sub),
+                            "mape": statistics.mean(abs(p["error"]) for p in sub),
+                            "kendall_tau": _kendall(pred, meas), "separated_pairs": separated,
+                            "ordered_correctly": ordered})
+    return {
+        "conditions": {"ranks": RANKS, "width": width, "rows_per_microbatch": rows, "microbatches": microbatches,
+                       "rounds": rounds, "steps_per_round": steps, "pinned": True,
+                       "loadavg_before": load_before, "loadavg_after": load_after, "wall_s": elapsed,
+                       "cpus": os.cpu_count(), "under_load": max(load_before[0], load_after[0]) > 0.5},
+        "cases": {k: {**{f: v for f, v in c.items() if f not in ("schedule", "calibration")},
+                      "calibration": c["calibration"].to_dict() if c["calibration"] else None}
+                  for k, c in cases.items()},
+        "predictions": predictions,
+        "summary": summary,
+    }
+
+
+def _markdown(results: dict) -> str:
+    c = results["conditions"]
+    lines = [f"# Validation run (ranks {c['ranks']}, width {c['width']}, {c['rows_per_microbatch']} rows per "
+             f"microbatch, {c['rounds']} rounds x {c['steps_per_round']} steps)", "",
+             f"load average before/after: {c['loadavg_before'][0]:.2f} / {c['loadavg_after'][0]:.2f} on "
+             f"{c['cpus']} CPUs" + (" -- TAKEN UNDER LOAD: not an accuracy claim" if c["under_load"] else ""), "",
+             "| case | measured ms | IQR ms | torch peak stored | diffpipe peak | calibrated? |",
+             "|---|---|---|---|---|---|"]
+    for key, case in results["cases"].items():
+        lines.append(f"| {key} | {1e3 * case['measured_s']:.2f} | {1e3 * case['iqr_s']:.2f} | "
+                     f"{case['torch_peak_stored']} | {case['diffpipe_peak_activations']} | "
+                     f"{'yes' if case['calibration'] else 'no: ' + (case['calibration_note'] or '')[:60]} |")
+    lines += ["", "| calibrated from | microbatches | targets | MAPE | Kendall tau | separated pairs ordered |",
+              "|---|---|---|---|---|---|"]
+    for s in results["summary"]:
+        tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:.2f}"
+        lines.append(f"| {s['source']} | {s['microbatches']} | {s['targets']} | {100 * s['mape']:.1f}% | {tau} | "
+                     f"{s['ordered_correctly']}/{s['separated_pairs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import tempfile
+
+    from diffpipe._io import Staged, dumps_json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--quick", action="store_true", help="one microbatch count, 2 rounds, 3 steps")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args(argv)
+    microbatches = [8] if args.quick else [4, 8]
+    rounds, steps = (2, 3) if args.quick else (args.rounds, args.steps)
+    with tempfile.TemporaryDirectory(prefix="diffpipe-validation-") as tmp:
+        results = study(args.out, microbatches=microbatches, rounds=rounds, steps=steps, width=args.width,
+                        rows=args.rows, work=Path(tmp))
+    with Staged() as staged:
+        staged.add(args.out / "results.json", dumps_json(results), "results")
+        staged.add(args.out / "results.md", _markdown(results), "results table")
+    print(_markdown(results))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        _worker(int(sys.argv[2]), sys.argv[3])
+    else:
+        main()
