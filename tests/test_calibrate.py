@@ -84,6 +84,7 @@ def test_runtime_labels_give_every_term(tmp_path):
     assert cal.backward == pytest.approx((200 * US, 300 * US))
     assert cal.input_grad is None and cal.weight is None
     assert cal.overhead == pytest.approx(30 * US)  # gaps 30, 40, 20, 30: the median
+    assert cal.overhead_by_kind == pytest.approx({"F": 35 * US, "B": 25 * US})
     assert cal.transfer == pytest.approx(40 * US)
     assert cal.p2p == pytest.approx(10 * US)  # the transfer beyond one overhead
     assert cal.setup == pytest.approx(70 * US)  # first compute at 100, less one overhead

@@ -8,8 +8,10 @@ Terms (seconds):
   backward ``W`` on stage ``s`` (``None`` where not measured). Unlike ``Hardware.from_times``,
   ``backward`` here is the *full* backward as torch runs it; torch's split ``I + W`` may cost more
   than a full ``B`` (and on stage 0 torch runs the whole backward in ``W``: its ``I`` is empty).
-- ``overhead``: the framework time between two consecutive compute ops of a rank when neither
-  waits for data (the schedule loop, building and posting the P2P ops); diffpipe adds it to every op.
+- ``overhead``: the framework time between two consecutive compute ops of a rank when the second
+  does not wait for data (the schedule loop, building and posting the P2P ops); diffpipe adds it
+  to every op. ``overhead_by_kind`` is the same median by the kind of the second op (``F``, ``B``,
+  ``I``, ``W``), for a cost model with per-kind overheads (not used by ``hardware`` yet).
 - ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
   ``transfer`` the raw delay from the producing op's end to the data's arrival.
 - ``setup`` / ``wind_down``: the time of a step before its first compute op (past one overhead)
@@ -85,6 +87,7 @@ class Calibration:
     input_grad: tuple[float | None, ...] | None = None
     weight: tuple[float | None, ...] | None = None
     overhead: float = 0.0
+    overhead_by_kind: Mapping[str, float] = field(default_factory=dict)
     p2p: float = 0.0
     transfer: float | None = None
     setup: float = 0.0
@@ -240,9 +243,10 @@ def from_measurements(forward: Any, backward: Any = None, *, input_grad: Any = N
     every transfer.
     """
     fwd = _stage_values("forward", forward, None)
-    if fwd is None:
-        raise ConfigError("calibration: forward is required")
+    if fwd is None or any(v is None for v in fwd):
+        raise ConfigError("calibration: forward needs a time for every stage")
     n = len(fwd)
-    return Calibration(fwd, _stage_values("backward", backward, n), _stage_values("input_grad", input_grad, n),
+    return Calibration(tuple(float(v) for v in fwd if v is not None), _stage_values("backward", backward, n),
+                       _stage_values("input_grad", input_grad, n),
                        _stage_values("weight", weight, n), overhead=overhead, p2p=p2p, setup=setup,
                        wind_down=wind_down)

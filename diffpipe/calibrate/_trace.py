@@ -153,6 +153,8 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
             step.computes.append(_Compute(kind, stage, mb, start, end, start, False, True, tuple(subs)))
             continue
         single = _SINGLE.match(name)
+        if single is None:
+            continue
         kind, mb = ("F" if single[1] == "Forward" else "B"), int(single[2])
         recv_ends = [s[1] for s in inner if _RECV.match(s[2])]
         send_posts = [s[0] for s in inner if s[2] == "c10d::send"]
@@ -186,7 +188,9 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, l
     world = None
     for index, path in enumerate(files):
         data = _load(path)
-        info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+        info = data.get("distributedInfo")
+        if not isinstance(info, dict):
+            info = {}
         rank = info.get("rank", index)
         if not isinstance(rank, int):
             raise ConfigError(f"{path}: distributedInfo.rank is {rank!r}, expected an int")
@@ -234,9 +238,9 @@ def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[in
     """The schedule the trace ran (its placement and orders), as a ``diffpipe`` ``Schedule``."""
     from ..schedules import Op, Placement, Schedule
 
-    ops = [[Op.parse(text) for text in order] for order in orders.values()]
+    ops = tuple(tuple(Op.parse(text) for text in order) for order in orders.values())
     microbatches = 1 + max(op.microbatch for order in ops for op in order)
-    return Schedule(Placement(len(orders), (tuple(stage_ranks),)), ops, microbatches, options={"traced": True})
+    return Schedule(Placement(len(orders), (tuple(stage_ranks),)), ops, microbatches, options=(("traced", True),))
 
 
 def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None) -> Calibration:
@@ -248,12 +252,14 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps.
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
+    from ..schedules import Op
+
     ranks = parse(paths)
     orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
     stage_ranks: dict[int, int] = {}
     for r, order in orders.items():
         for text in order:
-            stage = int(_SUB.match(text)[1])
+            stage = Op.parse(text).stage
             if stage_ranks.setdefault(stage, r) != r:
                 raise ConfigError(f"trace: stage {stage} ran on ranks {stage_ranks[stage]} and {r}")
     n_stages = max(stage_ranks) + 1
@@ -265,6 +271,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
 
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     gaps: list[float] = []
+    gaps_by_kind: dict[str, list[float]] = defaultdict(list)
     for steps in ranks.values():
         for step in steps:
             previous = None
@@ -273,6 +280,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                     durations[(c.kind, c.stage)].append(c.end - c.begin)
                 if previous is not None and not c.waited and not c.overlapped and not previous.overlapped:
                     gaps.append(c.begin - previous.end)
+                    gaps_by_kind[c.kind].append(c.begin - previous.end)
                 previous = c
     overhead = max(_median(gaps) or 0.0, 0.0)
 
@@ -308,21 +316,26 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     forward = per_stage("F")
     if forward is None or any(v is None for v in forward):
         raise ConfigError("trace: a stage has no forward op outside overlapped actions; cannot time forward")
+    ranks_of_stages = tuple(stage_ranks[s] for s in range(n_stages))
+    step_time = statistics.median(spans)
     deviations = [abs(d - statistics.median(ds)) / statistics.median(ds)
                   for ds in durations.values() for d in ds if statistics.median(ds) > 0]
     calibration = Calibration(
-        forward=forward, backward=per_stage("B"), input_grad=per_stage("I"), weight=per_stage("W"),
-        overhead=overhead, p2p=p2p, transfer=transfer, setup=statistics.median(setups),
-        wind_down=statistics.median(winds), step_time=statistics.median(spans),
-        stage_ranks=tuple(stage_ranks[s] for s in range(n_stages)), orders=tuple(orders.values()),
+        forward=tuple(float(v) for v in forward if v is not None), backward=per_stage("B"),
+        input_grad=per_stage("I"), weight=per_stage("W"),
+        overhead=overhead,
+        overhead_by_kind={kind: max(statistics.median(v), 0.0) for kind, v in sorted(gaps_by_kind.items())},
+        p2p=p2p, transfer=transfer, setup=statistics.median(setups),
+        wind_down=statistics.median(winds), step_time=step_time, stage_ranks=ranks_of_stages,
+        orders=tuple(orders.values()),
         samples={f"{kind}{stage}": len(ds) for (kind, stage), ds in sorted(durations.items())},
         residual={"durations": _median(deviations)},
         source=", ".join(str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)),
     )
     try:  # the fit's residual on the step it was taken from (when the trace holds a whole schedule)
-        traced = schedule if schedule is not None else traced_schedule(orders, calibration.stage_ranks)
+        traced = schedule if schedule is not None else traced_schedule(orders, ranks_of_stages)
         predicted = calibration.predict(traced)
     except (ConfigError, ScheduleError):
         return replace(calibration, residual={**calibration.residual, "step": None})
-    residual = {**calibration.residual, "step": (predicted - calibration.step_time) / calibration.step_time}
+    residual = {**calibration.residual, "step": (predicted - step_time) / step_time}
     return replace(calibration, residual=residual)

@@ -222,6 +222,7 @@ GROUPS = {
                  ("diffpipe 1f1b (CSV)", "csv:1f1b", 1), ("diffpipe zb-h1 (CSV)", "csv:zb-h1", 1)],
     "4 stages": [("Interleaved1F1B", "Interleaved1F1B", 2), ("LoopedBFS", "LoopedBFS", 2),
                  ("InterleavedZeroBubble", "InterleavedZeroBubble", 2), ("ZBVZeroBubble", "ZBVZeroBubble", 2),
+                 ("DualPipeV", "DualPipeV", 2),
                  ("diffpipe interleaved-1f1b (CSV)", "csv:interleaved-1f1b", 2)],
 }
 
