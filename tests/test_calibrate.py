@@ -32,8 +32,8 @@ def _x(name: str, start: float, end: float, cat: str = "user_annotation") -> dic
     return {"ph": "X", "cat": cat, "name": name, "ts": start, "dur": end - start, "pid": 1, "tid": 1}
 
 
-def _trace(path: Path, rank: int, events: list[dict], world: int = 2) -> Path:
-    data = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+def _trace(path: Path, rank: int, events: list[dict], world: int = 2, host: str = "node0") -> Path:
+    data = {"schemaVersion": 1, "host_name": host, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
             "traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1}, *events]}
     path.write_text(json.dumps(data))
     return path
@@ -96,6 +96,14 @@ def test_runtime_labels_give_every_term(tmp_path):
     # The traced schedule replayed on the calibrated hardware: ops back to back on each rank.
     schedule = calibrate.traced_schedule(dict(enumerate(cal.orders)), cal.stage_ranks)
     assert [[str(op) for op in order] for order in schedule.orders] == [list(o) for o in cal.orders]
+
+
+def test_ranks_on_different_hosts_have_no_transfer_delay(tmp_path):
+    files = _runtime_files(tmp_path)
+    data = json.loads(files[1].read_text())
+    files[1].write_text(json.dumps({**data, "host_name": "node1"}))  # two clocks: not comparable
+    cal = calibrate.from_torch_trace(files)
+    assert cal.transfer is None and cal.p2p == 0.0 and cal.overhead == pytest.approx(30 * US)
 
 
 def test_a_single_file_per_rank_list_or_one_path(tmp_path):

@@ -14,7 +14,8 @@ torch 2.13 labels the actions of a step with ``record_function``:
 - ``Schedule1F1B`` labels nothing: its trace cannot be read (run it through the runtime instead).
 
 A new step starts where a rank's action label repeats. Timestamps of all ranks share one clock
-when the ranks ran on one host (the transfer delays need that).
+when the ranks ran on one host; the transfer delay compares two ranks' clocks, so it is measured
+only when every trace names the same ``host_name``.
 """
 
 from __future__ import annotations
@@ -179,12 +180,14 @@ def _ops(step: _Step) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, list[_Step]]:
-    """Every rank's steps, keyed by rank; checks the trace covers every rank of its world."""
+def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[int, list[_Step]], bool]:
+    """Every rank's steps, keyed by rank (checks the trace covers every rank of its world), and
+    whether all ranks ran on one host (one clock)."""
     files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not files:
         raise ConfigError("trace: no trace files given")
     ranks: dict[int, list[_Step]] = {}
+    hosts: set[Any] = set()
     world = None
     for index, path in enumerate(files):
         data = _load(path)
@@ -205,6 +208,7 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, l
                 "'Backward <i>'); torch 2.13's Schedule1F1B labels none, run it through _PipelineScheduleRuntime"
             )
         ranks[rank] = steps
+        hosts.add(data.get("host_name"))
     expected = set(range(world if world is not None else max(ranks) + 1))
     missing = sorted(expected - set(ranks))
     if missing:
@@ -218,7 +222,7 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> dict[int, l
             if _ops(step) != _ops(steps[0]):
                 raise ConfigError(f"trace: rank {r} ran a different op order in step {k} than in step 0 "
                                   "(a step cut off by the profiler?)")
-    return dict(sorted(ranks.items()))
+    return dict(sorted(ranks.items())), len(hosts) == 1 and None not in hosts
 
 
 def _check_schedule(schedule: Any, orders: dict[int, tuple[str, ...]]) -> None:
@@ -254,7 +258,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     """
     from ..schedules import Op
 
-    ranks = parse(paths)
+    ranks, one_clock = parse(paths)
     orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
     stage_ranks: dict[int, int] = {}
     for r, order in orders.items():
@@ -296,7 +300,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                 end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
                 if end is not None and recv.post <= end:
                     transfers.append(recv.end - end)
-    transfer = _median(transfers)
+    transfer = _median(transfers) if one_clock else None
     p2p = max((transfer or 0.0) - overhead, 0.0)
 
     setups, winds, spans = [], [], []

@@ -304,7 +304,7 @@ def study(out: Path, *, microbatches: list[int], rounds: int, steps: int, width:
         try:
             cal = calibrate.from_torch_trace(traces, schedule)
         except Exception as error:  # noqa: BLE001  (Schedule1F1B has no labels: recorded, not fatal)
-            cal, note = None, str(error)
+            cal, note = None, str(error).split(".json: ", 1)[-1]
         else:
             note = None
         peaks = [json.loads((work / f"{key}.r0.rank{k}.meta.json").read_text())["peak_stored"] for k in range(RANKS)]
