@@ -33,7 +33,8 @@ def _x(name: str, start: float, end: float, cat: str = "user_annotation") -> dic
 
 
 def _trace(path: Path, rank: int, events: list[dict], world: int = 2, host: str = "node0") -> Path:
-    data = {"schemaVersion": 1, "host_name": host, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+    info = {"backend": "gloo", "rank": rank, "world_size": world}
+    data = {"schemaVersion": 1, "host_name": host, "distributedInfo": info,
             "traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1}, *events]}
     path.write_text(json.dumps(data))
     return path
@@ -203,6 +204,16 @@ def test_hardware_takes_the_backward_each_schedule_runs():
     # Without a full backward, B ops cost I + W.
     split_only = calibrate.from_measurements([1.0, 1.0], input_grad=[1.0, 1.0], weight=[0.5, 0.5])
     assert split_only.times(get("1f1b", devices=2, microbatches=4))["backward"] == [1.5, 1.5]
+
+
+def test_workload_spreads_each_stage_over_its_layers():
+    cal = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, p2p=0.2)
+    workload = cal.workload(layers=[2, 3])
+    assert [float(x) for x in workload.forward] == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0])
+    assert [float(x) for x in workload.backward] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
+    assert float(workload.overhead) == pytest.approx(0.1)
+    with pytest.raises(dp.ConfigError, match="layers must give a positive int for each of the 2 stages"):
+        cal.workload(layers=[1])
 
 
 @pytest.mark.parametrize(

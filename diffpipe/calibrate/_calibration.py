@@ -180,6 +180,30 @@ class Calibration:
         return Hardware.from_times(t["forward"], t["backward"], t["weight"], t["p2p"],
                                    overhead=t["overhead"], mode=mode)
 
+    def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
+                 weight_fraction: float | None = None, mode: str = "overlap") -> Any:
+        """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize``.
+
+        ``layers[s]`` is the number of layers the measured stage ``s`` holds (default 1 each); each
+        stage's times are spread evenly over its layers (the calibration cannot see inside a stage),
+        and the measured split is the workload's ``layers_per_stage``. Times as in ``times``.
+        """
+        from .._hardware import Network
+        from .._knobs import Workload
+
+        counts = [1] * self.stages if layers is None else list(layers)
+        if len(counts) != self.stages or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in counts):
+            raise ConfigError(f"calibration: layers must give a positive int for each of the {self.stages} stages, "
+                              f"got {layers!r}")
+        t = self.times(schedule, weight_fraction=weight_fraction)
+
+        def spread(values: Sequence[float]) -> list[float]:
+            return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
+
+        return Workload.from_table(spread(t["forward"]), spread(t["backward"]), spread(t["weight"]),
+                                   overhead=t["overhead"], network=Network.uniform(t["p2p"], mode=mode),
+                                   layers_per_stage=counts)
+
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan plus ``setup`` and ``wind_down``."""
         from .._simulate import simulate
