@@ -29,6 +29,11 @@ RANKS = 2
 #: Seconds one gloo operation may wait before the step fails.
 GLOO_TIMEOUT_S = 30
 
+#: A step is quiet when no rank's threads waited for a CPU for more than this fraction of it; the
+#: measured step time is the median of the quiet steps when there are at least MIN_QUIET_STEPS.
+QUIET_WAIT_FRACTION = 0.05
+MIN_QUIET_STEPS = 3
+
 #: torch schedule classes the study runs, with how their stages sit on ranks.
 V_STYLE = ("ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE = ("GPipe", "1F1B")
@@ -75,6 +80,23 @@ def _watch(stage, stages, peak: list[int]) -> None:
         setattr(stage, name, wrapped)
 
 
+def runqueue_wait() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (the second field
+    of ``/proc/<pid>/task/<tid>/schedstat``; 0 where the kernel does not provide it)."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as handle:
+                total += int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total * 1e-9
+
+
 def _run_job(job: dict, rank: int, out: Path) -> None:
     """``job["warmup"]`` untraced steps, then ``job["steps"]`` steps under the profiler."""
     import torch
@@ -114,28 +136,31 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
     x = torch.randn(batch, width, generator=generator)
     y = torch.randn(batch, width, generator=generator)
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
         for p in model.parameters():
             p.grad = None
         dist.barrier()
+        waited = runqueue_wait()
         start = time.perf_counter()
         if 0 in mine:
             runtime.step(x, target=y, losses=[])
         else:
             runtime.step(target=y, losses=[])
-        return time.perf_counter() - start
+        return time.perf_counter() - start, runqueue_wait() - waited
 
     for _ in range(job["warmup"]):
         step()
     peak[0] = 0
-    times = []
+    times, waits = [], []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(job["steps"]):
-            times.append(step())
+            elapsed, waited = step()
+            times.append(elapsed)
+            waits.append(waited)
             prof.step()
     prof.export_chrome_trace(str(out / f"{job['name']}.rank{rank}.json"))
     (out / f"{job['name']}.rank{rank}.meta.json").write_text(
-        json.dumps({"stages": mine, "peak_stored": peak[0], "step_s": times})
+        json.dumps({"stages": mine, "peak_stored": peak[0], "step_s": times, "runqueue_wait_s": waits})
     )
 
 
@@ -293,12 +318,16 @@ def study(out: Path, *, microbatches: list[int], rounds: int, steps: int, width:
 
     cases = {}
     for key, info in meta.items():
-        samples = []
+        samples, fractions = [], []
         for r in range(rounds):
-            per_rank = [json.loads((work / f"{key}.r{r}.rank{k}.meta.json").read_text())["step_s"]
-                        for k in range(RANKS)]
-            samples += [max(ts) for ts in zip(*per_rank, strict=True)]
-        q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+            metas = [json.loads((work / f"{key}.r{r}.rank{k}.meta.json").read_text()) for k in range(RANKS)]
+            for ts, ws in zip(zip(*[m["step_s"] for m in metas], strict=True),
+                              zip(*[m["runqueue_wait_s"] for m in metas], strict=True), strict=True):
+                samples.append(max(ts))
+                fractions.append(max(ws) / max(ts))
+        quiet = [t for t, f in zip(samples, fractions, strict=True) if f <= QUIET_WAIT_FRACTION]
+        kept = quiet if len(quiet) >= MIN_QUIET_STEPS else samples
+        q = statistics.quantiles(kept, n=4) if len(kept) > 1 else [kept[0]] * 3
         schedule = _diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
         traces = [work / f"{key}.r0.rank{k}.json" for k in range(RANKS)]
         try:
@@ -308,8 +337,10 @@ def study(out: Path, *, microbatches: list[int], rounds: int, steps: int, width:
         else:
             note = None
         peaks = [json.loads((work / f"{key}.r0.rank{k}.meta.json").read_text())["peak_stored"] for k in range(RANKS)]
-        cases[key] = {**{k: v for k, v in info.items() if k != "csv"}, "measured_s": statistics.median(samples),
-                      "iqr_s": q[2] - q[0], "samples": len(samples), "schedule": schedule, "calibration": cal,
+        cases[key] = {**{k: v for k, v in info.items() if k != "csv"}, "measured_s": statistics.median(kept),
+                      "iqr_s": q[2] - q[0], "samples": len(samples), "quiet_steps": len(quiet),
+                      "measured_from": "quiet steps" if kept is quiet else "all steps",
+                      "runqueue_wait_fraction": statistics.median(fractions), "schedule": schedule, "calibration": cal,
                       "calibration_note": note, "torch_peak_stored": peaks,
                       "diffpipe_peak_activations": list(peak_activations(schedule))}
 
@@ -372,10 +403,12 @@ def _markdown(results: dict) -> str:
              f"microbatch, {c['rounds']} rounds x {c['steps_per_round']} steps)", "",
              f"load average before/after: {c['loadavg_before'][0]:.2f} / {c['loadavg_after'][0]:.2f} on "
              f"{c['cpus']} CPUs" + (" -- TAKEN UNDER LOAD: not an accuracy claim" if c["under_load"] else ""), "",
-             "| case | measured ms | IQR ms | torch peak stored | diffpipe peak | calibrated? |",
-             "|---|---|---|---|---|---|"]
+             "| case | measured ms | IQR ms | quiet steps | runqueue wait | torch peak stored | diffpipe peak "
+             "| calibrated? |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, case in results["cases"].items():
         lines.append(f"| {key} | {1e3 * case['measured_s']:.2f} | {1e3 * case['iqr_s']:.2f} | "
+                     f"{case['quiet_steps']}/{case['samples']} | {100 * case['runqueue_wait_fraction']:.0f}% | "
                      f"{case['torch_peak_stored']} | {case['diffpipe_peak_activations']} | "
                      f"{'yes' if case['calibration'] else 'no: ' + (case['calibration_note'] or '')[:60]} |")
     lines += ["", "| calibrated from | microbatches | targets | MAPE | Kendall tau | separated pairs ordered |",
