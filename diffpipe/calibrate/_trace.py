@@ -13,7 +13,10 @@ torch 2.13 labels the actions of a step with ``record_function``:
   and the first ``c10d::send``.
 - ``Schedule1F1B`` labels nothing: its trace cannot be read (run it through the runtime instead).
 
-A new step starts where a rank's action label repeats. Timestamps of all ranks share one clock
+The reader times the host (CPU) timeline, which is where the work runs on a CPU (gloo) run; on a
+GPU run the compute runs on CUDA streams (the trace's ``kernel`` events), which it does not read yet.
+A receive inside a ``Forward``/``Backward`` label always counts as a wait (its gap is not an
+overhead sample). A new step starts where a rank's action label repeats. Timestamps of all ranks share one clock
 when the ranks ran on one host; the transfer delay compares two ranks' clocks, so it is measured
 only when every trace names the same ``host_name``.
 """
