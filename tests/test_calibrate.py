@@ -212,17 +212,19 @@ def test_workload_spreads_each_stage_over_its_layers():
     assert [float(x) for x in workload.forward] == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0])
     assert [float(x) for x in workload.backward] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
     assert float(workload.overhead) == pytest.approx(0.1)
-    with pytest.raises(dp.ConfigError, match="layers must give a positive int for each of the 2 stages"):
+    with pytest.raises(dp.ConfigError, match="layers has 1 entries, the calibration 2 stages"):
         cal.workload(layers=[1])
+    with pytest.raises(dp.ConfigError, match="layers must be an integer >= 1"):
+        cal.workload(layers=[1, 0])
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"forward": [1.0, -1.0], "backward": [1.0, 1.0]}, r"forward\[1\] must be finite and non-negative"),
+        ({"forward": [1.0, -1.0], "backward": [1.0, 1.0]}, r"forward\[1\] must be non-negative and finite"),
         ({"forward": [1.0, 1.0], "backward": [1.0]}, "backward has 1 values, forward has 2"),
         ({"forward": [1.0, 1.0]}, "give backward"),
-        ({"forward": [1.0], "backward": [1.0], "overhead": math.nan}, "overhead must be finite"),
+        ({"forward": [1.0], "backward": [1.0], "overhead": math.nan}, "overhead must be non-negative and finite"),
         ({"forward": 1.0, "backward": 1.0}, "one value per stage"),
     ],
 )

@@ -20,12 +20,12 @@ Terms (seconds):
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._checks import check_int, check_number
 from .._errors import ConfigError
 from .._io import dumps_json, write_atomic
 
@@ -43,31 +43,10 @@ def _stage_values(name: str, values: Any, stages: int | None) -> tuple[float | N
         values = [values] * stages
     if not isinstance(values, Sequence) or isinstance(values, str):
         raise ConfigError(f"calibration: {name} must be a number or one value per stage, got {values!r}")
-    out = []
-    for s, v in enumerate(values):
-        if v is None:
-            out.append(None)
-            continue
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"calibration: {name}[{s}] must be a number, got {v!r}") from None
-        if not math.isfinite(x) or x < 0:
-            raise ConfigError(f"calibration: {name}[{s}] must be finite and non-negative, got {x!r}")
-        out.append(x)
+    out = [None if v is None else check_number(f"calibration: {name}[{s}]", v) for s, v in enumerate(values)]
     if stages is not None and len(out) != stages:
         raise ConfigError(f"calibration: {name} has {len(out)} values, forward has {stages} stages")
     return tuple(out)
-
-
-def _scalar(name: str, value: Any) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"calibration: {name} must be a number, got {value!r}") from None
-    if not math.isfinite(x) or x < 0:
-        raise ConfigError(f"calibration: {name} must be finite and non-negative, got {x!r}")
-    return x
 
 
 @dataclass(frozen=True)
@@ -107,7 +86,7 @@ class Calibration:
         for name in ("backward", "input_grad", "weight"):
             object.__setattr__(self, name, _stage_values(name, getattr(self, name), len(forward)))
         for name in ("overhead", "p2p", "setup", "wind_down"):
-            object.__setattr__(self, name, _scalar(name, getattr(self, name)))
+            object.__setattr__(self, name, check_number(f"calibration: {name}", getattr(self, name)))
         if self.backward is None and (self.input_grad is None or self.weight is None):
             raise ConfigError("calibration: give backward (full), or both input_grad and weight")
 
@@ -191,10 +170,9 @@ class Calibration:
         from .._hardware import Network
         from .._knobs import Workload
 
-        counts = [1] * self.stages if layers is None else list(layers)
-        if len(counts) != self.stages or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in counts):
-            raise ConfigError(f"calibration: layers must give a positive int for each of the {self.stages} stages, "
-                              f"got {layers!r}")
+        counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
+        if len(counts) != self.stages:
+            raise ConfigError(f"calibration: layers has {len(counts)} entries, the calibration {self.stages} stages")
         t = self.times(schedule, weight_fraction=weight_fraction)
 
         def spread(values: Sequence[float]) -> list[float]:
