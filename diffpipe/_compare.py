@@ -46,7 +46,7 @@ from .schedules import get as get_schedule
 from .schedules import names as family_names
 from .schedules import table as schedule_table
 from .schedules._analysis import peak_activations as schedule_peak_activations
-from .schedules._table import DEFAULT_DURATIONS
+from .schedules._reference import DEFAULT_DURATIONS
 
 #: The levels, in order of increasing fidelity.
 LEVELS = ("formula", "table", "simulation")
