@@ -14,6 +14,7 @@ from .schedules import table as table
 # Public name -> module that defines it (imported on first attribute access).
 _LAZY = {
     "AbstractCommunication": "._communication",
+    "AbstractLaneCommunication": "._communication",
     "Blocking": "._communication",
     "Contention": "._communication",
     "NoCommunication": "._communication",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from ._baselines import minmax_partition as minmax_partition
     from ._baselines import uniform_partition as uniform_partition
     from ._communication import AbstractCommunication as AbstractCommunication
+    from ._communication import AbstractLaneCommunication as AbstractLaneCommunication
     from ._communication import Blocking as Blocking
     from ._communication import Contention as Contention
     from ._communication import NoCommunication as NoCommunication

@@ -151,28 +151,35 @@ class Overlap(AbstractCommunication):
     name = "overlap"
 
 
-def _link_lane(src: int, dst: int, per_node: int) -> tuple:
-    """A transfer's lane under contention: its directed link inside a node, else the sending
-    node's NIC (shared by all inter-node traffic leaving that node)."""
-    if src // per_node == dst // per_node:
-        return ("link", src, dst)
-    return ("nic", src // per_node)
+class AbstractLaneCommunication(AbstractCommunication):
+    """Transfers are nodes on lanes: each lane carries one transfer at a time, in issue order
+    (``transfer_order``). Subclasses name the lane of each transfer with ``lane``."""
 
-
-class Contention(AbstractCommunication):
-    """``contention``: each directed link inside a node, and each node's NIC for inter-node
-    traffic, carries one transfer at a time, in issue order (``transfer_order``)."""
-
-    name = "contention"
     transfer_nodes = True
-    uses_topology = True
+
+    @abc.abstractmethod
+    def lane(self, src: int, dst: int, devices_per_node: int) -> Hashable:
+        """The lane a transfer from device ``src`` to ``dst`` occupies."""
 
     def waits(self, schedule, devices_per_node):
         per_node = node_size(devices_per_node, schedule.devices)
         pairs: list[tuple[Node, Node]] = []
-        for queue in transfer_order(schedule, lambda s, d: _link_lane(s, d, per_node)).values():
+        for queue in transfer_order(schedule, lambda s, d: self.lane(s, d, per_node)).values():
             pairs.extend(zip(queue[1:], queue[:-1]))
         return pairs
+
+
+class Contention(AbstractLaneCommunication):
+    """``contention``: each directed link inside a node, and each node's NIC for inter-node
+    traffic, carries one transfer at a time, in issue order (``transfer_order``)."""
+
+    name = "contention"
+    uses_topology = True
+
+    def lane(self, src, dst, devices_per_node):
+        if src // devices_per_node == dst // devices_per_node:
+            return ("link", src, dst)
+        return ("nic", src // devices_per_node)  # shared by all inter-node traffic leaving the node
 
 
 class Blocking(AbstractCommunication):

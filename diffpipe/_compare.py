@@ -656,5 +656,5 @@ def compare(
         durations=merged, rtol=float(rtol), entries=tuple(entries),
         ranks={level: ranks(values[level], rtol) for level in LEVELS},
         pairs=tuple(_level_pair(a, b, names, values, rtol) for a, b in combinations(LEVELS, 2)),
-        communication=mode,
+        communication=str(mode),
     )
