@@ -81,8 +81,7 @@ def evaluate_network(
 
     Every op starts when all it waits for has finished (``max``, at least 0). The equations are
     re-evaluated until nothing changes (a longest-path fixed point, reached within as many rounds
-    as the dependency graph is deep; a mode whose waits form a cycle never converges, and
-    ``compile`` rejects it first).
+    as the graph has nodes; raises ``ScheduleError`` if the waits form a cycle and it never is).
 
     **Arguments:** ``duration(op)``; ``transfer(consumer, dep)`` the time of the transfer on edge
     ``dep`` on its link; ``communication`` the mode; ``devices_per_node`` its topology (None: one
@@ -109,7 +108,11 @@ def evaluate_network(
         return xfer[node][1] if isinstance(node, tuple) else finish[node]
 
     changed = True
+    rounds = 0
     while changed:
+        if rounds > len(start) + len(xfer):
+            raise ScheduleError(f"the schedule deadlocks under {communication} communication (its waits form a cycle)")
+        rounds += 1
         changed = False
         for key, old in xfer.items():
             ready = max([end(key[0]), *map(end, waits.get(key, ()))])
