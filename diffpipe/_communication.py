@@ -194,16 +194,16 @@ class Blocking(AbstractCommunication):
     deadlock = "send and receive orders disagree"
 
     def waits(self, schedule, devices_per_node):
+        orders = schedule.orders
+        position = {(d, op): i for d, order in enumerate(orders) for i, op in enumerate(order)}
         pairs: list[tuple[Node, Node]] = []
         for producer, consumer, dep in transfers(schedule):
-            order = schedule.orders[dep.dst]
-            position = order.index(consumer)
-            if position > 0:
-                pairs.append(((producer, consumer), order[position - 1]))
-            order = schedule.orders[dep.src]
-            position = order.index(producer)
-            if position + 1 < len(order):
-                pairs.append((order[position + 1], (producer, consumer)))
+            i = position[(dep.dst, consumer)]
+            if i > 0:
+                pairs.append(((producer, consumer), orders[dep.dst][i - 1]))
+            i = position[(dep.src, producer)]
+            if i + 1 < len(orders[dep.src]):
+                pairs.append((orders[dep.src][i + 1], (producer, consumer)))
         return pairs
 
 
