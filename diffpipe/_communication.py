@@ -43,9 +43,11 @@ def node_size(devices_per_node: int | None, devices: int) -> int:
     return devices if devices_per_node is None else devices_per_node
 
 
-def one_node(devices_per_node: int | None, devices: int) -> bool:
-    """Whether ``devices``, grouped ``devices_per_node`` to a node (``node_size``), share one node."""
-    return node_size(devices_per_node, devices) >= devices
+def topology(devices_per_node: int | None, devices: int) -> int | None:
+    """The canonical form of ``devices_per_node`` for ``devices``: None when they all share one
+    node (``node_size``), else the devices per node. Equal forms give equal lanes."""
+    per_node = node_size(devices_per_node, devices)
+    return None if per_node >= devices else per_node
 
 
 def transfers(schedule: Schedule) -> list[tuple[Op, Op, Any]]:

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Int
 
-from ._communication import BLOCK, LINK, AbstractCommunication, node_size, one_node
+from ._communication import BLOCK, LINK, AbstractCommunication, node_size, topology
 from ._communication import communication as as_communication
 from ._errors import ConfigError, ScheduleError
 from .schedules import Op, Schedule
@@ -411,8 +411,7 @@ def stack_graphs(graphs: Sequence[Graph]) -> Graph:
     graphs = list(graphs)
     if not graphs:
         raise ConfigError("stack_graphs needs at least one graph")
-    modes = {(g.communication, None if one_node(g.devices_per_node, g.devices) else g.devices_per_node)
-             for g in graphs}
+    modes = {(g.communication, topology(g.devices_per_node, g.devices)) for g in graphs}
     if len(modes) > 1:
         settings = sorted(f"{mode} with {per_node or 'all'} devices per node" for mode, per_node in modes)
         raise ConfigError(f"stack_graphs: graphs compiled for different communication settings: {', '.join(settings)}")

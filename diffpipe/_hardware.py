@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._communication import AbstractCommunication, network_mode, node_size, one_node
+from ._communication import AbstractCommunication, network_mode, topology
 from ._errors import ConfigError
 from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, Graph
 
@@ -237,8 +237,7 @@ class Hardware(eqx.Module):
                 f"(this one was compiled for '{compiled}')"
             )
         ours, theirs = self.network.devices_per_node, graph.devices_per_node
-        if mode.uses_topology and node_size(ours, graph.devices) != theirs and not (
-                one_node(ours, graph.devices) and one_node(theirs, graph.devices)):
+        if mode.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
             raise ConfigError(
                 f"hardware has {ours} devices per node but the graph was compiled for {theirs}"
             )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._communication import node_size, one_node
+from diffpipe._communication import node_size, topology
 from diffpipe.schedules._reference import evaluate_network
 
 # -- two modes defined outside the package: one class each, no edit to diffpipe ---------------
@@ -149,7 +149,7 @@ def test_blocking_busy_weight_counts_both_ends():
 
 def test_topology_rule_one_node_by_default():
     assert node_size(None, 8) == 8 and node_size(2, 8) == 2
-    assert one_node(None, 8) and one_node(8, 8) and one_node(16, 8) and not one_node(4, 8)
+    assert topology(None, 8) is None and topology(8, 8) is None and topology(16, 8) is None and topology(4, 8) == 4
     s = schedule("1f1b", 4, 4, {})
     graph = dp.compile(s, communication="contention")  # default: one node
     one = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), mode="contention", devices_per_node=8)
