@@ -13,7 +13,7 @@ Instances are random heterogeneous layer tables (log-normal compute, an embeddin
 layer, uneven boundary activations, a network, and on some a memory cap), plus a GPT-style
 transformer on H100s (``Workload.from_model``). Times are wall-clock on this machine; compilation is
 reported apart (first call) from a warm call. The pure-Python reference evaluator
-(``schedules._table.evaluate``) is timed on the same schedule for comparison.
+(``schedules._reference.evaluate``) is timed on the same schedule for comparison.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 import diffpipe as dp
 from diffpipe._baselines import compositions, evaluate_plans
-from diffpipe.schedules._table import evaluate
+from diffpipe.schedules._reference import evaluate
 
 DEVICES, MICROBATCHES = 8, 16
 

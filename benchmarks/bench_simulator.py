@@ -4,7 +4,7 @@ Run by hand (nothing in CI depends on a timing):
 
     python benchmarks/bench_simulator.py [--quick] [--out benchmarks/results/simulator-cpu.json]
 
-Every row compares against the pure-Python reference evaluator (``schedules._table.evaluate``)
+Every row compares against the pure-Python reference evaluator (``schedules._reference.evaluate``)
 in the same run. Peak memory is XLA's own account of the compiled function's buffers
 (``compiled.memory_analysis()``: arguments + outputs + temporaries).
 """
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import diffpipe as dp
-from diffpipe.schedules._table import evaluate
+from diffpipe.schedules._reference import evaluate
 
 
 def timeit(fn, *, repeat: int = 5) -> float:

@@ -11,7 +11,7 @@ XLA compilation included) and warm (compiled evaluators reused; schedules and gr
 Peak memory is the process's maximum resident set (``resource.getrusage``), next to the sweep's
 stated per-device chunk bound; the evaluator's own buffers are checked against the estimate
 (``bytes_per_point``) with XLA's ``memory_analysis``. The same run times the pure-Python reference
-evaluator (``schedules._table.evaluate``) on a sample of the points and checks its makespans.
+evaluator (``schedules._reference.evaluate``) on a sample of the points and checks its makespans.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 import diffpipe as dp  # noqa: E402
 from diffpipe import _sweep  # noqa: E402
-from diffpipe.schedules._table import evaluate  # noqa: E402
+from diffpipe.schedules._reference import evaluate  # noqa: E402
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
 DEVICES = [4]

@@ -13,6 +13,13 @@ from .schedules import table as table
 
 # Public name -> module that defines it (imported on first attribute access).
 _LAZY = {
+    "AbstractCommunication": "._communication",
+    "AbstractLaneCommunication": "._communication",
+    "Blocking": "._communication",
+    "Contention": "._communication",
+    "NoCommunication": "._communication",
+    "Overlap": "._communication",
+    "communication": "._communication",
     "Comparison": "._compare",
     "Machine": "._compare",
     "compare": "._compare",
@@ -51,6 +58,13 @@ if TYPE_CHECKING:
     from ._baselines import brute_force_partition as brute_force_partition
     from ._baselines import minmax_partition as minmax_partition
     from ._baselines import uniform_partition as uniform_partition
+    from ._communication import AbstractCommunication as AbstractCommunication
+    from ._communication import AbstractLaneCommunication as AbstractLaneCommunication
+    from ._communication import Blocking as Blocking
+    from ._communication import Contention as Contention
+    from ._communication import NoCommunication as NoCommunication
+    from ._communication import Overlap as Overlap
+    from ._communication import communication as communication
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare

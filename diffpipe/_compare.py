@@ -46,7 +46,7 @@ from .schedules import get as get_schedule
 from .schedules import names as family_names
 from .schedules import table as schedule_table
 from .schedules._analysis import peak_activations as schedule_peak_activations
-from .schedules._table import DEFAULT_DURATIONS
+from .schedules._reference import DEFAULT_DURATIONS
 
 #: The levels, in order of increasing fidelity.
 LEVELS = ("formula", "table", "simulation")
@@ -656,5 +656,5 @@ def compare(
         durations=merged, rtol=float(rtol), entries=tuple(entries),
         ranks={level: ranks(values[level], rtol) for level in LEVELS},
         pairs=tuple(_level_pair(a, b, names, values, rtol) for a, b in combinations(LEVELS, 2)),
-        communication=mode,
+        communication=str(mode),
     )

@@ -20,26 +20,24 @@ import jax
 import numpy as np
 from jaxtyping import Array, Int
 
+from ._communication import BLOCK, LINK, AbstractCommunication, node_size, topology
+from ._communication import communication as as_communication
 from ._errors import ConfigError, ScheduleError
 from .schedules import Op, Schedule
+from .schedules._analysis import weight_versions
 from .schedules._rules import ACTIVATION, DATA, GRADIENT, LANE
-from .schedules._table import transfer_order
 
 #: Node kind codes (``Graph.kind``); -1 marks padding.
 KIND_CODES = {"F": 0, "B": 1, "I": 2, "W": 3, "U": 4, "R": 5, "T": 6}
 PAD = -1
 #: Edge type codes (``Graph.edge``); 0 marks padding.
 EDGE_PAD, EDGE_LANE, EDGE_DATA, EDGE_ACTIVATION, EDGE_GRADIENT, EDGE_FEED, EDGE_LINK, EDGE_BLOCK = range(8)
-_EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GRADIENT: EDGE_GRADIENT}
+_EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GRADIENT: EDGE_GRADIENT,
+               LINK: EDGE_LINK, BLOCK: EDGE_BLOCK}
 
 #: Cost-row types (``Graph.node_cost[:, 0]``): zero, the four compute kinds, optimizer step,
 #: all-reduce (args: participants, first and last device), transfer (args: src, dst, boundary).
 COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T = range(8)
-
-#: How communication is modelled (see ``Hardware``): ``none`` idealized; ``overlap`` a delay on the
-#: edge, no contention; ``contention`` each directed link, or a node's shared NIC for inter-node
-#: traffic, carries one transfer at a time in issue order; ``blocking`` sender and receiver are busy.
-COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
 
 
 class Graph(eqx.Module):
@@ -97,7 +95,7 @@ class Graph(eqx.Module):
     pipelines: int = eqx.field(static=True)
     microbatches: int = eqx.field(static=True)
     steps: int = eqx.field(static=True)
-    communication: str = eqx.field(static=True)
+    communication: AbstractCommunication = eqx.field(static=True)
     devices_per_node: int = eqx.field(static=True)
 
     @property
@@ -132,26 +130,19 @@ class _Node:
     preds: list = field(default_factory=list)  # [(node id, edge code, src, dst, boundary)]
 
 
-def _link_of(src: int, dst: int, devices_per_node: int) -> tuple:
-    """The lane a transfer occupies under contention: its directed link inside a node, else the
-    sending node's NIC (shared by all inter-node traffic leaving that node)."""
-    if src // devices_per_node == dst // devices_per_node:
-        return ("link", src, dst)
-    return ("nic", src // devices_per_node)
-
-
 def compile(  # noqa: A001 - the public name DESIGN.md fixes
     schedule: Schedule,
     *,
-    communication: str = "overlap",
+    communication: str | AbstractCommunication = "overlap",
     devices_per_node: int | None = None,
 ) -> Graph:
     """Compile ``schedule`` into dependency tensors.
 
     Args:
         schedule: a (validated) ``Schedule``.
-        communication: one of ``COMMUNICATION_MODES``. ``none`` and ``overlap`` put transfers on
-            edges; ``contention`` and ``blocking`` make each transfer a node (structure differs).
+        communication: an ``AbstractCommunication`` or its name (``none``, ``overlap``,
+            ``contention``, ``blocking``). ``none`` and ``overlap`` put transfers on edges;
+            ``contention`` and ``blocking`` make each transfer a node (structure differs).
         devices_per_node: devices sharing a node (default: all on one node). Under ``contention``
             inter-node transfers share their sending node's NIC.
 
@@ -160,9 +151,8 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
     """
     if not isinstance(schedule, Schedule):
         raise ConfigError(f"compile expects a Schedule, got {type(schedule).__name__}")
-    if communication not in COMMUNICATION_MODES:
-        raise ConfigError(f"communication {communication!r} is not one of {', '.join(COMMUNICATION_MODES)}")
-    per_node = schedule.devices if devices_per_node is None else devices_per_node
+    mode = as_communication(communication)
+    per_node = node_size(devices_per_node, schedule.devices)
     if not isinstance(per_node, int) or per_node < 1:
         raise ConfigError(f"devices_per_node must be a positive int, got {devices_per_node!r}")
 
@@ -173,56 +163,30 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
         lanes = schedule.devices_of(op)
         nodes.append(_Node(op.kind, op.stage, op.pipeline, op.microbatch, lanes[0], lanes[-1],
                            group=len(lanes), op_index=i))
-    as_nodes = communication in ("contention", "blocking")
-    transfers: list[tuple[int, int, int]] = []  # (transfer node, producer node, consumer node)
+    # Nodes: an op, or (its mode's ``transfer_nodes``) a transfer, keyed by (producer, consumer).
+    node_of: dict[Op | tuple[Op, Op], int] = dict(index)
     for i, op in enumerate(ops):
         for dep in schedule.dependencies[op]:
             code = _EDGE_CODES[dep.edge]
-            if as_nodes and dep.is_transfer:
+            if mode.transfer_nodes and dep.is_transfer:
                 t = len(nodes)
                 nodes.append(_Node("T", op.stage, op.pipeline, op.microbatch, dep.src, dep.dst,
                                    boundary=dep.boundary))
                 nodes[t].preds.append((index[dep.op], EDGE_FEED, dep.src, dep.src, -1))
                 nodes[i].preds.append((t, EDGE_FEED, dep.dst, dep.dst, -1))
-                transfers.append((t, index[dep.op], i))
+                node_of[(dep.op, op)] = t
             else:
                 nodes[i].preds.append((index[dep.op], code, dep.src, dep.dst, dep.boundary))
-    if communication == "contention":
-        _add_link_order(schedule, nodes, transfers, per_node)
-    elif communication == "blocking":
-        _add_blocking(schedule, nodes, transfers, index)
+    wait = _EDGE_CODES[mode.wait_edge]
+    for waiter, waited in mode.waits(schedule, per_node):
+        nodes[node_of[waiter]].preds.append((node_of[waited], wait, -1, -1, -1))
 
-    level = _levels(nodes, blocking=communication == "blocking", ops=ops)
-    return _arrays(schedule, nodes, level, communication, per_node)
-
-
-def _add_link_order(schedule: Schedule, nodes: list[_Node], transfers, per_node: int) -> None:
-    """Chain the transfers of each link in issue order (``schedules._table.transfer_order``)."""
-    ops = schedule.ops
-    node_of = {(ops[producer], ops[consumer]): t for t, producer, consumer in transfers}
-    for queue in transfer_order(schedule, lambda s, d: _link_of(s, d, per_node)).values():
-        for before, after in zip(queue, queue[1:]):
-            nodes[node_of[after]].preds.append((node_of[before], EDGE_LINK, -1, -1, -1))
+    level = _levels(nodes, mode=mode, ops=ops)
+    return _arrays(schedule, nodes, level, mode, per_node)
 
 
-def _add_blocking(schedule: Schedule, nodes: list[_Node], transfers, index: dict[Op, int]) -> None:
-    """A blocking transfer starts when the receiver has finished the op before the consumer, and the
-    sender's next op waits for it to end: both devices are busy for its duration."""
-    ops = schedule.ops
-    for t, producer, consumer in transfers:
-        sender, receiver = nodes[t].device, nodes[t].dst
-        order = schedule.orders[receiver]
-        position = order.index(ops[consumer])
-        if position > 0:
-            nodes[t].preds.append((index[order[position - 1]], EDGE_BLOCK, -1, -1, -1))
-        order = schedule.orders[sender]
-        position = order.index(ops[producer])
-        if position + 1 < len(order):
-            nodes[index[order[position + 1]]].preds.append((t, EDGE_BLOCK, -1, -1, -1))
-
-
-def _levels(nodes: list[_Node], *, blocking: bool, ops: Sequence[Op]) -> list[int]:
-    """Longest-path level of every node (Kahn); a cycle only arises from blocking transfers."""
+def _levels(nodes: list[_Node], *, mode: AbstractCommunication, ops: Sequence[Op]) -> list[int]:
+    """Longest-path level of every node (Kahn); a cycle only arises from a mode's waits."""
     successors: list[list[int]] = [[] for _ in nodes]
     waiting = [len(n.preds) for n in nodes]
     for i, n in enumerate(nodes):
@@ -243,8 +207,8 @@ def _levels(nodes: list[_Node], *, blocking: bool, ops: Sequence[Op]) -> list[in
         stuck = [i for i, w in enumerate(waiting) if w > 0 and nodes[i].kind != "T"]
         names = ", ".join(str(ops[nodes[i].op_index]) for i in stuck[:4])
         raise ScheduleError(
-            f"the schedule deadlocks under blocking communication (send and receive orders "
-            f"disagree); stuck ops include {names}; use communication='overlap' or 'contention'"
+            f"the schedule deadlocks under {mode} communication ({mode.deadlock}); stuck ops include {names}; "
+            "use communication='overlap' or 'contention'"
         )
     return level
 
@@ -273,7 +237,7 @@ def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
     return node_row, edge_row, node_cost, edge_cost
 
 
-def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communication: str,
+def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communication: AbstractCommunication,
             per_node: int) -> Graph:
     count = len(nodes)
     order = sorted(range(count), key=lambda i: (level[i], i))
@@ -328,7 +292,6 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
         for op in lane:
             lane_nodes.append(op_node[index[op]])
             lane_device.append(d)
-    from .schedules._analysis import weight_versions
 
     return Graph(
         kind=_int_array(kind), stage=_int_array(stage), pipeline=_int_array(pipe),
@@ -448,11 +411,12 @@ def stack_graphs(graphs: Sequence[Graph]) -> Graph:
     graphs = list(graphs)
     if not graphs:
         raise ConfigError("stack_graphs needs at least one graph")
-    modes = {(g.communication, g.devices_per_node if g.devices_per_node < g.devices else None) for g in graphs}
+    modes = {(g.communication, topology(g.devices_per_node, g.devices)) for g in graphs}
     if len(modes) > 1:
-        raise ConfigError(f"stack_graphs: graphs compiled for different communication settings {sorted(modes)}")
+        settings = sorted(f"{mode} with {per_node or 'all'} devices per node" for mode, per_node in modes)
+        raise ConfigError(f"stack_graphs: graphs compiled for different communication settings: {', '.join(settings)}")
     sizes = common_sizes(graphs)
     ((_, per_node),) = modes
-    per_node = per_node or sizes["devices"]  # one node holding every device
+    per_node = node_size(per_node, sizes["devices"])
     padded = [pad_graph(g, **sizes, devices_per_node=per_node) for g in graphs]
     return jax.tree.map(lambda *xs: _int_array(np.stack([np.asarray(x) for x in xs])), *padded)

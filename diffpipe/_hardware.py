@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._communication import AbstractCommunication, network_mode, topology
 from ._errors import ConfigError
-from ._graph import COMMUNICATION_MODES, COST_F, COST_R, COST_T, COST_U, COST_W, Graph
+from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, Graph
 
 
 def _float(value: Any) -> Array:
@@ -69,8 +70,9 @@ class Network(eqx.Module):
     """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
 
     ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
-    node-based values for each directed pair. ``mode`` is one of ``none``, ``overlap``,
-    ``contention``, ``blocking`` (see ``diffpipe._graph.COMMUNICATION_MODES``).
+    node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
+    name (``none``, ``overlap``, ``contention``, ``blocking``); ``devices_per_node`` None means one
+    node (``_communication.node_size``).
     ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``.
     """
 
@@ -80,13 +82,11 @@ class Network(eqx.Module):
     inter_bandwidth: Float[Array, ""]
     pair_latency: Float[Array, "devices devices"] | None = None
     pair_bandwidth: Float[Array, "devices devices"] | None = None
-    mode: str = eqx.field(static=True, default="overlap")
+    mode: AbstractCommunication = eqx.field(static=True, default="overlap", converter=network_mode)
     devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
 
     def __check_init__(self) -> None:
-        if self.mode not in COMMUNICATION_MODES:
-            raise ConfigError(f"network: mode {self.mode!r} is not one of {', '.join(COMMUNICATION_MODES)}")
         if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
                                                   or self.devices_per_node < 1):
             raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
@@ -102,7 +102,8 @@ class Network(eqx.Module):
             _check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
 
     @classmethod
-    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *, mode: str = "overlap") -> Network:
+    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
+                mode: str | AbstractCommunication = "overlap") -> Network:
         """Every link alike (one node)."""
         return cls(_float(latency), _float(bandwidth), _float(latency), _float(bandwidth), mode=mode)
 
@@ -167,7 +168,7 @@ class Hardware(eqx.Module):
         activation_bytes: Any = 0.0,
         static_bytes: Any = 0.0,
         capacity: Any = math.inf,
-        mode: str = "overlap",
+        mode: str | AbstractCommunication = "overlap",
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -230,16 +231,15 @@ class Hardware(eqx.Module):
     def check_graph(self, graph: Graph) -> None:
         """The graph's structure must have been compiled for this network's communication mode."""
         mode, compiled = self.network.mode, graph.communication
-        edges = ("none", "overlap")
-        if (mode in edges) != (compiled in edges) or (mode not in edges and mode != compiled):
+        if mode.graph_key != compiled.graph_key:
             raise ConfigError(
-                f"hardware communication {mode!r} needs a graph compiled with communication={mode!r} "
-                f"(this one was compiled for {compiled!r})"
+                f"hardware communication '{mode}' needs a graph compiled with communication='{mode}' "
+                f"(this one was compiled for '{compiled}')"
             )
-        if mode == "contention" and (self.network.devices_per_node or graph.devices) != graph.devices_per_node:
+        ours, theirs = self.network.devices_per_node, graph.devices_per_node
+        if mode.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
             raise ConfigError(
-                f"hardware has {self.network.devices_per_node} devices per node but the graph was "
-                f"compiled for {graph.devices_per_node}"
+                f"hardware has {ours} devices per node but the graph was compiled for {theirs}"
             )
 
     # -- costs ------------------------------------------------------------------------------------
@@ -254,10 +254,8 @@ class Hardware(eqx.Module):
         overhead = _traced_check("overhead", self.overhead)
         # The hardware's topology decides which links are inter-node; under contention the graph's
         # lanes were built for it too (check_graph above).
-        per_node = self.network.devices_per_node or graph.devices_per_node
-        latency, bandwidth = self.network.links(graph.devices, per_node)
-        if self.network.mode == "none":
-            latency, bandwidth = jnp.zeros_like(latency), jnp.full_like(bandwidth, jnp.inf)
+        per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
+        latency, bandwidth = self.network.mode.links(*self.network.links(graph.devices, per_node))
 
         def transfer(src, dst, pipe, boundary):
             base = jnp.where(src != dst, latency[src, dst], 0.0)

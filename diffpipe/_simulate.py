@@ -198,7 +198,7 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     dur = dur[:, 0]
     real = graph.kind != PAD
     busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
-    if graph.communication == "blocking":  # a blocking transfer occupies both ends
+    if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
         xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
         busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
         busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)

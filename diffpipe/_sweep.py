@@ -82,9 +82,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
+from ._communication import COMMUNICATION_MODES
 from ._errors import ConfigError, ScheduleError
 from ._evaluate import finish_times, sink_max
-from ._graph import COMMUNICATION_MODES, KIND_CODES, PAD, Graph, common_sizes, compile, pad_graph
+from ._graph import KIND_CODES, PAD, Graph, common_sizes, compile, pad_graph
 from ._hardware import Hardware, Network
 from ._simulate import _tables, peak_memory
 from .schedules import Placement, Schedule, get
@@ -782,8 +783,7 @@ def _busy_weights(graph: Graph) -> np.ndarray:
     busy time ``sum(weights * dur)`` is then one product, not a per-device gather and scatter."""
     kind = np.asarray(graph.kind)
     weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
-    if graph.communication == "blocking":
-        weights += 2 * (kind == KIND_CODES["T"])
+    weights += graph.communication.busy_weight * (kind == KIND_CODES["T"])
     return weights
 
 

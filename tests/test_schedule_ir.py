@@ -1,9 +1,16 @@
-"""The schedule IR: ops, placements, validation errors and the table evaluator."""
+"""The schedule IR: ops, placements, validation errors, the table and the reference evaluators."""
+
+import subprocess
+import sys
 
 import pytest
+from _cases import schedules
 
 import diffpipe as dp
 from diffpipe.schedules import Op, Placement, Schedule, orders_from_strings
+from diffpipe.schedules._reference import as_duration_fn, evaluate, evaluate_network
+
+SCHEDULES = schedules()
 
 
 def make(rows, devices=None, microbatches=2, placement=None):
@@ -120,3 +127,35 @@ def test_registry_errors():
         dp.schedules.get("1f1b", devices=0, microbatches=2)
     with pytest.raises(dp.ScheduleError, match="unknown option 'chunks'"):
         dp.schedules.get("1f1b", devices=2, microbatches=2, chunks=2)
+
+
+def test_the_discrete_world_imports_no_jax():
+    code = ("import sys, diffpipe.schedules as s; s.table(s.get('1f1b', devices=2, microbatches=2)); "
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'numpy')], 'jax loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("case, s", SCHEDULES, ids=[c for c, _ in SCHEDULES])
+def test_reference_evaluators_agree(case, s):
+    # evaluate_network under an edge mode is evaluate with the mode's cost on transfer edges.
+    def duration(op):
+        return 1.0 + 0.25 * op.stage + 0.5 * (op.kind in "BI")
+
+    def transfer(op, dep):
+        return 0.3 + 0.1 * dep.boundary
+
+    plain = evaluate(s, duration)
+    delayed = evaluate(s, duration, lambda op, dep: transfer(op, dep) if dep.is_transfer else 0.0)
+    assert evaluate_network(s, duration, transfer, dp.communication("none"))[:2] == plain
+    assert evaluate_network(s, duration, transfer, dp.communication("overlap"))[:2] == delayed
+    assert dp.table(s).finish == evaluate(s, as_duration_fn(None))[1]
+    # transfer nodes on lanes only ever delay: contention and blocking finish no earlier than overlap
+    for mode in ("contention", "blocking"):
+        try:
+            _, finish, xfer = evaluate_network(s, duration, transfer, dp.communication(mode), 2)
+        except dp.ScheduleError:  # the reference finds the deadlock compile finds
+            with pytest.raises(dp.ScheduleError, match=f"deadlocks under {mode}"):
+                dp.compile(s, communication=mode, devices_per_node=2)
+            continue
+        assert all(finish[op] >= delayed[1][op] - 1e-9 for op in s.ops)
+        assert len(xfer) == sum(dep.is_transfer for op in s.ops for dep in s.dependencies[op])

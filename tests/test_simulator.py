@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
-from diffpipe._graph import _link_of
-from diffpipe.schedules._table import evaluate_network
+from diffpipe.schedules._reference import evaluate_network
 
 SCHEDULES = schedules()
 MODES = ("none", "overlap", "contention", "blocking")
@@ -70,7 +69,7 @@ def build(s, rng, mode, devices_per_node=None, scale=1.0):
         a, beta = link(dep.src, dep.dst)
         return a + size[op.microbatch] * msg[op.pipeline, dep.boundary] / beta
 
-    return hw, duration, transfer, (lambda s_, d_: _link_of(s_, d_, per_node))
+    return hw, duration, transfer, dp.communication(mode)
 
 
 @pytest.mark.parametrize("case, s", SCHEDULES, ids=[c for c, _ in SCHEDULES])
@@ -78,13 +77,13 @@ def build(s, rng, mode, devices_per_node=None, scale=1.0):
 def test_matches_reference_every_family_and_mode(case, s, mode):
     rng = np.random.default_rng(abs(hash((case, mode))) % 2**32)
     per_node = 2 if s.devices >= 4 else None
-    hw, duration, transfer, link_of = build(s, rng, mode, per_node)
+    hw, duration, transfer, comm = build(s, rng, mode, per_node)
     try:
         result = dp.simulate(s, hw)
     except dp.ScheduleError as error:  # blocking send/recv orders may deadlock: the reference agrees
         assert mode == "blocking" and "deadlocks under blocking" in str(error)
         return
-    start, finish, _ = evaluate_network(s, duration, transfer, mode, link_of)
+    start, finish, _ = evaluate_network(s, duration, transfer, comm, per_node)
     want = np.array([finish[op] for op in s.ops])
     np.testing.assert_allclose(np.asarray(result.finish), want, rtol=2e-5, atol=1e-4)
     np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=2e-5, atol=1e-4)
@@ -97,9 +96,9 @@ def test_random_hardware_matches_reference(data):
     case, s = data.draw(st.sampled_from(SCHEDULES))
     mode = data.draw(st.sampled_from(("overlap", "contention")))
     seed = data.draw(st.integers(0, 2**31))
-    hw, duration, transfer, link_of = build(s, np.random.default_rng(seed), mode, None)
+    hw, duration, transfer, comm = build(s, np.random.default_rng(seed), mode, None)
     got = dp.makespan(dp.compile(s, communication=mode), hw)
-    _, finish, _ = evaluate_network(s, duration, transfer, mode, link_of)
+    _, finish, _ = evaluate_network(s, duration, transfer, comm)
     assert float(got) == pytest.approx(max(finish.values()), rel=2e-5)
 
 

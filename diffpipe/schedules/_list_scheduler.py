@@ -35,8 +35,8 @@ from typing import Any
 
 from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
+from ._reference import Durations, as_duration_fn
 from ._rules import data_predecessor
-from ._table import Durations, as_duration_fn
 
 #: The named priority rules.
 PRIORITIES = ("backward-first", "forward-first", "zero-bubble")

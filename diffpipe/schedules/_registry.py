@@ -107,7 +107,7 @@ def formula(
 ) -> Formula | None:
     """The family's closed form (None where the literature gives none) at per-kind ``durations``
     (default F=1, B=2, I=W=1, as in ``table``)."""
-    from ._table import DEFAULT_DURATIONS
+    from ._reference import DEFAULT_DURATIONS
 
     fam = family(name)
     _check_options(fam, options)

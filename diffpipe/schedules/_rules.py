@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._ops import Op, Placement
+from ._ir import Op, Placement
 
 LANE = "lane"  #: previous op on the same device
 DATA = "data"  #: data dependency inside one device (no transfer)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import ScheduleError
 from . import _rules
-from ._ops import COMPUTE_KINDS, Op
+from ._ir import COMPUTE_KINDS, Op
 
 if TYPE_CHECKING:
     from ._ops import Schedule

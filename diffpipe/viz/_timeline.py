@@ -187,7 +187,7 @@ def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.
     real = op_index >= 0
     row_finish[real] = finish[op_index[real]]
     transfers = []
-    if mode in ("contention", "blocking"):
+    if mode.transfer_nodes:
         consumer_of = {}
         for i in np.flatnonzero(real):
             for k in np.flatnonzero(edge[i] == EDGE_FEED):
@@ -215,7 +215,7 @@ def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.
                     "activation" if edge[i, k] == EDGE_ACTIVATION else "gradient",
                     _lane_name(s, d, per_node, mode), begin, begin + float(delay[i, k])))
     transfers.sort(key=lambda t: (t.start, t.src, t.dst))
-    return transfers, mode
+    return transfers, mode.name
 
 
 def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish: np.ndarray):

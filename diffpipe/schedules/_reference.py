@@ -1,0 +1,135 @@
+"""The pure-Python reference evaluators: the semantics the JAX simulator is tested against.
+
+Deliberately plain: visit ops in topological order (``evaluate``), or solve the equations of a
+communication mode by plain iteration (``evaluate_network``). No JAX, no arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ScheduleError
+from ._ir import KINDS, Op
+from ._rules import Dep
+
+if TYPE_CHECKING:  # annotations only: _ops builds on this module
+    from ._ops import Schedule
+
+#: Default unit durations of the tabular view and of the contention issue order (B = I + W).
+DEFAULT_DURATIONS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "U": 0.0, "R": 0.0}
+
+Durations = Mapping[str, float] | Callable[[Op], float]
+
+
+def as_duration_fn(durations: Durations | None) -> Callable[[Op], float]:
+    """A per-op duration function from a ``{kind: time}`` mapping (missing kinds take the default)."""
+    if durations is None:
+        durations = {}
+    if callable(durations):
+        return durations
+    unknown = set(durations) - set(KINDS)
+    if unknown:
+        raise ScheduleError(f"durations: unknown op kind(s) {sorted(unknown)}; kinds are {', '.join(KINDS)}")
+    table = {**DEFAULT_DURATIONS, **durations}
+    for kind, value in table.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ScheduleError(f"durations: {kind} must be a finite non-negative number, got {value!r}")
+    return lambda op: float(table[op.kind])
+
+
+def evaluate(
+    schedule: Schedule,
+    duration: Callable[[Op], float],
+    delay: Callable[[Op, Dep], float] | None = None,
+) -> tuple[dict[Op, float], dict[Op, float]]:
+    """Start and finish time of every op: ``start = max(0, max over edges (finish[pred] + delay))``.
+
+    **Arguments:** ``duration(op)``; ``delay(op, dep)`` the extra time on the edge ``dep -> op``
+    (a transfer, say; default 0). **Returns:** ``(start, finish)`` keyed by op.
+    """
+    start: dict[Op, float] = {}
+    finish: dict[Op, float] = {}
+    for op in schedule.ops:  # topological order
+        ready = 0.0
+        for dep in schedule.dependencies[op]:
+            extra = delay(op, dep) if delay is not None else 0.0
+            ready = max(ready, finish[dep.op] + extra)
+        start[op] = ready
+        finish[op] = ready + duration(op)
+    return start, finish
+
+
+def evaluate_network(
+    schedule: Schedule,
+    duration: Callable[[Op], float],
+    transfer: Callable[[Op, Dep], float],
+    communication: Any,
+    devices_per_node: int | None = None,
+) -> tuple[dict[Op, float], dict[Op, float], dict[tuple[Op, Op], tuple[float, float]]]:
+    """Reference semantics of a communication mode, as equations solved by plain iteration.
+
+    The mode is an ``AbstractCommunication`` (``diffpipe.communication("contention")``, say); this
+    function only reads what the mode declares:
+
+    - ``transfer_nodes`` false: a consumer starts ``cost(transfer)`` after its producer finishes;
+    - ``transfer_nodes`` true: a transfer of duration ``cost(transfer)`` starts when its producer
+      has finished, and its consumer waits for it to end;
+    - ``waits(schedule, devices_per_node)``: further ``(waiter, waited)`` pairs of ops or transfers
+      (a transfer is its ``(producer, consumer)`` pair): the waiter starts after the waited ends.
+
+    Every op starts when all it waits for has finished (``max``, at least 0). The equations are
+    re-evaluated until nothing changes (a longest-path fixed point, reached within as many rounds
+    as the graph has nodes; raises ``ScheduleError`` if the waits form a cycle and it never is).
+
+    **Arguments:** ``duration(op)``; ``transfer(consumer, dep)`` the time of the transfer on edge
+    ``dep`` on its link; ``communication`` the mode; ``devices_per_node`` its topology (None: one
+    node). **Returns:** op starts, op finishes, and ``(start, finish)`` of each transfer node keyed
+    by ``(producer, consumer)``.
+    """
+    deps = schedule.dependencies
+    as_node = communication.transfer_nodes
+    start = {op: 0.0 for op in schedule.ops}
+    finish = {op: duration(op) for op in schedule.ops}
+    xfer: dict[tuple[Op, Op], tuple[float, float]] = {}
+    cost: dict[tuple[Op, Op], float] = {}
+    for op in schedule.ops:
+        for dep in deps[op]:
+            if dep.is_transfer:
+                cost[(dep.op, op)] = communication.cost(transfer(op, dep))
+                if as_node:
+                    xfer[(dep.op, op)] = (0.0, cost[(dep.op, op)])
+    waits: dict[Any, list[Any]] = {}
+    for waiter, waited in communication.waits(schedule, devices_per_node):
+        waits.setdefault(waiter, []).append(waited)
+
+    def end(node: Any) -> float:
+        return xfer[node][1] if isinstance(node, tuple) else finish[node]
+
+    changed = True
+    rounds = 0
+    while changed:
+        if rounds > len(start) + len(xfer):
+            raise ScheduleError(f"the schedule deadlocks under {communication} communication (its waits form a cycle)")
+        rounds += 1
+        changed = False
+        for key, old in xfer.items():
+            ready = max([end(key[0]), *map(end, waits.get(key, ()))])
+            new = (ready, ready + cost[key])
+            if new != old:
+                xfer[key], changed = new, True
+        for op in schedule.ops:
+            ready = 0.0
+            for dep in deps[op]:
+                if dep.is_transfer and as_node:
+                    ready = max(ready, xfer[(dep.op, op)][1])
+                elif dep.is_transfer:
+                    ready = max(ready, finish[dep.op] + cost[(dep.op, op)])
+                else:
+                    ready = max(ready, finish[dep.op])
+            for node in waits.get(op, ()):
+                ready = max(ready, end(node))
+            if ready != start[op]:
+                start[op], finish[op], changed = ready, ready + duration(op), True
+    return start, finish, xfer

@@ -1,0 +1,161 @@
+"""Communication modes as objects: the built-ins, the string edge, and modes defined outside diffpipe."""
+
+import zlib
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import diffpipe as dp
+from diffpipe._communication import node_size, topology
+from diffpipe.schedules._reference import evaluate_network
+
+# -- two modes defined outside the package: one class each, no edit to diffpipe ---------------
+
+
+class HalfDuplex(dp.AbstractLaneCommunication):
+    """Each device pair shares one half-duplex link: its transfers, in either direction, run one
+    at a time in issue order (contention has one lane per direction)."""
+
+    name = "half-duplex"
+
+    def lane(self, src, dst, devices_per_node):
+        return frozenset((src, dst))
+
+
+@dataclass(frozen=True)
+class Delayed(dp.AbstractCommunication):
+    """``overlap`` plus a fixed software latency ``extra`` on every link (a parametrised mode)."""
+
+    extra: float
+    name = "delayed"
+
+    def links(self, latency, bandwidth):
+        return latency + self.extra, bandwidth
+
+    def cost(self, seconds):
+        return seconds + self.extra
+
+
+CASES = [("1f1b", 4, 6, {}), ("zb-h1", 3, 4, {}), ("interleaved-1f1b", 2, 4, {"chunks": 2}), ("chimera", 4, 4, {})]
+LAT, BW = 0.05, 2.0
+
+
+def machine(s, mode, seed):
+    """Random per-stage hardware on uniform links, and the reference's duration/transfer functions."""
+    rng = np.random.default_rng(seed)
+    P, S, M = s.pipelines, s.stages, s.microbatches
+    f, b, w, msg = (rng.uniform(0.5, 2.0, (P, S)) for _ in range(4))
+    size = rng.uniform(0.5, 1.5, M)
+    hw = dp.Hardware(
+        forward=jnp.asarray(f, jnp.float32), backward=jnp.asarray(b, jnp.float32),
+        weight=jnp.asarray(w, jnp.float32), update=jnp.zeros(()), overhead=jnp.zeros(()),
+        size=jnp.asarray(size, jnp.float32), message_bytes=jnp.asarray(msg, jnp.float32),
+        gradient_bytes=jnp.zeros(()), static_bytes=jnp.zeros(()), activation_bytes=jnp.zeros(()),
+        capacity=jnp.asarray(np.inf), network=dp.Network.uniform(LAT, BW, mode=mode),
+    )
+    times = {"F": f, "I": b, "W": w, "B": b + w}
+
+    def duration(op):
+        return float(size[op.microbatch] * times[op.kind][op.pipeline, op.stage]) if op.kind in times else 0.0
+
+    def transfer(op, dep):
+        return LAT + size[op.microbatch] * msg[op.pipeline, dep.boundary] / BW
+
+    return hw, duration, transfer
+
+
+def schedule(name, devices, microbatches, options):
+    return dp.schedules.get(name, devices=devices, microbatches=microbatches, **options)
+
+
+@pytest.mark.parametrize("mode", [HalfDuplex(), Delayed(0.3)], ids=["half-duplex", "delayed"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_outside_mode_simulates_like_its_reference(case, mode):
+    s = schedule(*case)
+    hw, duration, transfer = machine(s, mode, zlib.crc32(f"{case[0]}/{mode}".encode()))
+    result = dp.simulate(s, hw)
+    start, finish, _ = evaluate_network(s, duration, transfer, mode)
+    np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=2e-5, atol=1e-4)
+    assert dp.compile(s, communication=mode).communication == mode
+
+
+def with_network(hw, network):
+    return eqx.tree_at(lambda h: h.network, hw, network)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_half_duplex_only_adds_waits_to_contention(case):
+    # Each half-duplex lane merges the two directed lanes of a pair: more waits, never earlier.
+    s = schedule(*case)
+    hw, *_ = machine(s, "contention", 7)
+    contention = dp.simulate(s, hw)
+    half = dp.simulate(s, with_network(hw, dp.Network.uniform(LAT, BW, mode=HalfDuplex())))
+    assert np.all(np.asarray(half.finish) >= np.asarray(contention.finish) - 1e-5)
+
+
+def test_half_duplex_is_slower_when_both_directions_share_a_link():
+    s = schedule("1f1b", 2, 4, {})  # activations 0 -> 1 and gradients 1 -> 0 on one pair
+    hw, *_ = machine(s, "contention", 3)
+    contention = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05, mode="contention")))
+    half = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05, mode=HalfDuplex())))
+    assert float(half.makespan) > float(contention.makespan) + 1e-3
+
+
+def test_strings_map_to_objects_in_one_place():
+    for name, cls in [("none", dp.NoCommunication), ("overlap", dp.Overlap), ("contention", dp.Contention),
+                      ("blocking", dp.Blocking)]:
+        mode = dp.communication(name)
+        assert type(mode) is cls and mode == name and str(mode) == name and mode == cls()
+        assert hash(mode) == hash(cls()) and dp.communication(mode) is mode
+        assert dp.Network.uniform(mode=name).mode == cls()
+        assert dp.Hardware.from_times(1.0, 2.0, mode=name).network.mode == cls()
+        assert dp.compile(schedule("gpipe", 2, 2, {}), communication=name).communication == cls()
+    assert dp.Overlap() != dp.Contention() and Delayed(0.1) != Delayed(0.2) and Delayed(0.1) == Delayed(0.1)
+    with pytest.raises(dp.ConfigError, match="communication 'fast' is not one of"):
+        dp.communication("fast")
+    with pytest.raises(dp.ConfigError, match="communication 'fast'"):
+        dp.compile(schedule("gpipe", 2, 2, {}), communication="fast")
+    with pytest.raises(TypeError):
+        dp.AbstractLaneCommunication()  # abstract: no lane
+    with pytest.raises(AttributeError):
+        dp.Overlap().name = "other"
+
+
+def test_a_graph_runs_only_under_a_mode_that_compiles_to_it():
+    s = schedule("1f1b", 4, 4, {})
+    edges = dp.compile(s, communication="none")
+    for mode in ("overlap", Delayed(0.5)):  # edge modes share one graph
+        dp.makespan(edges, dp.Hardware.from_times(1.0, 2.0, mode=mode))
+    lanes = dp.compile(s, communication="contention")
+    with pytest.raises(dp.ConfigError, match="communication='half-duplex'"):
+        dp.makespan(lanes, dp.Hardware.from_times(1.0, 2.0, mode=HalfDuplex()))
+    with pytest.raises(dp.ConfigError, match="compiled for 'contention'"):
+        dp.makespan(lanes, dp.Hardware.from_times(1.0, 2.0, mode="blocking"))
+
+
+def test_blocking_busy_weight_counts_both_ends():
+    s = schedule("1f1b", 2, 2, {})
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5, mode="blocking")
+    r = dp.simulate(s, hw)
+    transfers = sum(1 for op in s.ops for dep in s.dependencies[op] if dep.is_transfer)
+    compute = float(np.sum(np.asarray(r.finish) - np.asarray(r.start)))
+    busy = compute + dp.Blocking.busy_weight * 0.5 * transfers
+    assert float(r.bubble_ratio) == pytest.approx(1 - busy / (s.devices * float(r.makespan)), rel=1e-5)
+
+
+def test_topology_rule_one_node_by_default():
+    assert node_size(None, 8) == 8 and node_size(2, 8) == 2
+    assert topology(None, 8) is None and topology(8, 8) is None and topology(16, 8) is None and topology(4, 8) == 4
+    s = schedule("1f1b", 4, 4, {})
+    graph = dp.compile(s, communication="contention")  # default: one node
+    one = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), mode="contention", devices_per_node=8)
+    two = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), mode="contention", devices_per_node=2)
+    hw = dp.Hardware.from_times(1.0, 2.0)
+    want = dp.simulate(s, with_network(hw, one)).makespan
+    assert float(dp.makespan(graph, with_network(hw, one))) == pytest.approx(float(want))
+    with pytest.raises(dp.ConfigError, match="devices per node"):
+        dp.makespan(graph, with_network(hw, two))
