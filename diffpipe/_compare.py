@@ -45,6 +45,7 @@ from .schedules import formula as family_formula
 from .schedules import get as get_schedule
 from .schedules import names as family_names
 from .schedules import table as schedule_table
+from .schedules._analysis import activation_bytes_peaks
 from .schedules._analysis import peak_activations as schedule_peak_activations
 from .schedules._table import DEFAULT_DURATIONS
 
@@ -447,51 +448,9 @@ def _simulation_level(schedule: Schedule, hw: Any) -> dict:
         "makespan_s": float(result.makespan),
         "bubble_ratio": float(result.bubble_ratio),
         "peak_memory_bytes": float(np.max(result.peak_memory)),
-        "peak_activation_bytes": _peak_activation_bytes(schedule, hw),
+        "peak_activation_bytes": max(activation_bytes_peaks(schedule, hw.activation_bytes, hw.size), default=0.0),
         "fits": bool(np.all(result.fits)),
     }
-
-
-def activation_table(schedule: Schedule, hw: Any) -> tuple[Any, Any]:
-    """``hw``'s activation bytes as a numpy ``[pipelines, stages]`` table and its microbatch sizes
-    as ``[microbatches]`` (the broadcasting of ``Hardware.per_stage`` / ``per_microbatch``)."""
-    import numpy as np
-
-    act = np.asarray(hw.activation_bytes, dtype=np.float64)
-    if act.ndim == 1:
-        act = act[None, :]
-    try:
-        act = np.broadcast_to(act, (schedule.pipelines, schedule.stages))
-        size = np.broadcast_to(np.asarray(hw.size, dtype=np.float64), (schedule.microbatches,))
-    except ValueError:
-        raise ConfigError(f"hardware: activation_bytes {np.shape(hw.activation_bytes)} or size "
-                          f"{np.shape(hw.size)} do not fit {schedule.family}'s {schedule.pipelines} x "
-                          f"{schedule.stages} stages and {schedule.microbatches} microbatches") from None
-    return act, size
-
-
-def activation_peaks(schedule: Schedule, hw: Any) -> list[float]:
-    """Per device, the peak of stored activation bytes: ``activation_bytes[p, s] x size[m]`` from
-    each F until the op that frees it (``schedules._analysis.releases_activation``), summed along
-    the device's order (exact for any timing, as ``peak_memory``; plain numpy, nothing to compile)."""
-    from .schedules._analysis import releases_activation
-
-    act, size = activation_table(schedule, hw)
-    peaks = []
-    for order in schedule.orders:
-        held = peak = 0.0
-        for op in order:
-            if op.kind == "F":
-                held += act[op.pipeline, op.stage] * size[op.microbatch]
-                peak = max(peak, held)
-            elif releases_activation(op):
-                held -= act[op.pipeline, op.stage] * size[op.microbatch]
-        peaks.append(float(peak))
-    return peaks
-
-
-def _peak_activation_bytes(schedule: Schedule, hw: Any) -> float:
-    return max(activation_peaks(schedule, hw), default=0.0)
 
 
 # -- inputs -----------------------------------------------------------------------------------------

@@ -503,13 +503,7 @@ def _peak_in_flight(graph: Graph | Schedule) -> np.ndarray:
     """Per device, the peak number of stored activations (timing-free: the lane order decides)."""
     if isinstance(graph, Schedule):
         return np.asarray(peak_activations(graph), np.float64)
-    release = np.asarray(graph.release)[np.asarray(graph.lane_nodes)]
-    device = np.asarray(graph.lane_device)
-    peaks = np.zeros(graph.devices)
-    for d in range(graph.devices):
-        steps = release[device == d]
-        peaks[d] = max(0.0, float(np.max(np.cumsum(steps), initial=0.0)))
-    return peaks
+    return np.asarray(peak_memory(graph, Hardware.from_times(0.0, 0.0))[1], np.float64)
 
 
 def _memory_minmax(workload: Workload, holder: np.ndarray, versions: np.ndarray, in_flight: np.ndarray,

@@ -5,15 +5,31 @@ Because a device runs its order sequentially, these are exact for any durations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._errors import ConfigError
 from ._ops import Op, Schedule
 
 
 def releases_activation(op: Op) -> bool:
     """Whether ``op`` frees the activation stored by ``F`` of its stage and microbatch.
 
-    The activation is needed until the op that last reads it ends: ``B``, or ``W`` in split schedules.
+    The activation is needed until the op that last reads it ends: ``B``, or ``W`` in split
+    schedules (a split schedule has no ``B``, so both rules are one).
     """
     return op.kind == "B" or op.kind == "W"
+
+
+def activation_delta(op: Op) -> int:
+    """The release rule: ``+1`` at ``F``, ``-1`` at the op that frees it (``B``, or ``W`` when the
+    backward is split), ``0`` otherwise. The one copy every discrete-world peak is built on;
+    ``diffpipe.peak_memory`` evaluates the same rule on a ``Graph`` (``Graph.release``)."""
+    if op.kind == "F":
+        return 1
+    return -1 if releases_activation(op) else 0
 
 
 def in_flight(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
@@ -22,10 +38,7 @@ def in_flight(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
     for order in schedule.orders:
         held, trace = 0, []
         for op in order:
-            if op.kind == "F":
-                held += 1
-            elif releases_activation(op):
-                held -= 1
+            held += activation_delta(op)
             trace.append(held)
         result.append(tuple(trace))
     return tuple(result)
@@ -34,6 +47,48 @@ def in_flight(schedule: Schedule) -> tuple[tuple[int, ...], ...]:
 def peak_activations(schedule: Schedule) -> tuple[int, ...]:
     """Per device, the peak number of stored stage-microbatch activations (max prefix sum)."""
     return tuple(max(trace, default=0) for trace in in_flight(schedule))
+
+
+def activation_peaks(schedule: Schedule, amount: Callable[[int, int, int], float]) -> tuple[float, ...]:
+    """Per device, the peak of stored activation amounts (e.g. bytes).
+
+    ``amount(pipeline, stage, microbatch)`` is added at each ``F`` and taken back at the op that
+    frees it (``activation_delta``); the peak is the max prefix sum along the device's order,
+    exact for any timing (at least 0).
+    """
+    peaks = []
+    for order in schedule.orders:
+        held = peak = 0.0
+        for op in order:
+            delta = activation_delta(op)
+            if delta:
+                held += delta * amount(op.pipeline, op.stage, op.microbatch)
+                peak = max(peak, held)
+        peaks.append(float(peak))
+    return tuple(peaks)
+
+
+def activation_table(schedule: Schedule, activation_bytes: Any, size: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``activation_bytes`` broadcast to ``[pipelines, stages]`` and ``size`` to ``[microbatches]``
+    (numpy float64; the broadcasting of ``Hardware.per_stage`` / ``per_microbatch``)."""
+    act = np.asarray(activation_bytes, dtype=np.float64)
+    if act.ndim == 1:
+        act = act[None, :]
+    try:
+        act = np.broadcast_to(act, (schedule.pipelines, schedule.stages))
+        sizes = np.broadcast_to(np.asarray(size, dtype=np.float64), (schedule.microbatches,))
+    except ValueError:
+        raise ConfigError(f"hardware: activation_bytes {np.shape(activation_bytes)} or size {np.shape(size)} "
+                          f"do not fit {schedule.family}'s {schedule.pipelines} x {schedule.stages} stages and "
+                          f"{schedule.microbatches} microbatches") from None
+    return act, sizes
+
+
+def activation_bytes_peaks(schedule: Schedule, activation_bytes: Any, size: Any) -> tuple[float, ...]:
+    """Per device, the peak stored activation bytes ``activation_bytes[p, s] x size[m]``
+    (``activation_peaks`` with ``activation_table``'s broadcasting)."""
+    act, sizes = activation_table(schedule, activation_bytes, size)
+    return activation_peaks(schedule, lambda p, s, m: float(act[p, s] * sizes[m]))
 
 
 def staleness(schedule: Schedule) -> dict[Op, int]:
