@@ -1,10 +1,9 @@
 """Baseline stage splits, and exact batched evaluation of integer plans.
 
-- ``uniform_partition``: equal layers per stage (the default of most frameworks);
-- ``minmax_partition``: the dynamic program minimising the largest stage compute time, the proxy
-  objective of the PipeDream and Alpa planners (Narayanan et al., "PipeDream: Generalized Pipeline
-  Parallelism for DNN Training", SOSP'19, §3.1; Zheng et al., "Alpa", OSDI'22, §5.2) without their
-  communication and memory terms: it ignores transfers, memory and the schedule's shape;
+- ``uniform_partition``: equal layers per stage (the default of most frameworks; ``_partition``);
+- ``minmax_partition``: ``_partition.partition`` (the min-max dynamic programme of the PipeDream and
+  Alpa planners) on the per-layer compute time, without their communication and memory terms: it
+  ignores transfers, memory and the schedule's shape;
 - ``brute_force_partition``: every split into contiguous non-empty stages (``C(L-1, S-1)`` of
   them), evaluated with the batched exact simulator; refused above ``BRUTE_FORCE_LIMIT``.
 
@@ -26,7 +25,8 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._graph import Graph
-from ._knobs import Workload, _uniform
+from ._knobs import Workload
+from ._partition import check_split, partition, uniform_partition
 from ._simulate import makespan, peak_memory
 
 #: Largest number of splits ``brute_force_partition`` evaluates by default (24 layers over 8
@@ -135,56 +135,19 @@ def make_plan(graph: Graph, workload: Workload, counts: Sequence[int], samples: 
 
 
 # -- the baselines -----------------------------------------------------------------------------------
-def _check_split(layers: int, stages: int) -> None:
-    for name, value in (("layers", layers), ("stages", stages)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"partition: {name} must be a positive int, got {value!r}")
-    if stages > layers:
-        raise ConfigError(f"partition: {stages} stages exceed the {layers} layers")
-
-
-def uniform_partition(layers: int, stages: int) -> tuple[int, ...]:
-    """Layers per stage as equal as possible, the first ``layers % stages`` stages one more."""
-    _check_split(layers, stages)
-    return _uniform(int(layers), int(stages))
-
-
 def minmax_partition(costs: Workload | Sequence[float], stages: int) -> tuple[int, ...]:
     """Contiguous non-empty stages minimising the largest stage cost (per-layer ``F + I + W`` of a
-    ``Workload``, or any per-layer costs). ``O(stages x layers^2)`` dynamic program; ties go to the
-    split whose earlier stages end earliest."""
-    if isinstance(costs, Workload):
-        values = np.asarray(costs.compute, np.float64)
-    else:
-        values = np.asarray(costs, np.float64)
-    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values < 0):
-        raise ConfigError("minmax_partition: costs must be a finite non-negative [layers] sequence")
-    layers = values.shape[0]
-    _check_split(layers, stages)
-    cumulative = np.concatenate([[0.0], np.cumsum(values)])
-    # best[s, l]: least largest cost of layers 0..l-1 over s + 1 stages; cut[s, l] where the last starts.
-    best = np.full((stages, layers + 1), np.inf)
-    cut = np.zeros((stages, layers + 1), dtype=np.int64)
-    best[0, 1:] = cumulative[1:]
-    for s in range(1, stages):
-        for end in range(s + 1, layers + 1):
-            starts = np.arange(s, end)
-            candidate = np.maximum(best[s - 1, starts], cumulative[end] - cumulative[starts])
-            i = int(np.argmin(candidate))
-            best[s, end], cut[s, end] = candidate[i], starts[i]
-    counts, end = [], layers
-    for s in range(stages - 1, 0, -1):
-        start = int(cut[s, end])
-        counts.append(end - start)
-        end = start
-    counts.append(end)
-    return tuple(reversed(counts))
+    ``Workload``, or any per-layer costs): ``partition`` without a memory limit."""
+    values = costs.compute if isinstance(costs, Workload) else costs
+    split = partition(np.asarray(values, np.float64), stages)
+    assert split is not None  # without a memory limit every split is feasible
+    return split
 
 
 def compositions(layers: int, stages: int) -> np.ndarray:
     """Every split of ``layers`` into ``stages`` contiguous non-empty stages, ``[C(L-1, S-1), S]``."""
     cuts = np.array(list(itertools.combinations(range(1, layers), stages - 1)), dtype=np.int64)
-    cuts = cuts.reshape(-1, stages - 1)
+    cuts = cuts.reshape(math.comb(layers - 1, stages - 1), stages - 1)  # (1, 0) for one stage
     edges = np.concatenate([np.zeros((cuts.shape[0], 1), np.int64), cuts,
                             np.full((cuts.shape[0], 1), layers, np.int64)], axis=1)
     return np.diff(edges, axis=1)
@@ -205,7 +168,7 @@ def brute_force_partition(
     if not isinstance(workload, Workload):
         raise ConfigError(f"brute_force_partition expects a Workload, got {type(workload).__name__}")
     layers, stages = workload.layers, graph.stages
-    _check_split(layers, stages)
+    check_split(layers, stages)
     count = math.comb(layers - 1, stages - 1)
     if count > limit:
         raise ConfigError(f"brute force: C({layers - 1}, {stages - 1}) = {count} splits exceed limit={limit}; "

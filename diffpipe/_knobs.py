@@ -30,6 +30,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
+from ._partition import partition, uniform_partition
 from ._hardware import Hardware, Network, _check_values, _concrete, _float
 
 #: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
@@ -239,7 +240,7 @@ class Workload(eqx.Module):
     def default_boundaries(self, stages: int) -> Float[Array, " stages+1"]:
         counts = self.layers_per_stage
         if counts is None:
-            counts = _uniform(self.layers, stages)
+            counts = uniform_partition(self.layers, stages)
         elif len(counts) != stages:
             raise ConfigError(f"workload: layers_per_stage has {len(counts)} stages, the schedule has {stages}")
         return self.boundaries(counts)
@@ -290,11 +291,6 @@ def _boundary_bytes(output: Float[Array, " layers"], x: Float[Array, " n"]) -> F
         return jnp.zeros_like(x)
     knots = jnp.arange(1, layers, dtype=x.dtype)
     return jnp.interp(x, knots, output[:-1])
-
-
-def _uniform(layers: int, stages: int) -> tuple[int, ...]:
-    q, r = divmod(layers, stages)
-    return tuple(q + (i < r) for i in range(stages))
 
 
 class StageBalance(eqx.Module):
@@ -500,17 +496,9 @@ def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.nda
         return
     one_each = pipelines == 1 and len(set(holder.ravel().tolist())) == stages
     if one_each:
-        # reach[s][l]: layers 0..l-1 fit on stages 0..s-1 (each stage at least one layer).
-        reach = np.zeros(layers + 1, dtype=bool)
-        reach[0] = True
-        for s in range(stages):
-            limit = cap[holder[0, s]] / versions[0, s]
-            nxt = np.zeros_like(reach)
-            for end in range(1, layers + 1):
-                starts = np.flatnonzero(reach[:end])
-                nxt[end] = np.any(cumulative[end] - cumulative[starts] - shared <= limit)
-            reach = nxt
-        if not reach[layers]:
+        limit = cap[holder[0]] / versions[0] + shared  # the tied copy is dropped when one stage holds both
+        fitted = partition(np.zeros(layers), stages, memory=static, limit=limit)
+        if fitted is None:
             raise ConfigError(f"workload: no split of {layers} layers into {stages} stages fits the static bytes "
                               f"({cumulative[-1]:.4g} in all) in the memory capacity {cap.min():.4g}")
         return

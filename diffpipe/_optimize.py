@@ -31,10 +31,11 @@ import numpy as np
 import optax
 from jax import lax
 
-from ._baselines import Plan, evaluate_boundaries, evaluate_plans, make_plan, minmax_partition, uniform_partition
+from ._baselines import Plan, evaluate_boundaries, evaluate_plans, make_plan, minmax_partition
 from ._errors import ConfigError
 from ._graph import Graph, compile
 from ._hardware import Hardware
+from ._partition import partition, uniform_partition
 from ._knobs import MicrobatchSplit, StageBalance, Workload, apply_knobs, as_knobs, check_static_memory
 from ._simulate import makespan, peak_memory
 from .schedules import Schedule
@@ -516,29 +517,11 @@ def _memory_minmax(workload: Workload, holder: np.ndarray, versions: np.ndarray,
     pipelines, stages = holder.shape
     if pipelines != 1 or len(set(holder.ravel().tolist())) != stages or np.all(np.isinf(capacity)):
         return None
-    layers = workload.layers
-    cost, static, act = (np.concatenate([[0.0], np.cumsum(np.asarray(x, np.float64))])
-                         for x in (workload.compute, workload.static_bytes, workload.activation_bytes))
-    best = np.full((stages + 1, layers + 1), np.inf)
-    cut = np.zeros((stages + 1, layers + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    for s in range(1, stages + 1):
-        d = holder[0, s - 1]
-        for end in range(s, layers + 1):
-            starts = np.arange(s - 1, end)
-            memory = versions[0, s - 1] * (static[end] - static[starts]) + \
-                in_flight[d] * size * (act[end] - act[starts])
-            candidate = np.where(memory <= capacity[d], np.maximum(best[s - 1, starts], cost[end] - cost[starts]),
-                                 np.inf)
-            i = int(np.argmin(candidate))
-            best[s, end], cut[s, end] = candidate[i], starts[i]
-    if not np.isfinite(best[stages, layers]):
-        return None
-    counts, end = [], layers
-    for s in range(stages, 0, -1):
-        counts.append(end - int(cut[s, end]))
-        end = int(cut[s, end])
-    return np.asarray(counts[::-1], dtype=np.int64)
+    device = holder[0]
+    static, act = (np.asarray(x, np.float64) for x in (workload.static_bytes, workload.activation_bytes))
+    memory = versions[0][:, None] * static[None, :] + (in_flight[device] * size)[:, None] * act[None, :]
+    split = partition(np.asarray(workload.compute, np.float64), stages, memory=memory, limit=capacity[device])
+    return None if split is None else np.asarray(split, dtype=np.int64)
 
 
 #: Spread of the logits of random restarts around the first start.

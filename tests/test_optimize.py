@@ -165,6 +165,35 @@ def test_minmax_partition_is_the_minmax_over_all_splits():
     assert dp.uniform_partition(10, 4) == (3, 3, 2, 2)
 
 
+@given(st.integers(1, 7), st.integers(1, 4), st.integers(0, 2**32 - 1), st.booleans())
+def test_partition_is_the_brute_force_optimum(layers, stages, seed, limited):
+    """The one split DP (min-max stage cost, optional per-stage memory limit) against every split."""
+    from diffpipe._partition import partition
+
+    stages = min(stages, layers)
+    rng = np.random.default_rng(seed)
+    costs = np.round(rng.uniform(0, 4, layers), 1)  # coarse values: ties happen
+    memory = rng.uniform(0, 2, (stages, layers))
+    limit = rng.uniform(0.5, 4.0, stages)
+    splits = compositions(layers, stages)
+    cuts = np.concatenate([np.zeros((len(splits), 1), np.int64), np.cumsum(splits, axis=1)], axis=1)
+    cum = np.concatenate([[0.0], np.cumsum(costs)])
+    worst = np.max(cum[cuts[:, 1:]] - cum[cuts[:, :-1]], axis=1)
+    ok = np.ones(len(splits), dtype=bool)
+    if limited:
+        held = np.concatenate([np.zeros((stages, 1)), np.cumsum(memory, axis=1)], axis=1)
+        rows = np.arange(stages)
+        ok = np.all(held[rows, cuts[:, 1:]] - held[rows, cuts[:, :-1]] <= limit, axis=1)
+    found = partition(costs, stages, memory=memory, limit=limit) if limited else partition(costs, stages)
+    if not ok.any():
+        assert found is None
+        return
+    assert found is not None and sum(found) == layers and min(found) >= 1
+    i = [tuple(c) for c in splits.tolist()].index(found)
+    assert ok[i]
+    assert math.isclose(worst[i], worst[ok].min(), abs_tol=1e-12)
+
+
 # -- optimize against brute force ---------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(12))
 def test_optimizer_within_half_a_percent_of_brute_force(graph, seed):
