@@ -30,8 +30,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
-from ._partition import partition, uniform_partition
 from ._hardware import Hardware, Network, _check_values, _concrete, _float
+from ._partition import partition, uniform_partition
 
 #: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
 #: cumulative cost curve, so that the curve is strictly increasing and a boundary placed on it

@@ -35,8 +35,8 @@ from ._baselines import Plan, evaluate_boundaries, evaluate_plans, make_plan, mi
 from ._errors import ConfigError
 from ._graph import Graph, compile
 from ._hardware import Hardware
-from ._partition import partition, uniform_partition
 from ._knobs import MicrobatchSplit, StageBalance, Workload, apply_knobs, as_knobs, check_static_memory
+from ._partition import partition, uniform_partition
 from ._simulate import makespan, peak_memory
 from .schedules import Schedule
 from .schedules._analysis import peak_activations, weight_versions
