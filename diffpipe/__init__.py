@@ -34,6 +34,7 @@ _LAZY = {
     "brute_force_partition": "._baselines",
     "minmax_partition": "._baselines",
     "uniform_partition": "._baselines",
+    "AbstractKnob": "._knobs",
     "MicrobatchSplit": "._knobs",
     "StageBalance": "._knobs",
     "Workload": "._knobs",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from ._graph import stack_graphs as stack_graphs
     from ._hardware import Hardware as Hardware
     from ._hardware import Network as Network
+    from ._knobs import AbstractKnob as AbstractKnob
     from ._knobs import MicrobatchSplit as MicrobatchSplit
     from ._knobs import StageBalance as StageBalance
     from ._knobs import Workload as Workload

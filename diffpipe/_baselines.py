@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ class Plan:
         peak_memory: per device, exact peak bytes (static + stored activations).
         capacity: per device, bytes.
         fits: whether every device's peak is within its capacity.
+        values: ``(name, plan)`` of every knob that chose part of it (``optimize``), else empty.
     """
 
     layers_per_stage: tuple[int, ...]
@@ -58,14 +59,41 @@ class Plan:
     peak_memory: tuple[float, ...]
     capacity: tuple[float, ...]
     fits: bool
+    values: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @eqx.filter_jit
-def _exact(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Array):
-    hws = jax.vmap(workload.hardware)(boundaries, size)
+def _exact(graph: Graph, build: Any, inputs: Any):
+    hws = jax.vmap(build)(inputs)
     times = makespan(graph, hws, batched=True)
     memory = jax.vmap(lambda hw: peak_memory(graph, hw)[0])(hws)
     return times, memory
+
+
+def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype: Any, *,
+                     chunk: int = EVALUATION_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact makespan ``[B]``, peak memory ``[B, devices]`` and fit ``[B]`` of ``jax.vmap(build)(inputs)``.
+
+    ``build`` (a hashable callable, e.g. an ``eqx.Partial`` or a Module method) maps one entry of
+    ``inputs`` (a pytree of numpy arrays with a leading ``[B]`` axis) to a ``Hardware``. Batches
+    are padded to one of a few sizes (at most ``chunk`` per call), so new plan counts rarely
+    compile anything new.
+    """
+    leaves = jax.tree.leaves(inputs)
+    n = leaves[0].shape[0]
+    capacity = np.broadcast_to(np.asarray(capacity, np.float64), (graph.devices,))
+    times = np.empty(n)
+    memory = np.empty((n, graph.devices))
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
+        index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
+        batch = jax.tree.map(lambda x, index=index: jnp.asarray(np.asarray(x)[index], dtype), inputs)
+        t, m = _exact(graph, build, batch)
+        times[lo:hi] = np.asarray(t)[: hi - lo]
+        memory[lo:hi] = np.asarray(m)[: hi - lo]
+    fits = np.all(memory <= capacity[None, :], axis=1)
+    return times, memory, fits
 
 
 def evaluate_plans(
@@ -84,13 +112,16 @@ def evaluate_plans(
     return evaluate_boundaries(graph, workload, bounds, size, chunk=chunk)
 
 
+def _hardware_at(workload: Workload, inputs: tuple) -> Any:
+    return workload.hardware(*inputs)
+
+
 def evaluate_boundaries(
     graph: Graph, workload: Workload, boundaries: Any, size: Any = None, *, chunk: int = EVALUATION_CHUNK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``evaluate_plans`` for stage boundaries ``[B, stages + 1]`` (fractional ones split layers)."""
     bounds = np.asarray(boundaries, dtype=np.float64)
     n = bounds.shape[0]
-    dtype = workload.forward.dtype
     shape = (graph.microbatches,)
     if size is None:
         sizes = np.broadcast_to(np.asarray(workload.size, np.float64), shape)
@@ -99,18 +130,8 @@ def evaluate_boundaries(
         sizes = np.asarray(size, np.float64)
         if sizes.shape != (n, *shape):
             raise ConfigError(f"plans: size has shape {sizes.shape}, expected {[n, *shape]}")
-    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
-    times = np.empty(n)
-    memory = np.empty((n, graph.devices))
-    for lo in range(0, n, chunk):
-        hi = min(lo + chunk, n)
-        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
-        index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
-        t, m = _exact(graph, workload, jnp.asarray(bounds[index], dtype), jnp.asarray(sizes[index], dtype))
-        times[lo:hi] = np.asarray(t)[: hi - lo]
-        memory[lo:hi] = np.asarray(m)[: hi - lo]
-    fits = np.all(memory <= capacity[None, :], axis=1)
-    return times, memory, fits
+    return evaluate_batched(graph, jax.tree_util.Partial(_hardware_at, workload), (bounds, sizes),
+                            workload.capacity, workload.forward.dtype, chunk=chunk)
 
 
 def best_plan(times: np.ndarray, memory: np.ndarray, fits: np.ndarray, capacity: np.ndarray) -> int:
@@ -124,13 +145,14 @@ def best_plan(times: np.ndarray, memory: np.ndarray, fits: np.ndarray, capacity:
 
 
 def make_plan(graph: Graph, workload: Workload, counts: Sequence[int], samples: Sequence[int] | None,
-              time: float, memory: np.ndarray) -> Plan:
+              time: float, memory: np.ndarray, values: Mapping[str, Any] | None = None) -> Plan:
     capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
     return Plan(
         layers_per_stage=tuple(int(c) for c in counts),
         samples=None if samples is None else tuple(int(s) for s in samples),
         makespan=float(time), peak_memory=tuple(float(m) for m in memory),
         capacity=tuple(float(c) for c in capacity), fits=bool(np.all(memory <= capacity)),
+        values=tuple((name, tuple(int(x) for x in np.ravel(v))) for name, v in (values or {}).items()),
     )
 
 
@@ -184,4 +206,4 @@ def brute_force_partition(
 
 
 __all__ = ["BRUTE_FORCE_LIMIT", "EVALUATION_CHUNK", "Plan", "brute_force_partition", "compositions",
-           "evaluate_boundaries", "evaluate_plans", "minmax_partition", "uniform_partition"]
+           "evaluate_batched", "evaluate_boundaries", "evaluate_plans", "minmax_partition", "uniform_partition"]

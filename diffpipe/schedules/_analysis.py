@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from .._errors import ConfigError
 from ._ops import Op, Schedule
 
@@ -68,27 +66,37 @@ def activation_peaks(schedule: Schedule, amount: Callable[[int, int, int], float
     return tuple(peaks)
 
 
-def activation_table(schedule: Schedule, activation_bytes: Any, size: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``activation_bytes`` broadcast to ``[pipelines, stages]`` and ``size`` to ``[microbatches]``
-    (numpy float64; the broadcasting of ``Hardware.per_stage`` / ``per_microbatch``)."""
-    act = np.asarray(activation_bytes, dtype=np.float64)
-    if act.ndim == 1:
-        act = act[None, :]
-    try:
-        act = np.broadcast_to(act, (schedule.pipelines, schedule.stages))
-        sizes = np.broadcast_to(np.asarray(size, dtype=np.float64), (schedule.microbatches,))
-    except ValueError:
-        raise ConfigError(f"hardware: activation_bytes {np.shape(activation_bytes)} or size {np.shape(size)} "
-                          f"do not fit {schedule.family}'s {schedule.pipelines} x {schedule.stages} stages and "
-                          f"{schedule.microbatches} microbatches") from None
-    return act, sizes
+def _values(x: Any) -> Any:
+    """An array-like (numpy, JAX, nested sequences, scalar) as nested Python floats."""
+    x = x.tolist() if hasattr(x, "tolist") else x
+    return [_values(v) for v in x] if isinstance(x, (list, tuple)) else float(x)
+
+
+def activation_table(schedule: Schedule, activation_bytes: Any, size: Any
+                     ) -> tuple[tuple[tuple[float, ...], ...], tuple[float, ...]]:
+    """``activation_bytes`` as ``[pipelines][stages]`` and ``size`` as ``[microbatches]`` floats (the
+    broadcasting of ``Hardware.per_stage`` / ``per_microbatch``: a scalar, ``[stages]`` or
+    ``[pipelines, stages]``; a scalar or ``[microbatches]``)."""
+    act, sizes = _values(activation_bytes), _values(size)
+    p, s, m = schedule.pipelines, schedule.stages, schedule.microbatches
+    if not isinstance(act, list):
+        act = [[act] * s] * p
+    elif act and not isinstance(act[0], list) and len(act) == s:
+        act = [act] * p
+    if not isinstance(sizes, list):
+        sizes = [sizes] * m
+    if (len(act) != p or any(not isinstance(row, list) or len(row) != s for row in act)
+            or len(sizes) != m or any(isinstance(v, list) for v in sizes)):
+        raise ConfigError(f"hardware: activation_bytes or size do not fit {schedule.family}'s {p} x {s} stages "
+                          f"and {m} microbatches")
+    return tuple(tuple(row) for row in act), tuple(sizes)
 
 
 def activation_bytes_peaks(schedule: Schedule, activation_bytes: Any, size: Any) -> tuple[float, ...]:
     """Per device, the peak stored activation bytes ``activation_bytes[p, s] x size[m]``
     (``activation_peaks`` with ``activation_table``'s broadcasting)."""
     act, sizes = activation_table(schedule, activation_bytes, size)
-    return activation_peaks(schedule, lambda p, s, m: float(act[p, s] * sizes[m]))
+    return activation_peaks(schedule, lambda p, s, m: act[p][s] * sizes[m])
 
 
 def staleness(schedule: Schedule) -> dict[Op, int]:

@@ -227,7 +227,7 @@ def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish:
     unit = "activations"
     if hw is not None:
         act, size = activation_table(schedule, hw.activation_bytes, hw.size)
-        if np.any(act > 0):
+        if any(v > 0 for row in act for v in row):
             unit = "bytes"
             peaks = activation_bytes_peaks(schedule, hw.activation_bytes, hw.size)
             static = np.asarray(result.peak_memory, dtype=np.float64) - np.asarray(peaks)
@@ -240,7 +240,7 @@ def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish:
             i = index[op]
             delta = activation_delta(op)
             if delta:
-                amount = act[op.pipeline, op.stage] * size[op.microbatch] if unit == "bytes" else 1.0
+                amount = act[op.pipeline][op.stage] * size[op.microbatch] if unit == "bytes" else 1.0
                 events.append((start[i] if delta > 0 else finish[i], delta * amount))
         # Events at the same instant (within float32 noise) are merged: a free and the next
         # allocation back to back must not draw a spike.
