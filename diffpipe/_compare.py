@@ -31,8 +31,8 @@ undefined, ``None``, when fewer than two schedules are shared or one level ties 
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._errors import ConfigError, ScheduleError
+from ._results import csv_text, json_text, markdown_table
 from .schedules import Schedule
 from .schedules import formula as family_formula
 from .schedules import get as get_schedule
@@ -260,8 +261,26 @@ class Comparison:
             ],
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+    #: Columns of ``to_csv``: one row per schedule, raw numbers (SI units), empty where missing.
+    CSV_COLUMNS = ("name", "family", "stages", "pipelines", "formula_bubble_ratio", "table_makespan",
+                   "table_bubble_ratio", "makespan_s", "bubble_ratio", "peak_activation_bytes", "peak_memory_bytes",
+                   "fits", "rank_formula", "rank_table", "rank_simulation")
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """One row per schedule (``CSV_COLUMNS``); also written atomically to ``path`` when given."""
+        rows = []
+        for i, e in enumerate(self.entries):
+            s = e.simulation
+            rows.append([e.name, e.family, e.stages, e.pipelines,
+                         None if e.formula is None else e.formula["bubble_ratio"],
+                         e.table["makespan"], e.table["bubble_ratio"], s["makespan_s"], s["bubble_ratio"],
+                         s["peak_activation_bytes"], s["peak_memory_bytes"], s["fits"],
+                         *(self.ranks[level][i] for level in LEVELS)])
+        return csv_text(self.CSV_COLUMNS, rows, path)
 
     def _rows(self) -> tuple[list[str], list[list[str]]]:
         longest = max((e.simulation["makespan_s"] for e in self.entries), default=0.0)
@@ -314,10 +333,7 @@ class Comparison:
         return notes
 
     def to_markdown(self) -> str:
-        header, rows = self._rows()
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in self._notes()) + "\n"
+        return markdown_table(*self._rows()) + "\n" + "\n".join(f"- {n}" for n in self._notes()) + "\n"
 
     def __str__(self) -> str:
         header, rows = self._rows()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ from ._knobs import (
     value_hardware,
 )
 from ._partition import uniform_partition
+from ._results import csv_text, json_text, markdown_table
 from ._simulate import makespan, peak_memory
 from .schedules import Schedule
 from .schedules._analysis import peak_activations, weight_versions
@@ -134,6 +136,51 @@ class OptimizeResult:
     def speedup(self) -> float:
         """``baseline_makespan / makespan`` (>= 1 whenever the baseline fits)."""
         return self.baseline_plan.makespan / self.plan.makespan if self.plan.makespan > 0 else 1.0
+
+    # -- output (the result protocol, ``diffpipe._results``) ----------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``plan``, ``baseline_plan``, ``rounded`` (each ``{layers_per_stage, samples,
+        makespan_s, peak_memory_bytes, capacity_bytes, fits, values}``), ``fits``, ``message``,
+        ``baseline``, ``speedup``, ``params`` (per knob), ``continuous`` (per knob name),
+        ``continuous_makespan_s``, ``loss``, ``temperatures_s``, ``evaluations``."""
+        return {
+            "plan": _plan_dict(self.plan), "fits": self.fits, "message": self.message, "baseline": self.baseline,
+            "baseline_plan": _plan_dict(self.baseline_plan), "rounded": _plan_dict(self.rounded),
+            "speedup": self.speedup, "params": [np.asarray(p) for p in self.params],
+            "continuous": {k: np.asarray(v) for k, v in self.continuous.items()},
+            "continuous_makespan_s": self.continuous_makespan, "loss": self.loss,
+            "temperatures_s": self.temperatures, "evaluations": self.evaluations,
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+    def _rows(self) -> tuple[list[str], list[list[Any]]]:
+        header = ["plan", "layers_per_stage", "samples", "makespan_s", "peak_memory_bytes", "fits"]
+        rows = [[name, " ".join(map(str, p.layers_per_stage)),
+                 "" if p.samples is None else " ".join(map(str, p.samples)), p.makespan, max(p.peak_memory),
+                 p.fits]
+                for name, p in ((f"baseline ({self.baseline})", self.baseline_plan), ("rounded", self.rounded),
+                                ("optimized", self.plan))]
+        return header, rows
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """The baseline, rounded and optimized plans, one row each; written atomically to ``path`` when given."""
+        return csv_text(*self._rows(), path)
+
+    def to_markdown(self) -> str:
+        """The three plans as a Markdown table, then ``message``."""
+        header, rows = self._rows()
+        cells = [[r[0], r[1], r[2], f"{r[3]:.6g}", f"{r[4]:.4g}", "yes" if r[5] else "NO"] for r in rows]
+        return markdown_table(header, cells) + "\n" + self.message + "\n"
+
+
+def _plan_dict(plan: Plan) -> dict[str, Any]:
+    return {"layers_per_stage": list(plan.layers_per_stage),
+            "samples": None if plan.samples is None else list(plan.samples), "makespan_s": plan.makespan,
+            "peak_memory_bytes": list(plan.peak_memory), "capacity_bytes": list(plan.capacity), "fits": plan.fits,
+            "values": {name: list(v) for name, v in plan.values}}
 
 
 # -- the continuous phase ----------------------------------------------------------------------------

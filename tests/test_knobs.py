@@ -6,6 +6,7 @@ encoding). On slow links compressing pays; on fast ones it does not: a trade-off
 that brute force over the few factors finds, and that ``optimize`` must match.
 """
 
+import json
 from typing import ClassVar
 
 import equinox as eqx
@@ -102,6 +103,10 @@ def test_an_outside_knob_is_optimized_like_a_builtin(graph, bandwidth, cost):
     assert result.continuous["compression"].shape == (1,)
     if bandwidth < 1:
         assert best_c > 1  # slow links: compressing pays
+    doc = json.loads(result.to_json())  # the result protocol
+    assert doc["plan"]["values"] == {"compression": [best_c]} and doc["baseline"] == "given"
+    assert doc["plan"]["makespan_s"] == result.makespan and len(doc["loss"]) == 100
+    assert len(result.to_csv().splitlines()) == 4 and "| optimized |" in result.to_markdown()
 
 
 def test_an_outside_knob_composes_with_stage_balance(graph):
