@@ -35,6 +35,7 @@ from jaxtyping import Array, Float
 from ._errors import ConfigError
 from ._hardware import Hardware, Network, _check_values, _concrete, _float
 from ._partition import partition, uniform_partition
+from ._transformer import Device, Transformer, layer_costs, stage_of_layers
 
 #: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
 #: cumulative cost curve, so that the curve is strictly increasing and a boundary placed on it
@@ -190,13 +191,11 @@ class Workload(eqx.Module):
 
         Layers are the rows of ``layer_costs(model)``: the embedding, every block, the LM head
         (``model.layers + 2``), so the uneven first and last layers are placed like any other.
-        Times are FLOPs over ``peak_flops x efficiency``; ``samples`` is ``model.microbatch``;
+        Times are FLOPs over ``peak_flops x efficiency``; ``samples`` is ``model.microbatch_size``;
         ``capacity`` defaults to the device memory; ``update`` (seconds for the whole model) is
         spread over layers in proportion to their parameters. A tied embedding's copy in the head
         is dropped when one stage holds both (as ``Hardware.from_model`` does).
         """
-        from ._transformer import Device, Transformer, layer_costs
-
         if not isinstance(model, Transformer):
             raise ConfigError(f"Workload.from_model expects a Transformer, got {type(model).__name__}")
         if not isinstance(device, Device):
@@ -214,7 +213,7 @@ class Workload(eqx.Module):
             output_bytes=jnp.asarray(costs.output_bytes, dtype),
             overhead=overhead, capacity=device.memory if capacity is None else capacity,
             network=Network.uniform() if network is None else network,
-            samples=float(model.microbatch), layers_per_stage=layers_per_stage,
+            samples=float(model.microbatch_size), layers_per_stage=layers_per_stage,
             shared_static_bytes=costs.shared_parameters * model.bytes_per_parameter,
             shared_gradient_bytes=costs.shared_parameters * model.dtype_bytes,
         )
@@ -290,6 +289,60 @@ class Workload(eqx.Module):
         """The cost-model protocol (``CostModel``): ``graph``'s cost rows under this workload's
         default split (``layers_per_stage``, uniform when ``None``)."""
         return self.hardware(self.default_boundaries(graph.stages)).tables(graph)
+
+
+def hardware_from_model(
+    model: Transformer,
+    device: Device,
+    network: Network,
+    *,
+    stages: int | None = None,
+    layers_per_stage: Sequence[int] | None = None,
+    microbatches: int | None = None,
+    size: Any = 1.0,
+    overhead: Any = 0.0,
+    update: Any = 0.0,
+) -> Hardware:
+    """``Hardware`` for ``model`` split into pipeline stages on ``device`` over ``network``
+    (``Hardware.from_model``): ``Workload.from_model(...).hardware(...)`` at the split's integer
+    boundaries, so a model reaches a ``Hardware`` by one path.
+
+    Per stage (see ``stage_of_layers`` for the grouping: the embedding joins stage 0, the head the
+    last stage): times ``F, I, W`` are the stage's FLOPs over ``peak_flops x efficiency``;
+    ``static_bytes`` and ``gradient_bytes`` sum its layers' parameters (a tied embedding's copy is
+    dropped when embedding and head share the stage); ``activation_bytes`` sums its layers' stored
+    activations; ``message_bytes[k]`` is the boundary activation ``d s b h`` entering stage ``k``
+    (0 for stage 0). ``capacity`` is the device memory; the network is used as given.
+
+    Args:
+        model, device, network: the workload, the accelerator and the links.
+        stages, layers_per_stage: the split (exactly one; see ``stage_of_layers``).
+        microbatches: when given, ``size`` is broadcast to ``[microbatches]``.
+        size: microbatch sizes relative to ``model.microbatch_size`` (every cost above is linear in it).
+        overhead: fixed seconds per compute op; update: seconds of every stage's optimizer step ``U``.
+
+    Only array operations touch the float inputs (device, size, overhead, update), so the result
+    is differentiable in them and the call is vmap-safe.
+    """
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"from_model expects a Transformer, got {type(model).__name__}")
+    if not isinstance(device, Device):
+        raise ConfigError(f"from_model expects a Device, got {type(device).__name__}")
+    if not isinstance(network, Network):
+        raise ConfigError(f"from_model expects a Network, got {type(network).__name__}")
+    stage = stage_of_layers(model, stages, layers_per_stage)
+    rows = np.bincount(stage)  # layer-table rows per stage (every stage has at least one)
+    dtype = device.throughput.dtype
+    size = jnp.asarray(size, dtype=dtype)
+    if microbatches is not None:
+        if not _positive_int(microbatches):
+            raise ConfigError(f"from_model: microbatches must be a positive int, got {microbatches!r}")
+        if size.ndim > 1 or (size.ndim == 1 and size.shape[0] != microbatches):
+            raise ConfigError(f"from_model: size has shape {size.shape}, expected a scalar or [{microbatches}]")
+        size = jnp.broadcast_to(size, (microbatches,))
+    workload = Workload.from_model(model, device, network, overhead=overhead)
+    hw = workload.hardware(workload.boundaries(tuple(rows.tolist())), size)
+    return eqx.tree_at(lambda h: h.update, hw, jnp.asarray(update, dtype=dtype))  # per stage, as given
 
 
 def _cumulative_at(q: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
@@ -819,4 +872,4 @@ def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.nda
 
 
 __all__ = ["FLAT_LAYER_WEIGHT", "STAGE_FIELDS", "AbstractKnob", "MicrobatchSplit", "Problem", "StageBalance",
-           "Workload", "as_knobs", "check_static_memory", "knob_hardware", "value_hardware"]
+           "Workload", "as_knobs", "hardware_from_model", "check_static_memory", "knob_hardware", "value_hardware"]

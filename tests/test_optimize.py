@@ -136,7 +136,7 @@ def test_zero_params_balance_compute_and_integer_boundaries_are_exact():
 
 
 def test_transformer_workload_matches_hardware_from_model():
-    model = dp.Transformer(layers=6, hidden=512, heads=8, sequence=1024, vocabulary=32000, microbatch=2)
+    model = dp.Transformer(layers=6, hidden=512, heads=8, sequence=1024, vocabulary=32000, microbatch_size=2)
     device, network = dp.presets.device("H100"), dp.presets.network("nvlink4")
     workload = dp.Workload.from_model(model, device, network)
     assert workload.layers == 8 and workload.samples == 2.0

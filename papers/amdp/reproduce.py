@@ -32,7 +32,7 @@ from diffpipe.schedules import Schedule, get, staleness, weight_versions
 HERE = Path(__file__).resolve().parent
 
 #: The GPT of the authors' scripts. V: GPT-2's 50257 tokens padded by Megatron to a multiple of 128.
-GPT = dict(layers=48, hidden=1600, heads=25, sequence=1024, vocabulary=50304, microbatch=4, dtype_bytes=2)
+GPT = dict(layers=48, hidden=1600, heads=25, sequence=1024, vocabulary=50304, microbatch_size=4, dtype_bytes=2)
 DEVICES = 8
 #: Global batch 32 / microbatch 4 (the authors' scripts): one AMDP round per optimizer step.
 MICROBATCHES = 8
