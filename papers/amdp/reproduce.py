@@ -103,7 +103,7 @@ def throughput(s: Schedule, hw: dp.Hardware) -> dict:
         period = float(result.makespan)
         bubble = float(result.bubble_ratio)
         spread = 0.0
-    samples = per_step * GPT["microbatch"]
+    samples = per_step * GPT["microbatch_size"]
     return {
         "step_s": period,
         "microbatches_per_step": per_step,
