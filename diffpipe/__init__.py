@@ -16,6 +16,7 @@ _LAZY = {
     "Comparison": "._compare",
     "Machine": "._compare",
     "compare": "._compare",
+    "CostModel": "._cost_model",
     "Graph": "._graph",
     "compile": "._graph",
     "stack_graphs": "._graph",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare
+    from ._cost_model import CostModel as CostModel
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs

@@ -127,3 +127,22 @@ def test_an_outside_knob_composes_with_stage_balance(graph):
 def test_two_knobs_setting_one_field_are_refused(graph):
     with pytest.raises(dp.ConfigError, match="both set network"):
         dp.optimize(graph, workload(1.0), (Compression(3, 0.1), Compression(4, 0.1)))
+
+
+def test_workload_and_hardware_are_cost_models(graph):
+    """The cost-model protocol: a ``Workload`` prices a graph at its default split exactly as the
+    ``Hardware`` of that split does; ``Hardware.from_times`` and ``Hardware.from_model`` are both
+    ``Hardware``, hence cost models."""
+    w = workload(2.0).with_split((2, 4, 3, 3))
+    hw = w.hardware(w.boundaries((2, 4, 3, 3)))
+    assert isinstance(w, dp.CostModel) and isinstance(hw, dp.CostModel)
+    assert isinstance(dp.Hardware.from_times(1.0, 2.0), dp.CostModel)
+    ours, theirs = w.tables(graph), hw.tables(graph)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=2)
+    device, network = dp.presets.device("H100"), dp.presets.network("nvlink4")
+    via_workload = dp.Workload.from_model(model, device, network).with_split((2, 1, 1, 2))
+    direct = dp.Hardware.from_model(model, device, network, layers_per_stage=[1, 1, 1, 1])
+    for a, b in zip(jax.tree.leaves(via_workload.tables(graph)), jax.tree.leaves(direct.tables(graph))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # one path: equal, not close
