@@ -1,6 +1,7 @@
 """``optimize``: gradient descent on the smoothed makespan, then rounding and an exact local search.
 
-The loss of parameters ``p`` of knobs ``k`` (``StageBalance``, ``MicrobatchSplit`` or both) is
+The loss of parameters ``p`` of knobs ``k`` (``AbstractKnob``s: ``StageBalance``, ``MicrobatchSplit``,
+or a user's own; each sets its own ``Hardware`` fields) is
 
     makespan(graph, k(p, workload), temperature=tau) / scale
         + memory_penalty * sum_d max(0, peak_memory_d / capacity_d - 1)^2
@@ -8,11 +9,12 @@ The loss of parameters ``p`` of knobs ``k`` (``StageBalance``, ``MicrobatchSplit
 with ``scale`` the exact makespan of the best baseline, so that temperatures and the penalty are
 relative and the loss is about 1. An optax transformation runs it for ``steps`` steps inside one
 ``lax.scan`` while ``tau`` anneals geometrically towards exact. The continuous optimum is then
-rounded (every floor/ceiling combination of the stage boundaries where there are few; largest
-remainders for samples), and a steepest-descent local search of ±1 moves (any combination of
-boundaries moving by one layer; one sample moving between two microbatches) runs with the batched
-exact simulator, from the rounded plan and from the best baseline. The chosen plan is evaluated
-afresh by the exact simulator at the end; nothing else is ever reported.
+rounded by every knob (``round``: floor/ceiling combinations of the stage boundaries, largest
+remainders for samples), and a steepest-descent local search over the knobs' ``neighbours`` (any
+combination of boundaries moving by one layer; one sample moving between two microbatches) runs
+with the batched exact simulator, from the rounded plan, from the best baseline and from the knobs'
+other starts. The chosen plan is evaluated afresh by the exact simulator at the end; nothing else
+is ever reported. ``optimize`` only calls the knobs' methods: it never branches on a knob's type.
 """
 
 from __future__ import annotations
