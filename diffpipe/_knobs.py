@@ -470,7 +470,10 @@ def _stages_of(knob: AbstractKnob, workload: Workload) -> int:
 
 def _build(knobs: Sequence[AbstractKnob], values: Sequence[Any], workload: Workload, stages: int, method: str
            ) -> Hardware:
-    fields = workload.fields(workload.default_boundaries(stages))
+    default = workload
+    if any(set(k.sets) & set(STAGE_FIELDS) for k in knobs):  # a knob places the stages: ignore the given split
+        default = workload.with_split(None)
+    fields = workload.fields(default.default_boundaries(stages))
     for k, v in zip(knobs, values):
         fields = getattr(k, method)(v, workload, fields)
     return Hardware(**fields)
