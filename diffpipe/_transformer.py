@@ -113,11 +113,8 @@ class Transformer:
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: bool = False,
                  tied_embedding: bool = True, bytes_per_parameter: int = 16, *, microbatch: int | None = None) -> None:
         if microbatch is not None:  # the deprecated spelling, kept for one release
-            warnings.warn("Transformer(microbatch=...) is deprecated: use microbatch_size=", DeprecationWarning,
-                          stacklevel=2)
-            if microbatch_size not in (1, microbatch):
-                raise ConfigError(f"transformer: microbatch={microbatch!r} and microbatch_size={microbatch_size!r} "
-                                  "disagree (give microbatch_size only)")
+            warnings.warn("Transformer(microbatch=...) is deprecated: use microbatch_size= (microbatch wins when "
+                          "both are given)", DeprecationWarning, stacklevel=2)
             microbatch_size = microbatch
         values = dict(layers=layers, hidden=hidden, heads=heads, sequence=sequence, vocabulary=vocabulary,
                       microbatch_size=microbatch_size, dtype_bytes=dtype_bytes, ffn_multiplier=ffn_multiplier,

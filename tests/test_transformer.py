@@ -180,3 +180,13 @@ def test_errors_are_one_line(call, culprit):
         call()
     message = str(err.value)
     assert culprit in message and "\n" not in message
+
+
+def test_microbatch_keyword_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="microbatch_size"):
+        old = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch=3)
+    assert old == TINY and old.microbatch_size == 3
+    with pytest.warns(DeprecationWarning):
+        assert old.microbatch == 3
+    with pytest.warns(DeprecationWarning):  # the CLI's override of a base model's fields
+        assert dp.Transformer(**{**SMALL.__dict__, "microbatch": 2}).microbatch_size == 2
