@@ -50,7 +50,7 @@ def random_workload(rng: np.random.Generator, layers: int, *, capacity: float = 
 
 
 def transformer_workload(blocks: int, capacity: float) -> dp.Workload:
-    model = dp.Transformer(layers=blocks, hidden=4096, heads=32, sequence=2048, vocabulary=128_000, microbatch=1)
+    model = dp.Transformer(layers=blocks, hidden=4096, heads=32, sequence=2048, vocabulary=128_000, microbatch_size=1)
     network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4)
     return dp.Workload.from_model(model, dp.presets.device("H100"), network, capacity=capacity)
 

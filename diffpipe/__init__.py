@@ -23,6 +23,7 @@ _LAZY = {
     "Comparison": "._compare",
     "Machine": "._compare",
     "compare": "._compare",
+    "CostModel": "._cost_model",
     "Graph": "._graph",
     "compile": "._graph",
     "stack_graphs": "._graph",
@@ -41,6 +42,7 @@ _LAZY = {
     "brute_force_partition": "._baselines",
     "minmax_partition": "._baselines",
     "uniform_partition": "._baselines",
+    "AbstractKnob": "._knobs",
     "MicrobatchSplit": "._knobs",
     "StageBalance": "._knobs",
     "Workload": "._knobs",
@@ -68,11 +70,13 @@ if TYPE_CHECKING:
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare
+    from ._cost_model import CostModel as CostModel
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs
     from ._hardware import Hardware as Hardware
     from ._hardware import Network as Network
+    from ._knobs import AbstractKnob as AbstractKnob
     from ._knobs import MicrobatchSplit as MicrobatchSplit
     from ._knobs import StageBalance as StageBalance
     from ._knobs import Workload as Workload

@@ -1,10 +1,9 @@
 """Baseline stage splits, and exact batched evaluation of integer plans.
 
-- ``uniform_partition``: equal layers per stage (the default of most frameworks);
-- ``minmax_partition``: the dynamic program minimising the largest stage compute time, the proxy
-  objective of the PipeDream and Alpa planners (Narayanan et al., "PipeDream: Generalized Pipeline
-  Parallelism for DNN Training", SOSP'19, §3.1; Zheng et al., "Alpa", OSDI'22, §5.2) without their
-  communication and memory terms: it ignores transfers, memory and the schedule's shape;
+- ``uniform_partition``: equal layers per stage (the default of most frameworks; ``_partition``);
+- ``minmax_partition``: ``_partition.partition`` (the min-max dynamic programme of the PipeDream and
+  Alpa planners) on the per-layer compute time, without their communication and memory terms: it
+  ignores transfers, memory and the schedule's shape;
 - ``brute_force_partition``: every split into contiguous non-empty stages (``C(L-1, S-1)`` of
   them), evaluated with the batched exact simulator; refused above ``BRUTE_FORCE_LIMIT``.
 
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,8 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._graph import Graph
-from ._knobs import Workload, _uniform
+from ._knobs import Workload
+from ._partition import check_split, partition, uniform_partition
 from ._simulate import makespan, peak_memory
 
 #: Largest number of splits ``brute_force_partition`` evaluates by default (24 layers over 8
@@ -50,6 +50,7 @@ class Plan:
         peak_memory: per device, exact peak bytes (static + stored activations).
         capacity: per device, bytes.
         fits: whether every device's peak is within its capacity.
+        values: ``(name, plan)`` of every knob that chose part of it (``optimize``), else empty.
     """
 
     layers_per_stage: tuple[int, ...]
@@ -58,14 +59,41 @@ class Plan:
     peak_memory: tuple[float, ...]
     capacity: tuple[float, ...]
     fits: bool
+    values: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @eqx.filter_jit
-def _exact(graph: Graph, workload: Workload, boundaries: jax.Array, size: jax.Array):
-    hws = jax.vmap(workload.hardware)(boundaries, size)
+def _exact(graph: Graph, build: Any, inputs: Any):
+    hws = jax.vmap(build)(inputs)
     times = makespan(graph, hws, batched=True)
     memory = jax.vmap(lambda hw: peak_memory(graph, hw)[0])(hws)
     return times, memory
+
+
+def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype: Any, *,
+                     chunk: int = EVALUATION_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact makespan ``[B]``, peak memory ``[B, devices]`` and fit ``[B]`` of ``jax.vmap(build)(inputs)``.
+
+    ``build`` (a hashable callable, e.g. an ``eqx.Partial`` or a Module method) maps one entry of
+    ``inputs`` (a pytree of numpy arrays with a leading ``[B]`` axis) to a ``Hardware``. Batches
+    are padded to one of a few sizes (at most ``chunk`` per call), so new plan counts rarely
+    compile anything new.
+    """
+    leaves = jax.tree.leaves(inputs)
+    n = leaves[0].shape[0]
+    capacity = np.broadcast_to(np.asarray(capacity, np.float64), (graph.devices,))
+    times = np.empty(n)
+    memory = np.empty((n, graph.devices))
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
+        index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
+        batch = jax.tree.map(lambda x, index=index: jnp.asarray(np.asarray(x)[index], dtype), inputs)
+        t, m = _exact(graph, build, batch)
+        times[lo:hi] = np.asarray(t)[: hi - lo]
+        memory[lo:hi] = np.asarray(m)[: hi - lo]
+    fits = np.all(memory <= capacity[None, :], axis=1)
+    return times, memory, fits
 
 
 def evaluate_plans(
@@ -84,13 +112,16 @@ def evaluate_plans(
     return evaluate_boundaries(graph, workload, bounds, size, chunk=chunk)
 
 
+def _hardware_at(workload: Workload, inputs: tuple) -> Any:
+    return workload.hardware(*inputs)
+
+
 def evaluate_boundaries(
     graph: Graph, workload: Workload, boundaries: Any, size: Any = None, *, chunk: int = EVALUATION_CHUNK
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``evaluate_plans`` for stage boundaries ``[B, stages + 1]`` (fractional ones split layers)."""
     bounds = np.asarray(boundaries, dtype=np.float64)
     n = bounds.shape[0]
-    dtype = workload.forward.dtype
     shape = (graph.microbatches,)
     if size is None:
         sizes = np.broadcast_to(np.asarray(workload.size, np.float64), shape)
@@ -99,18 +130,8 @@ def evaluate_boundaries(
         sizes = np.asarray(size, np.float64)
         if sizes.shape != (n, *shape):
             raise ConfigError(f"plans: size has shape {sizes.shape}, expected {[n, *shape]}")
-    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
-    times = np.empty(n)
-    memory = np.empty((n, graph.devices))
-    for lo in range(0, n, chunk):
-        hi = min(lo + chunk, n)
-        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
-        index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
-        t, m = _exact(graph, workload, jnp.asarray(bounds[index], dtype), jnp.asarray(sizes[index], dtype))
-        times[lo:hi] = np.asarray(t)[: hi - lo]
-        memory[lo:hi] = np.asarray(m)[: hi - lo]
-    fits = np.all(memory <= capacity[None, :], axis=1)
-    return times, memory, fits
+    return evaluate_batched(graph, jax.tree_util.Partial(_hardware_at, workload), (bounds, sizes),
+                            workload.capacity, workload.forward.dtype, chunk=chunk)
 
 
 def best_plan(times: np.ndarray, memory: np.ndarray, fits: np.ndarray, capacity: np.ndarray) -> int:
@@ -124,67 +145,31 @@ def best_plan(times: np.ndarray, memory: np.ndarray, fits: np.ndarray, capacity:
 
 
 def make_plan(graph: Graph, workload: Workload, counts: Sequence[int], samples: Sequence[int] | None,
-              time: float, memory: np.ndarray) -> Plan:
+              time: float, memory: np.ndarray, values: Mapping[str, Any] | None = None) -> Plan:
     capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
     return Plan(
         layers_per_stage=tuple(int(c) for c in counts),
         samples=None if samples is None else tuple(int(s) for s in samples),
         makespan=float(time), peak_memory=tuple(float(m) for m in memory),
         capacity=tuple(float(c) for c in capacity), fits=bool(np.all(memory <= capacity)),
+        values=tuple((name, tuple(int(x) for x in np.ravel(v))) for name, v in (values or {}).items()),
     )
 
 
 # -- the baselines -----------------------------------------------------------------------------------
-def _check_split(layers: int, stages: int) -> None:
-    for name, value in (("layers", layers), ("stages", stages)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"partition: {name} must be a positive int, got {value!r}")
-    if stages > layers:
-        raise ConfigError(f"partition: {stages} stages exceed the {layers} layers")
-
-
-def uniform_partition(layers: int, stages: int) -> tuple[int, ...]:
-    """Layers per stage as equal as possible, the first ``layers % stages`` stages one more."""
-    _check_split(layers, stages)
-    return _uniform(int(layers), int(stages))
-
-
 def minmax_partition(costs: Workload | Sequence[float], stages: int) -> tuple[int, ...]:
     """Contiguous non-empty stages minimising the largest stage cost (per-layer ``F + I + W`` of a
-    ``Workload``, or any per-layer costs). ``O(stages x layers^2)`` dynamic program; ties go to the
-    split whose earlier stages end earliest."""
-    if isinstance(costs, Workload):
-        values = np.asarray(costs.compute, np.float64)
-    else:
-        values = np.asarray(costs, np.float64)
-    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values < 0):
-        raise ConfigError("minmax_partition: costs must be a finite non-negative [layers] sequence")
-    layers = values.shape[0]
-    _check_split(layers, stages)
-    cumulative = np.concatenate([[0.0], np.cumsum(values)])
-    # best[s, l]: least largest cost of layers 0..l-1 over s + 1 stages; cut[s, l] where the last starts.
-    best = np.full((stages, layers + 1), np.inf)
-    cut = np.zeros((stages, layers + 1), dtype=np.int64)
-    best[0, 1:] = cumulative[1:]
-    for s in range(1, stages):
-        for end in range(s + 1, layers + 1):
-            starts = np.arange(s, end)
-            candidate = np.maximum(best[s - 1, starts], cumulative[end] - cumulative[starts])
-            i = int(np.argmin(candidate))
-            best[s, end], cut[s, end] = candidate[i], starts[i]
-    counts, end = [], layers
-    for s in range(stages - 1, 0, -1):
-        start = int(cut[s, end])
-        counts.append(end - start)
-        end = start
-    counts.append(end)
-    return tuple(reversed(counts))
+    ``Workload``, or any per-layer costs): ``partition`` without a memory limit."""
+    values = costs.compute if isinstance(costs, Workload) else costs
+    split = partition(np.asarray(values, np.float64), stages)
+    assert split is not None  # without a memory limit every split is feasible
+    return split
 
 
 def compositions(layers: int, stages: int) -> np.ndarray:
     """Every split of ``layers`` into ``stages`` contiguous non-empty stages, ``[C(L-1, S-1), S]``."""
     cuts = np.array(list(itertools.combinations(range(1, layers), stages - 1)), dtype=np.int64)
-    cuts = cuts.reshape(-1, stages - 1)
+    cuts = cuts.reshape(math.comb(layers - 1, stages - 1), stages - 1)  # (1, 0) for one stage
     edges = np.concatenate([np.zeros((cuts.shape[0], 1), np.int64), cuts,
                             np.full((cuts.shape[0], 1), layers, np.int64)], axis=1)
     return np.diff(edges, axis=1)
@@ -205,7 +190,7 @@ def brute_force_partition(
     if not isinstance(workload, Workload):
         raise ConfigError(f"brute_force_partition expects a Workload, got {type(workload).__name__}")
     layers, stages = workload.layers, graph.stages
-    _check_split(layers, stages)
+    check_split(layers, stages)
     count = math.comb(layers - 1, stages - 1)
     if count > limit:
         raise ConfigError(f"brute force: C({layers - 1}, {stages - 1}) = {count} splits exceed limit={limit}; "
@@ -221,4 +206,4 @@ def brute_force_partition(
 
 
 __all__ = ["BRUTE_FORCE_LIMIT", "EVALUATION_CHUNK", "Plan", "brute_force_partition", "compositions",
-           "evaluate_boundaries", "evaluate_plans", "minmax_partition", "uniform_partition"]
+           "evaluate_batched", "evaluate_boundaries", "evaluate_plans", "minmax_partition", "uniform_partition"]

@@ -31,8 +31,8 @@ undefined, ``None``, when fewer than two schedules are shared or one level ties 
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -40,11 +40,13 @@ from types import MappingProxyType
 from typing import Any
 
 from ._errors import ConfigError, ScheduleError
+from ._results import csv_text, json_text, markdown_table
 from .schedules import Schedule
 from .schedules import formula as family_formula
 from .schedules import get as get_schedule
 from .schedules import names as family_names
 from .schedules import table as schedule_table
+from .schedules._analysis import activation_bytes_peaks
 from .schedules._analysis import peak_activations as schedule_peak_activations
 from .schedules._reference import DEFAULT_DURATIONS
 
@@ -259,8 +261,26 @@ class Comparison:
             ],
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+    #: Columns of ``to_csv``: one row per schedule, raw numbers (SI units), empty where missing.
+    CSV_COLUMNS = ("name", "family", "stages", "pipelines", "formula_bubble_ratio", "table_makespan",
+                   "table_bubble_ratio", "makespan_s", "bubble_ratio", "peak_activation_bytes", "peak_memory_bytes",
+                   "fits", "rank_formula", "rank_table", "rank_simulation")
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """One row per schedule (``CSV_COLUMNS``); also written atomically to ``path`` when given."""
+        rows = []
+        for i, e in enumerate(self.entries):
+            s = e.simulation
+            rows.append([e.name, e.family, e.stages, e.pipelines,
+                         None if e.formula is None else e.formula["bubble_ratio"],
+                         e.table["makespan"], e.table["bubble_ratio"], s["makespan_s"], s["bubble_ratio"],
+                         s["peak_activation_bytes"], s["peak_memory_bytes"], s["fits"],
+                         *(self.ranks[level][i] for level in LEVELS)])
+        return csv_text(self.CSV_COLUMNS, rows, path)
 
     def _rows(self) -> tuple[list[str], list[list[str]]]:
         longest = max((e.simulation["makespan_s"] for e in self.entries), default=0.0)
@@ -313,10 +333,7 @@ class Comparison:
         return notes
 
     def to_markdown(self) -> str:
-        header, rows = self._rows()
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in self._notes()) + "\n"
+        return markdown_table(*self._rows()) + "\n" + "\n".join(f"- {n}" for n in self._notes()) + "\n"
 
     def __str__(self) -> str:
         header, rows = self._rows()
@@ -447,51 +464,9 @@ def _simulation_level(schedule: Schedule, hw: Any) -> dict:
         "makespan_s": float(result.makespan),
         "bubble_ratio": float(result.bubble_ratio),
         "peak_memory_bytes": float(np.max(result.peak_memory)),
-        "peak_activation_bytes": _peak_activation_bytes(schedule, hw),
+        "peak_activation_bytes": max(activation_bytes_peaks(schedule, hw.activation_bytes, hw.size), default=0.0),
         "fits": bool(np.all(result.fits)),
     }
-
-
-def activation_table(schedule: Schedule, hw: Any) -> tuple[Any, Any]:
-    """``hw``'s activation bytes as a numpy ``[pipelines, stages]`` table and its microbatch sizes
-    as ``[microbatches]`` (the broadcasting of ``Hardware.per_stage`` / ``per_microbatch``)."""
-    import numpy as np
-
-    act = np.asarray(hw.activation_bytes, dtype=np.float64)
-    if act.ndim == 1:
-        act = act[None, :]
-    try:
-        act = np.broadcast_to(act, (schedule.pipelines, schedule.stages))
-        size = np.broadcast_to(np.asarray(hw.size, dtype=np.float64), (schedule.microbatches,))
-    except ValueError:
-        raise ConfigError(f"hardware: activation_bytes {np.shape(hw.activation_bytes)} or size "
-                          f"{np.shape(hw.size)} do not fit {schedule.family}'s {schedule.pipelines} x "
-                          f"{schedule.stages} stages and {schedule.microbatches} microbatches") from None
-    return act, size
-
-
-def activation_peaks(schedule: Schedule, hw: Any) -> list[float]:
-    """Per device, the peak of stored activation bytes: ``activation_bytes[p, s] x size[m]`` from
-    each F until the op that frees it (``schedules._analysis.releases_activation``), summed along
-    the device's order (exact for any timing, as ``peak_memory``; plain numpy, nothing to compile)."""
-    from .schedules._analysis import releases_activation
-
-    act, size = activation_table(schedule, hw)
-    peaks = []
-    for order in schedule.orders:
-        held = peak = 0.0
-        for op in order:
-            if op.kind == "F":
-                held += act[op.pipeline, op.stage] * size[op.microbatch]
-                peak = max(peak, held)
-            elif releases_activation(op):
-                held -= act[op.pipeline, op.stage] * size[op.microbatch]
-        peaks.append(float(peak))
-    return peaks
-
-
-def _peak_activation_bytes(schedule: Schedule, hw: Any) -> float:
-    return max(activation_peaks(schedule, hw), default=0.0)
 
 
 # -- inputs -----------------------------------------------------------------------------------------

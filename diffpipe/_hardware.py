@@ -189,8 +189,9 @@ class Hardware(eqx.Module):
 
     @classmethod
     def from_model(cls, model: Any, device: Any, network: Network, **kwargs: Any) -> Hardware:
-        """A transformer cost model on a device and network (see ``diffpipe._transformer``)."""
-        from ._transformer import hardware_from_model
+        """A transformer cost model on a device and network: ``Workload.from_model(...).hardware``
+        at the split's boundaries (``diffpipe._knobs.hardware_from_model``)."""
+        from ._knobs import hardware_from_model  # the layer above builds on Hardware: a thin delegate
 
         return hardware_from_model(model, device, network, **kwargs)
 

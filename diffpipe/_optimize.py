@@ -1,6 +1,7 @@
 """``optimize``: gradient descent on the smoothed makespan, then rounding and an exact local search.
 
-The loss of parameters ``p`` of knobs ``k`` (``StageBalance``, ``MicrobatchSplit`` or both) is
+The loss of parameters ``p`` of knobs ``k`` (``AbstractKnob``s: ``StageBalance``, ``MicrobatchSplit``,
+or a user's own; each sets its own ``Hardware`` fields) is
 
     makespan(graph, k(p, workload), temperature=tau) / scale
         + memory_penalty * sum_d max(0, peak_memory_d / capacity_d - 1)^2
@@ -8,11 +9,12 @@ The loss of parameters ``p`` of knobs ``k`` (``StageBalance``, ``MicrobatchSplit
 with ``scale`` the exact makespan of the best baseline, so that temperatures and the penalty are
 relative and the loss is about 1. An optax transformation runs it for ``steps`` steps inside one
 ``lax.scan`` while ``tau`` anneals geometrically towards exact. The continuous optimum is then
-rounded (every floor/ceiling combination of the stage boundaries where there are few; largest
-remainders for samples), and a steepest-descent local search of ±1 moves (any combination of
-boundaries moving by one layer; one sample moving between two microbatches) runs with the batched
-exact simulator, from the rounded plan and from the best baseline. The chosen plan is evaluated
-afresh by the exact simulator at the end; nothing else is ever reported.
+rounded by every knob (``round``: floor/ceiling combinations of the stage boundaries, largest
+remainders for samples), and a steepest-descent local search over the knobs' ``neighbours`` (any
+combination of boundaries moving by one layer; one sample moving between two microbatches) runs
+with the batched exact simulator, from the rounded plan, from the best baseline and from the knobs'
+other starts. The chosen plan is evaluated afresh by the exact simulator at the end; nothing else
+is ever reported. ``optimize`` only calls the knobs' methods: it never branches on a knob's type.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +34,22 @@ import numpy as np
 import optax
 from jax import lax
 
-from ._baselines import Plan, evaluate_boundaries, evaluate_plans, make_plan, minmax_partition, uniform_partition
+from ._baselines import Plan, evaluate_batched, make_plan
 from ._errors import ConfigError
 from ._graph import Graph, compile
 from ._hardware import Hardware
-from ._knobs import MicrobatchSplit, StageBalance, Workload, apply_knobs, as_knobs, check_static_memory
+from ._knobs import (
+    STAGE_FIELDS,
+    AbstractKnob,
+    Problem,
+    Workload,
+    as_knobs,
+    check_static_memory,
+    knob_hardware,
+    value_hardware,
+)
+from ._partition import uniform_partition
+from ._results import csv_text, json_text, markdown_table
 from ._simulate import makespan, peak_memory
 from .schedules import Schedule
 from .schedules._analysis import peak_activations, weight_versions
@@ -71,8 +85,8 @@ class OptimizeResult:
         baseline_plan: that baseline, exactly evaluated.
         rounded: the continuous optimum rounded, before the local search.
         params: the continuous optimum (a tuple following the knobs).
-        continuous_layers: its layers per stage (fractional), or None without ``StageBalance``.
-        continuous_samples: its samples per microbatch (fractional), or None without ``MicrobatchSplit``.
+        continuous: per knob ``name``, the continuous optimum in the plan's units (fractional);
+            ``continuous_layers`` / ``continuous_samples`` read it (None without that knob).
         continuous_makespan: exact makespan of the continuous (fractional) optimum.
         loss: the loss at every step.
         temperatures: the temperature (seconds) at every step.
@@ -86,8 +100,7 @@ class OptimizeResult:
     baseline_plan: Plan
     rounded: Plan
     params: tuple
-    continuous_layers: np.ndarray | None
-    continuous_samples: np.ndarray | None
+    continuous: Mapping[str, np.ndarray]
     continuous_makespan: float
     loss: np.ndarray
     temperatures: np.ndarray
@@ -106,6 +119,14 @@ class OptimizeResult:
         return self.plan.makespan
 
     @property
+    def continuous_layers(self) -> np.ndarray | None:
+        return self.continuous.get("layers_per_stage")
+
+    @property
+    def continuous_samples(self) -> np.ndarray | None:
+        return self.continuous.get("samples")
+
+    @property
     def peak_memory(self) -> tuple[float, ...]:
         return self.plan.peak_memory
 
@@ -118,6 +139,51 @@ class OptimizeResult:
         """``baseline_makespan / makespan`` (>= 1 whenever the baseline fits)."""
         return self.baseline_plan.makespan / self.plan.makespan if self.plan.makespan > 0 else 1.0
 
+    # -- output (the result protocol, ``diffpipe._results``) ----------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``plan``, ``baseline_plan``, ``rounded`` (each ``{layers_per_stage, samples,
+        makespan_s, peak_memory_bytes, capacity_bytes, fits, values}``), ``fits``, ``message``,
+        ``baseline``, ``speedup``, ``params`` (per knob), ``continuous`` (per knob name),
+        ``continuous_makespan_s``, ``loss``, ``temperatures_s``, ``evaluations``."""
+        return {
+            "plan": _plan_dict(self.plan), "fits": self.fits, "message": self.message, "baseline": self.baseline,
+            "baseline_plan": _plan_dict(self.baseline_plan), "rounded": _plan_dict(self.rounded),
+            "speedup": self.speedup, "params": [np.asarray(p) for p in self.params],
+            "continuous": {k: np.asarray(v) for k, v in self.continuous.items()},
+            "continuous_makespan_s": self.continuous_makespan, "loss": self.loss,
+            "temperatures_s": self.temperatures, "evaluations": self.evaluations,
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+    def _rows(self) -> tuple[list[str], list[list[Any]]]:
+        header = ["plan", "layers_per_stage", "samples", "makespan_s", "peak_memory_bytes", "fits"]
+        rows = [[name, " ".join(map(str, p.layers_per_stage)),
+                 "" if p.samples is None else " ".join(map(str, p.samples)), p.makespan, max(p.peak_memory),
+                 p.fits]
+                for name, p in ((f"baseline ({self.baseline})", self.baseline_plan), ("rounded", self.rounded),
+                                ("optimized", self.plan))]
+        return header, rows
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """The baseline, rounded and optimized plans, one row each; written atomically to ``path`` when given."""
+        return csv_text(*self._rows(), path)
+
+    def to_markdown(self) -> str:
+        """The three plans as a Markdown table, then ``message``."""
+        header, rows = self._rows()
+        cells = [[r[0], r[1], r[2], f"{r[3]:.6g}", f"{r[4]:.4g}", "yes" if r[5] else "NO"] for r in rows]
+        return markdown_table(header, cells) + "\n" + self.message + "\n"
+
+
+def _plan_dict(plan: Plan) -> dict[str, Any]:
+    return {"layers_per_stage": list(plan.layers_per_stage),
+            "samples": None if plan.samples is None else list(plan.samples), "makespan_s": plan.makespan,
+            "peak_memory_bytes": list(plan.peak_memory), "capacity_bytes": list(plan.capacity), "fits": plan.fits,
+            "values": {name: list(v) for name, v in plan.values}}
+
 
 # -- the continuous phase ----------------------------------------------------------------------------
 @eqx.filter_jit
@@ -126,7 +192,7 @@ def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, sta
     capacity = jnp.broadcast_to(workload.capacity, (graph.devices,))
 
     def loss_fn(p, tau):
-        hw = apply_knobs(knobs, p, workload, stages)
+        hw = knob_hardware(knobs, p, workload, stages)
         time = makespan(graph, hw, temperature=tau)
         memory = peak_memory(graph, hw)[0]
         over = jnp.maximum(memory / capacity - 1.0, 0.0)  # 0 where capacity is inf
@@ -144,19 +210,9 @@ def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, sta
         with jax.numpy_dtype_promotion("standard"):
             state = optimizer.init(p)
         (p, _), losses = lax.scan(step, (p, state), taus)
-        x, size = _continuous(graph, workload, knobs, p, stages)
-        return p, losses, x, size
+        return p, losses, tuple(k.relax(q, workload) for k, q in zip(knobs, p))
 
     return jax.vmap(run)(params)
-
-
-def _continuous(graph, workload, knobs, params, stages):
-    """Boundaries and sizes of the continuous optimum (``None`` where no knob sets them)."""
-    parts = {}
-    for k, p in zip(knobs, params):
-        parts.update(k.contribute(p, workload))
-    boundaries = parts.get("boundaries", workload.default_boundaries(stages))
-    return boundaries, parts.get("size")
 
 
 def _temperatures(temperature: Any, steps: int) -> np.ndarray:
@@ -172,97 +228,7 @@ def _temperatures(temperature: Any, steps: int) -> np.ndarray:
     return taus
 
 
-# -- rounding and local search -----------------------------------------------------------------------
-def _repair(cuts: np.ndarray, layers: int) -> np.ndarray:
-    """Integer interior boundaries made strictly increasing within ``1 .. layers-1``."""
-    cuts = cuts.astype(np.int64).copy()
-    n = cuts.shape[-1]
-    low = np.arange(1, n + 1)
-    high = layers - n + np.arange(n)
-    cuts = np.clip(cuts, low, high)
-    for j in range(1, n):
-        cuts[..., j] = np.maximum(cuts[..., j], cuts[..., j - 1] + 1)
-    for j in range(n - 2, -1, -1):
-        cuts[..., j] = np.minimum(cuts[..., j], cuts[..., j + 1] - 1)
-    return cuts
-
-
-def _counts_of(cuts: np.ndarray, layers: int) -> np.ndarray:
-    rows = cuts.reshape(-1, cuts.shape[-1])
-    edges = np.concatenate([np.zeros((rows.shape[0], 1), np.int64), rows,
-                            np.full((rows.shape[0], 1), layers, np.int64)], axis=1)
-    return np.diff(edges, axis=1)
-
-
-def _round_boundaries(x: np.ndarray, layers: int) -> np.ndarray:
-    """Candidate integer splits ``[n, stages]`` around continuous boundaries ``x`` ``[stages+1]``."""
-    inner = x[1:-1]
-    if inner.size == 0:
-        return np.array([[layers]], dtype=np.int64)
-    if 2 ** inner.size <= ROUNDING_COMBINATIONS:
-        choices = np.array(list(itertools.product((0, 1), repeat=inner.size)), dtype=np.int64)
-        cuts = np.floor(inner).astype(np.int64)[None, :] + choices
-    else:
-        cuts = np.rint(inner).astype(np.int64)[None, :]
-    cuts = _repair(cuts, layers)
-    return np.unique(_counts_of(cuts, layers), axis=0)
-
-
-def _round_samples(samples: np.ndarray, batch: int) -> np.ndarray:
-    """Largest-remainder rounding to positive integers summing to ``batch``."""
-    base = np.maximum(np.floor(samples).astype(np.int64), 1)
-    while base.sum() > batch:  # the floor of 1 took too many: take back from the largest
-        base[np.argmax(base)] -= 1
-    remainder = samples - base
-    for i in np.argsort(-remainder, kind="stable")[: batch - base.sum()]:
-        base[i] += 1
-    return base
-
-
-def _split_moves(stages: int) -> np.ndarray:
-    n = stages - 1
-    if n == 0:
-        return np.zeros((0, 0), np.int64)
-    if 3 ** n - 1 <= NEIGHBOURHOOD_LIMIT:
-        moves = np.array(list(itertools.product((-1, 0, 1), repeat=n)), dtype=np.int64)
-        return moves[np.any(moves != 0, axis=1)]
-    moves = []
-    for j in range(n):
-        for d in (-1, 1):
-            m = np.zeros(n, np.int64)
-            m[j] = d
-            moves.append(m)
-    for i, j in itertools.combinations(range(n), 2):
-        for a, b in itertools.product((-1, 1), repeat=2):
-            m = np.zeros(n, np.int64)
-            m[i], m[j] = a, b
-            moves.append(m)
-    return np.array(moves)
-
-
-def _split_neighbours(counts: np.ndarray, moves: np.ndarray) -> np.ndarray:
-    layers = int(counts.sum())
-    if moves.shape[0] == 0:
-        return np.zeros((0, counts.shape[0]), np.int64)
-    cuts = np.cumsum(counts)[:-1][None, :] + moves
-    edges = np.concatenate([np.zeros((cuts.shape[0], 1), np.int64), cuts,
-                            np.full((cuts.shape[0], 1), layers, np.int64)], axis=1)
-    new = np.diff(edges, axis=1)
-    return new[np.all(new >= 1, axis=1)]
-
-
-def _sample_neighbours(samples: np.ndarray) -> np.ndarray:
-    m = samples.shape[0]
-    out = []
-    for i, j in itertools.permutations(range(m), 2):
-        if samples[i] > 1:
-            new = samples.copy()
-            new[i] -= 1
-            new[j] += 1
-            out.append(new)
-    return np.array(out, dtype=np.int64).reshape(-1, m)
-
-
+# -- exact evaluation and local search -----------------------------------------------------------------
 def _key(time: float, memory: np.ndarray, capacity: np.ndarray) -> tuple:
     """Order of plans: fitting ones by time, then the rest by overflow, then time."""
     fits = bool(np.all(memory <= capacity))
@@ -273,59 +239,66 @@ def _key(time: float, memory: np.ndarray, capacity: np.ndarray) -> tuple:
     return (1, overflow, float(time))
 
 
-class _Search:
-    """Exact evaluation of (split, samples) plans with a cache and a counter."""
+def _plan_key(plan: tuple[np.ndarray, ...]) -> tuple:
+    return tuple(tuple(np.asarray(p).ravel().tolist()) for p in plan)
 
-    def __init__(self, graph: Graph, workload: Workload, split: MicrobatchSplit | None):
-        self.graph, self.workload, self.split = graph, workload, split
+
+class _Build(eqx.Module):
+    """The hashable map from the knobs' values to a ``Hardware`` that ``evaluate_batched`` vmaps."""
+
+    knobs: tuple[AbstractKnob, ...]
+    workload: Workload
+    stages: int = eqx.field(static=True)
+
+    def __call__(self, values: tuple) -> Hardware:
+        return value_hardware(self.knobs, values, self.workload, self.stages)
+
+
+class _Search:
+    """Exact evaluation of integer plans (a tuple following the knobs) with a cache and a counter."""
+
+    def __init__(self, graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], stages: int):
+        self.graph, self.workload, self.knobs = graph, workload, knobs
+        self.build = _Build(knobs, workload, stages)
         self.capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
         self.cache: dict[tuple, tuple[float, np.ndarray]] = {}
         self.evaluations = 0
 
-    def size_of(self, samples: np.ndarray) -> np.ndarray:
-        return np.asarray(self.split.relative(samples.astype(np.float64), self.workload))
+    def exact(self, values: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact makespan, memory and fit of a batch of values (``[B, ...]`` per knob)."""
+        return evaluate_batched(self.graph, self.build, values, self.workload.capacity, self.workload.forward.dtype)
 
-    def evaluate(self, plans: list[tuple[np.ndarray, np.ndarray | None]]) -> list[tuple[float, np.ndarray]]:
-        todo = []
-        for counts, samples in plans:
-            key = (tuple(counts.tolist()), None if samples is None else tuple(samples.tolist()))
+    def evaluate(self, plans: list[tuple[np.ndarray, ...]]) -> list[tuple[float, np.ndarray]]:
+        todo: dict[tuple, tuple[np.ndarray, ...]] = {}
+        for plan in plans:
+            key = _plan_key(plan)
             if key not in self.cache and key not in todo:
-                todo.append(key)
+                todo[key] = plan
         if todo:
-            counts = np.array([k[0] for k in todo], dtype=np.int64)
-            sizes = None
-            if self.split is not None:
-                sizes = np.stack([self.size_of(np.asarray(k[1])) for k in todo])
-            times, memory, _ = evaluate_plans(self.graph, self.workload, counts, sizes)
+            values = tuple(np.stack([k.encode(plan[i], self.workload) for plan in todo.values()])
+                           for i, k in enumerate(self.knobs))
+            times, memory, _ = self.exact(values)
             self.evaluations += len(todo)
-            for k, t, m in zip(todo, times, memory):
-                self.cache[k] = (float(t), m)
-        out = []
-        for counts, samples in plans:
-            key = (tuple(counts.tolist()), None if samples is None else tuple(samples.tolist()))
-            out.append(self.cache[key])
-        return out
+            for key, t, m in zip(todo, times, memory):
+                self.cache[key] = (float(t), m)
+        return [self.cache[_plan_key(plan)] for plan in plans]
 
-    def key(self, plan: tuple[np.ndarray, np.ndarray | None]) -> tuple:
+    def key(self, plan: tuple[np.ndarray, ...]) -> tuple:
         time, memory = self.evaluate([plan])[0]
         return _key(time, memory, self.capacity)
 
-    def best(self, plans: list[tuple[np.ndarray, np.ndarray | None]]) -> tuple[tuple, tuple]:
+    def best(self, plans: list[tuple[np.ndarray, ...]]) -> tuple[tuple, tuple]:
         results = self.evaluate(plans)
         keys = [_key(t, m, self.capacity) for t, m in results]
         i = min(range(len(plans)), key=lambda j: keys[j])
         return plans[i], keys[i]
 
-    def descend(self, start: tuple[np.ndarray, np.ndarray | None], move_split: bool) -> tuple:
-        moves = _split_moves(start[0].shape[0]) if move_split else None
+    def descend(self, start: tuple[np.ndarray, ...]) -> tuple:
+        """Steepest descent over every knob's ``neighbours`` (one knob moves at a time)."""
         current, key = start, self.key(start)
         for _ in range(LOCAL_SEARCH_ROUNDS):
-            counts, samples = current
-            neighbours = []
-            if move_split:
-                neighbours += [(c, samples) for c in _split_neighbours(counts, moves)]
-            if samples is not None:
-                neighbours += [(counts, s) for s in _sample_neighbours(samples)]
+            neighbours = [current[:i] + (n,) + current[i + 1:]
+                          for i, k in enumerate(self.knobs) for n in k.neighbours(current[i])]
             if not neighbours:
                 break
             plan, plan_key = self.best(neighbours)
@@ -339,7 +312,7 @@ class _Search:
 def optimize(
     graph: Graph | Schedule,
     workload: Workload,
-    knob: StageBalance | MicrobatchSplit | Sequence[StageBalance | MicrobatchSplit],
+    knob: AbstractKnob | Sequence[AbstractKnob],
     *,
     optimizer: optax.GradientTransformation = DEFAULT_OPTIMIZER,
     steps: int = 300,
@@ -351,29 +324,31 @@ def optimize(
     local_search: bool = True,
     throw: bool = False,
 ) -> OptimizeResult:
-    """Optimize stage boundaries and/or microbatch sizes of ``graph`` for ``workload``.
+    """Optimize the knobs' choices (stage boundaries, microbatch sizes, ...) of ``graph`` for ``workload``.
 
     Args:
         graph: a ``Graph``, or a ``Schedule`` (compiled for the workload's communication mode after
             every argument has been checked).
         workload: the per-layer table and machine terms (``Workload``).
-        knob: a ``StageBalance``, a ``MicrobatchSplit``, or a tuple of one of each. Without a
-            ``StageBalance`` the split is ``workload.layers_per_stage`` (uniform when None).
+        knob: an ``AbstractKnob`` (``StageBalance``, ``MicrobatchSplit``, or one of your own), or a
+            tuple of knobs setting different ``Hardware`` fields. Without a knob setting the stages'
+            fields the split is ``workload.layers_per_stage`` (uniform when None).
         optimizer: any optax transformation (default Adam, learning rate 0.05, on logits).
         steps: gradient steps.
         temperature: ``(start, end)`` relative to the baseline makespan, annealed geometrically,
             or one relative temperature per step.
         memory_penalty: weight of the squared relative overflow of each device's capacity.
-        init: one start (a tuple following the knobs). Default: three starts run at once, the
-            compute-balanced split and the uniform and min-max splits (equal microbatches).
+        init: one start (a tuple following the knobs). Default: the knobs' neutral start and the
+            knobs' ``starts`` (for ``StageBalance``: the uniform, min-max and memory-limited
+            min-max splits), run at once.
         restarts: extra starts, logits drawn around the first start with ``key`` (a PRNG key).
-        local_search: run the ±1 exact local search after rounding.
+        local_search: run the exact local search over the knobs' ``neighbours`` after rounding.
         throw: raise ``ConfigError`` when no plan fits memory (default: say so in the result).
 
     Returns:
-        An ``OptimizeResult``: the best plan found (never worse than the best baseline, uniform
-        and min-max stage splits and the equal-size microbatch split, by the exact simulator),
-        with the continuous optimum, the loss curve and that baseline.
+        An ``OptimizeResult``: the best plan found (never worse than the best combination of the
+        knobs' ``baselines``, by the exact simulator), with the continuous optimum, the loss curve
+        and that baseline.
     """
     knobs = as_knobs(knob)
     if not isinstance(workload, Workload):
@@ -389,14 +364,9 @@ def optimize(
         holder, versions = np.asarray(graph.holder), np.asarray(graph.versions)
     else:
         raise ConfigError(f"optimize expects a Graph or Schedule, got {type(graph).__name__}")
-    balance = next((k for k in knobs if isinstance(k, StageBalance)), None)
-    split = next((k for k in knobs if isinstance(k, MicrobatchSplit)), None)
-    if balance is not None:
-        if balance.stages != stages:
-            raise ConfigError(f"optimize: StageBalance has {balance.stages} stages, the schedule has {stages}")
-        balance.check(workload)
-        workload = workload.with_split(None)  # unused; dropping it lets workloads share compiled code
-    else:
+    sets = {name for k in knobs for name in k.sets}
+    fixed_split = not sets & set(STAGE_FIELDS)
+    if fixed_split:
         if stages > workload.layers:
             raise ConfigError(f"optimize: the schedule's {stages} stages exceed the workload's {workload.layers} "
                               "layers")
@@ -404,10 +374,14 @@ def optimize(
         if len(workload.layers_per_stage) != stages:
             raise ConfigError(f"optimize: workload.layers_per_stage has {len(workload.layers_per_stage)} stages, "
                               f"the schedule has {stages}")
-    if split is None and workload.samples is not None:
+    else:
+        workload = workload.with_split(None)  # unused; dropping it lets workloads share compiled code
+    if "size" not in sets and workload.samples is not None:
         workload = dataclasses.replace(workload, samples=None)  # unused here; lets workloads share compiled code
-    if split is not None and split.microbatches != micro:
-        raise ConfigError(f"optimize: MicrobatchSplit has {split.microbatches} microbatches, the schedule has {micro}")
+    problem = Problem(workload, stages, micro, devices, holder, versions, _peak_in_flight(graph),
+                      1.0 if "size" in sets else float(np.max(workload.size)))
+    for k in knobs:
+        k.check(problem)
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
         raise ConfigError(f"optimize: restarts must be a non-negative int, got {restarts!r}")
     if restarts and key is None:
@@ -420,139 +394,91 @@ def optimize(
         raise ConfigError(f"optimize: optimizer must be an optax GradientTransformation, got "
                           f"{type(optimizer).__name__}")
     taus = _temperatures(temperature, steps)
-    check_static_memory(workload, holder, versions, devices,
-                        fixed=None if balance is not None else workload.layers_per_stage)
+    if fixed_split:
+        check_static_memory(workload, holder, versions, devices, fixed=workload.layers_per_stage)
     dtype = workload.forward.dtype
-    splits = {"given": np.asarray(workload.layers_per_stage)} if balance is None else {
-        "uniform": np.asarray(uniform_partition(workload.layers, stages)),
-        "minmax": np.asarray(minmax_partition(workload, stages)),
-    }
-    fitted = None if balance is None else _memory_minmax(workload, holder, versions, _peak_in_flight(graph),
-                                                           1.0 if split is not None else float(np.max(workload.size)))
-    if balance is not None:  # a fixed number of starts: one compiled loop per graph and workload shape
-        splits_to_start = {**splits, "memory": splits["minmax"] if fitted is None else fitted}
-    else:
-        splits_to_start = splits
-    starts = _starts(knobs, workload, init, splits_to_start, restarts, key, dtype)
+    baselines = _baselines(knobs, problem)
+    starts = [k.starts(problem) for k in knobs]
+    params0 = _starts(knobs, workload, init, baselines, starts, restarts, key, dtype)
     if isinstance(graph, Schedule):
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
     _check_mode(graph, workload)
 
     # Baselines, exactly evaluated.
-    search = _Search(graph, workload, split)
-    equal = None if split is None else _round_samples(np.full(micro, split.batch / micro), split.batch)
-    baselines = {name: (counts, equal) for name, counts in splits.items()}
+    search = _Search(graph, workload, knobs, stages)
     keys = {name: search.key(plan) for name, plan in baselines.items()}
     baseline = min(keys, key=lambda n: keys[n])
     scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
 
     # The continuous phase, from every start at once.
-    params, losses, xs, sizes = _descend(graph, workload, knobs, starts, optimizer, jnp.asarray(taus * scale, dtype),
-                                         jnp.asarray(memory_penalty, dtype), jnp.asarray(scale, dtype), stages)
-    losses, xs = np.asarray(losses), np.asarray(xs)
+    params, losses, xs = _descend(graph, workload, knobs, params0, optimizer, jnp.asarray(taus * scale, dtype),
+                                  jnp.asarray(memory_penalty, dtype), jnp.asarray(scale, dtype), stages)
+    losses = np.asarray(losses)
     if not np.all(np.isfinite(losses)):
         bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))
         raise ConfigError(f"optimize: the loss became non-finite at step {bad}; lower the learning rate or raise "
                           "the temperature")
     best = int(np.argmin(losses[:, -1]))
     chosen = tuple(p[best] for p in params)
-    continuous_makespan = float(evaluate_boundaries(graph, workload, xs[best:best + 1],
-                                                    None if sizes is None else np.asarray(sizes[best:best + 1]))[0][0])
-    fractional = None
-    if split is not None:
-        fractional = np.asarray(jax.vmap(split.samples)(params[knobs.index(split)]))
+    continuous_makespan = float(search.exact(tuple(np.asarray(x[best:best + 1]) for x in xs))[0][0])
 
-    # Rounding every start's optimum, then the exact local search from the best rounded plan and
-    # from the best baseline.
+    # Rounding every start's optimum, then the exact local search from the best rounded plan, from
+    # the best baseline and from the knobs' other starts.
     candidates = []
-    for r in range(xs.shape[0]):
-        counts = (_round_boundaries(xs[r], workload.layers) if balance is not None
-                  else np.asarray(workload.layers_per_stage)[None, :])
-        samples = None if split is None else _round_samples(fractional[r], split.batch)
-        candidates += [(c, samples) for c in counts]
+    for r in range(losses.shape[0]):
+        candidates += list(itertools.product(*(k.round(p[r], workload) for k, p in zip(knobs, params))))
     rounded, _ = search.best(candidates)
-    origins = [rounded, baselines[baseline]] + ([] if fitted is None else [(fitted, equal)])
-    if local_search:
-        found = [search.descend(s, move_split=balance is not None) for s in origins]
-    else:
-        found = [(s, search.key(s)) for s in origins]
-    (counts, samples), _ = min(found, key=lambda f: f[1])
+    origins = [rounded, baselines[baseline]]
+    for i, knob_starts in enumerate(starts):
+        origins += [baselines[baseline][:i] + (plan,) + baselines[baseline][i + 1:]
+                    for plan, origin in knob_starts if origin]
+    found = [search.descend(s) if local_search else (s, search.key(s)) for s in origins]
+    plan_values, _ = min(found, key=lambda f: f[1])
 
     # Final check: the chosen plan evaluated afresh (not from the search's cache).
-    size = None if samples is None else search.size_of(samples)[None, :]
-    time, memory, _ = evaluate_plans(graph, workload, counts[None, :], size)
-    time, memory = float(time[0]), memory[0]
-    plan = make_plan(graph, workload, counts, samples, time, memory)
-    base_plan = make_plan(graph, workload, *baselines[baseline], *search.evaluate([baselines[baseline]])[0])
-    rounded_plan = make_plan(graph, workload, *rounded, *search.evaluate([rounded])[0])
-    message = _message(plan, base_plan, baseline)
+    time, memory, _ = search.exact(tuple(k.encode(v, workload)[None] for k, v in zip(knobs, plan_values)))
+    plan = _make_plan(graph, workload, knobs, plan_values, float(time[0]), memory[0])
+    base_plan = _make_plan(graph, workload, knobs, baselines[baseline], *search.evaluate([baselines[baseline]])[0])
+    rounded_plan = _make_plan(graph, workload, knobs, rounded, *search.evaluate([rounded])[0])
+    message = _message(plan, base_plan, baseline, knobs)
     if throw and not plan.fits:
         raise ConfigError(message)
     return OptimizeResult(
         plan=plan, fits=plan.fits, message=message, baseline=baseline, baseline_plan=base_plan,
         rounded=rounded_plan, params=chosen,
-        continuous_layers=None if balance is None else np.diff(xs[best]),
-        continuous_samples=None if fractional is None else fractional[best],
+        continuous={k.name: k.fractional(p, workload) for k, p in zip(knobs, chosen)},
         continuous_makespan=continuous_makespan, loss=losses[best],
         temperatures=taus * scale, evaluations=search.evaluations,
     )
+
+
+def _baselines(knobs: tuple[AbstractKnob, ...], problem: Problem) -> dict[str, tuple[np.ndarray, ...]]:
+    """Every combination of the knobs' baselines, named by the names of knobs with a choice
+    (``"given"`` when none has one: the workload as given, each knob at its default)."""
+    each = [k.baselines(problem) for k in knobs]
+    out = {}
+    for combination in itertools.product(*(b.items() for b in each)):
+        names = [name for (name, _), b in zip(combination, each) if len(b) > 1]
+        out["+".join(names) or "given"] = tuple(np.asarray(plan) for _, plan in combination)
+    return out
 
 
 def _peak_in_flight(graph: Graph | Schedule) -> np.ndarray:
     """Per device, the peak number of stored activations (timing-free: the lane order decides)."""
     if isinstance(graph, Schedule):
         return np.asarray(peak_activations(graph), np.float64)
-    release = np.asarray(graph.release)[np.asarray(graph.lane_nodes)]
-    device = np.asarray(graph.lane_device)
-    peaks = np.zeros(graph.devices)
-    for d in range(graph.devices):
-        steps = release[device == d]
-        peaks[d] = max(0.0, float(np.max(np.cumsum(steps), initial=0.0)))
-    return peaks
-
-
-def _memory_minmax(workload: Workload, holder: np.ndarray, versions: np.ndarray, in_flight: np.ndarray,
-                   size: float) -> np.ndarray | None:
-    """The split minimising the largest stage compute subject to every stage fitting its device's
-    memory (static bytes x versions + activation bytes x peak stored activations x size): a start
-    for the search that is feasible where the unconstrained min-max is not. Only for placements with
-    one stage per device (else ``None``), and ``None`` when no split fits."""
-    capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), in_flight.shape)
-    pipelines, stages = holder.shape
-    if pipelines != 1 or len(set(holder.ravel().tolist())) != stages or np.all(np.isinf(capacity)):
-        return None
-    layers = workload.layers
-    cost, static, act = (np.concatenate([[0.0], np.cumsum(np.asarray(x, np.float64))])
-                         for x in (workload.compute, workload.static_bytes, workload.activation_bytes))
-    best = np.full((stages + 1, layers + 1), np.inf)
-    cut = np.zeros((stages + 1, layers + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    for s in range(1, stages + 1):
-        d = holder[0, s - 1]
-        for end in range(s, layers + 1):
-            starts = np.arange(s - 1, end)
-            memory = versions[0, s - 1] * (static[end] - static[starts]) + \
-                in_flight[d] * size * (act[end] - act[starts])
-            candidate = np.where(memory <= capacity[d], np.maximum(best[s - 1, starts], cost[end] - cost[starts]),
-                                 np.inf)
-            i = int(np.argmin(candidate))
-            best[s, end], cut[s, end] = candidate[i], starts[i]
-    if not np.isfinite(best[stages, layers]):
-        return None
-    counts, end = [], layers
-    for s in range(stages, 0, -1):
-        counts.append(end - int(cut[s, end]))
-        end = int(cut[s, end])
-    return np.asarray(counts[::-1], dtype=np.int64)
+    return np.asarray(peak_memory(graph, Hardware.from_times(0.0, 0.0))[1], np.float64)
 
 
 #: Spread of the logits of random restarts around the first start.
 RESTART_SPREAD = 0.5
 
 
-def _starts(knobs, workload, init, splits, restarts, key, dtype) -> tuple:
-    """Starting parameters with a leading ``starts`` axis (a tuple following the knobs)."""
+def _starts(knobs, workload, init, baselines, starts, restarts, key, dtype) -> tuple:
+    """Starting parameters with a leading ``starts`` axis (a tuple following the knobs): the
+    neutral start, then row ``r`` of the knobs' ``starts`` (neutral where a knob has fewer); at
+    least one such row, so that every knob set compiles one loop shape per graph and workload."""
     if init is not None:
         first = tuple(init) if isinstance(init, (tuple, list)) else (init,)
         if len(first) != len(knobs):
@@ -564,10 +490,9 @@ def _starts(knobs, workload, init, splits, restarts, key, dtype) -> tuple:
                                   f"{k.init(workload).shape}")
     else:
         rows = [tuple(k.init(workload) for k in knobs)]
-        if any(isinstance(k, StageBalance) for k in knobs):
-            for counts in splits.values():
-                rows.append(tuple(k.init(workload, tuple(counts.tolist())) if isinstance(k, StageBalance)
-                                  else k.init(workload) for k in knobs))
+        for r in range(max(1, *(len(s) for s in starts))):
+            rows.append(tuple(k.init(workload, tuple(s[r][0].tolist())) if r < len(s) else k.init(workload)
+                              for k, s in zip(knobs, starts)))
     if restarts:
         for r in range(restarts):
             noise = jax.random.split(jax.random.fold_in(key, r), len(knobs))
@@ -582,10 +507,18 @@ def _check_mode(graph: Graph, workload: Workload) -> None:
     eqx.tree_at(lambda hw: hw.network, probe, workload.network).check_graph(graph)
 
 
-def _message(plan: Plan, baseline: Plan, name: str) -> str:
+def _make_plan(graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], plan: tuple[np.ndarray, ...],
+               time: float, memory: np.ndarray) -> Plan:
+    values = {k.name: v for k, v in zip(knobs, plan)}
+    counts = values.get("layers_per_stage", workload.layers_per_stage)
+    return make_plan(graph, workload, counts, values.get("samples"), time, memory, values)
+
+
+def _message(plan: Plan, baseline: Plan, name: str, knobs: tuple[AbstractKnob, ...]) -> str:
     what = f"layers per stage {list(plan.layers_per_stage)}"
-    if plan.samples is not None:
-        what += f", samples per microbatch {list(plan.samples)}"
+    for k in knobs:
+        if k.name != "layers_per_stage":
+            what += f", {k.label} {list(dict(plan.values)[k.name])}"
     if not plan.fits:
         memory, capacity = np.asarray(plan.peak_memory), np.asarray(plan.capacity)
         d = int(np.argmax(memory - capacity))

@@ -19,12 +19,6 @@ if TYPE_CHECKING:
     from ._hardware import Network
     from ._transformer import Device
 
-#: Default fraction of peak FLOP/s a training step sustains (model FLOPs utilisation). Narayanan
-#: et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
-#: (SC'21), report 52% of the A100's peak per GPU at scale (abstract, Table 1); large-scale
-#: reports since sit around 40-55%. One round figure, to be overridden with a measured one.
-DEFAULT_EFFICIENCY = 0.5
-
 
 class DeviceSpec(NamedTuple):
     """A device as published: dense BF16 peak (FLOP/s), memory (bytes) and the source."""
@@ -97,13 +91,15 @@ def preset_names() -> dict[str, tuple[str, ...]]:
 def device(name: str, *, efficiency: float | None = None) -> Device:
     """The ``Device`` preset ``name`` (case-insensitive; see ``DEVICES``).
 
-    ``efficiency`` (fraction of peak sustained) defaults to ``DEFAULT_EFFICIENCY``.
+    ``efficiency`` (fraction of peak sustained) defaults to ``diffpipe._transformer.DEFAULT_EFFICIENCY``.
     """
-    from ._transformer import Device
+    from ._transformer import Device  # imported here so that listing presets needs no JAX
 
     key = _lookup(DEVICES, name, "device")
     spec = DEVICES[key]
-    return Device(spec.peak_flops, spec.memory, DEFAULT_EFFICIENCY if efficiency is None else efficiency, name=key)
+    if efficiency is None:
+        return Device(spec.peak_flops, spec.memory, name=key)
+    return Device(spec.peak_flops, spec.memory, efficiency, name=key)
 
 
 def network(intra: str, inter: str | None = None, *, devices_per_node: int = 8, mode: str = "overlap") -> Network:
@@ -116,7 +112,7 @@ def network(intra: str, inter: str | None = None, *, devices_per_node: int = 8, 
         devices_per_node: devices sharing a node when ``inter`` is given.
         mode: communication mode (``none``, ``overlap``, ``contention``, ``blocking``).
     """
-    from ._hardware import Network, _float
+    from ._hardware import Network, _float  # imported here so that listing presets needs no JAX
 
     a = NETWORKS[_lookup(NETWORKS, intra, "network")]
     b = a if inter is None else NETWORKS[_lookup(NETWORKS, inter, "network")]

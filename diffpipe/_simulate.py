@@ -23,6 +23,7 @@ from ._errors import ConfigError, ScheduleError
 from ._evaluate import ADJOINTS, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
 from ._hardware import CostTables, Hardware
+from ._results import json_text
 from .schedules import Op, Schedule
 from .schedules._analysis import staleness as schedule_staleness
 
@@ -187,6 +188,21 @@ class Result(eqx.Module):
             raise ScheduleError("this result came from a bare Graph: simulate the Schedule to look up ops")
         i = self.ops.index(op)
         return float(self.start[i]), float(self.finish[i])
+
+    # -- output (the result protocol, ``diffpipe._results``) ----------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: every array field as numbers or lists (seconds, bytes), ``ops`` as their
+        names (``"0F3"``; None for a bare ``Graph``) and ``staleness`` as ``{op name: steps}``."""
+        out: dict[str, Any] = {name: np.asarray(getattr(self, name)) for name in (
+            "makespan", "bubble_ratio", "busy", "peak_memory", "peak_activations", "fits", "communication_bytes",
+            "step_finish", "period", "start", "finish")}
+        out["ops"] = None if self.ops is None else [str(op) for op in self.ops]
+        out["staleness"] = None if self.staleness is None else {str(op): s for op, s in self.staleness.items()}
+        return out
+
+    def to_json(self, path: Any = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
 
 
 @eqx.filter_jit

@@ -3,9 +3,10 @@
 The model is a table over *layers*: the embedding, each transformer block, and the LM head (final
 layer norm, projection to the vocabulary, cross-entropy). The first and last layers are uneven:
 the embedding holds ``(V + s) h`` parameters but computes nothing worth counting, the head
-computes ``2 b s h V`` FLOPs per pass and stores fp32 logits. ``layer_costs`` gives the table
-(``StageBalance`` interpolates its cumulative sums); ``hardware_from_model`` (reached through
-``Hardware.from_model``) groups consecutive layers into pipeline stages.
+computes ``2 b s h V`` FLOPs per pass and stores fp32 logits. ``layer_costs`` gives the table;
+``Workload.from_model`` turns it into seconds and bytes on a ``Device``, and ``Workload.hardware``
+(``StageBalance``, and ``Hardware.from_model`` through ``stage_of_layers``) groups consecutive
+layers into pipeline stages: one path from a model to a ``Hardware``. No ``Hardware`` here.
 
 Notation: ``b`` samples per microbatch, ``s`` sequence, ``h`` hidden, ``a`` heads, ``V``
 vocabulary, ``l`` transformer layers, ``f`` FFN multiplier, ``d`` bytes per activation/weight
@@ -36,18 +37,25 @@ Sources:
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
-from ._hardware import Hardware, Network, _concrete, _float
-from ._presets import DEFAULT_EFFICIENCY
+from ._partition import uniform_partition
+
+#: Default fraction of peak FLOP/s a training step sustains (model FLOPs utilisation). Narayanan
+#: et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+#: (SC'21), report 52% of the A100's peak per GPU at scale (abstract, Table 1); large-scale
+#: reports since sit around 40-55%. One round figure, to be overridden with a measured one.
+DEFAULT_EFFICIENCY = 0.5
 
 #: Bytes of one dropout-mask element (Korthikanti et al. 2022, §4.1).
 _MASK_BYTES = 1
@@ -55,11 +63,20 @@ _MASK_BYTES = 1
 _LOGIT_BYTES = 4
 
 
+def _float(value: Any) -> Array:
+    return jnp.asarray(value, dtype=jnp.result_type(float))
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Transformer:
     """A GPT-style decoder (Megatron-LM layout: learned positions, biases, two layer norms a block).
 
@@ -69,7 +86,8 @@ class Transformer:
         heads: attention heads ``a``.
         sequence: sequence length ``s``.
         vocabulary: vocabulary size ``V``.
-        microbatch: samples per microbatch ``b`` (a ``Hardware.size`` of 1).
+        microbatch_size: samples per microbatch ``b`` (a ``Hardware.size`` of 1). The old keyword
+            ``microbatch=`` (and attribute) still works for one release, with a ``DeprecationWarning``.
         dtype_bytes: bytes per weight/activation element ``d`` (2 for fp16/bf16).
         ffn_multiplier: FFN width over ``h`` (``f``; 4 for GPT).
         recompute: full activation recomputation of every block.
@@ -84,15 +102,35 @@ class Transformer:
     heads: int
     sequence: int
     vocabulary: int
-    microbatch: int = 1
+    microbatch_size: int = 1
     dtype_bytes: int = 2
     ffn_multiplier: float = 4
     recompute: bool = False
     tied_embedding: bool = True
     bytes_per_parameter: int = 16
 
+    def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
+                 dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: bool = False,
+                 tied_embedding: bool = True, bytes_per_parameter: int = 16, *, microbatch: int | None = None) -> None:
+        if microbatch is not None:  # the deprecated spelling, kept for one release
+            warnings.warn("Transformer(microbatch=...) is deprecated: use microbatch_size= (microbatch wins when "
+                          "both are given)", DeprecationWarning, stacklevel=2)
+            microbatch_size = microbatch
+        values = dict(layers=layers, hidden=hidden, heads=heads, sequence=sequence, vocabulary=vocabulary,
+                      microbatch_size=microbatch_size, dtype_bytes=dtype_bytes, ffn_multiplier=ffn_multiplier,
+                      recompute=recompute, tied_embedding=tied_embedding, bytes_per_parameter=bytes_per_parameter)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
+    @property
+    def microbatch(self) -> int:
+        """Deprecated: ``microbatch_size``."""
+        warnings.warn("Transformer.microbatch is deprecated: use microbatch_size", DeprecationWarning, stacklevel=2)
+        return self.microbatch_size
+
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "sequence", "vocabulary", "microbatch", "dtype_bytes",
+        for name in ("layers", "hidden", "heads", "sequence", "vocabulary", "microbatch_size", "dtype_bytes",
                      "bytes_per_parameter"):
             value = getattr(self, name)
             if not _positive_int(value):
@@ -153,7 +191,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
     """
     if not isinstance(model, Transformer):
         raise ConfigError(f"layer_costs expects a Transformer, got {type(model).__name__}")
-    b, s, h, a, V = (float(x) for x in (model.microbatch, model.sequence, model.hidden, model.heads,
+    b, s, h, a, V = (float(x) for x in (model.microbatch_size, model.sequence, model.hidden, model.heads,
                                         model.vocabulary))
     f, d, l = float(model.ffn_multiplier), float(model.dtype_bytes), model.layers
 
@@ -239,8 +277,7 @@ def stage_of_layers(
             raise ConfigError(f"from_model: stages must be a positive int, got {stages!r}")
         if stages > model.layers:
             raise ConfigError(f"from_model: stages={stages} exceeds the model's {model.layers} layers")
-        q, r = divmod(model.layers, int(stages))
-        counts = [q + (i < r) for i in range(int(stages))]
+        counts = list(uniform_partition(model.layers, int(stages)))
     else:
         try:
             counts = [operator.index(c) for c in layers_per_stage]
@@ -258,82 +295,4 @@ def stage_of_layers(
     return np.concatenate([[0], np.repeat(np.arange(n), counts), [n - 1]]).astype(np.int64)
 
 
-def hardware_from_model(
-    model: Transformer,
-    device: Device,
-    network: Network,
-    *,
-    stages: int | None = None,
-    layers_per_stage: Sequence[int] | None = None,
-    microbatches: int | None = None,
-    size: Any = 1.0,
-    overhead: Any = 0.0,
-    update: Any = 0.0,
-) -> Hardware:
-    """``Hardware`` for ``model`` split into pipeline stages on ``device`` over ``network``.
-
-    Per stage (see ``stage_of_layers`` for the grouping): times ``F, I, W`` are the stage's FLOPs
-    over ``peak_flops x efficiency``; ``static_bytes`` and ``gradient_bytes`` sum its layers'
-    parameters (a tied embedding's copy is dropped when embedding and head share the stage);
-    ``activation_bytes`` sums its layers' stored activations; ``message_bytes[k]`` is the
-    boundary activation ``d s b h`` entering stage ``k`` (0 for stage 0). ``capacity`` is the
-    device memory; the network is used as given.
-
-    Args:
-        model, device, network: the workload, the accelerator and the links.
-        stages, layers_per_stage: the split (exactly one; see ``stage_of_layers``).
-        microbatches: when given, ``size`` is broadcast to ``[microbatches]``.
-        size: microbatch sizes relative to ``model.microbatch`` (every cost above is linear in it).
-        overhead: fixed seconds per compute op; update: seconds of the optimizer step ``U``.
-
-    Only array operations touch the float inputs (device, size, overhead, update), so the result
-    is differentiable in them and the call is vmap-safe.
-    """
-    if not isinstance(model, Transformer):
-        raise ConfigError(f"from_model expects a Transformer, got {type(model).__name__}")
-    if not isinstance(device, Device):
-        raise ConfigError(f"from_model expects a Device, got {type(device).__name__}")
-    if not isinstance(network, Network):
-        raise ConfigError(f"from_model expects a Network, got {type(network).__name__}")
-    costs = layer_costs(model)
-    stage = stage_of_layers(model, stages, layers_per_stage)
-    n = int(stage[-1]) + 1
-
-    def per_stage(x: np.ndarray) -> np.ndarray:
-        return np.bincount(stage, weights=x, minlength=n)
-
-    params = per_stage(costs.parameters)
-    if stage[0] == stage[-1]:
-        params[0] -= costs.shared_parameters
-    boundary = np.zeros(n)
-    boundary[1:] = costs.output_bytes[np.flatnonzero(np.diff(stage))]  # last layer of each stage
-
-    dtype = device.throughput.dtype
-
-    def cast(x: Any) -> Array:
-        return jnp.asarray(x, dtype=dtype)
-
-    size = cast(size)
-    if microbatches is not None:
-        if not _positive_int(microbatches):
-            raise ConfigError(f"from_model: microbatches must be a positive int, got {microbatches!r}")
-        if size.ndim > 1 or (size.ndim == 1 and size.shape[0] != microbatches):
-            raise ConfigError(f"from_model: size has shape {size.shape}, expected a scalar or [{microbatches}]")
-        size = jnp.broadcast_to(size, (microbatches,))
-    return Hardware(
-        forward=_seconds(per_stage(costs.forward), device),
-        backward=_seconds(per_stage(costs.backward), device),
-        weight=_seconds(per_stage(costs.weight), device),
-        update=cast(update),
-        overhead=cast(overhead),
-        size=size,
-        message_bytes=cast(boundary),
-        gradient_bytes=cast(params * model.dtype_bytes),
-        static_bytes=cast(params * model.bytes_per_parameter),
-        activation_bytes=cast(per_stage(costs.activation_bytes)),
-        capacity=cast(device.memory),
-        network=network,
-    )
-
-
-__all__ = ["Device", "LayerCosts", "Transformer", "hardware_from_model", "layer_costs", "stage_of_layers"]
+__all__ = ["DEFAULT_EFFICIENCY", "Device", "LayerCosts", "Transformer", "layer_costs", "stage_of_layers"]

@@ -30,7 +30,7 @@ OVERHEAD = 2e-3
 
 def case(blocks: int, stages: int, device: str, batch: int, microbatches: int, steps: int) -> dict:
     model = dp.Transformer(layers=blocks, hidden=2048, heads=16, sequence=2048, vocabulary=50257,
-                           microbatch=batch // microbatches)
+                           microbatch_size=batch // microbatches)
     network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=2)
     workload = dp.Workload.from_model(model, dp.presets.device(device), network, overhead=OVERHEAD)
     workload = workload.with_split(minmax_partition(workload, stages))

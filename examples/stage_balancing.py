@@ -27,7 +27,7 @@ BRUTE_FORCE_SPLITS = 20_000
 
 def case(blocks: int, stages: int, device: str, link: str, microbatches: int, steps: int) -> dict:
     """Uniform, min-max, optimized (and brute force where feasible) splits of one configuration."""
-    model = dp.Transformer(layers=blocks, hidden=2048, heads=16, sequence=2048, vocabulary=50257, microbatch=2)
+    model = dp.Transformer(layers=blocks, hidden=2048, heads=16, sequence=2048, vocabulary=50257, microbatch_size=2)
     workload = dp.Workload.from_model(model, dp.presets.device(device), dp.presets.network(link))
     schedule = dp.schedules.get("1f1b", devices=stages, microbatches=microbatches)
     graph = dp.compile(schedule)

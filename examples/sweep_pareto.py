@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         families = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo", "chimera"]
         devices, microbatches = [4, 8], [8, 16, 32]
-    model = dp.Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257, microbatch=1)
+    model = dp.Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257, microbatch_size=1)
     result = dp.sweep(machine(model), families=families, devices=devices, microbatches=microbatches)
 
     csv_path, png_path = out / "sweep.csv", out / "pareto.png"

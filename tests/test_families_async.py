@@ -16,7 +16,7 @@ from diffpipe.schedules import (
     table,
     weight_versions,
 )
-from diffpipe.schedules._list_scheduler import simulate
+from diffpipe.schedules._list_scheduler import greedy_run as simulate
 
 EQUAL = {"F": 1.0, "B": 1.0}  # t_F = t_B, Chimera's closed-form setting
 

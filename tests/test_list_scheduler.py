@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import diffpipe as dp
 from diffpipe.schedules import Op, Placement, get, list_schedule, peak_activations, table
-from diffpipe.schedules._list_scheduler import _key_function, simulate
+from diffpipe.schedules._list_scheduler import _key_function, greedy_run
 
 
 def data_predecessor(op, backward_kind, stages):
@@ -147,7 +147,7 @@ def problems(draw):
 
 def _run(problem):
     try:
-        orders, start = simulate(**problem)
+        orders, start = greedy_run(**problem)
     except dp.ScheduleError as error:
         # Only a memory cap can stall the greedy; without one every DAG drains.
         assert problem["memory_limit"] is not None or problem["priority"] == "zero-bubble", error

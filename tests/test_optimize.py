@@ -65,7 +65,7 @@ def test_gradients_match_central_differences_float64():
         params = (jnp.asarray(rng.normal(0, 0.3, 3)), jnp.asarray(rng.normal(0, 0.3, 4)))
 
         def loss(p):
-            hw = workload.hardware(balance.boundaries(p[0], workload), split.contribute(p[1], workload)["size"])
+            hw = workload.hardware(balance.boundaries(p[0], workload), split.contribute(p[1], workload, {})["size"])
             memory = dp.peak_memory(g, hw)[0]
             return dp.makespan(g, hw, temperature=0.05) + 1e-2 * jnp.sum(memory)
 
@@ -136,7 +136,7 @@ def test_zero_params_balance_compute_and_integer_boundaries_are_exact():
 
 
 def test_transformer_workload_matches_hardware_from_model():
-    model = dp.Transformer(layers=6, hidden=512, heads=8, sequence=1024, vocabulary=32000, microbatch=2)
+    model = dp.Transformer(layers=6, hidden=512, heads=8, sequence=1024, vocabulary=32000, microbatch_size=2)
     device, network = dp.presets.device("H100"), dp.presets.network("nvlink4")
     workload = dp.Workload.from_model(model, device, network)
     assert workload.layers == 8 and workload.samples == 2.0
@@ -163,6 +163,35 @@ def test_minmax_partition_is_the_minmax_over_all_splits():
         assert sum(counts) == 9 and min(counts) >= 1
         assert math.isclose(worst(counts), min(worst(c) for c in compositions(9, 4)))
     assert dp.uniform_partition(10, 4) == (3, 3, 2, 2)
+
+
+@given(st.integers(1, 7), st.integers(1, 4), st.integers(0, 2**32 - 1), st.booleans())
+def test_partition_is_the_brute_force_optimum(layers, stages, seed, limited):
+    """The one split DP (min-max stage cost, optional per-stage memory limit) against every split."""
+    from diffpipe._partition import partition
+
+    stages = min(stages, layers)
+    rng = np.random.default_rng(seed)
+    costs = np.round(rng.uniform(0, 4, layers), 1)  # coarse values: ties happen
+    memory = rng.uniform(0, 2, (stages, layers))
+    limit = rng.uniform(0.5, 4.0, stages)
+    splits = compositions(layers, stages)
+    cuts = np.concatenate([np.zeros((len(splits), 1), np.int64), np.cumsum(splits, axis=1)], axis=1)
+    cum = np.concatenate([[0.0], np.cumsum(costs)])
+    worst = np.max(cum[cuts[:, 1:]] - cum[cuts[:, :-1]], axis=1)
+    ok = np.ones(len(splits), dtype=bool)
+    if limited:
+        held = np.concatenate([np.zeros((stages, 1)), np.cumsum(memory, axis=1)], axis=1)
+        rows = np.arange(stages)
+        ok = np.all(held[rows, cuts[:, 1:]] - held[rows, cuts[:, :-1]] <= limit, axis=1)
+    found = partition(costs, stages, memory=memory, limit=limit) if limited else partition(costs, stages)
+    if not ok.any():
+        assert found is None
+        return
+    assert found is not None and sum(found) == layers and min(found) >= 1
+    i = [tuple(c) for c in splits.tolist()].index(found)
+    assert ok[i]
+    assert math.isclose(worst[i], worst[ok].min(), abs_tol=1e-12)
 
 
 # -- optimize against brute force ---------------------------------------------------------------------
@@ -218,8 +247,8 @@ def test_memory_makes_the_minmax_split_wrong(graph):
 
 def test_microbatch_split_beats_equal_sizes_and_matches_brute_force(graph, monkeypatch):
     traces = []  # the knob is applied once per trace of the compiled loop
-    real = _optimize.apply_knobs
-    monkeypatch.setattr(_optimize, "apply_knobs", lambda *a: traces.append(1) or real(*a))
+    real = _optimize.knob_hardware
+    monkeypatch.setattr(_optimize, "knob_hardware", lambda *a: traces.append(1) or real(*a))
 
     def workload(overhead):
         return dp.Workload.from_table(np.ones(LAYERS), np.full(LAYERS, 2.0), overhead=overhead,
@@ -290,8 +319,8 @@ def test_infeasible_memory_cap(no_compile):
 @pytest.mark.parametrize("knob, match", [
     (dp.StageBalance(3), "StageBalance has 3 stages, the schedule has 4"),
     (dp.MicrobatchSplit(16, 4), "MicrobatchSplit has 4 microbatches, the schedule has 8"),
-    ("stages", "knob must be a StageBalance or MicrobatchSplit"),
-    ((dp.StageBalance(4), dp.StageBalance(4)), "at most one StageBalance"),
+    ("stages", "knob must be an AbstractKnob"),
+    ((dp.StageBalance(4), dp.StageBalance(4)), "StageBalance and StageBalance both set forward"),
 ])
 def test_knob_mismatch(no_compile, knob, match):
     workload = dp.Workload.from_table(np.ones(LAYERS), np.ones(LAYERS))

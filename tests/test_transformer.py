@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._transformer import hardware_from_model, stage_of_layers
+from diffpipe._knobs import hardware_from_model
+from diffpipe._transformer import stage_of_layers
 
-TINY = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch=3)
-SMALL = dp.Transformer(layers=8, hidden=1024, heads=16, sequence=1024, vocabulary=50304, microbatch=1)
+TINY = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch_size=3)
+SMALL = dp.Transformer(layers=8, hidden=1024, heads=16, sequence=1024, vocabulary=50304, microbatch_size=1)
 # GPT-3 175B (Brown et al. 2020): 175e9 parameters, 16 bytes each, cannot fit in 4 x 80 GB.
-HUGE = dp.Transformer(layers=96, hidden=12288, heads=96, sequence=2048, vocabulary=50304, microbatch=1)
+HUGE = dp.Transformer(layers=96, hidden=12288, heads=96, sequence=2048, vocabulary=50304, microbatch_size=1)
 
 
 def test_tiny_model_by_hand():
@@ -46,7 +47,7 @@ def test_recomputation():
 
 @pytest.mark.parametrize("model", [TINY, SMALL, HUGE])
 def test_totals_match_megatron(model):
-    B, s, l, h, V = model.microbatch, model.sequence, model.layers, model.hidden, model.vocabulary
+    B, s, l, h, V = model.microbatch_size, model.sequence, model.layers, model.hidden, model.vocabulary
     c = dp.layer_costs(model)
     total = c.forward.sum() + c.backward.sum() + c.weight.sum()
     np.testing.assert_allclose(total, 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * h * l)), rtol=1e-12)
@@ -84,7 +85,7 @@ def test_stage_sums_equal_model_totals(split):
     held = c.parameters.sum() - (c.shared_parameters if one_stage else 0.0)  # the tied copy
     np.testing.assert_allclose(np.sum(hw.static_bytes), 16 * held, rtol=1e-6)
     np.testing.assert_allclose(np.sum(hw.gradient_bytes), 2 * held, rtol=1e-6)
-    boundary = 2 * SMALL.sequence * SMALL.hidden * SMALL.microbatch
+    boundary = 2 * SMALL.sequence * SMALL.hidden * SMALL.microbatch_size
     np.testing.assert_allclose(hw.message_bytes, [0.0] + [boundary] * (hw.forward.shape[0] - 1))
 
 
@@ -179,3 +180,13 @@ def test_errors_are_one_line(call, culprit):
         call()
     message = str(err.value)
     assert culprit in message and "\n" not in message
+
+
+def test_microbatch_keyword_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="microbatch_size"):
+        old = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch=3)
+    assert old == TINY and old.microbatch_size == 3
+    with pytest.warns(DeprecationWarning):
+        assert old.microbatch == 3
+    with pytest.warns(DeprecationWarning):  # the CLI's override of a base model's fields
+        assert dp.Transformer(**{**SMALL.__dict__, "microbatch": 2}).microbatch_size == 2

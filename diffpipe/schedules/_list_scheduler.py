@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import ScheduleError
+from ._analysis import activation_delta
 from ._ops import Op, Placement, Schedule
 from ._reference import Durations, as_duration_fn
 from ._rules import data_predecessor
@@ -100,7 +101,7 @@ def _check_limits(memory_limit: int | Sequence[int] | None, devices: int) -> tup
     return tuple(float(limit) for limit in limits)
 
 
-def simulate(
+def greedy_run(
     placement: Placement,
     microbatches: int,
     *,
@@ -178,8 +179,7 @@ def simulate(
                 continue
             orders[device].append(op)
             start[op] = time
-            if op.kind == "F":
-                held[device] += 1
+            held[device] += max(activation_delta(op), 0)
             busy[device] = True
             length = duration(op)
             if not (isinstance(length, (int, float)) and math.isfinite(length) and length >= 0):
@@ -199,8 +199,7 @@ def simulate(
             _, device, op = heapq.heappop(running)
             done += 1
             busy[device] = False
-            if op.kind == "W" or op.kind == "B":
-                held[device] -= 1
+            held[device] += min(activation_delta(op), 0)
             for succ in successors.get(op, ()):
                 try:
                     make_ready(succ)
@@ -260,7 +259,7 @@ def list_schedule(
     Raises:
         ScheduleError: on a bad argument, or when the memory cap stalls the greedy.
     """
-    orders, _ = simulate(
+    orders, _ = greedy_run(
         placement,
         microbatches,
         assignment=assignment,

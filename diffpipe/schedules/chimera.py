@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .._errors import ScheduleError
-from ._list_scheduler import simulate
+from ._list_scheduler import greedy_run as simulate  # the greedy run behind list_schedule
 from ._ops import Op, Placement, Schedule
 from ._registry import Family, Formula, check_size
 

@@ -22,7 +22,7 @@ model when comparing with a D-stage schedule.
 from __future__ import annotations
 
 from .._errors import ScheduleError
-from ._list_scheduler import simulate
+from ._list_scheduler import greedy_run as simulate  # the greedy run behind list_schedule
 from ._ops import Placement, Schedule
 from ._registry import Family, check_size
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
+from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
 
 
 @dataclass(frozen=True)
@@ -221,17 +222,15 @@ def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.
 def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish: np.ndarray):
     """Per device, the step curve of memory: static bytes plus activations stored at each F's
     start and freed at the end of the op that last needs them (B, or W when split). The static
-    part is the simulator's peak memory less the activations' peak (``_compare.activation_peaks``)."""
-    from .._compare import activation_peaks, activation_table
-    from ..schedules._analysis import releases_activation
-
+    part is the simulator's peak memory less the activations' peak (``schedules._analysis``)."""
     static = np.zeros(schedule.devices)
     unit = "activations"
     if hw is not None:
-        act, size = activation_table(schedule, hw)
-        if np.any(act > 0):
+        act, size = activation_table(schedule, hw.activation_bytes, hw.size)
+        if any(v > 0 for row in act for v in row):
             unit = "bytes"
-            static = np.asarray(result.peak_memory, dtype=np.float64) - np.asarray(activation_peaks(schedule, hw))
+            peaks = activation_bytes_peaks(schedule, hw.activation_bytes, hw.size)
+            static = np.asarray(result.peak_memory, dtype=np.float64) - np.asarray(peaks)
     index = {op: i for i, op in enumerate(schedule.ops)}
     tolerance = 1e-6 * float(np.max(finish, initial=0.0))
     curves = []
@@ -239,11 +238,10 @@ def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish:
         events = []
         for op in order:
             i = index[op]
-            amount = act[op.pipeline, op.stage] * size[op.microbatch] if unit == "bytes" else 1.0
-            if op.kind == "F":
-                events.append((start[i], amount))
-            elif releases_activation(op):
-                events.append((finish[i], -amount))
+            delta = activation_delta(op)
+            if delta:
+                amount = act[op.pipeline][op.stage] * size[op.microbatch] if unit == "bytes" else 1.0
+                events.append((start[i] if delta > 0 else finish[i], delta * amount))
         # Events at the same instant (within float32 noise) are merged: a free and the next
         # allocation back to back must not draw a spike.
         events.sort(key=lambda e: e[0])

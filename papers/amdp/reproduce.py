@@ -32,7 +32,7 @@ from diffpipe.schedules import Schedule, get, staleness, weight_versions
 HERE = Path(__file__).resolve().parent
 
 #: The GPT of the authors' scripts. V: GPT-2's 50257 tokens padded by Megatron to a multiple of 128.
-GPT = dict(layers=48, hidden=1600, heads=25, sequence=1024, vocabulary=50304, microbatch=4, dtype_bytes=2)
+GPT = dict(layers=48, hidden=1600, heads=25, sequence=1024, vocabulary=50304, microbatch_size=4, dtype_bytes=2)
 DEVICES = 8
 #: Global batch 32 / microbatch 4 (the authors' scripts): one AMDP round per optimizer step.
 MICROBATCHES = 8
@@ -103,7 +103,7 @@ def throughput(s: Schedule, hw: dp.Hardware) -> dict:
         period = float(result.makespan)
         bubble = float(result.bubble_ratio)
         spread = 0.0
-    samples = per_step * GPT["microbatch"]
+    samples = per_step * GPT["microbatch_size"]
     return {
         "step_s": period,
         "microbatches_per_step": per_step,

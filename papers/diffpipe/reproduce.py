@@ -81,14 +81,14 @@ FAST = ("gpt14-A100x4", "gpt6-A100x4-b16")
 
 def balance_workload(c: Balance) -> dp.Workload:
     model = dp.Transformer(layers=c.blocks, hidden=c.hidden, heads=c.heads, sequence=2048, vocabulary=VOCABULARY,
-                           microbatch=c.microbatch)
+                           microbatch_size=c.microbatch)
     return dp.Workload.from_model(model, dp.presets.device(c.device), dp.presets.network(c.link),
                                   capacity=c.capacity)
 
 
 def split_workload(c: Split) -> dp.Workload:
     model = dp.Transformer(layers=c.blocks, hidden=2048, heads=16, sequence=2048, vocabulary=VOCABULARY,
-                           microbatch=c.batch // c.microbatches)
+                           microbatch_size=c.batch // c.microbatches)
     network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=2)
     workload = dp.Workload.from_model(model, dp.presets.device(c.device), network, overhead=OVERHEAD)
     return workload.with_split(minmax_partition(workload, c.stages))
