@@ -27,7 +27,10 @@ from typing import Any
 
 from .._checks import check_int, check_number
 from .._errors import ConfigError
+from .._hardware import Hardware, Network
 from .._io import dumps_json, write_atomic
+from .._knobs import Workload
+from .._simulate import simulate
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead")
@@ -153,7 +156,6 @@ class Calibration:
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
                  mode: str = "overlap") -> Any:
         """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode``."""
-        from .._hardware import Hardware
 
         t = self.times(schedule, weight_fraction=weight_fraction)
         return Hardware.from_times(t["forward"], t["backward"], t["weight"], t["p2p"],
@@ -167,8 +169,6 @@ class Calibration:
         stage's times are spread evenly over its layers (the calibration cannot see inside a stage),
         and the measured split is the workload's ``layers_per_stage``. Times as in ``times``.
         """
-        from .._hardware import Network
-        from .._knobs import Workload
 
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
         if len(counts) != self.stages:
@@ -184,7 +184,6 @@ class Calibration:
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan plus ``setup`` and ``wind_down``."""
-        from .._simulate import simulate
 
         result = simulate(schedule, self.hardware(schedule, weight_fraction=weight_fraction, mode=mode))
         return float(result.makespan) + self.setup + self.wind_down

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import check_output
+from ..schedules import Op, from_torch, from_torch_csv
 from ._calibration import Calibration
 from ._trace import from_torch_trace
 
@@ -15,7 +16,6 @@ from ._trace import from_torch_trace
 def _schedule(name: str, calibration: Calibration) -> Any:
     """``name``: a torch.distributed.pipelining CSV file, or a torch / diffpipe schedule name sized
     like the trace (its ranks, microbatches and stages per rank)."""
-    from ..schedules import Op, from_torch, from_torch_csv
 
     if name.endswith(".csv") or Path(name).is_file():
         return from_torch_csv(name)

@@ -35,6 +35,7 @@ from typing import Any
 
 from .._errors import ConfigError, ScheduleError
 from .._io import read_text
+from ..schedules import Op, Placement, Schedule
 from ._calibration import Calibration
 
 _RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
@@ -243,7 +244,6 @@ def _check_schedule(schedule: Any, orders: dict[int, tuple[str, ...]]) -> None:
 
 def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[int]) -> Any:
     """The schedule the trace ran (its placement and orders), as a ``diffpipe`` ``Schedule``."""
-    from ..schedules import Op, Placement, Schedule
 
     ops = tuple(tuple(Op.parse(text) for text in order) for order in orders.values())
     microbatches = 1 + max(op.microbatch for order in ops for op in order)
@@ -259,7 +259,6 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps.
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
-    from ..schedules import Op
 
     ranks, one_clock = parse(paths)
     orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
