@@ -169,6 +169,19 @@ class Family:
         stages = self.placement(devices=devices, **options).stages if self.placement else devices
         return stages * microbatches * self.ops_per_cell
 
+    def build(self, *, devices: int, microbatches: int, max_ops: int | None = None, **options: Any) -> Schedule:
+        """Check everything (``check``), refuse more than ``max_ops`` ops (default ``MAX_OPS``) before
+        generating, then generate. ``get(name, ...)`` is ``family(name).build(...)``."""
+        resolved = self.check(devices, microbatches, options)
+        limit = MAX_OPS if max_ops is None else check_int("max_ops", max_ops, 1, error=ScheduleError)
+        needed = self.estimate_ops(devices, microbatches, resolved)
+        if needed > limit:
+            raise ScheduleError(
+                f"{self.name}: {devices} devices x {microbatches} microbatches needs about {needed:,} ops, over "
+                f"the limit of {limit:,}; pass max_ops={needed} (or more) to generate it anyway"
+            )
+        return self.generate(devices=devices, microbatches=microbatches, **resolved)
+
 
 _FAMILIES: dict[str, Family] = {}
 
@@ -211,16 +224,7 @@ def get(name: str, *, devices: int, microbatches: int, max_ops: int | None = Non
     Sizes, options and the family's ``accepts`` are checked first; then a request whose estimated
     op count exceeds ``max_ops`` (default ``MAX_OPS``) is refused before anything is generated.
     """
-    fam = family(name)
-    resolved = fam.check(devices, microbatches, options)
-    limit = MAX_OPS if max_ops is None else check_int("max_ops", max_ops, 1, error=ScheduleError)
-    needed = fam.estimate_ops(devices, microbatches, resolved)
-    if needed > limit:
-        raise ScheduleError(
-            f"{name}: {devices} devices x {microbatches} microbatches needs about {needed:,} ops, over the "
-            f"limit of {limit:,}; pass max_ops={needed} (or more) to generate it anyway"
-        )
-    return fam.generate(devices=devices, microbatches=microbatches, **resolved)
+    return family(name).build(devices=devices, microbatches=microbatches, max_ops=max_ops, **options)
 
 
 def formula(
