@@ -52,19 +52,35 @@ def _batch_size(hw: Hardware) -> int | None:
     return int(hw.overhead.shape[0]) if hw.overhead.ndim == 1 else None
 
 
-def _broadcast(hw: Hardware, batch: int | None, raw: Any, per: Callable[[Hardware], Array], dtype) -> np.ndarray:
+#: Leaf -> the ``Hardware`` method (and its leading arguments) that broadcasts it against a graph.
+_RULES = {**{name: ("per_stage", name) for name in PER_STAGE}, "size": ("per_microbatch",),
+          "capacity": ("per_device",)}
+#: (leaf, its shape per variant, schedule sizes) -> the broadcast shape per variant, or the error:
+#: tracing ``Hardware.per_*`` costs about a millisecond, and a sweep asks the same question often.
+_TARGETS: dict[tuple, tuple[int, ...] | str] = {}
+
+
+def _broadcast(name: str, raw: Any, batch: int | None, schedule: Schedule, per: Callable[..., Array],
+               dtype) -> np.ndarray:
     """Leaf ``raw`` broadcast as ``per`` (``Hardware.per_stage`` and its siblings: the one home of the
     shape rules and their errors) broadcasts it, with a leading batch axis. ``per`` is only traced
-    (``jax.eval_shape``): the result is a numpy view, so a million variants cost no copies."""
-    try:
-        target = jax.eval_shape(per if batch is None else jax.vmap(per), hw).shape
-    except ConfigError as error:
-        raise ShapeMismatch(str(error)) from None
+    on one variant (``jax.eval_shape``): the result is a numpy view, so a million variants cost no
+    copies."""
     x = np.asarray(raw, dtype=dtype)
     x = x[None] if batch is None else x
-    target = target if batch is not None else (1, *target)
-    aligned = x.reshape((x.shape[0],) + (1,) * (len(target) - x.ndim) + x.shape[1:])  # numpy's right alignment
-    return np.broadcast_to(aligned, target)
+    sizes = (schedule.pipelines, schedule.stages, schedule.microbatches, schedule.devices)
+    key = (name, x.shape[1:], sizes)
+    if key not in _TARGETS:
+        one = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+        try:
+            _TARGETS[key] = jax.eval_shape(lambda leaf: per(leaf, schedule), one).shape
+        except ConfigError as error:
+            _TARGETS[key] = str(error)
+    target = _TARGETS[key]
+    if isinstance(target, str):
+        raise ShapeMismatch(target)
+    aligned = x.reshape((x.shape[0],) + (1,) * (len(target) - x.ndim + 1) + x.shape[1:])  # numpy's right alignment
+    return np.broadcast_to(aligned, (x.shape[0], *target))
 
 
 def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
@@ -74,11 +90,12 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
     for x in jax.tree.leaves(eqx.filter(hw, eqx.is_array)):
         if batch is not None and (x.ndim == 0 or x.shape[0] != batch):
             raise ConfigError(f"hardware: a batched leaf has shape {x.shape}, expected a leading axis of {batch}")
-    graph: Any = schedule  # the per_* rules read only the sizes a Schedule shares with its Graph
-    leaves = {name: _broadcast(hw, batch, getattr(hw, name), lambda h, n=name: h.per_stage(n, graph), dtype)
-              for name in PER_STAGE}
-    leaves["size"] = _broadcast(hw, batch, hw.size, lambda h: h.per_microbatch(graph), dtype)
-    leaves["capacity"] = _broadcast(hw, batch, hw.capacity, lambda h: h.per_device(graph), dtype)
+    leaves: dict[str, np.ndarray] = {}
+    for name, (method, *args) in _RULES.items():
+        def per(leaf: Array, graph: Any, name: str = name, method: str = method, args: list = args) -> Array:
+            return getattr(eqx.tree_at(lambda h: getattr(h, name), hw, leaf), method)(*args, graph)
+
+        leaves[name] = _broadcast(name, getattr(hw, name), batch, schedule, per, dtype)
     net = hw.network
     scalars = {"overhead": hw.overhead, **{f"network {n}": getattr(net, n) for n in NETWORK_SCALARS}}
     for name, value in scalars.items():
