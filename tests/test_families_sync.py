@@ -192,3 +192,26 @@ def test_schedule_layer_imports_neither_jax_nor_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", dp.schedules.names())
+def test_op_estimate_bounds_the_op_count(name):
+    # The size guard's estimate: never below the real count, and within 1.5x of it.
+    fam = family(name)
+    for d, n in ((4, 8), (8, 16)):
+        options = fam.resolve({})
+        if fam.accepts is not None and fam.accepts(devices=d, microbatches=n, **options):
+            continue
+        ops = len(get(name, devices=d, microbatches=n).ops)
+        assert ops <= fam.estimate_ops(d, n, options) <= 1.5 * ops
+
+
+def test_requests_over_the_op_limit_are_refused_before_generating():
+    with pytest.raises(dp.ScheduleError, match=r"^hanayo: 4096 devices x 4096 microbatches needs about "
+                       r"67,108,864 ops, over the limit of 1,000,000; pass max_ops=67108864 \(or more\)"):
+        get("hanayo", devices=4096, microbatches=4096)
+    with pytest.raises(dp.ScheduleError, match="over the limit of 100; pass max_ops=128"):
+        get("1f1b", devices=8, microbatches=8, max_ops=100)
+    assert len(get("1f1b", devices=8, microbatches=8, max_ops=128).ops) == 128
+    with pytest.raises(dp.ScheduleError, match="max_ops must be an integer >= 1, got 0"):
+        get("1f1b", devices=8, microbatches=8, max_ops=0)
