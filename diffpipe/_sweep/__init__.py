@@ -159,7 +159,7 @@ def sweep(
     for m in modes or ():
         if m not in COMMUNICATION_MODES:
             raise ConfigError(f"sweep: communication {m!r} is not one of {', '.join(COMMUNICATION_MODES)}")
-    source = HardwareSource(hardware, override=modes is not None)
+    source = HardwareSource(hardware)
     choices = grid_choices(families, devices, microbatches, options, placements, priorities, schedules)
 
     skipped: list[dict[str, Any]] = []

@@ -141,14 +141,13 @@ class HardwareSource:
     """Resolves the ``hardware`` argument to ``Variants`` per schedule (cached by shape when the
     hardware does not depend on the schedule)."""
 
-    def __init__(self, hardware: Any, override: bool):
+    def __init__(self, hardware: Any):
         if hardware is None:
             raise ConfigError("sweep: hardware is required (a Hardware, a list of Hardware, or a function)")
         self.function = callable(hardware) and not isinstance(hardware, (Hardware, Sequence))
         if not self.function:
             self._check(hardware, "hardware")
         self.hardware = hardware
-        self.override = override
         self.cache: dict[tuple, Variants] = {}
         self.count: int | None = None
 
