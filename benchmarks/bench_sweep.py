@@ -46,7 +46,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import diffpipe as dp  # noqa: E402
-from diffpipe import _sweep  # noqa: E402
+from diffpipe._sweep import evaluate as sweep_evaluate  # noqa: E402
+from diffpipe._sweep import plan as sweep_plan  # noqa: E402
 from diffpipe.schedules._reference import evaluate  # noqa: E402
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
@@ -122,11 +123,11 @@ def memory_check(max_points: int = 256) -> list[dict]:
     for family, n, mode in (("1f1b", 8, "overlap"), ("zb-v", 16, "contention"), ("hanayo", 16, "overlap")):
         s = dp.schedules.get(family, devices=4, microbatches=n)
         g = dp.compile(s, communication=mode)
-        sizes = _sweep._Sizes.of(g)
+        sizes = sweep_plan.Sizes.of(g)
         hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(
             np.linspace(1.0, 2.0, max_points).astype(np.float32))
-        stacked = (jax.tree.map(lambda x: np.asarray(x)[None], g), _sweep._busy_weights(g)[None])
-        local = jax.vmap(_sweep._point_metrics, in_axes=(0, None))  # the evaluator on one device
+        stacked = (jax.tree.map(lambda x: np.asarray(x)[None], g), sweep_evaluate._busy_weights(g)[None])
+        local = jax.vmap(sweep_evaluate._point_metrics, in_axes=(0, None))  # the evaluator on one device
         dynamic, static = eqx.partition((stacked, hws), eqx.is_array)
         t0 = time.perf_counter()
         fn = jax.jit(lambda d, local=local, static=static: local(*eqx.combine(d, static)))
@@ -135,11 +136,11 @@ def memory_check(max_points: int = 256) -> list[dict]:
         stats = compiled.memory_analysis()
         xla = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
         graph_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(stacked))
-        estimate = _sweep.bytes_per_graph(sizes) + max_points * _sweep.bytes_per_point(sizes)
+        estimate = sweep_plan.bytes_per_graph(sizes) + max_points * sweep_plan.bytes_per_point(sizes)
         rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k,
                      "cells": sizes.cells, "xla_bytes": int(xla), "estimate_bytes": int(estimate),
                      "xla_per_point": (xla - graph_bytes) / max_points,
-                     "estimate_per_point": _sweep.bytes_per_point(sizes), "compile_s": compile_s})
+                     "estimate_per_point": sweep_plan.bytes_per_point(sizes), "compile_s": compile_s})
     return rows
 
 

@@ -199,7 +199,7 @@ def _cmd_list(args: argparse.Namespace) -> None:
     rows = []
     for name in schedules.names():
         fam = schedules.family(name)
-        rows.append({"name": name, "summary": fam.summary, "options": dict(fam.options),
+        rows.append({"name": name, "summary": fam.summary, "options": {o.name: o.describe() for o in fam.options},
                      "asynchronous": fam.asynchronous, "source": fam.source})
     if args.json:
         _print_json(rows)

@@ -1,34 +1,52 @@
-"""Schedules shared by the simulator tests: every family at a few sizes (those that are registered)."""
+"""Schedules shared by the simulator tests: every registered family at one size.
+
+The matrix is the registry: a family registered anywhere gets a case. ``SIZES`` pins the built-ins'
+sizes; any other family takes the first size of ``SEARCH`` that its ``accepts`` allows. A family that
+fails to build fails here, loudly: a broken family must not lose its tests.
+"""
+
+import itertools
 
 import diffpipe as dp
 
-CASES = [
-    ("gpipe", 3, 4, {}),
-    ("1f1b", 4, 6, {}),
-    ("interleaved-1f1b", 2, 4, {"chunks": 2}),
-    ("looped-bfs", 2, 3, {"chunks": 2}),
-    ("chimera", 4, 4, {}),
-    ("chimera-asymmetric", 4, 4, {}),
-    ("hanayo", 2, 2, {"waves": 2}),
-    ("zb-h1", 3, 4, {}),
-    ("zb-h2", 3, 4, {}),
-    ("zb-v", 2, 4, {}),
-    ("dualpipe-v", 2, 4, {}),
-    ("pipedream", 3, 6, {}),
-    ("pipedream-2bw", 2, 4, {}),
-    ("amdp", 4, 8, {}),
-]
+#: (devices, microbatches, options) per built-in family.
+SIZES = {
+    "gpipe": (3, 4, {}),
+    "1f1b": (4, 6, {}),
+    "interleaved-1f1b": (2, 4, {"chunks": 2}),
+    "looped-bfs": (2, 3, {"chunks": 2}),
+    "chimera": (4, 4, {}),
+    "chimera-asymmetric": (4, 4, {}),
+    "hanayo": (2, 2, {"waves": 2}),
+    "zb-h1": (3, 4, {}),
+    "zb-h2": (3, 4, {}),
+    "zb-v": (2, 4, {}),
+    "dualpipe-v": (2, 4, {}),
+    "pipedream": (3, 6, {}),
+    "pipedream-2bw": (2, 4, {}),
+    "amdp": (4, 8, {}),
+}
+#: Sizes tried, in order, for a family not in ``SIZES``.
+SEARCH = list(itertools.product((3, 4, 2, 8), (6, 8, 4, 16)))
+
+
+def size(name):
+    """(devices, microbatches, options) for family ``name``."""
+    if name in SIZES:
+        return SIZES[name]
+    fam = dp.schedules.family(name)
+    defaults = fam.resolve({})
+    for d, n in SEARCH:
+        if fam.accepts is None or fam.accepts(devices=d, microbatches=n, **defaults) is None:
+            return d, n, {}
+    raise AssertionError(f"{name}: accepts none of the test sizes {SEARCH}; add it to tests/_cases.py SIZES")
 
 
 def schedules():
-    """(case id, schedule) for every case whose family loads with these arguments."""
+    """(case id, schedule) for every registered family; a family that fails to build raises."""
     out = []
-    for name, devices, microbatches, options in CASES:
-        try:
-            s = dp.schedules.get(name, devices=devices, microbatches=microbatches, **options)
-        except (ImportError, AttributeError):  # family not written yet
-            continue
-        except dp.ScheduleError:
-            continue
+    for name in dp.schedules.names():
+        devices, microbatches, options = size(name)
+        s = dp.schedules.get(name, devices=devices, microbatches=microbatches, **options)
         out.append((f"{name}-{devices}x{microbatches}", s))
     return out

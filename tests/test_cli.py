@@ -64,7 +64,7 @@ def test_json_outputs_are_valid(capsys):
         (["simulate", "1f1b", "--forward", "1"], "forward and backward"),
         (["simulate", "1f1b", "--forward", "-1", "--backward", "2"], "forward must be non-negative"),
         (["sweep", "--devices", "x"], "comma-separated integers"),
-        (["show", "1f1b", "--devices", "0"], "devices must be an int >= 1"),
+        (["show", "1f1b", "--devices", "0"], "devices must be an integer >= 1"),
         (["simulate", "1f1b", "--inter", "100gbe"], "need --intra"),
         (["simulate", "1f1b", "--forward", "1", "--backward", "2", "--intra", "nvlink3"], "intra needs a model"),
     ],

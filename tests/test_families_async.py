@@ -147,7 +147,7 @@ def test_chimera_sync_places_one_all_reduce_per_stage_after_the_backwards():
     "name, kwargs, message",
     [
         ("chimera", dict(devices=3, microbatches=3), "chimera: devices must be even"),
-        ("chimera", dict(devices=1, microbatches=2), "chimera: devices must be an int >= 2"),
+        ("chimera", dict(devices=1, microbatches=2), r"chimera: devices must be even \(two replicas.*got 1"),
         ("chimera", dict(devices=4, microbatches=6), "chimera: microbatches must be a multiple of 4"),
         ("chimera", dict(devices=4, microbatches=4, sync="yes"), "chimera: sync must be True or False"),
         (
@@ -220,7 +220,7 @@ def test_hanayo_beats_1f1b_at_its_operating_point(devices):
 
 @pytest.mark.parametrize("waves", [0, -1, 1.5, True])
 def test_hanayo_bad_waves(waves):
-    with pytest.raises(dp.ScheduleError, match="hanayo: waves must be an int >= 1"):
+    with pytest.raises(dp.ScheduleError, match=r"hanayo: waves must be (an integer|>= 1), got "):
         get("hanayo", devices=4, microbatches=4, waves=waves)
 
 
@@ -298,10 +298,10 @@ def test_pipedream_2bw_default_steps_and_errors():
     assert get("pipedream-2bw", devices=4, microbatches=4).steps == 3
     with pytest.raises(dp.ScheduleError, match=r"microbatches per step \(2\) must be >= devices \(4\)"):
         get("pipedream-2bw", devices=4, microbatches=2)
-    with pytest.raises(dp.ScheduleError, match="pipedream-2bw: steps must be an int >= 1"):
+    with pytest.raises(dp.ScheduleError, match="pipedream-2bw: steps must be >= 1, got 0"):
         get("pipedream-2bw", devices=4, microbatches=4, steps=0)
-    with pytest.raises(dp.ScheduleError, match="pipedream: microbatches must be an int >= 1"):
-        family("pipedream").generate(devices=4, microbatches=0)
+    with pytest.raises(dp.ScheduleError, match="pipedream: microbatches must be an integer >= 1, got 0"):
+        get("pipedream", devices=4, microbatches=0)
 
 
 # -- AMDP: the authors' published orders, exactly ---------------------------------------------------
@@ -410,7 +410,7 @@ def test_amdp_orders_are_one_rounds_arrival_order(devices):
             r"amdp: devices must be 4 or 8 \(the authors' published orders\), got 6",
         ),
         (dict(devices=8, microbatches=12), r"amdp: microbatches per step must be a multiple of devices \(8"),
-        (dict(devices=4, microbatches=4, steps=0), "amdp: steps must be an int >= 1"),
+        (dict(devices=4, microbatches=4, steps=0), "amdp: steps must be >= 1, got 0"),
     ],
 )
 def test_amdp_bad_arguments(kwargs, message):

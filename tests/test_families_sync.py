@@ -31,16 +31,12 @@ MICROBATCHES = [1, 2, 3, 4, 5, 6, 8, 9, 12]
 
 def sizes(name):
     """(devices, microbatches, options) the family accepts, over the test grid."""
-    chunk_values = [1, 2, 3] if "chunks" in family(name).options else [None]
+    fam = family(name)
+    chunk_values = [1, 2, 3] if "chunks" in fam.option_names else [None]
     for d, n, v in itertools.product(DEVICES, MICROBATCHES, chunk_values):
         options = {} if v is None else {"chunks": v}
-        if name == "interleaved-1f1b" and n % d:
-            continue
-        if name == "dualpipe-v" and n < 2 * d:
-            continue
-        if name == "zb-h1" and v and v > 1 and n % max(1, n // d):
-            continue
-        yield d, n, options
+        if fam.accepts is None or fam.accepts(devices=d, microbatches=n, **fam.resolve(options)) is None:
+            yield d, n, options
 
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"]
@@ -161,8 +157,8 @@ def test_zb_h1_and_h2_closed_forms_over_times(d, extra, times):
             r"multiple of devices \(4\); try microbatches=8 or 12",
         ),
         ("interleaved-1f1b", dict(devices=4, microbatches=3), r"try microbatches=4$"),
-        ("interleaved-1f1b", dict(devices=4, microbatches=8, chunks=0), "chunks must be an int >= 1, got 0"),
-        ("looped-bfs", dict(devices=4, microbatches=8, chunks="2"), "looped-bfs: chunks must be an int"),
+        ("interleaved-1f1b", dict(devices=4, microbatches=8, chunks=0), "interleaved-1f1b: chunks must be >= 1, got 0"),
+        ("looped-bfs", dict(devices=4, microbatches=8, chunks="2"), "looped-bfs: chunks must be an integer, got '2'"),
         ("zb-h1", dict(devices=4, microbatches=9, chunks=2), r"2 equal rounds .*multiple of devices \(4\)"),
         ("dualpipe-v", dict(devices=4, microbatches=7), r"at least 2 \* devices = 8"),
         (
@@ -170,7 +166,7 @@ def test_zb_h1_and_h2_closed_forms_over_times(d, extra, times):
             dict(devices=4, microbatches=8, chunks=2),
             "zb-v: unknown option 'chunks'; its options: none",
         ),
-        ("zb-h2", dict(devices=0, microbatches=8), "zb-h2: devices must be an int >= 1, got 0"),
+        ("zb-h2", dict(devices=0, microbatches=8), "zb-h2: devices must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_arguments(name, kwargs, message):
@@ -196,3 +192,26 @@ def test_schedule_layer_imports_neither_jax_nor_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", dp.schedules.names())
+def test_op_estimate_bounds_the_op_count(name):
+    # The size guard's estimate: never below the real count, and within 1.5x of it.
+    fam = family(name)
+    for d, n in ((4, 8), (8, 16)):
+        options = fam.resolve({})
+        if fam.accepts is not None and fam.accepts(devices=d, microbatches=n, **options):
+            continue
+        ops = len(get(name, devices=d, microbatches=n).ops)
+        assert ops <= fam.estimate_ops(d, n, options) <= 1.5 * ops
+
+
+def test_requests_over_the_op_limit_are_refused_before_generating():
+    with pytest.raises(dp.ScheduleError, match=r"^hanayo: 4096 devices x 4096 microbatches needs about "
+                       r"67,108,864 ops, over the limit of 1,000,000; pass max_ops=67108864 \(or more\)"):
+        get("hanayo", devices=4096, microbatches=4096)
+    with pytest.raises(dp.ScheduleError, match="over the limit of 100; pass max_ops=128"):
+        get("1f1b", devices=8, microbatches=8, max_ops=100)
+    assert len(get("1f1b", devices=8, microbatches=8, max_ops=128).ops) == 128
+    with pytest.raises(dp.ScheduleError, match="max_ops must be an integer >= 1, got 0"):
+        get("1f1b", devices=8, microbatches=8, max_ops=0)

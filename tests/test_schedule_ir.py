@@ -123,7 +123,7 @@ def test_table_rejects_bad_durations():
 def test_registry_errors():
     with pytest.raises(dp.ScheduleError, match="unknown schedule family 'nope'"):
         dp.schedules.get("nope", devices=2, microbatches=2)
-    with pytest.raises(dp.ScheduleError, match="devices must be an int >= 1"):
+    with pytest.raises(dp.ScheduleError, match="devices must be an integer >= 1"):
         dp.schedules.get("1f1b", devices=0, microbatches=2)
     with pytest.raises(dp.ScheduleError, match="unknown option 'chunks'"):
         dp.schedules.get("1f1b", devices=2, microbatches=2, chunks=2)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._sweep import COLUMNS, SweepResult, _chunking, _Sizes, bytes_per_graph, bytes_per_point
+from diffpipe._sweep import COLUMNS, SweepResult
+from diffpipe._sweep.plan import Sizes, bytes_per_graph, bytes_per_point, chunking
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "pipedream"]
 MODES = ["overlap", "contention"]
@@ -99,7 +100,7 @@ def test_fits_and_memory_vary_across_hardware(result):
 def small_chunks():
     """Sweep arguments for 1f1b and zb-v: one compiled function per structure, and chunks of two
     hardware variants for zb-v (its last chunk padded). Shared by tests to share compilations."""
-    sizes = _Sizes.of(dp.compile(dp.schedules.get("zb-v", devices=2, microbatches=2)))
+    sizes = Sizes.of(dp.compile(dp.schedules.get("zb-v", devices=2, microbatches=2)))
     max_bytes = bytes_per_graph(sizes) + 2 * bytes_per_point(sizes)
     kwargs = grid(families=["1f1b", "zb-v"], placements=(), options=None, communication="overlap")
     return dict(kwargs, stacking="never", max_bytes=max_bytes)
@@ -247,7 +248,7 @@ def test_bad_hardware_raises():
 @pytest.mark.parametrize(("graphs", "hardware_count"), [(1, 1), (3, 2), (50, 1000), (1, 10**6)])
 def test_chunk_plan_respects_the_bound(devices, graphs, hardware_count):
     per_point, per_graph, bound = 3_000, 20_000, 4 * 2**20
-    plan = _chunking(graphs, hardware_count, per_point, per_graph, devices, bound)
+    plan = chunking(graphs, hardware_count, per_point, per_graph, devices, bound)
     assert plan.bytes <= bound
     sharded = plan.hardware if plan.axis == 1 else plan.graphs
     assert sharded % devices == 0 and plan.graphs >= 1 and plan.hardware >= 1
@@ -262,19 +263,19 @@ SHARDED = textwrap.dedent(
     import jax
     import numpy as np
     import diffpipe as dp
-    from diffpipe import _sweep
+    from diffpipe._sweep import evaluate
     sys.path.insert(0, sys.argv[1])
     from test_sweep import hardware, grid
 
     seen = []
-    fetch = _sweep._fetch
+    fetch = evaluate._fetch
 
     def spy(x):
         seen.append((str(x.sharding.spec), sorted(s.device.id for s in x.addressable_shards),
                      [tuple(s.data.shape) for s in x.addressable_shards], tuple(x.shape)))
         return fetch(x)
 
-    _sweep._fetch = spy
+    evaluate._fetch = spy
     kwargs = grid(families=["1f1b", "zb-v"], placements=(), options=None, communication="overlap")
     by_graph = dp.sweep(hardware(), **kwargs)  # 3 variants < 4 devices: the graph axis is split
     print(json.dumps({

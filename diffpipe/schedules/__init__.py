@@ -10,15 +10,23 @@ from ._ops import Op as Op
 from ._ops import Placement as Placement
 from ._ops import Schedule as Schedule
 from ._ops import orders_from_strings as orders_from_strings
+from ._registry import MAX_OPS as MAX_OPS
 from ._registry import Family as Family
 from ._registry import Formula as Formula
+from ._registry import Option as Option
+from ._registry import at_least as at_least
 from ._registry import family as family
 from ._registry import formula as formula
 from ._registry import get as get
 from ._registry import names as names
+from ._registry import register as register
+from ._registry import unregister as unregister
 from ._rules import Dep as Dep
 from ._table import Table as Table
 from ._table import table as table
 from ._torch import from_torch as from_torch
 from ._torch import from_torch_csv as from_torch_csv
 from ._torch import to_torch_csv as to_torch_csv
+
+# The built-in families register themselves on import, in this order (``names()``: synchronous first).
+from . import gpipe, one_f_one_b, interleaved, chimera, hanayo, zero_bubble, dualpipe, pipedream, amdp  # noqa: E402, F401, I001  isort: skip

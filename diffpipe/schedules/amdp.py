@@ -52,7 +52,8 @@ from __future__ import annotations
 
 from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, check_size
+from ._registry import Family, register
+from .pipedream import STEPS
 
 #: Stage s of pipeline p is on device ``PLACEMENT[D][p][s]``.
 PLACEMENT: dict[int, tuple[tuple[int, ...], ...]] = {
@@ -106,19 +107,27 @@ def end_device(device: int) -> bool:
     return device % 4 in (0, 3)
 
 
-def placement(devices: int) -> Placement:
+def _devices_reason(devices: int) -> str | None:
+    if devices not in PLACEMENT:
+        return (f"devices must be 4 or 8 (the authors' published orders), got {devices}; for another "
+                f"ring use list_schedule with a custom Placement")
+    return None
+
+
+def placement(devices: int, **_: object) -> Placement:
     """AMDP's ring placement for D = 4 or 8."""
-    _check_devices(devices)
+    reason = _devices_reason(devices)
+    if reason:
+        raise ScheduleError(f"amdp: {reason}")
     return Placement(devices, PLACEMENT[devices], "amdp-ring")
 
 
-def _check_devices(devices: int) -> None:
-    check_size("amdp", "devices", devices)
-    if devices not in PLACEMENT:
-        raise ScheduleError(
-            f"amdp: devices must be 4 or 8 (the authors' published orders), got {devices}; for another "
-            f"ring use list_schedule with a custom Placement"
-        )
+def _accepts(*, devices: int, microbatches: int, steps: int) -> str | None:
+    if reason := _devices_reason(devices):
+        return reason
+    if microbatches % devices:
+        return f"microbatches per step must be a multiple of devices ({devices}: rounds of D), got {microbatches}"
+    return None
 
 
 def template(device: int, devices: int, first_round: bool, update: bool) -> str:
@@ -129,15 +138,6 @@ def template(device: int, devices: int, first_round: bool, update: bool) -> str:
 
 
 def generate(*, devices: int, microbatches: int, steps: int = 3) -> Schedule:
-    _check_devices(devices)
-    check_size("amdp", "microbatches", microbatches)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ScheduleError(f"amdp: steps must be an int >= 1 (optimizer steps unrolled), got {steps!r}")
-    if microbatches % devices:
-        raise ScheduleError(
-            f"amdp: microbatches per step must be a multiple of devices ({devices}: rounds of D), "
-            f"got {microbatches}"
-        )
     rounds = microbatches // devices
     table = PLACEMENT[devices]
     pipelines = len(table)
@@ -180,11 +180,14 @@ def generate(*, devices: int, microbatches: int, steps: int = 3) -> Schedule:
     )
 
 
-AMDP = Family(
+AMDP = register(Family(
     name="amdp",
     generate=generate,
     summary="asynchronous multi-directional pipelines on a ring (D/2 replicas), rounds of D, no flush",
     source="AMDP authors' public Megatron-based code (orders, placement, round templates)",
-    options={"steps": "optimizer steps unrolled in the window, K; K·N microbatches in all (default 3)"},
+    options=(STEPS,),
+    accepts=_accepts,
+    placement=placement,
+    ops=lambda *, devices, microbatches, steps: devices * steps * (2 * microbatches + 1),
     asynchronous=True,
-)
+))

@@ -41,27 +41,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._errors import ScheduleError
-from ._list_scheduler import greedy_run as simulate  # the greedy run behind list_schedule
+from ._list_scheduler import greedy_run
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula, check_size
+from ._registry import Family, Formula, Option, register
 
 DOWN, UP = 0, 1
 
 
-def _check(name: str, devices: int, microbatches: int, sync: object, unit: int) -> None:
-    check_size(name, "devices", devices, 2)
-    check_size(name, "microbatches", microbatches)
-    if devices % 2:
-        raise ScheduleError(f"{name}: devices must be even (two replicas, offset D/2), got {devices}")
-    if microbatches % unit:
-        raise ScheduleError(
-            f"{name}: microbatches must be a multiple of {unit} "
-            f"({'units of D microbatches are concatenated' if unit == devices else 'two replicas'}), "
-            f"got {microbatches}"
-        )
-    if not isinstance(sync, bool):
-        raise ScheduleError(f"{name}: sync must be True or False, got {sync!r}")
+def _accepts(unit_is_devices: bool):
+    """Both variants: D even (two replicas, offset D/2); N in whole units (of D, or of 2)."""
+
+    def accepts(*, devices: int, microbatches: int, sync: bool) -> str | None:
+        if devices % 2:
+            return f"devices must be even (two replicas, offset D/2), got {devices}"
+        unit = devices if unit_is_devices else 2
+        if microbatches % unit:
+            why = "units of D microbatches are concatenated" if unit_is_devices else "two replicas"
+            return f"microbatches must be a multiple of {unit} ({why}), got {microbatches}"
+        return None
+
+    return accepts
 
 
 def _pipeline_of(m: int, devices: int) -> int:
@@ -94,7 +93,6 @@ def _stage_sync(orders: list[list[Op]], placement: Placement) -> None:
 
 
 def generate(*, devices: int, microbatches: int, sync: bool = False) -> Schedule:
-    _check("chimera", devices, microbatches, sync, devices)
     h = devices // 2
     placement = Placement.mirrored(devices)
     units = microbatches // devices
@@ -147,9 +145,8 @@ def rotated(devices: int) -> Placement:
 
 
 def generate_asymmetric(*, devices: int, microbatches: int, sync: bool = False) -> Schedule:
-    _check("chimera-asymmetric", devices, microbatches, sync, 2)
     placement = rotated(devices)
-    orders, _ = simulate(
+    orders, _ = greedy_run(
         placement,
         microbatches,
         assignment=[m % 2 for m in range(microbatches)],
@@ -162,19 +159,25 @@ def generate_asymmetric(*, devices: int, microbatches: int, sync: bool = False) 
     return Schedule(placement, lists, microbatches, family="chimera-asymmetric", options={"sync": sync})
 
 
-CHIMERA = Family(
+SYNC = Option("sync", bool, False, help="append one all-reduce R per stage after its backwards")
+
+CHIMERA = register(Family(
     name="chimera",
     generate=generate,
     summary="two replicas in bidirectional (mirrored) pipelines; units of D microbatches concatenated",
     source="Li and Hoefler, Chimera, SC'21, §3 and the authors' code",
     formula=formula,
-    options={"sync": "append one all-reduce R per stage after its backwards (default False)"},
-)
+    options=(SYNC,),
+    accepts=_accepts(True),
+    placement=lambda *, devices, sync: Placement.mirrored(devices),
+))
 
-CHIMERA_ASYMMETRIC = Family(
+CHIMERA_ASYMMETRIC = register(Family(
     name="chimera-asymmetric",
     generate=generate_asymmetric,
     summary="two replicas on a rotated ring placement (offset D/2); greedy backward-first, cap D",
     source="Chimera-style variant studied in the Tabular Schedule Abstraction paper; see module docstring",
-    options={"sync": "append one all-reduce R per stage after its backwards (default False)"},
-)
+    options=(SYNC,),
+    accepts=_accepts(False),
+    placement=lambda *, devices, sync: rotated(devices),
+))

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula
+from ._registry import Family, Formula, register
 
 
 def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
@@ -88,12 +87,14 @@ def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
     return order
 
 
-def generate(*, devices: int, microbatches: int) -> Schedule:
+def _accepts(*, devices: int, microbatches: int) -> str | None:
     if microbatches < 2 * devices:
-        raise ScheduleError(
-            f"dualpipe-v: microbatches ({microbatches}) must be at least 2 * devices = {2 * devices} "
-            f"(one per stage of the V, as in torch)"
-        )
+        return (f"microbatches ({microbatches}) must be at least 2 * devices = {2 * devices} "
+                f"(one per stage of the V, as in torch)")
+    return None
+
+
+def generate(*, devices: int, microbatches: int) -> Schedule:
     orders = [_dualpipe_v_order(d, devices, microbatches) for d in range(devices)]
     return Schedule(Placement.v(devices), orders, microbatches, family="dualpipe-v")
 
@@ -119,10 +120,13 @@ def formula(*, devices: int, microbatches: int, durations: Mapping[str, float]) 
     )
 
 
-DUALPIPE_V = Family(
+DUALPIPE_V = register(Family(
     name="dualpipe-v",
     generate=generate,
     summary="DeepSeek DualPipe-V: V placement, overlapped forward/backward pairs, zero-bubble tail",
     source="DeepSeek-V3 Technical Report, 2024, §3.2.1; deepseek-ai/DualPipe; torch ScheduleDualPipeV",
     formula=formula,
-)
+    accepts=_accepts,
+    ops_per_cell=3,
+    placement=lambda *, devices: Placement.v(devices),
+))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula
+from ._registry import Family, Formula, register
 
 
 def generate(*, devices: int, microbatches: int) -> Schedule:
@@ -32,10 +32,11 @@ def formula(*, devices: int, microbatches: int, durations: Mapping[str, float]) 
     )
 
 
-GPIPE = Family(
+GPIPE = register(Family(
     name="gpipe",
     generate=generate,
     summary="all forwards, then all backwards; flush per step",
     source="Huang et al., GPipe, NeurIPS 2019, §2.2",
     formula=formula,
-)
+    placement=lambda *, devices: Placement.linear(devices),
+))

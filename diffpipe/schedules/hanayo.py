@@ -21,26 +21,22 @@ model when comparing with a D-stage schedule.
 
 from __future__ import annotations
 
-from .._errors import ScheduleError
-from ._list_scheduler import greedy_run as simulate  # the greedy run behind list_schedule
+from ._list_scheduler import greedy_run
 from ._ops import Placement, Schedule
-from ._registry import Family, check_size
+from ._registry import Family, Option, at_least, register
 
 
 def generate(*, devices: int, microbatches: int, waves: int = 1) -> Schedule:
-    check_size("hanayo", "devices", devices)
-    check_size("hanayo", "microbatches", microbatches)
-    if not isinstance(waves, int) or isinstance(waves, bool) or waves < 1:
-        raise ScheduleError(f"hanayo: waves must be an int >= 1 (down-and-up passes), got {waves!r}")
     placement = Placement.wave(devices, waves)
-    orders, _ = simulate(placement, microbatches, priority="backward-first")
+    orders, _ = greedy_run(placement, microbatches, priority="backward-first")
     return Schedule(placement, orders, microbatches, family="hanayo", options={"waves": waves})
 
 
-HANAYO = Family(
+HANAYO = register(Family(
     name="hanayo",
     generate=generate,
     summary="wave-like placement (2·W·D stages down and up the devices), greedy backward-first orders",
     source="Liu et al., Hanayo, SC'23, §3",
-    options={"waves": "number of down-and-up passes W; 2·W chunks per device (default 1)"},
-)
+    options=(Option("waves", int, 1, at_least(1), "number of down-and-up passes W; 2·W chunks per device"),),
+    placement=lambda *, devices, waves: Placement.wave(devices, waves),
+))

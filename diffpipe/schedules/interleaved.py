@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula, check_size
+from ._registry import Family, Formula, Option, at_least, register
 
 
 def _interleaved_order(device: int, devices: int, microbatches: int, chunks: int) -> list[Op]:
@@ -52,19 +51,17 @@ def _interleaved_order(device: int, devices: int, microbatches: int, chunks: int
     return order
 
 
-def _check_interleaved(devices: int, microbatches: int, chunks: int) -> None:
-    check_size("interleaved-1f1b", "chunks", chunks)
+def _accepts_interleaved(*, devices: int, microbatches: int, chunks: int) -> str | None:
+    """Megatron's requirement: N a multiple of D."""
     if microbatches % devices:
         lower = microbatches // devices * devices
         options = [m for m in (lower, lower + devices) if m > 0]
-        raise ScheduleError(
-            f"interleaved-1f1b: microbatches ({microbatches}) must be a multiple of devices ({devices}); "
-            f"try microbatches={' or '.join(map(str, options))}"
-        )
+        return (f"microbatches ({microbatches}) must be a multiple of devices ({devices}); "
+                f"try microbatches={' or '.join(map(str, options))}")
+    return None
 
 
 def generate_interleaved(*, devices: int, microbatches: int, chunks: int = 2) -> Schedule:
-    _check_interleaved(devices, microbatches, chunks)
     orders = [_interleaved_order(d, devices, microbatches, chunks) for d in range(devices)]
     return Schedule(
         Placement.loop(devices, chunks),
@@ -103,7 +100,6 @@ def _looped_bfs_order(device: int, devices: int, microbatches: int, chunks: int)
 
 
 def generate_looped_bfs(*, devices: int, microbatches: int, chunks: int = 2) -> Schedule:
-    check_size("looped-bfs", "chunks", chunks)
     orders = [_looped_bfs_order(d, devices, microbatches, chunks) for d in range(devices)]
     return Schedule(
         Placement.loop(devices, chunks), orders, microbatches, family="looped-bfs", options={"chunks": chunks}
@@ -131,22 +127,30 @@ def formula_looped_bfs(
     )
 
 
-_CHUNKS = {"chunks": "model chunks (virtual stages) per device, default 2"}
+CHUNKS = Option("chunks", int, 2, at_least(1), "model chunks (virtual stages) per device")
 
-INTERLEAVED_1F1B = Family(
+
+def _placement(*, devices: int, chunks: int) -> Placement:
+    return Placement.loop(devices, chunks)
+
+
+INTERLEAVED_1F1B = register(Family(
     name="interleaved-1f1b",
     generate=generate_interleaved,
     summary="Megatron interleaved 1F1B: v chunks per device on a loop, depth first",
     source="Narayanan et al., Megatron-LM, SC 2021, §2.2.2",
     formula=formula_interleaved,
-    options=_CHUNKS,
-)
+    options=(CHUNKS,),
+    accepts=_accepts_interleaved,
+    placement=_placement,
+))
 
-LOOPED_BFS = Family(
+LOOPED_BFS = register(Family(
     name="looped-bfs",
     generate=generate_looped_bfs,
     summary="breadth-first looping: all microbatches through chunk 0, then chunk 1, ...; GPipe-like flush",
     source="Lamy-Poirier, Breadth-First Pipeline Parallelism, MLSys 2023; torch ScheduleLoopedBFS",
     formula=formula_looped_bfs,
-    options=_CHUNKS,
-)
+    options=(CHUNKS,),
+    placement=_placement,
+))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula
+from ._registry import Family, Formula, register
 
 
 def generate(*, devices: int, microbatches: int) -> Schedule:
@@ -36,10 +36,11 @@ def formula(*, devices: int, microbatches: int, durations: Mapping[str, float]) 
     )
 
 
-ONE_F_ONE_B = Family(
+ONE_F_ONE_B = register(Family(
     name="1f1b",
     generate=generate,
     summary="PipeDream-Flush / DAPPLE: warm-up forwards, then alternate F and B",
     source="Narayanan et al., PipeDream-Flush, ICML 2021, §3.1; Fan et al., DAPPLE, PPoPP 2021",
     formula=formula,
-)
+    placement=lambda *, devices: Placement.linear(devices),
+))

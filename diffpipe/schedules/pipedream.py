@@ -34,9 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula, check_size
+from ._registry import Family, Formula, Option, at_least, register
 
 
 def _one_f_one_b(device: int, devices: int, microbatches: int) -> list[Op]:
@@ -50,8 +49,6 @@ def _one_f_one_b(device: int, devices: int, microbatches: int) -> list[Op]:
 
 
 def generate(*, devices: int, microbatches: int) -> Schedule:
-    check_size("pipedream", "devices", devices)
-    check_size("pipedream", "microbatches", microbatches)
     orders = []
     for d in range(devices):
         order = []
@@ -95,20 +92,14 @@ def formula(*, devices: int, microbatches: int, durations: Mapping[str, float]) 
     return _window(devices, microbatches, microbatches, durations)
 
 
-def _check_2bw(devices: int, microbatches: int, steps: int) -> None:
-    check_size("pipedream-2bw", "devices", devices)
-    check_size("pipedream-2bw", "microbatches", microbatches)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ScheduleError(f"pipedream-2bw: steps must be an int >= 1 (steps unrolled), got {steps!r}")
+def _accepts_2bw(*, devices: int, microbatches: int, steps: int) -> str | None:
     if microbatches < devices:
-        raise ScheduleError(
-            f"pipedream-2bw: microbatches per step ({microbatches}) must be >= devices ({devices}) "
-            f"for two weight versions to suffice"
-        )
+        return (f"microbatches per step ({microbatches}) must be >= devices ({devices}) "
+                f"for two weight versions to suffice")
+    return None
 
 
 def generate_2bw(*, devices: int, microbatches: int, steps: int = 3) -> Schedule:
-    _check_2bw(devices, microbatches, steps)
     total = steps * microbatches
     orders = []
     for d in range(devices):
@@ -138,21 +129,33 @@ def formula_2bw(
     return _window(devices, steps * microbatches, steps, durations)
 
 
-PIPEDREAM = Family(
+def _linear(*, devices: int, **_: object) -> Placement:
+    return Placement.linear(devices)
+
+
+#: The unrolled window of the asynchronous families (pipedream-2bw, amdp).
+STEPS = Option("steps", int, 3, at_least(1), "optimizer steps unrolled in the window, K; K·N microbatches in all")
+
+PIPEDREAM = register(Family(
     name="pipedream",
     generate=generate,
     summary="asynchronous 1F1B with weight stashing; U after every backward (window of N steps)",
     source="Narayanan et al., PipeDream, SOSP 2019, §3.2-3.3",
     formula=formula,
+    placement=_linear,
+    ops_per_cell=3,
     asynchronous=True,
-)
+))
 
-PIPEDREAM_2BW = Family(
+PIPEDREAM_2BW = register(Family(
     name="pipedream-2bw",
     generate=generate_2bw,
     summary="asynchronous 1F1B, two weight versions, gradients coalesced over N >= D per step",
     source="Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021, §3.1",
     formula=formula_2bw,
-    options={"steps": "optimizer steps unrolled in the window, K; K·N microbatches in all (default 3)"},
+    options=(STEPS,),
+    accepts=_accepts_2bw,
+    placement=_linear,
+    ops=lambda *, devices, microbatches, steps: devices * steps * (2 * microbatches + 1),
     asynchronous=True,
-)
+))

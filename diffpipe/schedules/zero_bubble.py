@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._errors import ScheduleError
 from ._ops import Op, Placement, Schedule
-from ._registry import Family, Formula, check_size
+from ._registry import Family, Formula, Option, at_least, register
 
 # -- zb-h1 (torch's ZB1P, any number of chunks) ----------------------------------------------------
 
@@ -72,15 +71,20 @@ def _zb_h1_order(device: int, devices: int, microbatches: int, chunks: int) -> l
     return order
 
 
+def _accepts_zb_h1(*, devices: int, microbatches: int, chunks: int) -> str | None:
+    rounds = _rounds(devices, microbatches)[0]
+    if chunks > 1 and microbatches % rounds:
+        return (f"with chunks > 1, microbatches ({microbatches}) must split into max(1, N // devices) = "
+                f"{rounds} equal rounds (as in torch); try a multiple of devices ({devices})")
+    return None
+
+
+def _placement_zb_h1(*, devices: int, chunks: int) -> Placement:
+    return Placement.linear(devices) if chunks == 1 else Placement.loop(devices, chunks)
+
+
 def generate_zb_h1(*, devices: int, microbatches: int, chunks: int = 1) -> Schedule:
-    check_size("zb-h1", "chunks", chunks)
-    if chunks > 1 and microbatches % _rounds(devices, microbatches)[0]:
-        rounds = _rounds(devices, microbatches)[0]
-        raise ScheduleError(
-            f"zb-h1: with chunks > 1, microbatches ({microbatches}) must split into max(1, N // devices) = "
-            f"{rounds} equal rounds (as in torch); try a multiple of devices ({devices})"
-        )
-    placement = Placement.linear(devices) if chunks == 1 else Placement.loop(devices, chunks)
+    placement = _placement_zb_h1(devices=devices, chunks=chunks)
     orders = [_zb_h1_order(d, devices, microbatches, chunks) for d in range(devices)]
     return Schedule(placement, orders, microbatches, family="zb-h1", options={"chunks": chunks})
 
@@ -240,27 +244,34 @@ def formula_zb_v(*, devices: int, microbatches: int, durations: Mapping[str, flo
     )
 
 
-ZB_H1 = Family(
+ZB_H1 = register(Family(
     name="zb-h1",
     generate=generate_zb_h1,
     summary="zero bubble, 1F1B memory: W passes held back into the cool-down (torch ZB1P)",
     source="Qi et al., Zero Bubble PP, ICLR 2024, §2.1; torch ScheduleInterleavedZeroBubble",
     formula=formula_zb_h1,
-    options={"chunks": "model chunks per device (loop placement when > 1), default 1"},
-)
+    options=(Option("chunks", int, 1, at_least(1), "model chunks per device (loop placement when > 1)"),),
+    accepts=_accepts_zb_h1,
+    placement=_placement_zb_h1,
+    ops_per_cell=3,
+))
 
-ZB_H2 = Family(
+ZB_H2 = register(Family(
     name="zb-h2",
     generate=generate_zb_h2,
     summary="zero bubble per device at equal F/I/W: 2(D-d)-1 warm-up forwards, W passes at the tail",
     source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024, §2.2",
     formula=formula_zb_h2,
-)
+    ops_per_cell=3,
+    placement=lambda *, devices: Placement.linear(devices),
+))
 
-ZB_V = Family(
+ZB_V = register(Family(
     name="zb-v",
     generate=generate_zb_v,
     summary="zero bubble on a V placement (2 chunks per device), 1F1B memory",
     source="Qi et al., Zero Bubble PP, ICLR 2024, §6; torch ScheduleZBVZeroBubble",
     formula=formula_zb_v,
-)
+    ops_per_cell=3,
+    placement=lambda *, devices: Placement.v(devices),
+))

@@ -1,0 +1,178 @@
+"""The stacking plan and the memory model of a sweep.
+
+Entries (one schedule under one communication mode) with equal ``Graph.structure`` and static
+fields share one compiled evaluator; different structures are padded and stacked when the cost
+model ``COMPILE_CELLS + sum over points of cells(padded sizes)`` says that is cheaper than compiling
+each (an exact dynamic programme over runs of keys sorted by cells). Chunks are sized so that every
+device's estimated working memory stays within the sweep's bound (``bytes_per_point``,
+``bytes_per_graph``). Measured constants: see the package docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .._errors import ConfigError
+from .._graph import Graph, common_sizes
+from ..schedules import Schedule
+from .variants import NETWORK_SCALARS, PER_STAGE, Variants
+
+#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring): ~4 s of
+#: compile time at ~4e7 cells/s on a 2-core CPU.
+COMPILE_CELLS = 1.5e8
+#: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
+#: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
+#: 256 MiB were 20-50% slower); accelerators run the level scan as one kernel launch per level
+#: per chunk, so they want large chunks.
+DEFAULT_MAX_BYTES = {"cpu": 32 * 2**20}
+DEFAULT_MAX_BYTES_ACCELERATOR = 2**30
+#: Bytes of one float32 / int32 element.
+_WORD = 4
+
+
+@dataclass
+class Entry:
+    """One (schedule, communication mode): a graph and the index of its first table row."""
+
+    choice: int
+    schedule: Schedule
+    mode: str
+    graph: Graph
+    variants: Variants
+    row: int = 0
+
+
+def _stack_class(e: Entry) -> tuple:
+    """Entries that can share one evaluator: graphs ``stack_graphs`` accepts together, hardware of
+    one pytree structure (static network fields, pair matrices present or not)."""
+    g, v = e.graph, e.variants
+    return (g.communication, g.devices_per_node if g.devices_per_node < g.devices else None, v.data_parallel,
+            v.devices_per_node, tuple(sorted(v.leaves)))
+
+
+def _key(e: Entry) -> tuple:
+    """Entries that share one compiled function as they are: ``Graph.structure`` + static fields."""
+    g = e.graph
+    return (g.structure, g.devices, g.stages, g.pipelines, g.microbatches, g.steps, g.devices_per_node,
+            _stack_class(e))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The array sizes of a graph that memory and work grow with (after padding: the maxima)."""
+
+    nodes: int
+    k: int
+    levels: int
+    width: int
+    lane: int
+    devices: int
+    stages: int
+    pipelines: int
+    microbatches: int
+
+    @classmethod
+    def of(cls, graph: Graph) -> Sizes:
+        sizes = common_sizes([graph])
+        return cls(**{f.name: sizes[f.name] for f in dataclasses.fields(cls)})
+
+    def join(self, other: Sizes) -> Sizes:
+        return Sizes(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    @property
+    def rows(self) -> int:
+        return self.nodes + self.width + 1
+
+    @property
+    def cells(self) -> int:
+        """Evaluation work per point: the scan's level blocks plus the per-edge cost model."""
+        return self.levels * self.width * self.k + self.rows * self.k
+
+
+def bytes_per_point(sizes: Sizes, pairs: bool = False) -> int:
+    """Estimated evaluator working memory per (graph, hardware) point, bytes.
+
+    ``[rows, k]`` float arrays (delays and the cost model's per-edge temporaries: about two per
+    edge slot), ``[rows]`` arrays (durations, finish times and the cost model's per-node terms:
+    about six), per-lane memory prefix sums (three), and the point's hardware leaves. Calibrated
+    against XLA's ``memory_analysis``, which it exceeds by 2.2-2.5x (``benchmarks/bench_sweep.py``):
+    a bound, not a forecast.
+    """
+    p_s = sizes.pipelines * sizes.stages
+    hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
+    hardware += 2 * sizes.devices**2 if pairs else 0
+    words = sizes.rows * (2 * sizes.k + 6) + 3 * sizes.lane + 2 * sizes.devices + 8 + 2 * hardware
+    return _WORD * words
+
+
+def bytes_per_graph(sizes: Sizes) -> int:
+    """Bytes of one padded graph's int32 arrays (held by every device that evaluates it): per node
+    and per edge slot a dozen codes and indices, with room to spare for the cost tables."""
+    words = sizes.rows * (16 + 8 * sizes.k) + 2 * sizes.levels + 3 * sizes.lane + 2 * sizes.pipelines * sizes.stages
+    return _WORD * words
+
+
+def plan_stacks(entries: Sequence[Entry], hardware: int, stacking: str) -> list[list[int]]:
+    """Entry indices per stack (the stacking rule of the module docstring)."""
+    by_key: dict[tuple, list[int]] = {}
+    for i, e in enumerate(entries):
+        by_key.setdefault(_key(e), []).append(i)
+    if stacking == "never":
+        return list(by_key.values())
+    classes: dict[tuple, list[tuple]] = {}
+    for key, members in by_key.items():
+        classes.setdefault(_stack_class(entries[members[0]]), []).append(key)
+    stacks = []
+    for keys in classes.values():
+        sizes = {key: Sizes.of(entries[by_key[key][0]].graph) for key in keys}
+        if stacking == "always":
+            stacks.append([i for key in keys for i in by_key[key]])
+            continue
+        keys = sorted(keys, key=lambda key: (sizes[key].cells, key))
+        n = len(keys)
+        best = [0.0] + [math.inf] * n  # best[j]: cheapest split of keys[:j]
+        cut = [0] * (n + 1)
+        for j in range(1, n + 1):
+            joined, points = None, 0
+            for i in range(j - 1, -1, -1):  # the run keys[i:j]
+                joined = sizes[keys[i]] if joined is None else joined.join(sizes[keys[i]])
+                points += len(by_key[keys[i]]) * hardware
+                cost = best[i] + COMPILE_CELLS + points * joined.cells
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        j = n
+        while j > 0:
+            i = cut[j]
+            stacks.append([m for key in keys[i:j] for m in by_key[key]])
+            j = i
+    return stacks
+
+
+@dataclass
+class Chunking:
+    graphs: int  # per chunk (a multiple of the device count when axis == 0)
+    hardware: int  # per chunk (a multiple of the device count when axis == 1)
+    axis: int
+    bytes: int  # estimated per-device working memory
+
+
+def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, devices: int,
+              max_bytes: int) -> Chunking:
+    if per_graph + per_point > max_bytes:
+        raise ConfigError(
+            f"sweep: max_bytes={max_bytes} is below one point's working memory ({per_graph + per_point} bytes)"
+        )
+
+    def up(n: int) -> int:
+        return -(-n // devices) * devices
+
+    if n_hardware >= devices or per_graph + n_hardware * per_point > max_bytes:
+        # shard the hardware axis (padded to a multiple of the devices); every device holds the chunk's graphs
+        local = min(up(n_hardware) // devices, (max_bytes - per_graph) // per_point)
+        graphs = max(1, min(n_graphs, max_bytes // (per_graph + local * per_point)))
+        return Chunking(graphs, local * devices, 1, graphs * per_graph + graphs * local * per_point)
+    local = min(up(n_graphs) // devices, max_bytes // (per_graph + n_hardware * per_point))
+    return Chunking(local * devices, n_hardware, 0, local * (per_graph + n_hardware * per_point))
