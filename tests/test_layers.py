@@ -52,8 +52,6 @@ PENDING: dict[str, set[str]] = {
     # delegates to (``Workload``) builds a ``Hardware`` and so sits below it.
     "diffpipe._hardware": {"diffpipe._knobs"},
     "diffpipe._presets": {"diffpipe._hardware", "diffpipe._transformer"},
-    "diffpipe._sweep": {"diffpipe.schedules"},
-    "diffpipe.schedules._registry": {"diffpipe.schedules._reference"},
     "diffpipe.viz._timeline": {"diffpipe._graph", "diffpipe._hardware", "diffpipe._simulate"},
 }
 
