@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_int
 from .._errors import ScheduleError
 
 #: Op kinds. F forward, B full backward, I input-gradient backward, W weight-gradient backward
@@ -68,6 +69,21 @@ class Op:
         raise ScheduleError(f"cannot parse op {text!r}: expected e.g. '2F3' or '2F3@p1'")
 
 
+def _rows(value: Any, what: str) -> tuple[tuple[Any, ...], ...]:
+    """``value`` as a tuple of tuples (placement tables, op orders); anything else (a number, a
+    string) is a ``ScheduleError`` naming ``what``."""
+    def bad(x: Any) -> bool:
+        return isinstance(x, (str, bytes)) or not isinstance(x, Iterable)
+
+    if bad(value):
+        raise ScheduleError(f"{what} must be a sequence of sequences, got {value!r}")
+    rows = tuple(value)
+    for row in rows:
+        if bad(row):
+            raise ScheduleError(f"{what} must be a sequence of sequences, got an entry {row!r}")
+    return tuple(tuple(row) for row in rows)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where each stage of each pipeline lives: ``table[pipeline][stage] -> device``.
@@ -81,9 +97,9 @@ class Placement:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.devices, int) or self.devices < 1:
+        if not is_int(self.devices) or self.devices < 1:
             raise ScheduleError(f"placement: devices must be a positive int, got {self.devices!r}")
-        table = tuple(tuple(row) for row in self.table)
+        table = _rows(self.table, "placement: table")
         object.__setattr__(self, "table", table)
         if not table or not table[0]:
             raise ScheduleError("placement: the table needs at least one pipeline with one stage")
@@ -91,7 +107,7 @@ class Placement:
             raise ScheduleError("placement: every pipeline must have the same number of stages")
         for p, row in enumerate(table):
             for s, d in enumerate(row):
-                if not isinstance(d, int) or not 0 <= d < self.devices:
+                if not is_int(d) or not 0 <= d < self.devices:
                     raise ScheduleError(
                         f"placement: stage {s} of pipeline {p} is on device {d!r}, "
                         f"outside 0..{self.devices - 1}"
@@ -192,7 +208,12 @@ class Schedule:
     _derived: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "orders", tuple(tuple(order) for order in self.orders))
+        if not isinstance(self.placement, Placement):
+            raise ScheduleError(f"schedule: placement must be a Placement, got {self.placement!r}")
+        for name in ("microbatches", "steps"):
+            if not is_int(getattr(self, name)):
+                raise ScheduleError(f"schedule: {name} must be an int, got {getattr(self, name)!r}")
+        object.__setattr__(self, "orders", _rows(self.orders, "schedule: orders"))
         object.__setattr__(self, "options", _freeze(self.options))
         from ._validate import validate  # local: _validate imports this module
 
