@@ -61,7 +61,8 @@ class _Terminated(BaseException):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage + message over two lines
-        raise _UsageError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("diffpipe").strip()
+        raise _UsageError(f"{command}: {message}" if command else message)
 
 
 # -- command-line values -------------------------------------------------------------------------
@@ -262,9 +263,9 @@ def _unrolls(family: str) -> bool:
         return False  # an unknown family: schedules.get names it
 
 
-def _guard(what: str, ops: int, max_ops: int, detail: str) -> None:
+def _guard(detail: str, ops: int, max_ops: int) -> None:
     if ops > max_ops:
-        raise ConfigError(f"{what}: {detail} is about {ops:,} ops, past the limit of {max_ops:,}; "
+        raise ConfigError(f"{detail} is about {ops:,} ops, past the limit of {max_ops:,} (--max-ops); "
                           f"lower the sizes or pass --max-ops {ops}")
 
 
@@ -273,7 +274,7 @@ def _guard_schedule(family: str, devices: int, microbatches: int, options: dict[
     ops = estimated_ops(devices, microbatches, options, _unrolls(family))
     extra = "".join(f", {k}={v}" for k, v in options.items() if k in ("chunks", "waves", "steps"))
     detail = f"{family} on {devices} devices x {microbatches} microbatches{extra}{why}"
-    _guard(family, max(ops * factor, devices * devices), max_ops, detail)
+    _guard(detail, max(ops * factor, devices * devices), max_ops)
 
 
 # -- the machine -------------------------------------------------------------------------------------
@@ -408,7 +409,7 @@ def _schedule(args: argparse.Namespace, config: _Config) -> Any:
             size = os.path.getsize(path)
         except OSError:
             size = 0  # unreadable: from_torch_csv names the reason
-        _guard("--torch-csv", size // 3, args.max_ops, f"{path} ({size:,} bytes)")
+        _guard(f"--torch-csv {path} ({size:,} bytes)", size // 3, args.max_ops)
         return schedules.from_torch_csv(path)
     family = args.family or section.get("family")
     if not family:
@@ -557,12 +558,12 @@ def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[s
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    from ._simulate import simulate
-
     outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)))
     config = _load_config(args.config, "simulate")
     schedule = _schedule(args, config)
     machine = _machine(args, config)
+    from ._simulate import simulate
+
     hw = machine.hardware(schedule)
     result = simulate(schedule, hw)
     summary = _simulation_summary(schedule, result, machine)
@@ -618,11 +619,6 @@ def _cmd_compare(args: argparse.Namespace) -> None:
 
 
 def _cmd_optimize(args: argparse.Namespace) -> None:
-    import numpy as np
-
-    from ._knobs import MicrobatchSplit, StageBalance, Workload
-    from ._optimize import optimize
-
     if args.batch is not None and args.knob == "stages":
         raise ConfigError("--batch sets the global batch of --knob microbatches/both; --knob stages does not use it")
     config = _load_config(args.config, "optimize", ("schedule", "model", "device", "network"))
@@ -630,6 +626,11 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
     machine = _machine(args, config)
     if machine.model is None:
         raise ConfigError("optimize needs a model (per-layer costs): give [model] in --config or --device/--intra")
+    import numpy as np
+
+    from ._knobs import MicrobatchSplit, StageBalance, Workload
+    from ._optimize import optimize
+
     workload = Workload.from_model(machine.model, machine.device, machine.network)
     knobs: list[Any] = []
     if args.knob in ("stages", "both"):
@@ -699,14 +700,14 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     variants = math.prod(len(vs) for vs in options.values()) * len(modes or [None])
     total = sum(estimated_ops(d, n, largest, _unrolls(f)) for f in (families or schedules.names())
                 for d in grid_devices for n in grid_micro) * variants
-    _guard("sweep", max(total, max(grid_devices) ** 2), args.max_ops,
-           f"the grid ({len(families or schedules.names())} families x {len(grid_devices)} device counts x "
-           f"{len(grid_micro)} microbatch counts x {variants} option/mode variants)")
+    _guard(f"sweep: the grid ({len(families or schedules.names())} families x {len(grid_devices)} device "
+           f"counts x {len(grid_micro)} microbatch counts x {variants} option/mode variants)",
+           max(total, max(grid_devices) ** 2), args.max_ops)
     machine = _machine(args, config)
     from ._sweep import sweep
 
     result = sweep(machine.hardware, families=families, options=options or None, communication=modes,
-                   progress=not args.json, **sizes)
+                   progress=False if args.json else None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),
         ("--markdown-out", args.markdown_out, result.to_markdown)) if path]
@@ -893,29 +894,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    code, line = 0, ""
+    code, line, caught = 0, "", None
     try:
         args = build_parser().parse_args(argv)
         args.run(args)
     except _UsageError as error:
-        code, line = 2, f"diffpipe: error: {error}"
+        code, line, caught = 2, f"diffpipe: error: {error}", error
     except (ScheduleError, ConfigError) as error:
-        code, line = 2, f"diffpipe: error: {error}"
+        code, line, caught = 2, f"diffpipe: error: {error}", error
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        code, line = 130, "diffpipe: interrupted (no file was changed)"
-    except _Terminated:
-        code, line = 143, "diffpipe: terminated (no file was changed)"
+    except KeyboardInterrupt as error:
+        code, line, caught = 130, "diffpipe: interrupted (no file was changed)", error
+    except _Terminated as error:
+        code, line, caught = 143, "diffpipe: terminated (no file was changed)", error
     except Exception as error:
-        code, line = _error_line(error)
+        (code, line), caught = _error_line(error), error
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if code:
-        if debug:
-            traceback.print_exc()
+        if debug and caught is not None:
+            traceback.print_exception(caught)
         print(" ".join(line.split()), file=sys.stderr)
     return code
 
