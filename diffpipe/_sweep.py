@@ -86,6 +86,7 @@ from ._errors import ConfigError, ScheduleError
 from ._evaluate import finish_times, sink_max
 from ._graph import COMMUNICATION_MODES, KIND_CODES, PAD, Graph, common_sizes, compile, pad_graph
 from ._hardware import Hardware, Network
+from ._io import write_atomic
 from ._simulate import _tables, peak_memory
 from .schedules import Placement, Schedule, get
 from .schedules import family as family_of
@@ -276,8 +277,7 @@ class SweepResult:
         writer.writerows(zip(*values))
         text = buffer.getvalue()
         if path is not None:
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+            write_atomic(path, text, "to_csv")
         return text
 
     def to_json(self, path: Any = None) -> str:
@@ -298,8 +298,7 @@ class SweepResult:
         }
         text = json.dumps(doc, indent=1, default=_json_default)
         if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+            write_atomic(path, text, "to_json")
         return text
 
     def to_markdown(self, limit: int | None = None) -> str:

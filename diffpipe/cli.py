@@ -48,6 +48,8 @@ OPTIMIZE_STEPS_PER_OP = 100
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
+#: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
+SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
 
 
@@ -710,12 +712,13 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
                    progress=False if args.json else None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),
-        ("--markdown-out", args.markdown_out, result.to_markdown)) if path]
+        ("--markdown-out", args.markdown_out, lambda: f"{result.to_markdown()}\n{SWEEP_UNITS}\n")) if path]
     _write_all(outputs)
     if args.json:
         sys.stdout.write(_strict(result.to_json()))
         return
     print(result.to_markdown(limit=40 if args.limit is None else args.limit))
+    print(SWEEP_UNITS)
     if getattr(result, "skipped", None):
         print(f"\n{len(result.skipped)} combination(s) skipped (see --json for reasons)")
 
