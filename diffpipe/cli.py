@@ -312,6 +312,21 @@ def _machine_flags(args: argparse.Namespace) -> list[str]:
     return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
 
 
+def _check_float32(values: dict[str, tuple[Any, str]]) -> None:
+    """Finite inputs must stay finite in float32 (JAX's default): 1e39 seconds would become inf."""
+    import jax
+    import numpy as np
+
+    if jax.config.jax_enable_x64:
+        return
+    biggest = float(np.finfo(np.float32).max)
+    for value, origin in values.values():
+        for x in value if isinstance(value, list) else [value]:
+            if is_number(x) and math.isfinite(x) and abs(x) > biggest:
+                raise ConfigError(f"{origin} = {x!r} does not fit float32 (at most {biggest:.4g}); enable 64-bit "
+                                  "floats (JAX_ENABLE_X64=1) or use other units")
+
+
 def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     import jax.numpy as jnp
 
@@ -327,6 +342,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     if getattr(args, "device", None) is not None:
         dev["preset"] = (args.device, "--device")
     mode = net.pop("mode", (None, ""))[0]
+    _check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
     modes = {} if mode is None else {"mode": mode}
     if times:
         if net:

@@ -119,6 +119,10 @@ def toml_structure_cases() -> list[Case]:
         ("unknown-family", "[schedule]\nfamily = 'nope'\n", "nope"),
         ("bad-family-option", "[schedule]\nfamily = '1f1b'\noptions = { chunks = 2 }\n", "chunks"),
         ("model-too-few-layers", "[model]\nlayers = 2\n", "layers"),
+        ("latency-beyond-float32", "[network]\nlatency = 1e300\n", "[network] latency = 1e+300 does not fit"),
+        ("times-list-beyond-float32", "[times]\nforward = [1, 1e39, 1, 1]\nbackward = 1\n",
+         "[times] forward = 1e+39 does not fit"),
+        ("peak-beyond-float32", "[device]\npeak_flops = 1e50\nmemory = 1e10\n", "[device] peak_flops = 1e+50"),
     ]
     cases = [Case(f"toml-{n}", sim[:1] + (() if "family" in t else sim[1:2]) + sim[2:], c,
                   (("a.toml", t.encode()),)) for n, t, c in texts]
@@ -229,6 +233,8 @@ def flag_cases() -> list[Case]:
         ("intra-unknown", ("--intra", "warp"), "warp"),
         ("inter-unknown", ("--intra", "nvlink3", "--inter", "carrier-pigeon"), "carrier-pigeon"),
         ("overflow-float32", ("--forward", "1e38", "--backward", "1e38"), "float32"),
+        ("beyond-float32", ("--forward", "1e39", "--backward", "1"), "--forward = 1e+39 does not fit float32"),
+        ("p2p-beyond-float32", ("--forward", "1", "--backward", "1", "--p2p", "1e300"), "--p2p = 1e+300"),
         ("gantt-suffix", ("--forward", "1", "--backward", "1", "--gantt", "x.txt"), "--gantt"),
         ("trace-suffix-twice", ("--trace", "x.png"), "--trace"),
     ]
