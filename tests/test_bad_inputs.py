@@ -638,3 +638,14 @@ def test_mutated_argv_keeps_the_contract(data, workdir):
     if argv[:1] != ["show"]:  # keep the mutation on one cheap command (no JAX, no outputs)
         argv = ["show", *argv]
     _contract(argv + ["--max-ops", "20000"], workdir)
+
+
+def test_a_failed_check_inside_jit_is_one_line(monkeypatch):
+    """``eqx.error_if`` inside jit: one line with the check's own message, none of JAX's log."""
+    import equinox as eqx
+    import jax
+
+    checked = jax.jit(lambda x: eqx.error_if(x, x < 0, "hardware: bandwidth must be positive, got -1.0"))
+    monkeypatch.setattr(dp.schedules, "table", lambda schedule: checked(-1.0))
+    code, _, err = run_cli(["show", "1f1b"])
+    assert_one_line(code, err, "diffpipe: error: hardware: bandwidth must be positive, got -1.0")
