@@ -269,6 +269,8 @@ def flag_cases() -> list[Case]:
         ("optimize-batch-with-stages", ("optimize", "1f1b", "--batch", "8", "--device", "A100"), "--batch"),
         ("optimize-steps-zero", ("optimize", "1f1b", "--steps", "0"), "--steps"),
         ("optimize-steps-huge", ("optimize", "1f1b", "--steps", "1000000000"), "past the limit"),
+        ("optimize-too-long", ("optimize", "1f1b", "--devices", "8", "--microbatches", "2048", "--device", "A100"),
+         "over 300 gradient steps is about"),
         ("optimize-knob", ("optimize", "1f1b", "--knob", "layers"), "--knob"),
         ("optimize-times", ("optimize", "1f1b", "--forward", "1", "--backward", "1"), "needs a model"),
         ("export-nothing", ("export", "1f1b"), "give --csv"),
