@@ -1,28 +1,107 @@
 """The ``diffpipe`` command line: a thin shell over the library API.
 
 Every command takes the machine from flags or a TOML file (``--config``; schema in README.md and
-``examples/machine.toml``); ``--json`` prints stable machine-readable output. Errors are one line
-on stderr with exit code 2, never a traceback. JAX is imported only by commands that simulate.
+``examples/machine.toml``); ``--json`` prints strict JSON (``null`` where a number is undefined).
+The contract (README, "The command line"):
+
+- a bad input (a flag, a TOML key, a CSV cell, an output path, a size past ``--max-ops``) is one
+  line ``diffpipe: error: ...`` on stderr naming the culprit, exit code 2, and no file changes;
+- an unexpected failure is one line asking for a report, exit code 1 (``--debug``: the traceback);
+- every output path is checked before any work starts, and a command's outputs are written all
+  or none (``diffpipe._io.Staged``);
+- sizes are checked against ``--max-ops`` before anything is generated.
+
+JAX is imported only by commands that simulate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
+import re
+import signal
 import sys
+import threading
 import tomllib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _io
+from ._checks import check_int, is_int, is_number
 from ._errors import ConfigError, ScheduleError
+from .schedules import MAX_OPS as _MAX_OPS
 
-DEFAULT_COMPARE = ("gpipe", "1f1b", "chimera", "hanayo")
+#: The most operations one command may generate (the library's limit, ``schedules.MAX_OPS``),
+#: estimated from its sizes before anything is built (``estimated_ops``); ``--max-ops`` raises or
+#: lowers it. At the default, the largest single 1F1B schedule allowed (64 devices x 2048
+#: microbatches) simulates in about 10 s on 2 CPU cores.
+MAX_OPS = _MAX_OPS
+#: ``optimize`` counts its ops once per this many gradient steps: ops x steps / 10 <= ``--max-ops``
+#: (measured on 2 CPU cores with examples/machine.toml at 300 steps: 1F1B 8 x 256 takes 40 s and
+#: is allowed, 8 x 2048 took 160 s and is refused).
+OPTIMIZE_STEPS_PER_OP = 10
+#: Sizes of the one-schedule commands (show, simulate, optimize, export) when neither a flag nor
+#: ``[schedule]`` gives them: those of ``diffpipe.sweep`` (``schedules.get`` has none; a test
+#: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
+DEFAULT_DEVICES = 4
+DEFAULT_MICROBATCHES = 8
+COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
+#: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
+SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
+REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
 
 
-# -- option parsing ------------------------------------------------------------------------------
+class _UsageError(Exception):
+    """A command-line syntax error (argparse's), printed as one line."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` (temporary files) runs."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse prints usage + message over two lines
+        command = self.prog.removeprefix("diffpipe").strip()
+        raise _UsageError(f"{command}: {message}" if command else message)
+
+
+# -- command-line values -------------------------------------------------------------------------
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected seconds (a finite number >= 0), got {text!r}")
+    return value
+
+
 def _value(raw: str) -> object:
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"
@@ -39,7 +118,7 @@ def _family_options(pairs: Sequence[str]) -> dict[str, object]:
     options: dict[str, object] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key or not raw:
             raise ConfigError(f"--option {pair!r}: expected NAME=VALUE")
         options[key.replace("-", "_")] = _value(raw)
     return options
@@ -47,152 +126,383 @@ def _family_options(pairs: Sequence[str]) -> dict[str, object]:
 
 def _ints(text: str, flag: str) -> list[int]:
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: expected comma-separated integers") from None
-    if not values:
-        raise ConfigError(f"{flag} is empty")
+    for v in values:
+        check_int(f"{flag} {text!r}: each", v, 1)
     return values
 
 
-# -- the machine: TOML file and flags --------------------------------------------------------------
-_SECTIONS = {
-    "schedule": {"family", "devices", "microbatches", "options"},
-    "times": {"forward", "backward", "weight", "p2p", "update", "overhead"},
-    "model": {"layers", "hidden", "heads", "sequence", "vocabulary", "microbatch", "dtype_bytes",
-              "ffn_multiplier", "recompute", "tied_embedding"},
-    "device": {"preset", "peak_flops", "memory", "efficiency"},
-    "network": {"intra", "inter", "devices_per_node", "mode", "latency", "bandwidth",
-                "inter_latency", "inter_bandwidth"},
+def _names(text: str, flag: str) -> list[str]:
+    names = [x.strip() for x in text.split(",")]
+    if not text.strip() or not all(names):
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated names, none empty")
+    return names
+
+
+# -- the TOML file: schema ---------------------------------------------------------------------------
+def _is_scalar_option(v: Any) -> bool:
+    return isinstance(v, (bool, int, float, str))
+
+
+#: kind -> (test, what the value must be).
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+    "count": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    "seconds": (lambda v: is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0 (seconds)"),
+    "times": (lambda v: _seconds_or_list(v), "a number or a list of numbers (seconds, finite, >= 0)"),
+    "positive": (lambda v: is_number(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
+    "bandwidth": (lambda v: is_number(v) and v > 0, "a number > 0 (bytes/s; inf for free)"),
+    "fraction": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
+    "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
+                "a table of NAME = number, bool or string"),
 }
 
 
-def _load_config(path: str | None) -> dict[str, dict[str, Any]]:
-    """Read and check a TOML machine file: known sections and keys only."""
-    if path is None:
-        return {}
+def _seconds_or_list(v: Any) -> bool:
+    def ok(x: Any) -> bool:
+        return is_number(x) and math.isfinite(x) and x >= 0
+
+    return ok(v) or (isinstance(v, list) and len(v) > 0 and all(ok(x) for x in v))
+
+
+#: section -> key -> kind. Every documented key (README, examples/machine.toml).
+SCHEMA: dict[str, dict[str, str]] = {
+    "schedule": {"family": "name", "devices": "count", "microbatches": "count", "options": "options"},
+    "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
+              "p2p": "seconds", "overhead": "seconds"},
+    "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
+              "vocabulary": "count", "microbatch": "count", "dtype_bytes": "count",
+              "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
+    "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
+    "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
+                "latency": "seconds", "bandwidth": "bandwidth", "inter_latency": "seconds",
+                "inter_bandwidth": "bandwidth"},
+}
+_MACHINE_SECTIONS = ("times", "model", "device", "network")
+
+
+def _shown(value: Any) -> str:
+    """A TOML value as the user wrote it (``"abc"``, ``true``, ``[1, "x"]``)."""
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"--config {path}: malformed TOML: {error}") from None
-    for section, body in data.items():
-        if section not in _SECTIONS:
-            raise ConfigError(f"{path}: unknown section [{section}]; known: {', '.join(_SECTIONS)}")
-        if not isinstance(body, dict):
-            raise ConfigError(f"{path}: [{section}] must be a table")
-        unknown = set(body) - _SECTIONS[section]
-        if unknown:
-            raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} in [{section}]; "
-                              f"known: {', '.join(sorted(_SECTIONS[section]))}")
-    if "times" in data and ("model" in data or "device" in data):
-        raise ConfigError(f"{path}: give either [times] or [model]/[device], not both")
-    return data
+        return json.dumps(value, default=str)
+    except ValueError:
+        return repr(value)
 
 
 @dataclass(frozen=True)
+class _Config:
+    """A checked TOML machine file (``path`` None: no file)."""
+
+    path: str | None = None
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def get(self, section: str) -> dict[str, Any]:
+        return dict(self.sections.get(section, {}))
+
+    def where(self, section: str, key: str | None = None) -> str:
+        return f"{self.path}: [{section}]" + ("" if key is None else f" {key}")
+
+
+def _load_config(path: str | None, command: str, usable: Iterable[str] = SCHEMA) -> _Config:
+    """Read and check a TOML machine file: UTF-8, known sections and keys, typed values, and only
+    sections the command can use."""
+    if path is None:
+        return _Config()
+    text = _io.read_text(path, "--config")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: malformed TOML: {error}") from None
+    usable = tuple(usable)
+    for section, body in data.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"{path}: unknown section [{section}]; known: {', '.join(SCHEMA)}")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: [{section}] must be a table, got {_shown(body)}")
+        for key, value in body.items():
+            kind = SCHEMA[section].get(key)
+            if kind is None:
+                raise ConfigError(f"{path}: unknown key {key!r} in [{section}]; "
+                                  f"known: {', '.join(sorted(SCHEMA[section]))}")
+            test, want = _KINDS[kind]
+            if not test(value):
+                raise ConfigError(f"{path}: [{section}] {key} must be {want}, got {_shown(value)}")
+        if section not in usable:
+            raise ConfigError(f"{path}: [{section}] cannot be used by '{command}'"
+                              f" (it uses {', '.join(f'[{s}]' for s in usable) or 'no sections'})")
+    if "times" in data:
+        other = [s for s in ("model", "device") if s in data]
+        if other:
+            raise ConfigError(f"{path}: [times] cannot be combined with [{other[0]}]: give per-stage times "
+                              "or a model and device, not both")
+    return _Config(path, data)
+
+
+# -- size guards -------------------------------------------------------------------------------------
+def estimated_ops(family: str, devices: int, microbatches: int, options: dict[str, Any] | None = None) -> int:
+    """The family's own estimate of its op count (``Family.estimate_ops``), from the sizes alone,
+    before anything is generated; 0 where the request is invalid (generating it names the problem).
+    Options the family does not have are left out (a sweep's grid spans several families)."""
+    from . import schedules
+
+    fam = schedules.family(family)  # an unknown family: one line naming it
+    given = {k: v for k, v in (options or {}).items() if k in fam.option_names}
+    try:
+        resolved = fam.check(devices, microbatches, given)
+    except ScheduleError:
+        return 0
+    return fam.estimate_ops(devices, microbatches, resolved)
+
+
+def _guard(detail: str, ops: int, max_ops: int) -> None:
+    if ops > max_ops:
+        raise ConfigError(f"{detail} is about {ops:,} ops, past the limit of {max_ops:,} (--max-ops); "
+                          f"lower the sizes or pass --max-ops {ops}")
+
+
+def _guard_schedule(family: str, devices: int, microbatches: int, options: dict[str, Any],
+                    max_ops: int, factor: int = 1, why: str = "") -> None:
+    ops = estimated_ops(family, devices, microbatches, options)
+    extra = "".join(f", {k}={v}" for k, v in options.items() if k in ("chunks", "waves", "steps"))
+    detail = f"{family} on {devices} devices x {microbatches} microbatches{extra}{why}"
+    _guard(detail, max(ops * factor, devices * devices), max_ops)
+
+
+# -- the machine -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
 class _Machine:
-    """``schedule -> Hardware`` from the merged configuration, and a name for reports."""
+    """``schedule -> Hardware`` from the merged configuration, and a name for reports. ``given``:
+    whether any machine input was given (else it is the library's ``default_machine()``)."""
 
     name: str
     hardware: Callable[[Any], Any]
     model: Any = None
     device: Any = None
     network: Any = None
+    given: bool = True
 
 
-def _machine(args: argparse.Namespace, config: dict[str, dict[str, Any]]) -> _Machine:
+_TIME_FLAGS = {"forward": "--forward", "backward": "--backward", "weight": "--weight", "p2p": "--p2p"}
+_NET_FLAGS = {"intra": "--intra", "inter": "--inter", "devices_per_node": "--devices-per-node", "mode": "--mode"}
+
+
+def _merged(args: argparse.Namespace, config: _Config, section: str,
+            flags: dict[str, str]) -> dict[str, tuple[Any, str]]:
+    """``key -> (value, origin)``: the file's section, overridden by flags."""
+    out = {k: (v, config.where(section, k)) for k, v in config.get(section).items()}
+    for key, flag in flags.items():
+        if getattr(args, key, None) is not None:
+            out[key] = (getattr(args, key), flag)
+    return out
+
+
+def _machine_flags(args: argparse.Namespace) -> list[str]:
+    flags = {**_TIME_FLAGS, **_NET_FLAGS, "device": "--device"}
+    return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
+
+
+def _check_float32(values: dict[str, tuple[Any, str]]) -> None:
+    """Finite inputs must stay finite in float32 (JAX's default): 1e39 seconds would become inf."""
+    import jax
+    import numpy as np
+
+    if jax.config.jax_enable_x64:
+        return
+    biggest = float(np.finfo(np.float32).max)
+    for value, origin in values.values():
+        for x in value if isinstance(value, list) else [value]:
+            if is_number(x) and math.isfinite(x) and abs(x) > biggest:
+                raise ConfigError(f"{origin} = {x!r} does not fit float32 (at most {biggest:.4g}); enable 64-bit "
+                                  "floats (JAX_ENABLE_X64=1) or use other units")
+
+
+def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     import jax.numpy as jnp
 
     from . import _presets
     from ._compare import Machine, default_machine
     from ._hardware import Hardware, Network
-    from ._transformer import Transformer
+    from ._transformer import Device, Transformer
 
-    times = dict(config.get("times", {}))
-    for key in ("forward", "backward", "weight", "p2p"):
-        if getattr(args, key, None) is not None:
-            times[key] = getattr(args, key)
-    net = dict(config.get("network", {}))
-    for key in ("intra", "inter", "devices_per_node", "mode"):
-        if getattr(args, key, None) is not None:
-            net[key] = getattr(args, key)
-    mode = net.get("mode", "overlap")
-    model_cfg = dict(config.get("model", {}))
-    dev_cfg = dict(config.get("device", {}))
-    if getattr(args, "device", None):
-        dev_cfg["preset"] = args.device
+    times = _merged(args, config, "times", _TIME_FLAGS)
+    net = _merged(args, config, "network", _NET_FLAGS)
+    model_cfg = config.get("model")
+    dev = _merged(args, config, "device", {})
+    if getattr(args, "device", None) is not None:
+        dev["preset"] = (args.device, "--device")
+    mode = net.pop("mode", (None, ""))[0]
+    _check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
+    modes = {} if mode is None else {"mode": mode}
     if times:
-        presets = sorted(set(net) & {"intra", "inter", "devices_per_node"})
-        if presets:
-            raise ConfigError(f"per-stage times take --p2p for transfers; {presets[0]} needs a model and device")
-        if "forward" not in times or "backward" not in times:
-            raise ConfigError("times: give both forward and backward (seconds per stage)")
-        if model_cfg or dev_cfg:
-            raise ConfigError("give either per-stage times (--forward/--backward) or a model and device, not both")
+        if net:
+            key, (_, origin) = next(iter(net.items()))
+            raise ConfigError(f"{origin} cannot be combined with per-stage times: give p2p (seconds per "
+                              "transfer) or use a [model] and [device]")
+        if model_cfg or dev:
+            origin = config.where("model") if model_cfg else next(iter(dev.values()))[1]
+            raise ConfigError(f"{origin} cannot be combined with per-stage times (--forward/--backward or "
+                              "[times]): give one or the other")
+        missing = [k for k in ("forward", "backward") if k not in times]
+        if missing:
+            raise ConfigError(f"times: give both forward and backward (seconds per stage); {missing[0]} is missing")
+        t = {k: v for k, (v, _) in times.items()}
 
         def from_times(schedule: Any) -> Any:
-            return Hardware.from_times(times["forward"], times["backward"], times.get("weight"),
-                                       times.get("p2p", 0.0), update=times.get("update", 0.0),
-                                       overhead=times.get("overhead", 0.0), mode=mode)
+            return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
+                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes)
 
-        label = f"times F={times['forward']} B={times['backward']} W={times.get('weight', 0)} " \
-                f"p2p={times.get('p2p', 0)} ({mode})"
+        label = (f"times F={t['forward']} B={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
+                 f"({mode or 'overlap'})")
         return _Machine(label, from_times)
-    if not model_cfg and not dev_cfg and not net:
-        m = default_machine()
-        return _Machine(m.name, m, m.model, m.device, m.network)
-    base = default_machine(mode)
-    try:
-        model = Transformer(**{**base.model.__dict__, **model_cfg}) if model_cfg else base.model
-    except TypeError as error:
-        raise ConfigError(f"model: {error}") from None
-    if "preset" in dev_cfg:
-        device = _presets.device(dev_cfg.pop("preset"), efficiency=dev_cfg.pop("efficiency", None))
+    if not model_cfg and not dev and not net:
+        m = default_machine(**modes)
+        return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
+    base = default_machine(**modes)
+    model = Transformer(**{**base.model.__dict__, **model_cfg}) if model_cfg else base.model
+    d = {k: v for k, (v, _) in dev.items()}
+    if "preset" in d:
+        device = _presets.device(d["preset"], efficiency=d.get("efficiency"))
+    elif ("peak_flops" in d) != ("memory" in d):
+        have, need = ("peak_flops", "memory") if "peak_flops" in d else ("memory", "peak_flops")
+        raise ConfigError(f"{dev[have][1]} needs [device] {need} too (or a preset to start from)")
     else:
         device = base.device
-    if dev_cfg:
-        raise ConfigError(f"device: give a preset (and efficiency); custom keys {sorted(dev_cfg)} need a preset")
-    if ("inter" in net or "devices_per_node" in net) and "intra" not in net and "latency" not in net:
+        if "efficiency" in d:
+            device = Device(device.peak_flops, device.memory, d["efficiency"], name=device.name)
+    if "peak_flops" in d or "memory" in d:
+        device = Device(d.get("peak_flops", device.peak_flops), d.get("memory", device.memory),
+                        d.get("efficiency", device.efficiency), name=f"{device.name} (custom)"
+                        if "preset" in d else "a custom device")
+    presets = [k for k in ("intra", "inter") if k in net]
+    explicit = [k for k in ("latency", "bandwidth", "inter_latency", "inter_bandwidth") if k in net]
+    if presets and explicit:
+        raise ConfigError(f"{net[explicit[0]][1]} cannot be combined with {net[presets[0]][1]}: give link "
+                          "presets or latency/bandwidth, not both")
+    if ("inter" in net or "devices_per_node" in net) and "intra" not in net and not explicit:
         raise ConfigError("--inter/--devices-per-node need --intra (the intra-node network preset)")
+    n = {k: v for k, (v, _) in net.items()}
     if "intra" in net:
-        network = _presets.network(net["intra"], net.get("inter"), devices_per_node=net.get("devices_per_node", 8),
-                                   mode=mode)
-    elif "latency" in net or "bandwidth" in net:
-        lat = jnp.asarray(float(net.get("latency", 0.0)))
-        bw = jnp.asarray(float(net.get("bandwidth", math.inf)))
-        network = Network(lat, bw, jnp.asarray(float(net.get("inter_latency", lat))),
-                          jnp.asarray(float(net.get("inter_bandwidth", bw))), mode=mode,
-                          devices_per_node=net.get("devices_per_node"))
+        network = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8),
+                                   **modes)
+        if "inter" not in n and "devices_per_node" in n:
+            raise ConfigError(f"{net['devices_per_node'][1]} needs --inter (the link between nodes)")
+    elif explicit:
+        lat = jnp.asarray(float(n.get("latency", 0.0)))
+        bw = jnp.asarray(float(n.get("bandwidth", math.inf)))
+        network = Network(lat, bw, jnp.asarray(float(n.get("inter_latency", lat))),
+                          jnp.asarray(float(n.get("inter_bandwidth", bw))), **modes,
+                          devices_per_node=n.get("devices_per_node"))
     else:
-        network = base.network if mode == base.network.mode else default_machine(mode).network
+        network = base.network
     label = f"{model.layers}-layer model (h={model.hidden}) on {getattr(device, 'name', 'a custom device')}"
     m = Machine(model, device, network, name=label)
     return _Machine(m.name, m, model, device, network)
 
 
-def _schedule(args: argparse.Namespace, config: dict[str, dict[str, Any]]) -> Any:
+# -- the schedule ------------------------------------------------------------------------------------
+def _schedule(args: argparse.Namespace, config: _Config) -> Any:
     from . import schedules
 
-    section = config.get("schedule", {})
+    section = config.get("schedule")
     if getattr(args, "torch_csv", None):
-        return schedules.from_torch_csv(args.torch_csv)
+        given = [("a family", args.family), ("--devices", args.devices), ("--microbatches", args.microbatches),
+                 ("--option", args.option or None)]
+        given += [(config.where("schedule", k), True) for k in section]
+        for culprit, value in given:
+            if value is not None:
+                raise ConfigError(f"--torch-csv gives the whole schedule; {culprit} cannot be combined with it")
+        path = args.torch_csv
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0  # unreadable: from_torch_csv names the reason
+        _guard(f"--torch-csv {path} ({size:,} bytes)", size // 3, args.max_ops)
+        return schedules.from_torch_csv(path)
     family = args.family or section.get("family")
     if not family:
         raise ConfigError("no schedule family: give one (see 'diffpipe list') or [schedule] family in --config")
     options = {**section.get("options", {}), **_family_options(args.option)}
-    devices = args.devices if args.devices is not None else section.get("devices", 4)
-    microbatches = args.microbatches if args.microbatches is not None else section.get("microbatches", 8)
+    devices = args.devices if args.devices is not None else section.get("devices", DEFAULT_DEVICES)
+    microbatches = args.microbatches if args.microbatches is not None else \
+        section.get("microbatches", DEFAULT_MICROBATCHES)
+    factor, why = 1, ""
+    if getattr(args, "command", None) == "optimize":
+        steps = _optimize_steps(args)
+        factor, why = max(1, math.ceil(steps / OPTIMIZE_STEPS_PER_OP)), f" over {steps} gradient steps"
+    _guard_schedule(family, devices, microbatches, options, args.max_ops, factor, why)
     return schedules.get(family, devices=devices, microbatches=microbatches, **options)
 
 
-# -- commands --------------------------------------------------------------------------------------
+def _optimize_steps(args: argparse.Namespace) -> int:
+    """``--steps``, else ``dp.optimize``'s default."""
+    if args.steps is not None:
+        return args.steps
+    import inspect
+
+    from ._optimize import optimize
+
+    return inspect.signature(optimize).parameters["steps"].default
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> list[tuple[str, Path]]:
+    """Check every ``(flag, path, suffixes)`` given before any work: directory exists and is
+    writable, target is no directory, suffix allowed, no path named twice."""
+    checked: list[tuple[str, Path]] = []
+    seen: dict[str, str] = {}
+    for flag, path, suffixes in outputs:
+        if path is None:
+            continue
+        p = _io.check_output(path, flag)
+        if suffixes and p.suffix.lower() not in suffixes:
+            raise ConfigError(f"{flag}: cannot write {path!r}: the suffix must be one of {', '.join(suffixes)}")
+        key = os.path.realpath(p)
+        if key in seen:
+            raise ConfigError(f"{flag}: {path!r} is also the target of {seen[key]}")
+        seen[key] = flag
+        checked.append((flag, p))
+    return checked
+
+
+def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet)."""
+    subject = schedule if result is None else result
+    out: list[tuple[str, str, Any]] = []
+    if getattr(args, "gantt", None):
+        from .viz import gantt
+        from .viz.gantt import DEFAULT_DPI
+
+        fig = gantt(subject, hw, schedule=schedule)
+        fmt = Path(args.gantt).suffix.lower().lstrip(".")
+        out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
+    if getattr(args, "trace", None):
+        from .viz import trace
+
+        out.append(("--trace", args.trace, _io.dumps_json(trace(subject, hw, schedule=schedule), indent=None)))
+    return out
+
+
+def _write_all(outputs: Sequence[tuple[str, str, Any]]) -> None:
+    """All outputs or none."""
+    with _io.Staged() as staged:
+        for flag, path, data in outputs:
+            staged.add(path, data, flag)
+
+
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=float))
+    sys.stdout.write(_io.dumps_json(data))
 
 
+def _strict(text: str) -> str:
+    """A library's JSON text as strict JSON (NaN/Infinity -> null)."""
+    return _io.dumps_json(json.loads(text))
+
+
+# -- commands --------------------------------------------------------------------------------------
 def _cmd_list(args: argparse.Namespace) -> None:
     from . import schedules
 
@@ -214,7 +524,7 @@ def _cmd_list(args: argparse.Namespace) -> None:
 def _cmd_show(args: argparse.Namespace) -> None:
     from . import schedules
 
-    schedule = _schedule(args, _load_config(args.config))
+    schedule = _schedule(args, _load_config(args.config, "show", ("schedule",)))
     t = schedules.table(schedule)
     if args.json:
         _print_json({
@@ -227,16 +537,25 @@ def _cmd_show(args: argparse.Namespace) -> None:
         print(t)
 
 
+def _finite_or_none(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
 def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[str, Any]:
     import numpy as np
 
     makespan = float(result.makespan)
+    if not math.isfinite(makespan):
+        raise ConfigError(f"simulate: the makespan of {schedule.family} came out {makespan} from finite "
+                          "inputs: it overflowed float32; enable 64-bit floats (JAX_ENABLE_X64=1) or use "
+                          "smaller units")
     out = {
         "family": schedule.family, "options": dict(schedule.options), "devices": schedule.devices,
         "stages": schedule.stages, "microbatches": schedule.microbatches, "steps": schedule.steps,
         "machine": machine.name, "makespan_s": makespan,
         "microbatches_per_s": schedule.microbatches / makespan if makespan > 0 else None,
-        "bubble_ratio": float(result.bubble_ratio),
+        "bubble_ratio": _finite_or_none(result.bubble_ratio) if makespan > 0 else None,
         "busy_s": [float(x) for x in np.asarray(result.busy)],
         "peak_memory_bytes": [float(x) for x in np.asarray(result.peak_memory)],
         "peak_activations": [int(x) for x in np.asarray(result.peak_activations)],
@@ -250,23 +569,26 @@ def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[s
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    from ._simulate import simulate
-
-    config = _load_config(args.config)
+    outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)))
+    config = _load_config(args.config, "simulate")
     schedule = _schedule(args, config)
     machine = _machine(args, config)
+    from ._simulate import simulate
+
     hw = machine.hardware(schedule)
     result = simulate(schedule, hw)
     summary = _simulation_summary(schedule, result, machine)
-    _write_pictures(args, schedule, hw, result)
+    if outputs:
+        _write_all(_pictures(args, schedule, hw, result))
     if args.json:
         _print_json(summary)
         return
     gib = 2**30
     print(f"{schedule.family} {dict(schedule.options) or ''} on {machine.name}".replace("  ", " "))
-    rate = summary["microbatches_per_s"]
-    print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({rate:.1f} microbatches/s)")
-    print(f"  bubble ratio   {summary['bubble_ratio']:.3f}")
+    rate, bubble = summary["microbatches_per_s"], summary["bubble_ratio"]
+    rate_text = "undefined: no work" if rate is None else f"{rate:.1f} microbatches/s"
+    print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({rate_text})")
+    print(f"  bubble ratio   {'undefined (zero makespan)' if bubble is None else f'{bubble:.3f}'}")
     print(f"  communication  {summary['communication_bytes'] / gib:.3f} GiB")
     if "step_period_s" in summary:
         periods = ", ".join(f"{p * 1e3:.3f}" for p in summary["step_period_s"])
@@ -277,29 +599,30 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
 
 
-def _write_pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any) -> None:
-    subject = schedule if result is None else result
-    if getattr(args, "gantt", None):
-        from .viz import gantt
-
-        gantt(subject, hw, path=args.gantt, schedule=schedule)
-    if getattr(args, "trace", None):
-        from .viz import trace
-
-        trace(subject, hw, path=args.trace, schedule=schedule)
-
-
 def _cmd_compare(args: argparse.Namespace) -> None:
-    from ._compare import compare
+    from ._compare import DEFAULT_DEVICES as COMPARE_DEVICES
+    from ._compare import DEFAULT_MICROBATCHES as COMPARE_MICROBATCHES
+    from ._compare import DEFAULT_SCHEDULES, compare
 
-    config = _load_config(args.config)
+    config = _load_config(args.config, "compare")
+    section = config.get("schedule")
+    families = list(args.families) or ([section["family"]] if "family" in section else [])
+    options = {**section.get("options", {}), **_family_options(args.option)}
+    if options and not families:
+        raise ConfigError("compare: --option (or [schedule] options) applies to the families named on the "
+                          "command line; the default set has its own options")
+    devices = args.devices if args.devices is not None else section.get("devices")
+    microbatches = args.microbatches if args.microbatches is not None else section.get("microbatches")
+    items: Any = [(f, options) if options else f for f in families] if families else DEFAULT_SCHEDULES
+    for item in (items if families else DEFAULT_SCHEDULES.values()):
+        name, opts = (item, {}) if isinstance(item, str) else item
+        _guard_schedule(name, COMPARE_DEVICES if devices is None else devices,
+                        COMPARE_MICROBATCHES if microbatches is None else microbatches, dict(opts), args.max_ops)
     machine = _machine(args, config)
-    families = args.families or list(DEFAULT_COMPARE)
-    comparison = compare(families, machine.hardware,
-                         devices=8 if args.devices is None else args.devices,
-                         microbatches=8 if args.microbatches is None else args.microbatches)
+    comparison = compare(items, machine.hardware if machine.given else None,
+                         devices=devices, microbatches=microbatches)
     if args.json:
-        print(comparison.to_json())
+        sys.stdout.write(_strict(comparison.to_json()))
     elif args.markdown:
         print(comparison.to_markdown())
     else:
@@ -307,24 +630,27 @@ def _cmd_compare(args: argparse.Namespace) -> None:
 
 
 def _cmd_optimize(args: argparse.Namespace) -> None:
+    if args.batch is not None and args.knob == "stages":
+        raise ConfigError("--batch sets the global batch of --knob microbatches/both; --knob stages does not use it")
+    config = _load_config(args.config, "optimize", ("schedule", "model", "device", "network"))
+    schedule = _schedule(args, config)
+    machine = _machine(args, config)
+    if machine.model is None:
+        raise ConfigError("optimize needs a model (per-layer costs): give [model] in --config or --device/--intra")
     import numpy as np
 
     from ._knobs import MicrobatchSplit, StageBalance, Workload
     from ._optimize import optimize
 
-    config = _load_config(args.config)
-    schedule = _schedule(args, config)
-    machine = _machine(args, config)
-    if machine.model is None:
-        raise ConfigError("optimize needs a model (per-layer costs): give [model] in --config or --device/--intra")
     workload = Workload.from_model(machine.model, machine.device, machine.network)
     knobs: list[Any] = []
     if args.knob in ("stages", "both"):
         knobs.append(StageBalance(schedule.stages))
     if args.knob in ("microbatches", "both"):
-        batch = args.batch or machine.model.microbatch * schedule.microbatches
+        batch = machine.model.microbatch * schedule.microbatches if args.batch is None else args.batch
         knobs.append(MicrobatchSplit(batch, schedule.microbatches))
-    result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], steps=args.steps)
+    steps = {} if args.steps is None else {"steps": args.steps}
+    result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
     plan, base = result.plan, result.baseline_plan
     out = {
         "family": schedule.family, "devices": schedule.devices, "stages": schedule.stages,
@@ -350,31 +676,58 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from ._sweep import sweep
+    from . import schedules
 
-    config = _load_config(args.config)
-    machine = _machine(args, config)
-    families = [f for f in args.families.split(",") if f] if args.families else None
-    modes = [m for m in args.modes.split(",") if m] if args.modes else None
-    options: dict[str, Any] = {}
+    if args.json and args.limit is not None:
+        raise ConfigError("--limit sets the rows of the printed table; --json prints every row")
+    _check_outputs(("--csv", args.csv, None), ("--json-out", args.json_out, None),
+                   ("--markdown-out", args.markdown_out, None))
+    config = _load_config(args.config, "sweep")
+    section = config.get("schedule")
+    families = _names(args.families, "--families") if args.families is not None else \
+        ([section["family"]] if "family" in section else None)
+    modes = _names(args.modes, "--modes") if args.modes is not None else None
+    for m in modes or ():
+        if m not in COMMUNICATION_MODES:
+            raise ConfigError(f"--modes: unknown mode {m!r}; known: {', '.join(COMMUNICATION_MODES)}")
+    options: dict[str, Any] = {k: [v] for k, v in section.get("options", {}).items()}
     for pair in args.option:
         key, sep, raw = pair.partition("=")
-        if not sep:
+        if not sep or not key or not raw:
             raise ConfigError(f"--option {pair!r}: expected NAME=V1,V2,...")
         options[key.replace("-", "_")] = [_value(v) for v in raw.split(",")]
-    result = sweep(machine.hardware, families=families, devices=_ints(args.devices, "--devices"),
-                   microbatches=_ints(args.microbatches, "--microbatches"), options=options or None,
-                   communication=modes, progress=not args.json)
-    outputs = {"csv": result.to_csv, "json": result.to_json}
-    for kind, path in (("csv", args.csv), ("json", args.json_out)):
-        if path:
-            outputs[kind](path)
-    if args.markdown_out:
-        _atomic_write(args.markdown_out, result.to_markdown())
+    sizes: dict[str, Any] = {}
+    if args.devices is not None:
+        sizes["devices"] = _ints(args.devices, "--devices")
+    elif "devices" in section:
+        sizes["devices"] = [section["devices"]]
+    if args.microbatches is not None:
+        sizes["microbatches"] = _ints(args.microbatches, "--microbatches")
+    elif "microbatches" in section:
+        sizes["microbatches"] = [section["microbatches"]]
+    grid_devices = sizes.get("devices", [DEFAULT_DEVICES])
+    grid_micro = sizes.get("microbatches", [DEFAULT_MICROBATCHES])
+    largest = {k: max((v for v in vs if is_int(v)), default=1) for k, vs in options.items()}
+    variants = math.prod(len(vs) for vs in options.values()) * len(modes or [None])
+    total = sum(estimated_ops(f, d, n, largest) for f in (families or schedules.names())
+                for d in grid_devices for n in grid_micro) * variants
+    _guard(f"sweep: the grid ({len(families or schedules.names())} families x {len(grid_devices)} device "
+           f"counts x {len(grid_micro)} microbatch counts x {variants} option/mode variants)",
+           max(total, max(grid_devices) ** 2), args.max_ops)
+    machine = _machine(args, config)
+    from ._sweep import sweep
+
+    result = sweep(machine.hardware, families=families, options=options or None, communication=modes,
+                   progress=False if args.json else None, **sizes)
+    outputs = [(flag, path, make()) for flag, path, make in (
+        ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),
+        ("--markdown-out", args.markdown_out, lambda: f"{result.to_markdown()}\n{SWEEP_UNITS}\n")) if path]
+    _write_all(outputs)
     if args.json:
-        print(result.to_json())
+        sys.stdout.write(_strict(result.to_json()))
         return
-    print(result.to_markdown(limit=args.limit))
+    print(result.to_markdown(limit=40 if args.limit is None else args.limit))
+    print(SWEEP_UNITS)
     if getattr(result, "skipped", None):
         print(f"\n{len(result.skipped)} combination(s) skipped (see --json for reasons)")
 
@@ -382,33 +735,43 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 def _cmd_export(args: argparse.Namespace) -> None:
     from .schedules import to_torch_csv
 
-    config = _load_config(args.config)
-    schedule = _schedule(args, config)
     if not (args.csv or args.gantt or args.trace):
         raise ConfigError("export: give --csv, --gantt and/or --trace")
+    _check_outputs(("--csv", args.csv, None), ("--gantt", args.gantt, (".png", ".svg")),
+                   ("--trace", args.trace, (".json",)))
+    pictures = bool(args.gantt or args.trace)
+    if not pictures and _machine_flags(args):
+        raise ConfigError(f"export: {_machine_flags(args)[0]} is used only with --gantt/--trace")
+    usable = ("schedule", *_MACHINE_SECTIONS) if pictures else ("schedule",)
+    config = _load_config(args.config, "export" if pictures else "export --csv", usable)
+    schedule = _schedule(args, config)
+    outputs: list[tuple[str, str, Any]] = []
     if args.csv:
-        to_torch_csv(schedule, args.csv)
-    if args.gantt or args.trace:
+        outputs.append(("--csv", args.csv, to_torch_csv(schedule)))
+    if pictures:
         machine = _machine(args, config)
-        _write_pictures(args, schedule, machine.hardware(schedule), None)
-    for path in (args.csv, args.gantt, args.trace):
-        if path:
-            print(f"wrote {path}")
-
-
-def _atomic_write(path: str, text: str) -> None:
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
+        outputs += _pictures(args, schedule, machine.hardware(schedule), None)
+    _write_all(outputs)
+    for _, path, _ in outputs:
+        print(f"wrote {path}")
 
 
 # -- parser ---------------------------------------------------------------------------------------
+def _add_common(p: argparse.ArgumentParser, sizes: bool = True) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the traceback of an error")
+    if sizes:
+        p.add_argument("--max-ops", type=_count, default=MAX_OPS, dest="max_ops", metavar="N",
+                       help=f"refuse work estimated past N ops before starting (default {MAX_OPS:,})")
+
+
 def _add_schedule(p: argparse.ArgumentParser, positional: bool = True) -> None:
     if positional:
         p.add_argument("family", nargs="?", help="schedule family (see 'diffpipe list')")
-    p.add_argument("--devices", type=int, help="pipeline devices (default 4; compare: 8)")
-    p.add_argument("--microbatches", type=int, help="microbatches per step (default 8)")
+    p.add_argument("--devices", type=_count,
+                   help=f"pipeline devices (default {DEFAULT_DEVICES}; compare: the library's)")
+    p.add_argument("--microbatches", type=_count,
+                   help=f"microbatches per step (default {DEFAULT_MICROBATCHES}; compare: the library's)")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="a family option")
     if positional:
         p.add_argument("--torch-csv", dest="torch_csv", metavar="PATH",
@@ -418,29 +781,32 @@ def _add_schedule(p: argparse.ArgumentParser, positional: bool = True) -> None:
 def _add_machine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="TOML", help="machine/schedule file (see examples/machine.toml)")
     g = p.add_argument_group("machine (flags override --config)")
-    g.add_argument("--forward", type=float, help="seconds per stage forward (simple times model)")
-    g.add_argument("--backward", type=float, help="seconds per stage input-gradient backward")
-    g.add_argument("--weight", type=float, help="seconds per stage weight-gradient backward")
-    g.add_argument("--p2p", type=float, help="seconds per cross-device transfer")
+    g.add_argument("--forward", type=_seconds, help="seconds per stage forward (simple times model)")
+    g.add_argument("--backward", type=_seconds, help="seconds per stage input-gradient backward")
+    g.add_argument("--weight", type=_seconds, help="seconds per stage weight-gradient backward")
+    g.add_argument("--p2p", type=_seconds, help="seconds per cross-device transfer")
     g.add_argument("--device", help="device preset (A100, H100, H200)")
     g.add_argument("--intra", help="intra-node network preset (nvlink3, nvlink4, ib-ndr, 100gbe)")
     g.add_argument("--inter", help="inter-node network preset")
-    g.add_argument("--devices-per-node", type=int, dest="devices_per_node")
-    g.add_argument("--mode", choices=["none", "overlap", "contention", "blocking"], help="communication model")
+    g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
+    g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffpipe",
-                                     description="Pipeline-parallel schedules: show, simulate, compare, "
-                                                 "optimize, sweep and export them.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="diffpipe",
+                     description="Pipeline-parallel schedules: show, simulate, compare, optimize, sweep and "
+                                 "export them.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str, example: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    def command(name: str, help: str, example: str, sizes: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        _add_common(p, sizes)
+        return p
 
-    p = command("list", "schedule families and their options", "diffpipe list --json")
+    p = command("list", "schedule families and their options", "diffpipe list --json", sizes=False)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_list)
 
@@ -462,11 +828,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("compare", "rank schedules at the formula, table and simulation levels",
                 "diffpipe compare gpipe 1f1b chimera hanayo --devices 8 --microbatches 8")
-    p.add_argument("families", nargs="*", help=f"families (default {' '.join(DEFAULT_COMPARE)})")
+    p.add_argument("families", nargs="*",
+                   help="families (default: dp.compare's, gpipe 1f1b chimera(sync=True) hanayo)")
     _add_schedule(p, positional=False)
     _add_machine(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--markdown", action="store_true", help="Markdown tables")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="machine-readable output")
+    out.add_argument("--markdown", action="store_true", help="Markdown tables")
     p.set_defaults(run=_cmd_compare)
 
     p = command("optimize", "balance stages (and/or split microbatches) by gradient descent, verified exactly",
@@ -474,23 +842,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schedule(p)
     _add_machine(p)
     p.add_argument("--knob", choices=["stages", "microbatches", "both"], default="stages")
-    p.add_argument("--batch", type=int, help="global batch for --knob microbatches (default microbatch x count)")
-    p.add_argument("--steps", type=int, default=200, help="gradient steps")
+    p.add_argument("--batch", type=_count, help="global batch for --knob microbatches (default microbatch x count)")
+    p.add_argument("--steps", type=_count, help="gradient steps (default: dp.optimize's)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_optimize)
 
     p = command("sweep", "evaluate every combination of families, sizes and modes exactly",
                 "diffpipe sweep --families gpipe,1f1b,zb-h1 --devices 4,8 --microbatches 8,16 --csv out.csv")
     p.add_argument("--families", help="comma-separated families (default all)")
-    p.add_argument("--devices", default="4", help="comma-separated device counts")
-    p.add_argument("--microbatches", default="8", help="comma-separated microbatch counts")
+    p.add_argument("--devices", help=f"comma-separated device counts (default {DEFAULT_DEVICES}, dp.sweep's)")
+    p.add_argument("--microbatches",
+                   help=f"comma-separated microbatch counts (default {DEFAULT_MICROBATCHES}, dp.sweep's)")
     p.add_argument("--modes", help="comma-separated communication modes (default the machine's)")
     p.add_argument("--option", action="append", default=[], metavar="NAME=V1,V2", help="a family option grid")
     _add_machine(p)
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--json-out", metavar="PATH", dest="json_out", help="write the table as JSON")
     p.add_argument("--markdown-out", metavar="PATH", dest="markdown_out", help="write the table as Markdown")
-    p.add_argument("--limit", type=int, default=40, help="rows printed")
+    p.add_argument("--limit", type=_natural, help="rows printed (default 40)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=_cmd_sweep)
 
@@ -505,21 +874,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# -- errors -----------------------------------------------------------------------------------------
+_JIT_ERRORS = ("EquinoxRuntimeError", "_EquinoxRuntimeError", "JaxRuntimeError", "XlaRuntimeError")
+
+
+def _error_line(error: BaseException) -> tuple[int, str]:
+    """The exit code and the one line for an exception the commands did not turn into ConfigError."""
+    text = str(error)
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    if isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in text:
+        return 2, "diffpipe: error: out of memory; lower the sizes (or --max-ops)"
+    if type(error).__name__ in _JIT_ERRORS:
+        found = re.search(r"EquinoxRuntimeError: (.+)", text)
+        if found:  # a check inside jit: its message names the culprit
+            return 2, f"diffpipe: error: {found.group(1).strip()}"
+    if isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        return 2, f"diffpipe: error: {where}{error.strerror or first}"
+    return 1, f"diffpipe: internal error: {type(error).__name__}: {first}; {REPORT}"
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if not debug:  # jax logs a failed check inside jit as a traceback of its own
+        logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code, line, caught = 0, "", None
     try:
+        args = build_parser().parse_args(argv)
         args.run(args)
+    except _UsageError as error:
+        code, line, caught = 2, f"diffpipe: error: {error}", error
     except (ScheduleError, ConfigError) as error:
-        print(f"diffpipe: error: {error}", file=sys.stderr)
-        return 2
+        code, line, caught = 2, f"diffpipe: error: {error}", error
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         sys.stderr.close()
         return 0
-    except OSError as error:
-        print(f"diffpipe: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
-        return 2
-    return 0
+    except KeyboardInterrupt as error:
+        code, line, caught = 130, "diffpipe: interrupted (no file was changed)", error
+    except _Terminated as error:
+        code, line, caught = 143, "diffpipe: terminated (no file was changed)", error
+    except Exception as error:
+        (code, line), caught = _error_line(error), error
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code:
+        if debug and caught is not None:
+            traceback.print_exception(caught)
+        print(" ".join(line.split()), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

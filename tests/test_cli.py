@@ -62,11 +62,12 @@ def test_json_outputs_are_valid(capsys):
         (["simulate", "1f1b", "--device", "B200"], "unknown device preset 'B200'"),
         (["simulate", "1f1b", "--intra", "warp"], "warp"),
         (["simulate", "1f1b", "--forward", "1"], "forward and backward"),
-        (["simulate", "1f1b", "--forward", "-1", "--backward", "2"], "forward must be non-negative"),
+        (["simulate", "1f1b", "--forward", "-1", "--backward", "2"], "argument --forward: expected seconds"),
         (["sweep", "--devices", "x"], "comma-separated integers"),
-        (["show", "1f1b", "--devices", "0"], "devices must be an integer >= 1"),
+        (["show", "1f1b", "--devices", "0"], "argument --devices: expected an integer >= 1, got '0'"),
         (["simulate", "1f1b", "--inter", "100gbe"], "need --intra"),
-        (["simulate", "1f1b", "--forward", "1", "--backward", "2", "--intra", "nvlink3"], "intra needs a model"),
+        (["simulate", "1f1b", "--forward", "1", "--backward", "2", "--intra", "nvlink3"],
+         "--intra cannot be combined with per-stage times"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -85,7 +86,7 @@ def test_malformed_and_unknown_config(tmp_path, capsys):
     code, _, err = run(["simulate", "1f1b", "--config", str(bad)], capsys)
     assert code == 2 and "unknown key 'layerz' in [model]" in err
     code, _, err = run(["simulate", "1f1b", "--config", str(tmp_path / "missing.toml")], capsys)
-    assert code == 2 and "no such file" in err
+    assert code == 2 and "No such file" in err and "missing.toml" in err
 
 
 def test_bad_csv_action_and_nothing_half_written(tmp_path, capsys):
@@ -111,3 +112,57 @@ def test_installed_entry_point_starts_without_jax():
             "assert 'jax' not in sys.modules, 'list imported jax'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_documented_device_keys_work(tmp_path, capsys):
+    """[device] peak_flops and memory (documented) build a custom device, or override a preset's."""
+    cfg = tmp_path / "d.toml"
+    sizes = ["--devices", "2", "--microbatches", "2", "--json"]
+    base = json.loads(run(["simulate", "1f1b", "--device", "A100", *sizes], capsys)[1])
+    cfg.write_text('[device]\npreset = "A100"\npeak_flops = 624e12\n')
+    faster = json.loads(run(["simulate", "1f1b", "--config", str(cfg), *sizes], capsys)[1])
+    assert faster["makespan_s"] < base["makespan_s"]
+    cfg.write_text("[device]\npeak_flops = 312e12\nmemory = 80e9\n")
+    code, out, err = run(["simulate", "1f1b", "--config", str(cfg), *sizes], capsys)
+    assert code == 0, err
+    assert "custom device" in json.loads(out)["machine"]
+
+
+def test_compare_uses_the_schedule_section_and_options(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[schedule]\nfamily = "interleaved-1f1b"\ndevices = 2\nmicrobatches = 4\n'
+                   "options = { chunks = 2 }\n[times]\nforward = 1\nbackward = 2\n")
+    code, out, err = run(["compare", "--config", str(cfg), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["devices"], data["microbatches"]) == (2, 4)
+    assert [(e["family"], e["options"]) for e in data["schedules"]] == [("interleaved-1f1b", {"chunks": 2})]
+
+
+def test_per_stage_time_lists_and_mode_with_times(tmp_path, capsys):
+    cfg = tmp_path / "t.toml"
+    cfg.write_text('[times]\nforward = [1, 1, 1, 1]\nbackward = [2, 2, 2, 2]\n[network]\nmode = "none"\n')
+    code, out, err = run(["simulate", "1f1b", "--config", str(cfg), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["makespan_s"] == pytest.approx(33.0)
+
+
+def test_a_check_inside_jit_is_one_line_naming_it():
+    import equinox as eqx
+    import jax
+
+    checked = jax.jit(lambda x: eqx.error_if(x, x < 0, "hardware: bandwidth must be positive, got a negative"))
+    with pytest.raises(Exception) as info:
+        checked(-1.0)
+    code, line = cli._error_line(info.value)
+    assert (code, line) == (2, "diffpipe: error: hardware: bandwidth must be positive, got a negative")
+    code, line = cli._error_line(RuntimeError("RESOURCE_EXHAUSTED: out of memory while allocating 8 GiB"))
+    assert code == 2 and "out of memory" in line
+
+
+def test_sweep_and_compare_tables_state_units(capsys):
+    code, out, _ = run(["sweep", "--families", "gpipe", "--forward", "1", "--backward", "1"], capsys)
+    assert code == 0 and "makespan in s" in out and "peak_memory in bytes" in out
+    code, out, _ = run(["compare", "gpipe", "--devices", "2", "--microbatches", "2", "--forward", "1e-3",
+                        "--backward", "2e-3"], capsys)
+    assert code == 0 and "sim makespan (µs)" in out  # 9 ms of work: shown in µs

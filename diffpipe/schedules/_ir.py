@@ -6,8 +6,11 @@ The lowest module of the discrete world: the dependency rules and validation bui
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from .._checks import is_int
 from .._errors import ScheduleError
 
 #: Op kinds. F forward, B full backward, I input-gradient backward, W weight-gradient backward
@@ -65,6 +68,21 @@ class Op:
         raise ScheduleError(f"cannot parse op {text!r}: expected e.g. '2F3' or '2F3@p1'")
 
 
+def rows(value: Any, what: str) -> tuple[tuple[Any, ...], ...]:
+    """``value`` as a tuple of tuples (placement tables, op orders); anything else (a number, a
+    string) is a ``ScheduleError`` naming ``what``."""
+    def bad(x: Any) -> bool:
+        return isinstance(x, (str, bytes)) or not isinstance(x, Iterable)
+
+    if bad(value):
+        raise ScheduleError(f"{what} must be a sequence of sequences, got {value!r}")
+    out = tuple(value)
+    for row in out:
+        if bad(row):
+            raise ScheduleError(f"{what} must be a sequence of sequences, got an entry {row!r}")
+    return tuple(tuple(row) for row in out)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where each stage of each pipeline lives: ``table[pipeline][stage] -> device``.
@@ -78,21 +96,22 @@ class Placement:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.devices, int) or self.devices < 1:
+        if not is_int(self.devices) or self.devices < 1:
             raise ScheduleError(f"placement: devices must be a positive int, got {self.devices!r}")
-        table = tuple(tuple(row) for row in self.table)
-        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "devices", int(self.devices))
+        table = rows(self.table, "placement: table")
         if not table or not table[0]:
             raise ScheduleError("placement: the table needs at least one pipeline with one stage")
         if any(len(row) != len(table[0]) for row in table):
             raise ScheduleError("placement: every pipeline must have the same number of stages")
         for p, row in enumerate(table):
             for s, d in enumerate(row):
-                if not isinstance(d, int) or not 0 <= d < self.devices:
+                if not is_int(d) or not 0 <= d < self.devices:
                     raise ScheduleError(
                         f"placement: stage {s} of pipeline {p} is on device {d!r}, "
                         f"outside 0..{self.devices - 1}"
                     )
+        object.__setattr__(self, "table", tuple(tuple(int(d) for d in row) for row in table))
 
     @property
     def pipelines(self) -> int:

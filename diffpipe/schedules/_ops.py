@@ -12,10 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_int
+from .._errors import ScheduleError
 from ._ir import COMPUTE_KINDS as COMPUTE_KINDS
 from ._ir import KINDS as KINDS
 from ._ir import Op as Op
 from ._ir import Placement as Placement
+from ._ir import rows
 from ._table import table
 from ._validate import validate
 
@@ -59,7 +62,12 @@ class Schedule:
     _derived: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "orders", tuple(tuple(order) for order in self.orders))
+        if not isinstance(self.placement, Placement):
+            raise ScheduleError(f"schedule: placement must be a Placement, got {self.placement!r}")
+        for name in ("microbatches", "steps"):
+            if not is_int(getattr(self, name)):
+                raise ScheduleError(f"schedule: {name} must be an int, got {getattr(self, name)!r}")
+        object.__setattr__(self, "orders", rows(self.orders, "schedule: orders"))
         object.__setattr__(self, "options", _freeze(self.options))
         object.__setattr__(self, "_derived", validate(self))
 

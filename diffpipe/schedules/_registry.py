@@ -9,6 +9,7 @@ default and check, and checked here, before any generator runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from ._reference import DEFAULT_DURATIONS
 #: schedule is a tuple of Python ``Op`` objects; a million of them is a few hundred MB and seconds of
 #: generation and validation, so anything larger is refused before it starts.
 MAX_OPS = 1_000_000
+#: Largest placement table ``estimate_ops`` builds to count stages (past it, an upper bound is used).
+PLACEMENT_CELLS = 10_000_000
 _TYPE_NAMES = {int: "an integer", bool: "True or False", float: "a number", str: "a string"}
 
 
@@ -166,7 +169,12 @@ class Family:
         """About how many ops ``generate`` makes at these (checked) sizes and options."""
         if self.ops is not None:
             return int(self.ops(devices=devices, microbatches=microbatches, **options))
-        stages = self.placement(devices=devices, **options).stages if self.placement else devices
+        if self.placement is None:
+            return devices * microbatches * self.ops_per_cell
+        # A placement holds at most 2 x devices x the integer options (chunks, waves) stages: build
+        # it only when that bound is small, so that an absurd option is refused, not allocated.
+        bound = 2 * devices * math.prod(v for v in options.values() if is_int(v) and v > 1)
+        stages = self.placement(devices=devices, **options).stages if bound <= PLACEMENT_CELLS else bound
         return stages * microbatches * self.ops_per_cell
 
     def build(self, *, devices: int, microbatches: int, max_ops: int | None = None, **options: Any) -> Schedule:

@@ -86,5 +86,7 @@ class Table:
 
 def table(schedule: Schedule, durations: Durations | None = None) -> Table:
     """Lay ``schedule`` out with per-kind durations (default F=1, B=2, I=W=1, U=R=0), no communication."""
+    if not all(hasattr(schedule, a) for a in ("orders", "placement", "ops")):  # Schedule builds on this module
+        raise ScheduleError(f"table: expected a Schedule, got {schedule!r}")
     start, finish = evaluate(schedule, as_duration_fn(durations))
     return Table(schedule, start, finish)

@@ -17,11 +17,13 @@ schedules, and ``U``/``R`` ops, with one line saying why. torch is imported only
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from collections.abc import Sequence
 
-from .._errors import ScheduleError
+from .._errors import ConfigError, ScheduleError
+from .._io import read_text, write_atomic
 from ._ops import Op, Placement, Schedule
 
 #: Compute action types of torch and the diffpipe op kinds they become.
@@ -158,14 +160,18 @@ def from_torch_csv(path: str | os.PathLike[str], *, placement: None | str | Plac
             (rank), column and text; schedules that fail validation (a missing op, a deadlock)
             are rejected with the validation message.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ScheduleError(f"from_torch_csv: path must be a string or a Path, got {path!r}")
     name = os.fspath(path)
     try:
-        with open(name, newline="") as handle:
-            rows = [list(row) for row in csv.reader(handle)]
-    except OSError as error:
-        raise ScheduleError(f"{name}: cannot read: {error.strerror or error}") from None
+        text = read_text(name, "from_torch_csv")
+    except ConfigError as error:
+        raise ScheduleError(str(error)) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = [list(row) for row in reader]
     except csv.Error as error:
-        raise ScheduleError(f"{name}: not a CSV file: {error}") from None
+        raise ScheduleError(f"{name}:{reader.line_num}: not a CSV file: {error}") from None
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
     if not rows:
@@ -225,13 +231,18 @@ def _torch_style(placement: Placement) -> str | None:
     return None
 
 
-def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str]) -> None:
-    """Write ``schedule`` as torch's compute-only CSV: one row per device, one op per cell (no idle cells).
+def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str] | None = None) -> str:
+    """``schedule`` as torch's compute-only CSV: one row per device, one op per cell (no idle cells).
+
+    Returns the text; with ``path`` also writes it there atomically (``diffpipe._io.write_atomic``:
+    a failure leaves any existing file unchanged and no temporary file behind).
 
     Raises:
         ScheduleError: the schedule has several pipelines (model replicas), a placement other
             than linear, loop or V, or ``U``/``R`` ops; torch's CSV cannot express those.
     """
+    if not isinstance(schedule, Schedule):
+        raise ScheduleError(f"to_torch_csv: expected a Schedule, got {schedule!r}")
     if schedule.pipelines != 1:
         raise ScheduleError(
             f"to_torch_csv: {schedule.family} runs {schedule.pipelines} pipelines (model replicas); "
@@ -250,10 +261,14 @@ def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str]) -> None:
                     f"to_torch_csv: op {op} on device {device} is {what} ({op.kind}); torch's "
                     "compute-only CSV has only F, I, W and B"
                 )
-    with open(os.fspath(path), "w", newline="") as handle:
-        writer = csv.writer(handle)
-        for order in schedule.orders:
-            writer.writerow([str(op) for op in order])
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    for order in schedule.orders:
+        writer.writerow([str(op) for op in order])
+    text = buffer.getvalue()
+    if path is not None:
+        write_atomic(path, text, "to_torch_csv")
+    return text
 
 
 # -- torch's built-in schedules ---------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _io
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
@@ -274,27 +274,11 @@ def check_paths(path: Any, allowed: Sequence[str], what: str) -> list[Path]:
         p = Path(p)
         if p.suffix.lower() not in allowed:
             raise ConfigError(f"{what}: cannot write {str(p)!r}: the suffix must be one of {', '.join(allowed)}")
-        if not p.parent.is_dir():
-            raise ConfigError(f"{what}: directory {str(p.parent)!r} does not exist")
-        out.append(p)
+        out.append(_io.check_output(p, what))
     return out
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomic(path: Path, write: Callable[[Path], None], what: str = "output") -> None:
     """``write(tmp)`` to a temporary file next to ``path``, then rename it over ``path``: an error
-    never leaves a half-written file behind."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it a new file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    never leaves a half-written file behind (``diffpipe._io.write_atomic``, the one writer)."""
+    _io.write_atomic(path, write, what)

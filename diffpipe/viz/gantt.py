@@ -30,6 +30,10 @@ _NAMES = {"F": "forward F", "B": "backward B", "I": "input grad I", "W": "weight
           "R": "all-reduce R", "activation": "activation transfer", "gradient": "gradient transfer"}
 
 
+#: Resolution of PNG output (dots per inch).
+DEFAULT_DPI = 150
+
+
 def _time_unit(span: float) -> tuple[float, str]:
     if span >= 1.0:
         return 1.0, "s"
@@ -149,7 +153,7 @@ def gantt(
     title: str | None = None,
     memory: bool = True,
     arrows: bool = True,
-    dpi: int = 150,
+    dpi: int = DEFAULT_DPI,
 ):
     """Draw a Gantt chart of one simulated step.
 
@@ -175,5 +179,5 @@ def gantt(
         return fig
     for p in paths:
         fmt = p.suffix.lower().lstrip(".")
-        write_atomic(p, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi))
+        write_atomic(p, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi), "gantt")
     return paths

@@ -10,11 +10,11 @@ the consuming op on the receiver's track), which Perfetto draws as an arrow from
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from ._timeline import Timeline, check_paths, timeline, write_atomic
+from .._io import dumps_json, write_atomic
+from ._timeline import Timeline, check_paths, timeline
 
 #: Seconds to trace microseconds.
 US = 1e6
@@ -111,7 +111,7 @@ def trace(
                       "microbatches": s.microbatches, "communication": tl.communication,
                       "makespan_us": tl.makespan * US},
     }
-    text = json.dumps(data)
+    text = dumps_json(data, indent=None)  # strict JSON: an undefined number is null
     for p in paths or ():
-        write_atomic(p, lambda tmp: tmp.write_text(text))
+        write_atomic(p, text, "trace")
     return data
