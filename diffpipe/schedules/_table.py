@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._errors import ScheduleError
 from ._ir import Op
 from ._reference import Durations, as_duration_fn, evaluate
 
