@@ -42,10 +42,10 @@ from .schedules import MAX_OPS as _MAX_OPS
 #: lowers it. At the default, the largest single 1F1B schedule allowed (64 devices x 2048
 #: microbatches) simulates in about 10 s on 2 CPU cores.
 MAX_OPS = _MAX_OPS
-#: ``optimize`` counts its ops once per this many gradient steps: ops x steps / 10 <= ``--max-ops``
+#: ``optimize`` counts its ops once per this many gradient steps: ops x steps / 3 <= ``--max-ops``
 #: (measured on 2 CPU cores with examples/machine.toml at 300 steps: 1F1B 8 x 256 takes 40 s and
 #: is allowed, 8 x 2048 took 160 s and is refused).
-OPTIMIZE_STEPS_PER_OP = 10
+OPTIMIZE_STEPS_PER_OP = 3
 #: Sizes of the one-schedule commands (show, simulate, optimize, export) when neither a flag nor
 #: ``[schedule]`` gives them: those of ``diffpipe.sweep`` (``schedules.get`` has none; a test
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
