@@ -756,6 +756,24 @@ def _cmd_export(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> None:
+    from .calibrate import cli_calibrate
+
+    calibration = cli_calibrate(args.trace, args.schedule, args.out)
+    if args.json:
+        print(calibration.to_json(), end="")
+    else:
+        def ms(values: Any) -> str:
+            return " ".join("-" if v is None else f"{1e3 * v:.3g}" for v in values or ())
+
+        c = calibration
+        print(f"{len(args.trace)} trace file(s), {c.stages} stage(s); ms per stage: forward {ms(c.forward)}; "
+              f"backward {ms(c.backward)}; input-grad {ms(c.input_grad)}; weight {ms(c.weight)}; "
+              f"overhead per op {1e3 * c.overhead:.3g} ms")
+    if args.out:
+        print(f"wrote {args.out}")
+
+
 # -- parser ---------------------------------------------------------------------------------------
 def _add_common(p: argparse.ArgumentParser, sizes: bool = True) -> None:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -871,6 +889,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gantt", metavar="PNG|SVG", help="Gantt chart of the simulated step")
     p.add_argument("--trace", metavar="JSON", help="Chrome/Perfetto trace of the simulated step")
     p.set_defaults(run=_cmd_export)
+    p = command("calibrate", "fit per-stage times, per-op overhead and p2p time from a torch.profiler trace",
+                "diffpipe calibrate rank0.json rank1.json --schedule 1f1b --out machine.toml", sizes=False)
+    p.add_argument("trace", nargs="+", help="Chrome trace JSON of a pipelined step, one file per rank")
+    p.add_argument("--schedule", help="the schedule that ran (torch or diffpipe name, or a torch CSV)")
+    p.add_argument("--out", metavar="TOML", help="write a machine file the other commands read (--config)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_cmd_calibrate)
     return parser
 
 

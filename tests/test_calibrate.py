@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import diffpipe as dp
-from diffpipe import calibrate
+from diffpipe import calibrate, cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
 
 US = 1e-6
@@ -234,7 +234,6 @@ def test_from_measurements_checks(kwargs, message):
 
 
 def test_machine_file_runs_in_the_cli(tmp_path, capsys):
-    from diffpipe import cli
 
     cal = calibrate.from_measurements([1.0, 2.0], [2.0, 4.0], overhead=0.1, p2p=0.05, setup=0.3)
     path = tmp_path / "machine.toml"
@@ -349,3 +348,16 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
     result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
     assert [int(x) for x in result.peak_activations] == peaks
+
+
+def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys):
+    files = [str(f) for f in _runtime_files(tmp_path)]
+    out = tmp_path / "machine.toml"
+    assert cli.main(["calibrate", *files, "--schedule", "gpipe", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "stage(s); ms per stage: forward" in printed and f"wrote {out}" in printed
+    assert tomllib.loads(out.read_text())["times"]["forward"] == pytest.approx([100 * US, 150 * US])
+    assert cli.main(["calibrate", *files, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["forward"] == pytest.approx([100 * US, 150 * US])
+    assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
+    assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()
