@@ -47,12 +47,10 @@ LAZY = {"diffpipe", "diffpipe.cli"}
 #: Known violations (module -> the diffpipe modules it imports upward or inside a function) that
 #: issue 9's other parts remove; delete an entry when it is fixed (test_pending_is_current says so).
 PENDING: dict[str, set[str]] = {
-    "diffpipe._compare": {"diffpipe._hardware", "diffpipe._presets", "diffpipe._simulate", "diffpipe._transformer"},
     # ``Hardware.from_model`` is the public classmethod DESIGN.md names; the transformer path it
     # delegates to (``Workload``) builds a ``Hardware`` and so sits below it.
     "diffpipe._hardware": {"diffpipe._knobs"},
     "diffpipe._presets": {"diffpipe._hardware", "diffpipe._transformer"},
-    "diffpipe.viz._timeline": {"diffpipe._graph", "diffpipe._hardware", "diffpipe._simulate"},
 }
 
 

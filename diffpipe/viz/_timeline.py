@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import numpy as np
 
 from .. import _io
 from .._errors import ConfigError
+from .._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
+from .._graph import compile as compile_graph
+from .._hardware import Hardware
+from .._simulate import Result, simulate
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
 
@@ -116,9 +121,6 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
     B = 2 s, free communication). With a ``Result`` and no ``hw``, transfers are known only as
     arrows and memory is counted in activations.
     """
-    from .._hardware import Hardware
-    from .._simulate import Result, simulate
-
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
     if isinstance(source, Schedule):
@@ -159,8 +161,6 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
 
 @functools.cache
 def _jitted_costs():
-    import equinox as eqx
-
     return eqx.filter_jit(lambda graph, hw: hw.costs(graph))
 
 
@@ -170,9 +170,6 @@ def _costs(graph: Any, hw: Any):
 
 
 def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
-    from .._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
-    from .._graph import compile as compile_graph
-
     mode = hw.network.mode
     graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node)
     per_node = graph.devices_per_node
