@@ -17,6 +17,7 @@ JAX is imported only by commands that simulate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -175,7 +176,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
               "p2p": "seconds", "overhead": "seconds"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
-              "vocabulary": "count", "microbatch": "count", "dtype_bytes": "count",
+              "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
     "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
     "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
@@ -326,7 +327,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     from . import _presets
     from ._compare import Machine, default_machine
     from ._hardware import Hardware, Network
-    from ._transformer import Device, Transformer
+    from ._transformer import Device
 
     times = _merged(args, config, "times", _TIME_FLAGS)
     net = _merged(args, config, "network", _NET_FLAGS)
@@ -362,7 +363,11 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
         m = default_machine(**modes)
         return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
     base = default_machine(**modes)
-    model = Transformer(**{**base.model.__dict__, **model_cfg}) if model_cfg else base.model
+    if model_cfg and "microbatch" in model_cfg:  # the key's old name, read as microbatch_size
+        if "microbatch_size" in model_cfg:
+            raise ConfigError(f"{config.where('model')}: [model] give microbatch_size, not also microbatch")
+        model_cfg = {("microbatch_size" if k == "microbatch" else k): v for k, v in model_cfg.items()}
+    model = dataclasses.replace(base.model, **model_cfg) if model_cfg else base.model
     d = {k: v for k, (v, _) in dev.items()}
     if "preset" in d:
         device = _presets.device(d["preset"], efficiency=d.get("efficiency"))
@@ -647,7 +652,7 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
     if args.knob in ("stages", "both"):
         knobs.append(StageBalance(schedule.stages))
     if args.knob in ("microbatches", "both"):
-        batch = machine.model.microbatch * schedule.microbatches if args.batch is None else args.batch
+        batch = machine.model.microbatch_size * schedule.microbatches if args.batch is None else args.batch
         knobs.append(MicrobatchSplit(batch, schedule.microbatches))
     steps = {} if args.steps is None else {"steps": args.steps}
     result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
