@@ -26,12 +26,27 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._checks import is_number
 from ._communication import AbstractCommunication, network_mode, topology
 from ._errors import ConfigError
 from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, Graph
 
 
-def _float(value: Any) -> Array:
+def _numbers(value: Any) -> bool:
+    """A number, or a (nested) list or tuple of numbers: never a bool, a string or None."""
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0 and all(_numbers(v) for v in value)
+    return is_number(value)
+
+
+def _float(value: Any, what: str = "value") -> Array:
+    """``value`` as a float array: arrays (and tracers) of a numeric dtype, numbers, or lists of
+    numbers; anything else (None, a string, a bool) is a ``ConfigError`` naming ``what``."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.core.Tracer)):
+        if not (jnp.issubdtype(value.dtype, jnp.number)):
+            raise ConfigError(f"hardware: {what} must be numeric, got an array of {value.dtype}")
+    elif not _numbers(value):
+        raise ConfigError(f"hardware: {what} must be a number or a list of numbers, got {value!r}")
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
@@ -105,7 +120,8 @@ class Network(eqx.Module):
     def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
                 mode: str | AbstractCommunication = "overlap") -> Network:
         """Every link alike (one node)."""
-        return cls(_float(latency), _float(bandwidth), _float(latency), _float(bandwidth), mode=mode)
+        return cls(_float(latency, "latency"), _float(bandwidth, "bandwidth"), _float(latency, "latency"),
+                   _float(bandwidth, "bandwidth"), mode=mode)
 
     def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
         """``[devices, devices]`` latency and bandwidth of every directed pair."""
@@ -179,12 +195,13 @@ class Hardware(eqx.Module):
         """
         zero = _float(0.0)
         return cls(
-            forward=_float(forward), backward=_float(backward),
-            weight=zero if weight is None else _float(weight), update=_float(update),
-            overhead=_float(overhead), size=_float(size), message_bytes=zero, gradient_bytes=zero,
-            static_bytes=_float(static_bytes), activation_bytes=_float(activation_bytes),
-            capacity=_float(capacity),
-            network=Network(_float(p2p_time), _float(math.inf), _float(p2p_time), _float(math.inf), mode=mode),
+            forward=_float(forward, "forward"), backward=_float(backward, "backward"),
+            weight=zero if weight is None else _float(weight, "weight"), update=_float(update, "update"),
+            overhead=_float(overhead, "overhead"), size=_float(size, "size"), message_bytes=zero,
+            gradient_bytes=zero, static_bytes=_float(static_bytes, "static_bytes"),
+            activation_bytes=_float(activation_bytes, "activation_bytes"), capacity=_float(capacity, "capacity"),
+            network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
+                            _float(math.inf), mode=mode),
         )
 
     @classmethod
