@@ -16,6 +16,9 @@ _LAZY = {
     "Comparison": "._compare",
     "Machine": "._compare",
     "compare": "._compare",
+    "AbstractAdjoint": "._evaluate",
+    "AutodiffAdjoint": "._evaluate",
+    "SweepAdjoint": "._evaluate",
     "Graph": "._graph",
     "compile": "._graph",
     "stack_graphs": "._graph",
@@ -53,6 +56,9 @@ if TYPE_CHECKING:
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare
+    from ._evaluate import AbstractAdjoint as AbstractAdjoint
+    from ._evaluate import AutodiffAdjoint as AutodiffAdjoint
+    from ._evaluate import SweepAdjoint as SweepAdjoint
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs

@@ -11,6 +11,7 @@ staleness.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import equinox as eqx
@@ -20,7 +21,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError, ScheduleError
-from ._evaluate import ADJOINTS, finish_times, sink_max
+from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
+from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
 from ._hardware import CostTables, Hardware
 from .schedules import Op, Schedule
@@ -53,36 +55,10 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
     return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
 
 
-#: Hardware variants evaluated together in the batched path: larger batches run as a sequence of
-#: chunks this wide, so the ``[nodes, chunk]`` carry stays in cache (measured on a 2-core CPU:
-#: 1F1B 8x32, 1.1 us per variant in chunks of 128 against 4.4 us in one batch of 4096).
-BATCH_CHUNK = 128
-
-
-def batched_makespan(graph: Graph, tables: CostTables, temperature: Array | None = None,
-                     adjoint: str = "sweep") -> Array:
-    """Makespan ``[batch]`` of batch-last cost tables, evaluated in chunks of ``BATCH_CHUNK``."""
-
-    def evaluate(t: CostTables) -> Array:
-        return sink_max(graph, finish_times(graph, t, temperature, adjoint), temperature)
-
-    batch = tables.size.shape[-1]
-    if batch <= BATCH_CHUNK:
-        return evaluate(tables)
-    chunks = -(-batch // BATCH_CHUNK)
-    pad = chunks * BATCH_CHUNK - batch  # padded with copies of the last variant, then dropped
-
-    def split(x: Array) -> Array:
-        x = jnp.concatenate([x, jnp.repeat(x[..., -1:], pad, axis=-1)], axis=-1) if pad else x
-        return jnp.moveaxis(x.reshape(*x.shape[:-1], chunks, BATCH_CHUNK), -2, 0)
-
-    return jax.lax.map(evaluate, jax.tree.map(split, tables)).reshape(-1)[:batch]
-
-
-@eqx.filter_jit
-def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
-    tables = _tables(graph, hw, batched)
-    out = batched_makespan(graph, tables, temperature, adjoint)
+@partial(jax.jit, static_argnames=("batched",))
+def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
+              adjoint: AbstractAdjoint) -> Array:
+    out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
     return out if batched else out[0]
 
 
@@ -92,7 +68,7 @@ def makespan(
     *,
     temperature: float | Array | None = None,
     batched: bool = False,
-    adjoint: str = "sweep",
+    adjoint: AbstractAdjoint | str = "sweep",
 ) -> Float[Array, "*batch"]:
     """Time of one step (the whole unrolled window for asynchronous schedules).
 
@@ -102,9 +78,9 @@ def makespan(
         temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
             max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
         batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
-        adjoint: ``"sweep"`` (default) differentiates with the reverse sweep of ``_evaluate``, about
-            one extra forward in time and memory; ``"autodiff"`` lets JAX differentiate the scan,
-            which also allows forward mode (``jax.jvp``, ``jax.jacfwd``).
+        adjoint: ``SweepAdjoint()`` (default, or ``"sweep"``): hand-written tangent and reverse
+            sweeps (forward and reverse mode; reverse costs about one extra forward in time and
+            memory); ``AutodiffAdjoint()`` (``"autodiff"``): JAX differentiates the level scan.
 
     Returns:
         A scalar, or ``[batch]`` when ``batched``. Works under ``jax.jit``, ``jax.vmap``, ``jax.grad``;
@@ -116,9 +92,7 @@ def makespan(
         if None in sizes or len(sizes) != 1:
             raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
                               "(build it with jax.vmap(Hardware.from_times))")
-    if adjoint not in ADJOINTS:
-        raise ConfigError(f"adjoint {adjoint!r} is not one of {', '.join(ADJOINTS)}")
-    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, adjoint)
+    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, as_adjoint(adjoint))
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
