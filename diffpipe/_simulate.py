@@ -11,6 +11,7 @@ staleness.
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 from typing import Any
 
@@ -35,8 +36,28 @@ def _temperature(temperature: Any, dtype) -> Array | None:
     if isinstance(temperature, (int, float)):
         if not (math.isfinite(temperature) and temperature > 0):
             raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
+    elif not isinstance(temperature, jax.core.Tracer):
+        value = np.asarray(temperature)
+        if value.shape != () or not (np.isfinite(value) and value > 0):
+            raise ConfigError(f"temperature must be a positive finite scalar or None, got {value.tolist()!r}")
     t = jnp.asarray(temperature, dtype=dtype)
     return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+
+
+_RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
+
+
+def _checked(fn, hw: Hardware, *args):
+    """``fn(*args)``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
+    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun)."""
+    try:
+        return fn(*args)
+    except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
+            hw.network.__check_init__()
+            hw.__check_init__()  # raises ConfigError with the culprit and its value
+        found = _RUNTIME_MESSAGE.findall(str(error))
+        raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
 
 
 def _check_types(graph: Any, hw: Any) -> None:
@@ -92,7 +113,8 @@ def makespan(
         if None in sizes or len(sizes) != 1:
             raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
                               "(build it with jax.vmap(Hardware.from_times))")
-    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, as_adjoint(adjoint))
+    return _checked(_makespan, hw, graph, hw, _temperature(temperature, hw.forward.dtype), batched,
+                    as_adjoint(adjoint))
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
@@ -203,8 +225,8 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
-    start, finish, total, busy, bubble, memory, count, volume, step_finish = _simulate(
-        graph, hw, _temperature(temperature, hw.forward.dtype))
+    start, finish, total, busy, bubble, memory, count, volume, step_finish = _checked(
+        _simulate, hw, graph, hw, _temperature(temperature, hw.forward.dtype))
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]

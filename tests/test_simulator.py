@@ -307,6 +307,24 @@ def test_bad_inputs_at_evaluation():
         jax.jit(lambda f: dp.makespan(g, dp.Hardware.from_times(f, 2.0)))(jnp.asarray(-1.0))
 
 
+def test_failed_checks_inside_jit_become_one_line_config_errors():
+    g = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.1)
+    negative = eqx.tree_at(lambda h: h.forward, hw, jnp.asarray(-1.5))  # tree_at skips the constructor's checks
+    with pytest.raises(dp.ConfigError, match=r"forward must be non-negative and finite, got .*-1\.5"):
+        dp.makespan(g, negative)
+    with pytest.raises(dp.ConfigError, match="forward must be non-negative"):
+        dp.simulate(g, negative)
+    batch = jax.vmap(lambda x: dp.Hardware.from_times(x, 2.0))(jnp.asarray([1.0, -2.0]))  # vmap: no eager check
+    with pytest.raises(dp.ConfigError, match=r"forward must be non-negative and finite, got .*-2\.0"):
+        dp.makespan(g, batch, batched=True)
+    zero_bandwidth = eqx.tree_at(lambda h: h.network.bandwidth, hw, jnp.asarray(0.0))
+    with pytest.raises(dp.ConfigError, match="bandwidth must be positive"):
+        dp.makespan(g, zero_bandwidth)
+    with pytest.raises(dp.ConfigError, match=r"temperature must be .* got .*0\.0"):
+        dp.makespan(g, hw, temperature=jnp.asarray(0.0))
+
+
 def test_blocking_deadlock_is_reported():
     # device 1 receives microbatch 1 before 0 while device 0 sends 0 first: blocking send/recv hangs.
     rows = [["0F0", "0F1", "0B0", "0B1"], ["1F1", "1F0", "1B0", "1B1"]]
