@@ -101,7 +101,9 @@ def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array
         return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
 
     finish0 = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
-    return lax.scan(level, finish0, graph.offsets)[0]
+    # Rows that are not nodes hold -inf; masked here, inside the primitive, where the batch is last
+    # (outside, under jax.vmap, a select would first move the vmapped axis to the front: a copy).
+    return jnp.where((graph.kind != PAD)[:, None], lax.scan(level, finish0, graph.offsets)[0], -jnp.inf)
 
 
 def _tangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, d_tables: CostTables, d_tau: Array,
@@ -328,7 +330,7 @@ class AbstractAdjoint(eqx.Module):
 
     @abc.abstractmethod
     def finish(self, graph: Graph, tables: CostTables, tau: Float[Array, " batch"], exact: bool) -> Array:
-        """Finish time of every row ``[rows, batch]`` (rows that are not nodes hold junk)."""
+        """Finish time of every row ``[rows, batch]``; rows that are not nodes hold ``-inf``."""
 
 
 class SweepAdjoint(AbstractAdjoint):
@@ -374,8 +376,7 @@ def finish_times(
     dtype = tables.base.dtype
     tau = jnp.ones((batch,), dtype) if temperature is None else jnp.broadcast_to(
         jnp.asarray(temperature, dtype), (batch,))
-    finish = as_adjoint(adjoint).finish(graph, tables, tau, temperature is None)
-    return jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
+    return as_adjoint(adjoint).finish(graph, tables, tau, temperature is None)
 
 
 def smooth_max(values: Float[Array, "n batch"], temperature: Float[Array, ""] | None) -> Float[Array, " batch"]:
