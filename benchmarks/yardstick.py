@@ -36,7 +36,10 @@ void maxplus(int n, int k, int batch, int chunk, const int *pred, const int *nod
                 const float *fp = fin + (long)pred[i * k + j] * w;
                 const float *eb = ebase + (long)edge_row[i * k + j] * batch + c0;
                 const float *ep = eper + (long)edge_row[i * k + j] * batch + c0;
-                for (int v = 0; v < w; v++) { float a = fp[v] + eb[v] + s[v] * ep[v]; acc[v] = a > acc[v] ? a : acc[v]; }
+                for (int v = 0; v < w; v++) {
+                    float a = fp[v] + eb[v] + s[v] * ep[v];
+                    acc[v] = a > acc[v] ? a : acc[v];  /* not fmaxf: this vectorises without -ffast-math */
+                }
             }
             const float *b = base + (long)node_row[i] * batch + c0, *p = per + (long)node_row[i] * batch + c0;
             float *f = fin + (long)i * w;

@@ -1,9 +1,9 @@
 """``makespan`` and ``simulate``: the public evaluation entry points, and per-device memory.
 
-``makespan(graph, hw)`` is a jit/vmap/grad-able scalar. ``makespan(graph, hws, batched=True)``
-evaluates a batch of hardware (leaves with a leading batch axis, e.g. from
-``jax.vmap(Hardware.from_times)``) in one call with the batch as the last, contiguous axis of
-the evaluator's arrays: the fast path for what-if sweeps. ``simulate`` returns a ``Result`` with
+``makespan(graph, hw)`` is a jit/vmap/grad-able scalar; under ``jax.vmap`` the evaluator folds the
+vmapped axis into its batch-last layout (``_evaluate``), so ``jax.vmap(makespan)`` is as fast as
+``makespan(graph, hws, batched=True)``, a convenience for a batch of hardware (leaves with a
+leading batch axis, e.g. from ``jax.vmap(Hardware.from_times)``). ``simulate`` returns a ``Result`` with
 times, bubbles, memory, communication volume and, for asynchronous schedules, steady state and
 staleness.
 """
