@@ -353,12 +353,15 @@ class AutodiffAdjoint(AbstractAdjoint):
 ADJOINTS = {"sweep": SweepAdjoint, "autodiff": AutodiffAdjoint}
 
 
+_NAMED = {name: cls() for name, cls in ADJOINTS.items()}  # immutable, so shared (no per-call construction)
+
+
 def as_adjoint(adjoint: Any) -> AbstractAdjoint:
     """An adjoint object from an object or its name (the one place names map to objects)."""
     if isinstance(adjoint, AbstractAdjoint):
         return adjoint
     if isinstance(adjoint, str) and adjoint in ADJOINTS:
-        return ADJOINTS[adjoint]()
+        return _NAMED[adjoint]
     raise ConfigError(f"adjoint {adjoint!r} is not an AbstractAdjoint or one of {', '.join(ADJOINTS)}")
 
 
