@@ -201,9 +201,9 @@ def _graph_leaves(tree) -> int:
     return tree.children()[0].num_leaves
 
 
-def _bind(prim: Primitive, graph: Graph, operands: tuple, exact: bool) -> list[Array]:
+def _bind(prim: Primitive, graph: Graph, operands: tuple, exact: bool, sinks: bool = False) -> list[Array]:
     flat, tree = jax.tree.flatten((graph, operands))
-    return prim.bind(*flat, tree=tree, exact=exact)
+    return prim.bind(*flat, tree=tree, exact=exact, sinks=sinks)
 
 
 def _define(name: str, fn, out_avals) -> Primitive:
@@ -212,21 +212,26 @@ def _define(name: str, fn, out_avals) -> Primitive:
     prim = Primitive(f"diffpipe_{name}")
     prim.multiple_results = True
 
-    def impl(*flat, tree, exact):
+    def impl(*flat, tree, exact, sinks):
         graph, operands = _unpack(flat, tree)
-        out = _in_chunks(lambda g, *ops: fn(g, *ops, exact), graph, operands)
-        return jax.tree.leaves(out)
 
-    def abstract(*avals, tree, exact):
+        def chunk(g, *ops):
+            out = fn(g, *ops, exact)
+            return out[g.sinks] if sinks else out  # only the sinks leave the chunk: no [nodes, B] copies
+
+        return jax.tree.leaves(_in_chunks(chunk, graph, operands))
+
+    def abstract(*avals, tree, exact, sinks):
         graph, operands = _unpack(avals, tree)
-        return out_avals(graph, *operands)
+        out = out_avals(graph, *operands)
+        return [jax.core.ShapedArray((graph.sinks.shape[-1], *x.shape[1:]), x.dtype) for x in out] if sinks else out
 
-    def batch(args, dims, *, tree, exact):
+    def batch(args, dims, *, tree, exact, sinks):
         n = _graph_leaves(tree)
         size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
         if all(d is None for d in dims[:n]):  # fold the vmapped axis into the batch
             rest = [_fold(x, d, size) for x, d in zip(args[n:], dims[n:])]
-            out = prim.bind(*args[:n], *rest, tree=tree, exact=exact)
+            out = prim.bind(*args[:n], *rest, tree=tree, exact=exact, sinks=sinks)
             out = [x.reshape(*x.shape[:-1], x.shape[-1] // size, size) for x in out]
             return out, [x.ndim - 1 for x in out]
         # stacked graphs: one graph after the other, each batch-last
@@ -236,7 +241,7 @@ def _define(name: str, fn, out_avals) -> Primitive:
             full = list(args)
             for i, x in zip(mapped, xs):
                 full[i] = x
-            return prim.bind(*full, tree=tree, exact=exact)
+            return prim.bind(*full, tree=tree, exact=exact, sinks=sinks)
 
         out = lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
         return out, [0] * len(out)
@@ -268,27 +273,29 @@ _cotangent_p = _define("cotangent", _cotangent, lambda graph, tables, tau, finis
     _like(x) for x in jax.tree.leaves((tables, tau))])
 
 
-def _forward_jvp(primals, tangents, *, tree, exact):
+def _forward_jvp(primals, tangents, *, tree, exact, sinks):
     graph, (tables, tau) = _unpack(primals, tree)
-    (finish,) = _forward_p.bind(*primals, tree=tree, exact=exact)
+    (finish,) = _forward_p.bind(*primals, tree=tree, exact=exact, sinks=False)  # the residual
     n = _graph_leaves(tree)
+    out = finish[graph.sinks] if sinks else finish
     if all(type(t) is ad.Zero for t in tangents[n:]):
-        return [finish], [ad.Zero.from_primal_value(finish)]
+        return [out], [ad.Zero.from_primal_value(out)]
     d = [ad.instantiate_zeros(t) for t in tangents[n:]]
     d_tables, d_tau = jax.tree.unflatten(jax.tree.structure((tables, tau)), d)
-    return [finish], _bind(_tangent_p, graph, (tables, tau, finish, d_tables, d_tau), exact)
+    (d_finish,) = _bind(_tangent_p, graph, (tables, tau, finish, d_tables, d_tau), exact)
+    return [out], [d_finish[graph.sinks] if sinks else d_finish]
 
 
 def _linear_jvp(prim: Primitive, linear: int):
     """JVP of a primitive linear in its last ``linear`` operand leaves (and not differentiable in
     the others: second derivatives through the residuals would need another sweep)."""
 
-    def jvp(primals, tangents, *, tree, exact):
-        out = prim.bind(*primals, tree=tree, exact=exact)
+    def jvp(primals, tangents, *, tree, exact, sinks):
+        out = prim.bind(*primals, tree=tree, exact=exact, sinks=sinks)
         if not all(type(t) is ad.Zero for t in tangents[:-linear]):
             raise NotImplementedError("second derivatives of the makespan: use adjoint=AutodiffAdjoint()")
         lin = [ad.instantiate_zeros(t) for t in tangents[-linear:]]
-        return out, prim.bind(*primals[:-linear], *lin, tree=tree, exact=exact)
+        return out, prim.bind(*primals[:-linear], *lin, tree=tree, exact=exact, sinks=sinks)
 
     return jvp
 
@@ -296,7 +303,7 @@ def _linear_jvp(prim: Primitive, linear: int):
 _TANGENTS = len(CostTables.__dataclass_fields__) + 1  # d_tables' leaves and d_tau: the linear operands
 
 
-def _tangent_transpose(cts, *args, tree, exact):
+def _tangent_transpose(cts, *args, tree, exact, sinks):
     graph, (tables, tau, finish, d_tables, d_tau) = _unpack(args, tree)
     linear = _TANGENTS
     (ct,) = cts
@@ -307,7 +314,7 @@ def _tangent_transpose(cts, *args, tree, exact):
                                             for c, a in zip(out, args[-linear:])]
 
 
-def _cotangent_transpose(cts, *args, tree, exact):
+def _cotangent_transpose(cts, *args, tree, exact, sinks):
     graph, (tables, tau, finish, _) = _unpack(args, tree)
     if all(type(c) is ad.Zero for c in cts):
         return [None] * len(args)
@@ -329,24 +336,30 @@ class AbstractAdjoint(eqx.Module):
     """How the finish times are differentiated (and batched), as diffrax's adjoints."""
 
     @abc.abstractmethod
-    def finish(self, graph: Graph, tables: CostTables, tau: Float[Array, " batch"], exact: bool) -> Array:
-        """Finish time of every row ``[rows, batch]``; rows that are not nodes hold ``-inf``."""
+    def finish(self, graph: Graph, tables: CostTables, tau: Float[Array, " batch"], exact: bool,
+               sinks: bool = False) -> Array:
+        """Finish time of every row ``[rows, batch]`` (rows that are not nodes hold ``-inf``), or of
+        the sinks only ``[sinks, batch]``."""
 
 
 class SweepAdjoint(AbstractAdjoint):
     """The hand-written sweeps (module docstring): forward and reverse mode, ``jax.vmap`` folded
     into the batch-last evaluator; reverse mode costs about two forwards and stores ``[nodes, batch]``."""
 
-    def finish(self, graph, tables, tau, exact):
-        return _bind(_forward_p, graph, (tables, tau), exact)[0]
+    def finish(self, graph, tables, tau, exact, sinks=False):
+        return _bind(_forward_p, graph, (tables, tau), exact, sinks)[0]
 
 
 class AutodiffAdjoint(AbstractAdjoint):
     """JAX's own differentiation and batching of a plain level scan: a reference; reverse mode
     stores every level's carry and is several times slower (benchmarks/bench_simulator.py)."""
 
-    def finish(self, graph, tables, tau, exact):
-        return _in_chunks(lambda g, t, s: _forward(g, t, s, exact), graph, (tables, tau))
+    def finish(self, graph, tables, tau, exact, sinks=False):
+        def chunk(g, t, s):
+            out = _forward(g, t, s, exact)
+            return out[g.sinks] if sinks else out
+
+        return _in_chunks(chunk, graph, (tables, tau))
 
 
 #: The adjoints' names at the API's edge (``adjoint="sweep"``).
@@ -375,11 +388,15 @@ def finish_times(
     """Finish time of every node under cost ``tables`` (batch last); rows that are not real nodes
     (scratch, sentinel) hold ``-inf``. ``temperature=None`` is exact max-plus; a positive
     temperature smooths every max."""
+    return _finish(graph, tables, temperature, adjoint, sinks=False)
+
+
+def _finish(graph: Graph, tables: CostTables, temperature, adjoint, sinks: bool) -> Array:
     batch = tables.size.shape[-1]
     dtype = tables.base.dtype
     tau = jnp.ones((batch,), dtype) if temperature is None else jnp.broadcast_to(
         jnp.asarray(temperature, dtype), (batch,))
-    return as_adjoint(adjoint).finish(graph, tables, tau, temperature is None)
+    return as_adjoint(adjoint).finish(graph, tables, tau, temperature is None, sinks)
 
 
 def smooth_max(values: Float[Array, "n batch"], temperature: Float[Array, ""] | None) -> Float[Array, " batch"]:
@@ -396,5 +413,6 @@ def sink_max(graph: Graph, finish: Float[Array, "nodes batch"], temperature) -> 
 
 def batched_makespan(graph: Graph, tables: CostTables, temperature: Array | None = None,
                      adjoint: AbstractAdjoint | str = "sweep") -> Float[Array, " batch"]:
-    """Makespan ``[batch]`` of batch-last cost tables (evaluated in chunks of ``BATCH_CHUNK``)."""
-    return sink_max(graph, finish_times(graph, tables, temperature, adjoint), temperature)
+    """Makespan ``[batch]`` of batch-last cost tables (evaluated in chunks of ``BATCH_CHUNK``; only
+    the sinks' finish times leave a chunk)."""
+    return smooth_max(_finish(graph, tables, temperature, adjoint, sinks=True), temperature)
