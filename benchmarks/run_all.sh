@@ -3,7 +3,8 @@
 # writes benchmarks/results/<name>-<backend>.json, tagged with jax.default_backend(); this script
 # also keeps the printed tables in benchmarks/results/<name>-<backend>.txt.
 #
-#   benchmarks/run_all.sh [--quick]        # --quick: smoke sizes (bench_sweep gets --points 20000)
+#   benchmarks/run_all.sh [--quick]        # --quick: smoke sizes (bench_sweep gets --points 20000),
+#                                          # written to <name>-<backend>-quick.* (committed results stay)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -18,9 +19,12 @@ if [[ "${1:-}" == "--quick" ]]; then
 fi
 mkdir -p "$here/results"
 echo "backend: $backend"
+tag="$backend"
+[[ ${#quick[@]} -gt 0 ]] && tag="$backend-quick"
 for bench in simulator optimize sweep; do
   args=("${quick[@]}")
   [[ "$bench" == sweep ]] && args=("${sweep_args[@]}")
+  args+=(--out "$here/results/$bench-$tag.json")
   echo "== bench_$bench.py ${args[*]}"
-  "$python" "$here/bench_$bench.py" "${args[@]}" | tee "$here/results/$bench-$backend.txt"
+  "$python" "$here/bench_$bench.py" "${args[@]}" | tee "$here/results/$bench-$tag.txt"
 done
