@@ -1,11 +1,14 @@
-"""Simulator speed: batched exact evaluation, reverse mode vs forward, compile time vs graph size.
+"""Simulator speed and accuracy: jax.vmap vs batched=True, call overhead, cost per op against a
+compiled C loop, reverse mode vs forward, float32 gradients at small temperatures, compile time.
 
 Run by hand (nothing in CI depends on a timing):
 
-    python benchmarks/bench_simulator.py [--quick] [--out benchmarks/results/simulator-cpu.json]
+    python benchmarks/bench_simulator.py [--quick] [--only vmap,overhead,...] [--out PATH]
 
-Every row compares against the pure-Python reference evaluator (``schedules._reference.evaluate``)
-in the same run. Peak memory is XLA's own account of the compiled function's buffers
+Every figure that matters is a ratio of two timings taken in the same run (the machine may be
+shared and noisy); rows also compare against the pure-Python reference evaluator
+(``schedules._reference.evaluate``) and, for the cost per op, the C yardstick (``yardstick.py``).
+Peak memory is XLA's own account of the compiled function's buffers
 (``compiled.memory_analysis()``: arguments + outputs + temporaries).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -24,6 +28,13 @@ import numpy as np
 
 import diffpipe as dp
 from diffpipe.schedules._reference import evaluate
+
+try:
+    import yardstick
+except ImportError:  # run as a module from the repository root
+    from benchmarks import yardstick
+
+SECTIONS = ("accuracy", "vmap", "overhead", "per_op", "grad", "compile")
 
 
 def timeit(fn, *, repeat: int = 5) -> float:
@@ -72,20 +83,85 @@ def memory_bytes(fn, *args) -> int:
     return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
 
 
-def bench_batched(devices: int, microbatches: int, batch: int) -> dict:
+def bench_vmap(devices: int, microbatches: int, batch: int, tau: float = 0.05) -> dict:
+    """jax.vmap(dp.makespan) against makespan(batched=True), values and value_and_grad."""
     s = dp.schedules.get("1f1b", devices=devices, microbatches=microbatches)
     g = dp.compile(s)
     hws = hardware_batch(s.stages, batch)
     fast = timeit(lambda: dp.makespan(g, hws, batched=True).block_until_ready())
     vmapped = jax.jit(jax.vmap(lambda h: dp.makespan(g, h)))
     slow = timeit(lambda: vmapped(hws).block_until_ready())
+    vg_batched = jax.jit(jax.value_and_grad(lambda h: jnp.sum(dp.makespan(g, h, temperature=tau, batched=True))))
+    vg_vmap = jax.jit(jax.vmap(jax.value_and_grad(lambda h: dp.makespan(g, h, temperature=tau))))
+    t_vgb = timeit(lambda: jax.block_until_ready(vg_batched(hws)))
+    t_vgv = timeit(lambda: jax.block_until_ready(vg_vmap(hws)))
     ref = python_reference_time(s)
     return {
-        "case": f"exact 1f1b {devices}x{microbatches} ({len(s.ops)} ops), {batch} variants",
+        "case": f"1f1b {devices}x{microbatches} ({len(s.ops)} ops), {batch} variants",
         "ops": len(s.ops), "batch": batch,
         "batched_s_per_eval": fast / batch, "vmap_s_per_eval": slow / batch, "python_s_per_eval": ref,
-        "speedup_batched": ref / (fast / batch), "speedup_vmap": ref / (slow / batch),
+        "vmap_over_batched": slow / fast, "speedup_batched": ref / (fast / batch), "speedup_vmap": ref / (slow / batch),
+        "value_and_grad_batched_s_per_eval": t_vgb / batch, "value_and_grad_vmap_s_per_eval": t_vgv / batch,
+        "value_and_grad_vmap_over_batched": t_vgv / t_vgb,
     }
+
+
+def bench_overhead(devices: int, microbatches: int) -> dict:
+    """One variant: dp.makespan(g, hw) against the same call inside the user's own jax.jit."""
+    s = dp.schedules.get("1f1b", devices=devices, microbatches=microbatches)
+    g = dp.compile(s)
+    hw = dp.Hardware.from_times(jnp.linspace(0.8, 1.2, s.stages), 2.0, p2p_time=0.1)
+    inside = jax.jit(lambda h: dp.makespan(g, h))
+    t_call = timeit(lambda: dp.makespan(g, hw).block_until_ready(), repeat=200)
+    t_jit = timeit(lambda: inside(hw).block_until_ready(), repeat=200)
+    return {"case": f"1f1b {devices}x{microbatches} ({len(s.ops)} ops), one variant", "ops": len(s.ops),
+            "call_s": t_call, "user_jit_s": t_jit, "call_over_user_jit": t_call / t_jit}
+
+
+def bench_per_op(sizes: list[tuple[int, int]], batch: int) -> list[dict]:
+    """Exact batched evaluation per op per variant against the C yardstick, as the graph grows."""
+    lib = yardstick.build() if yardstick.available() else None
+    rows = []
+    for devices, microbatches in sizes:
+        s = dp.schedules.get("1f1b", devices=devices, microbatches=microbatches)
+        g = dp.compile(s)
+        hws = hardware_batch(s.stages, batch)
+        ops = len(s.ops)
+        ours = dp.makespan(g, hws, batched=True)
+        t_ours = timeit(lambda g=g, hws=hws: dp.makespan(g, hws, batched=True).block_until_ready(), repeat=3)
+        row = {"case": f"1f1b {devices}x{microbatches}", "ops": ops, "batch": batch,
+               "diffpipe_ns_per_op_variant": t_ours / (ops * batch) * 1e9}
+        if lib is not None:
+            tables = jax.vmap(lambda h, g=g: h.tables(g))(hws).batch_last(batched=True)
+            c = yardstick.Yardstick(lib, g, tables)
+            np.testing.assert_allclose(c(), np.asarray(ours), rtol=1e-5)  # same numbers
+            t_c = timeit(c, repeat=3)
+            row.update(yardstick_ns_per_op_variant=t_c / (ops * batch) * 1e9, fraction_of_yardstick=t_c / t_ours)
+        rows.append(row)
+    return rows
+
+
+def bench_accuracy(taus=(1e-2, 1e-4, 1e-6, 1e-8, 1e-9)) -> list[dict]:
+    """float32 reverse-mode dM/dforward against float64, 1F1B 4x8, at small temperatures."""
+    s = dp.schedules.get("1f1b", devices=4, microbatches=8)
+    g = dp.compile(s)
+    x = np.asarray([1.0, 1.1, 0.9, 1.05])
+
+    def grad(dtype, rel):
+        x_ = jnp.asarray(x, dtype)
+        exact = float(dp.makespan(g, dp.Hardware.from_times(x_, jnp.asarray(2.0, dtype), p2p_time=0.1)))
+        fn = jax.grad(lambda v: dp.makespan(g, dp.Hardware.from_times(v, jnp.asarray(2.0, dtype), p2p_time=0.1),
+                                            temperature=jnp.asarray(rel * exact, dtype)))
+        return np.asarray(fn(x_), np.float64)
+
+    rows = []
+    for rel in taus:
+        f32 = grad(jnp.float32, rel)
+        with jax.enable_x64(True):
+            f64 = grad(jnp.float64, rel)
+        rows.append({"case": f"1f1b 4x8, tau = {rel:g} x makespan", "tau_relative": rel, "float32": f32.tolist(),
+                     "float64": f64.tolist(), "max_abs_error": float(np.max(np.abs(f32 - f64)))})
+    return rows
 
 
 def bench_grad(devices: int, microbatches: int, batch: int, tau: float = 0.05) -> list[dict]:
@@ -93,7 +169,7 @@ def bench_grad(devices: int, microbatches: int, batch: int, tau: float = 0.05) -
     g = dp.compile(s)
     hws = hardware_batch(s.stages, batch)
     rows = []
-    for adjoint in ("sweep", "autodiff"):
+    for adjoint in ("sweep", "autodiff"):  # names map to dp.SweepAdjoint() / dp.AutodiffAdjoint()
         def forward(h, adjoint=adjoint):
             return jnp.sum(dp.makespan(g, h, temperature=tau, batched=True, adjoint=adjoint))
 
@@ -134,37 +210,71 @@ def bench_compile(sizes: list[tuple[int, int]], batch: int = 64) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/simulator-<platform>.json)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/simulator-<backend>.json)")
     args = parser.parse_args()
+    only = set(args.only.split(","))
     backend = jax.default_backend()
     batch = 256 if args.quick else 4096
-    results = {
-        "platform": {"backend": backend, "devices": [str(d) for d in jax.devices()],
-                     "machine": platform.machine(), "processor": platform.processor(), "jax": jax.__version__},
-        "batched": [bench_batched(8, 32, batch)],
-        "grad": bench_grad(8, 64 if args.quick else 256, 32 if args.quick else 256),
-        "compile": bench_compile([(8, 32), (8, 256 if args.quick else 2048)]),
-    }
+    results: dict = {"platform": {"backend": backend, "devices": [str(d) for d in jax.devices()],
+                                  "machine": platform.machine(), "processor": platform.processor(),
+                                  "jax": jax.__version__}}
     print(f"backend: {backend}, {len(jax.devices())} device(s)")
-    print("\n| batched exact evaluation | per eval, batched | per eval, jax.vmap | per eval, pure Python | speed-up |")
-    print("|---|---|---|---|---|")
-    for r in results["batched"]:
-        print(f"| {r['case']} | {r['batched_s_per_eval'] * 1e6:.2f} µs | {r['vmap_s_per_eval'] * 1e6:.2f} µs | "
-              f"{r['python_s_per_eval'] * 1e3:.2f} ms | {r['speedup_batched']:.0f}× (vmap {r['speedup_vmap']:.0f}×) |")
-    print("\n| reverse mode | forward | value_and_grad | time ratio | memory fwd | memory v&g | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results["grad"]:
-        print(f"| {r['case']} | {r['forward_s'] * 1e3:.1f} ms | {r['value_and_grad_s'] * 1e3:.1f} ms | "
-              f"{r['time_ratio']:.2f}× | {r['forward_bytes'] / 2**20:.1f} MiB | "
-              f"{r['value_and_grad_bytes'] / 2**20:.1f} MiB | {r['memory_ratio']:.2f}× |")
-    print("\n| compile | ops | levels | graph (Python) | XLA compile | pure-Python eval |")
-    print("|---|---|---|---|---|---|")
-    for r in results["compile"]:
-        print(f"| {r['case']} | {r['ops']} | {r['levels']} | {r['graph_s']:.2f} s | {r['xla_compile_s']:.2f} s | "
-              f"{r['python_s_per_eval'] * 1e3:.1f} ms |")
-    small, large = results["compile"][0], results["compile"][-1]
-    print(f"\nXLA compile time ratio {large['ops']} ops / {small['ops']} ops: "
-          f"{large['xla_compile_s'] / small['xla_compile_s']:.2f}×")
+    if "accuracy" in only:
+        results["accuracy"] = bench_accuracy()
+        print("\n| float32 gradient accuracy | dM/dforward float32 | float64 | max abs error |")
+        print("|---|---|---|---|")
+        for r in results["accuracy"]:
+            print(f"| {r['case']} | {np.round(r['float32'], 4).tolist()} | {np.round(r['float64'], 4).tolist()} | "
+                  f"{r['max_abs_error']:.2e} |")
+    if "vmap" in only:
+        results["batched"] = [bench_vmap(8, 32, batch)]  # the key papers/diffpipe/reproduce.py reads
+        print("\n| jax.vmap vs batched=True | batched | jax.vmap | ratio | v&g batched | vmap(v&g) | ratio | "
+              "pure Python | speed-up |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in results["batched"]:
+            print(f"| {r['case']} | {r['batched_s_per_eval'] * 1e6:.2f} µs | {r['vmap_s_per_eval'] * 1e6:.2f} µs | "
+                  f"{r['vmap_over_batched']:.2f}× | {r['value_and_grad_batched_s_per_eval'] * 1e6:.2f} µs | "
+                  f"{r['value_and_grad_vmap_s_per_eval'] * 1e6:.2f} µs | "
+                  f"{r['value_and_grad_vmap_over_batched']:.2f}× | "
+                  f"{r['python_s_per_eval'] * 1e3:.2f} ms | {r['speedup_batched']:.0f}× |")
+    if "overhead" in only:
+        results["overhead"] = [bench_overhead(8, 32)]
+        print("\n| call overhead | dp.makespan(g, hw) | inside the user's jax.jit | ratio |")
+        print("|---|---|---|---|")
+        for r in results["overhead"]:
+            print(f"| {r['case']} | {r['call_s'] * 1e6:.0f} µs | {r['user_jit_s'] * 1e6:.0f} µs | "
+                  f"{r['call_over_user_jit']:.2f}× |")
+    if "per_op" in only:
+        sizes = [(8, 32), (8, 256)] if args.quick else [(8, 32), (8, 256), (8, 2048)]
+        results["per_op"] = bench_per_op(sizes, batch)
+        print("\n| cost per op | ops | diffpipe ns/op/variant | C yardstick ns/op/variant | diffpipe speed / C |")
+        print("|---|---|---|---|---|")
+        for r in results["per_op"]:
+            print(f"| {r['case']}, {r['batch']} variants | {r['ops']} | {r['diffpipe_ns_per_op_variant']:.3f} | "
+                  f"{r.get('yardstick_ns_per_op_variant', math.nan):.3f} | "
+                  f"{r.get('fraction_of_yardstick', math.nan):.2f} |")
+        first, last = results["per_op"][0], results["per_op"][-1]
+        print(f"per-op cost {last['ops']} ops / {first['ops']} ops: "
+              f"{last['diffpipe_ns_per_op_variant'] / first['diffpipe_ns_per_op_variant']:.2f}×")
+    if "grad" in only:
+        results["grad"] = bench_grad(8, 64 if args.quick else 256, 32 if args.quick else 256)
+        print("\n| reverse mode | forward | value_and_grad | time ratio | memory fwd | memory v&g | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for r in results["grad"]:
+            print(f"| {r['case']} | {r['forward_s'] * 1e3:.1f} ms | {r['value_and_grad_s'] * 1e3:.1f} ms | "
+                  f"{r['time_ratio']:.2f}× | {r['forward_bytes'] / 2**20:.1f} MiB | "
+                  f"{r['value_and_grad_bytes'] / 2**20:.1f} MiB | {r['memory_ratio']:.2f}× |")
+    if "compile" in only:
+        results["compile"] = bench_compile([(8, 32), (8, 256 if args.quick else 2048)])
+        print("\n| compile | ops | levels | graph (Python) | XLA compile | pure-Python eval |")
+        print("|---|---|---|---|---|---|")
+        for r in results["compile"]:
+            print(f"| {r['case']} | {r['ops']} | {r['levels']} | {r['graph_s']:.2f} s | {r['xla_compile_s']:.2f} s | "
+                  f"{r['python_s_per_eval'] * 1e3:.1f} ms |")
+        small, large = results["compile"][0], results["compile"][-1]
+        print(f"\nXLA compile time ratio {large['ops']} ops / {small['ops']} ops: "
+              f"{large['xla_compile_s'] / small['xla_compile_s']:.2f}×")
     out = Path(args.out or Path(__file__).parent / "results" / f"simulator-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

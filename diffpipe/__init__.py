@@ -24,6 +24,9 @@ _LAZY = {
     "Machine": "._compare",
     "compare": "._compare",
     "CostModel": "._cost_model",
+    "AbstractAdjoint": "._evaluate",
+    "AutodiffAdjoint": "._evaluate",
+    "SweepAdjoint": "._evaluate",
     "Graph": "._graph",
     "compile": "._graph",
     "stack_graphs": "._graph",
@@ -71,6 +74,9 @@ if TYPE_CHECKING:
     from ._compare import Machine as Machine
     from ._compare import compare as compare
     from ._cost_model import CostModel as CostModel
+    from ._evaluate import AbstractAdjoint as AbstractAdjoint
+    from ._evaluate import AutodiffAdjoint as AutodiffAdjoint
+    from ._evaluate import SweepAdjoint as SweepAdjoint
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs

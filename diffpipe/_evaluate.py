@@ -1,8 +1,10 @@
-"""The max-plus evaluation of a graph: exact, or smoothed with a log-sum-exp, with a custom VJP.
+"""The max-plus evaluation of a graph: exact, or smoothed with a log-sum-exp; its adjoints; its
+batching rule.
 
 ``finish[i] = dur[i] + smax(0, max_k finish[pred[i,k]] + delay[i,k])`` over the levels of the
 graph (``lax.scan``; each level is one contiguous block of rows, vectorised over its nodes and
-the batch, which is the last axis: ``[nodes, batch]``).
+the batch, which is the last axis: ``[nodes, batch]``). Costs are read per level from the graph's
+small cost tables (``CostTables``), so no ``[nodes, k, batch]`` array is materialised.
 
 Smoothing: ``smax_tau(x) = tau * log(exp(0) + sum_k exp(x_k / tau))``. The release term ``0`` is
 always finite, so no reduction is all ``-inf`` and tangents never become NaN. Since
@@ -10,195 +12,391 @@ always finite, so no reduction is all ``-inf`` and tangents never become NaN. Si
 exact one by at most ``tau * ln(k + 1)`` per level it lies below the sources, and the makespan (a
 smoothed max over ``s`` sinks) by at most ``tau * (levels * ln(k + 1) + ln(s))``.
 
-Costs are read per level from the graph's small cost tables (``CostTables``), so no
-``[nodes, k, batch]`` array is materialised in either direction.
+Design (``SweepAdjoint``, the default): three JAX primitives, each a level scan over batch-last
+arrays, evaluated in cache-sized chunks of ``BATCH_CHUNK`` variants (``lax.map``):
 
-Gradients: a reverse sweep over the levels recomputes each level's edge weights, the soft-argmax
-``exp((x_k - start_i) / tau)`` (one-hot for exact), and sends each node's cotangent to its
-predecessors; the tables' cotangents are then segment sums. Reverse mode costs about two
-forwards and stores ``[nodes, batch]`` arrays plus ``[transfers, k, batch]`` for the delays'
-cotangents (measured in benchmarks/bench_simulator.py).
+- ``forward``: ``(tables, tau) -> finish``;
+- ``tangent``: ``(tables, tau, finish; d tables, d tau) -> d finish``, linear in the ``d``'s:
+  ``d finish_i = d dur_i + sum_k w_ik (d finish[pred_ik] + d delay_ik) + s_i d tau``;
+- ``cotangent``: its transpose, a reverse sweep that sends each node's cotangent to its
+  predecessors with the same weights; the tables' cotangents are then segment sums.
+
+``w_ik`` are the soft-argmax weights, a softmax over ``[0, x_i1, ..., x_ik] / tau`` computed from the
+edge arguments ``x`` themselves (one-hot of the first maximum when exact): with the release term
+they sum to one, so float32 rounding is never amplified by ``1 / tau``; ``s_i = d smax / d tau``.
+The forward's JVP rule is ``tangent``, whose transpose rule is ``cotangent`` (and back), so forward
+mode (``jax.jvp``, ``jax.jacfwd``) and reverse mode (``jax.grad``: one forward plus one reverse
+sweep; it stores ``finish``, ``[nodes, batch]``) run the hand-written sweeps. The batching rule of
+all three folds a ``jax.vmap`` axis into the trailing batch axis (``[..., B] x V -> [..., B*V]``),
+so ``jax.vmap`` over hardware, nested ``vmap``s and ``vmap`` of gradients run the same chunked,
+batch-last scan as one batched call; a vmapped (stacked) graph is evaluated one graph after the
+other (``lax.map``), each with its batch last. ``AutodiffAdjoint`` lets JAX differentiate and batch
+a plain level scan instead (a reference; slower in reverse mode and under ``vmap``).
 """
 
 from __future__ import annotations
 
-from functools import partial
+import abc
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Float
 
+from ._errors import ConfigError
 from ._graph import PAD, Graph
 from ._hardware import CostTables
 
+#: Hardware variants a sweep evaluates together: larger batches run as a sequence of chunks this
+#: wide, so that the ``[nodes, chunk]`` carry stays in cache (benchmarks/bench_simulator.py).
+BATCH_CHUNK = 128
 
-def _start_exact(x: Array) -> Array:
-    return jnp.maximum(jnp.max(x, axis=1), 0.0)
+
+# -- one level ---------------------------------------------------------------------------------
+def _level(graph: Graph, tables: CostTables, finish: Array, offset: Array):
+    """The rows of the level at ``offset``: predecessors, edge arguments ``x = finish[pred] +
+    delay`` ``[width, k, B]``, durations ``[width, B]`` and the cost-table rows they read."""
+
+    def cut(x):
+        return lax.dynamic_slice_in_dim(x, offset, graph.width)
+
+    pred, node_row, edge_row, microbatch = cut(graph.pred), cut(graph.node_row), cut(graph.edge_row), cut(
+        graph.microbatch)
+    size = tables.size[microbatch]
+    dur = tables.base[node_row] + size * tables.per_size[node_row]
+    x = finish[pred] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+    return pred, x, dur, (node_row, edge_row, microbatch, size)
 
 
-def _start_smooth(x: Array, tau: Array) -> Array:
+def _soft(x: Array, tau: Array, exact: bool):
+    """``smax(0, x_1..x_k)`` ``[width, B]``, its weights ``[width, k, B]`` (softmax over the release
+    term and the edges, computed from ``x``; one-hot of the first maximum when exact) and its
+    derivative in ``tau``."""
     top = jnp.maximum(jnp.max(x, axis=1), 0.0)  # finite: includes the release term
-    # Padded edges (x = -inf) are masked on both sides of the exp, so that plain autodiff never
-    # forms inf * 0 (the derivative in tau of exp(-inf / tau)).
-    finite = jnp.isfinite(x)
-    z = jnp.where(finite, x - top[:, None, :], 0.0) / tau
-    total = jnp.exp(-top / tau) + jnp.sum(jnp.where(finite, jnp.exp(z), 0.0), axis=1)
-    return top + tau * jnp.log(total)
-
-
-def _level(finish, pred, dur, delay, tau):
-    """One level: ``dur + smax(0, max_k finish[pred] + delay)`` for its ``[width]`` rows."""
-    x = finish[pred] + delay
-    return dur + (_start_exact(x) if tau is None else _start_smooth(x, tau))
-
-
-def _sweep(pred, offsets, width, dur, delay, tau):
-    """Forward sweep over levels from precomputed ``dur [rows, B]`` and ``delay [rows, k, B]``."""
-
-    def level(finish, offset):
-        rows = _level(finish, lax.dynamic_slice_in_dim(pred, offset, width),
-                      lax.dynamic_slice_in_dim(dur, offset, width),
-                      lax.dynamic_slice_in_dim(delay, offset, width), tau)
-        return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
-
-    finish0 = jnp.full(dur.shape, -jnp.inf, dtype=dur.dtype)
-    return lax.scan(level, finish0, offsets)[0]
-
-
-def _sweep_tables(graph: Graph, tables: CostTables, tau):
-    """The same sweep reading each level's costs straight from the small cost tables, so the
-    ``[rows, k, B]`` delays are never materialised (they would dominate memory traffic)."""
-    width = graph.width
-    batch = tables.size.shape[-1]
-
-    def level(finish, offset):
-        def cut(x):
-            return lax.dynamic_slice_in_dim(x, offset, width)
-
-        node_row, edge_row = cut(graph.node_row), cut(graph.edge_row)
-        size = tables.size[cut(graph.microbatch)]
-        dur = tables.base[node_row] + size * tables.per_size[node_row]
-        delay = tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
-        return lax.dynamic_update_slice_in_dim(finish, _level(finish, cut(graph.pred), dur, delay, tau),
-                                               offset, 0), None
-
-    finish0 = jnp.full((graph.kind.shape[-1], batch), -jnp.inf, dtype=tables.base.dtype)
-    return lax.scan(level, finish0, graph.offsets)[0]
-
-
-def _edge_weights(x, start, tau):
-    """Soft-argmax weights ``exp((x_k - start) / tau)`` of the incoming edges (argmax one-hot when
-    exact); the release term takes the rest. ``x`` is ``[width, k, B]``, ``start`` ``[width, B]``."""
-    if tau is None:
+    if exact:
         candidates = jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
         winner = jnp.argmax(candidates, axis=1).astype(jnp.int32)  # first maximum; 0 = release
         slots = jnp.arange(1, x.shape[1] + 1, dtype=jnp.int32)[None, :, None]
-        return (winner[:, None, :] == slots).astype(x.dtype)
-    # x <= start on real rows, so the exponent is <= 0; clamping and masking keep rows outside the
-    # level (junk values, zero cotangent) from producing inf * 0 = NaN.
-    exponent = jnp.minimum((x - start[:, None, :]) / tau, 0.0)
-    return jnp.where(jnp.isneginf(x), 0.0, jnp.exp(exponent))
+        return top, (winner[:, None, :] == slots).astype(x.dtype), jnp.zeros_like(top)
+    t = tau[None, :]
+    finite = jnp.isfinite(x)  # padded edges: -inf; masked before dividing, so no inf * 0 anywhere
+    z = jnp.where(finite, x - top[:, None, :], 0.0) / t[:, None, :]
+    e = jnp.where(finite, jnp.exp(z), 0.0)
+    z0 = -top / t
+    total = jnp.exp(z0) + jnp.sum(e, axis=1)  # >= 1 term equal to exp(0)
+    w = e / total[:, None, :]
+    d_tau = jnp.log(total) - jnp.sum(w * z, axis=1) - jnp.exp(z0) / total * z0
+    return top + t * jnp.log(total), w, d_tau
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _finish(graph: Graph, tables: CostTables, exact: bool, tau):
-    return _sweep_tables(graph, tables, None if exact else tau)
+# -- the three sweeps (batch-last, one chunk) ----------------------------------------------------
+def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
+    def level(finish, offset):
+        _, x, dur, _ = _level(graph, tables, finish, offset)
+        rows = dur + _soft(x, tau, exact)[0]
+        return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
+
+    finish0 = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
+    # Rows that are not nodes hold -inf; masked here, inside the primitive, where the batch is last
+    # (outside, under jax.vmap, a select would first move the vmapped axis to the front: a copy).
+    return jnp.where((graph.kind != PAD)[:, None], lax.scan(level, finish0, graph.offsets)[0], -jnp.inf)
 
 
-def _finish_fwd(graph, tables, exact, tau):
-    finish = _sweep_tables(graph, tables, None if exact else tau)
-    return finish, (graph, tables, tau, finish)
+def _tangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, d_tables: CostTables, d_tau: Array,
+             exact: bool) -> Array:
+    def level(d_finish, offset):
+        pred, x, _, (node_row, edge_row, microbatch, size) = _level(graph, tables, finish, offset)
+        _, w, s = _soft(x, tau, exact)
+        d_size = d_tables.size[microbatch]
+        d_dur = d_tables.base[node_row] + d_size * tables.per_size[node_row] + size * d_tables.per_size[node_row]
+        d_delay = (d_tables.edge_base[edge_row] + d_size[:, None, :] * tables.edge_per_size[edge_row]
+                   + size[:, None, :] * d_tables.edge_per_size[edge_row])
+        rows = d_dur + jnp.sum(w * (d_finish[pred] + d_delay), axis=1)
+        if not exact:
+            rows = rows + s * d_tau[None, :]
+        return lax.dynamic_update_slice_in_dim(d_finish, rows, offset, 0), None
+
+    d_finish = lax.scan(level, jnp.zeros_like(finish), graph.offsets)[0]
+    return jnp.where((graph.kind != PAD)[:, None], d_finish, 0.0)
 
 
-def _finish_bwd(exact, residuals, g_finish):
-    """Reverse sweep over the levels, recomputing each level's costs and edge weights from the
-    cost tables (as the forward does), so no ``[nodes, k, batch]`` array is ever stored; each
-    level sends its rows' final cotangents to their predecessors. The tables' cotangents are then
-    segment sums: a node's duration cotangent is its own, a transfer edge's is its weight times its
-    node's cotangent (recomputed for the transfer edges only)."""
-    graph, tables, tau, finish = residuals
-    smooth = None if exact else tau
-    width = graph.width
-    lanes = jnp.arange(width, dtype=graph.sizes.dtype)[:, None]
+def _cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, g_finish: Array,
+               exact: bool) -> tuple[CostTables, Array]:
+    """Reverse sweep over the levels, recomputing each level's costs and weights from the tables
+    (as the forward does); each level sends its rows' final cotangents to their predecessors."""
+    lanes = jnp.arange(graph.width, dtype=graph.sizes.dtype)[:, None]
     real = (graph.kind != PAD)[:, None]
 
     def level(carry, level_at):
         g, g_tau = carry
         offset, count = level_at
-
-        def cut(x):
-            return lax.dynamic_slice_in_dim(x, offset, width)
-
-        pred, x, start = _level_inputs(graph, tables, finish, cut(graph.pred), cut(graph.node_row),
-                                       cut(graph.edge_row), cut(graph.microbatch), cut(finish))
-        w = _edge_weights(x, start, smooth)
-        gl = jnp.where(lanes < count, cut(g), 0.0)
+        pred, x, _, _ = _level(graph, tables, finish, offset)
+        _, w, s = _soft(x, tau, exact)
+        gl = jnp.where(lanes < count, lax.dynamic_slice_in_dim(g, offset, graph.width), 0.0)
         g = g.at[pred].add(gl[:, None, :] * w)
-        if smooth is not None:  # d start / d tau at fixed inputs: (start - sum_k w_k x_k) / tau
-            local = (start - jnp.sum(jnp.where(w > 0, w * x, 0.0), axis=1)) / tau
-            g_tau = g_tau + jnp.sum(jnp.where(jnp.isfinite(local), gl * local, 0.0))
-        return (g, g_tau), None
+        return (g, g_tau + jnp.sum(gl * s, axis=0)), None
 
-    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros((), tau.dtype))
+    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros_like(tau))
     (g, g_tau), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
     g = jnp.where(real, g, 0.0)  # the cotangent of every node's duration
-    g_tau = jnp.zeros_like(tau) if exact else g_tau.astype(tau.dtype)
-    return None, _table_cotangent(graph, tables, finish, g, smooth), g_tau
+    return _table_cotangent(graph, tables, tau, finish, g, exact), g_tau
 
 
-def _level_inputs(graph: Graph, tables: CostTables, finish, pred, node_row, edge_row, microbatch, row_finish):
-    """For some rows: predecessors, edge arguments ``x = finish[pred] + delay`` and start times."""
-    size = tables.size[microbatch]
-    dur = tables.base[node_row] + size * tables.per_size[node_row]
-    x = finish[pred] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
-    return pred, x, row_finish - dur
-
-
-def _table_cotangent(graph: Graph, tables: CostTables, finish, g, smooth) -> CostTables:
-    """Transpose of ``CostTables.expand`` given the nodes' cotangents ``g``: segment sums."""
+def _table_cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, g: Array,
+                     exact: bool) -> CostTables:
+    """Transpose of ``CostTables.expand`` given the nodes' cotangents ``g``: segment sums. A
+    transfer edge's cotangent is its weight times its node's (recomputed for those edges only)."""
     node, slot = graph.xfer_node, graph.xfer_slot
-    pred, x, start = _level_inputs(graph, tables, finish, graph.pred[node], graph.node_row[node],
-                                   graph.edge_row[node], graph.microbatch[node], finish[node])
-    w = jnp.take_along_axis(_edge_weights(x, start, smooth), slot[:, None, None], axis=1)[:, 0]
+    size = tables.size[graph.microbatch[node]]
+    edge_row = graph.edge_row[node]
+    x = finish[graph.pred[node]] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+    w = jnp.take_along_axis(_soft(x, tau, exact)[1], slot[:, None, None], axis=1)[:, 0]
     g_edge = g[node] * w  # [transfers, batch]: the cotangent of each transfer edge's delay
     row = graph.edge_row[node, slot]
-    size, edge_size = tables.size[graph.microbatch], tables.size[graph.microbatch[node]]
+    node_size = tables.size[graph.microbatch]
     costs, edge_costs, microbatches = tables.base.shape[0], tables.edge_base.shape[0], tables.size.shape[0]
     return CostTables(
         base=jax.ops.segment_sum(g, graph.node_row, costs),
-        per_size=jax.ops.segment_sum(g * size, graph.node_row, costs),
+        per_size=jax.ops.segment_sum(g * node_size, graph.node_row, costs),
         edge_base=jax.ops.segment_sum(g_edge, row, edge_costs),
-        edge_per_size=jax.ops.segment_sum(g_edge * edge_size, row, edge_costs),
+        edge_per_size=jax.ops.segment_sum(g_edge * size, row, edge_costs),
         size=jax.ops.segment_sum(g * tables.per_size[graph.node_row], graph.microbatch, microbatches)
         + jax.ops.segment_sum(g_edge * tables.edge_per_size[row], graph.microbatch[node], microbatches),
     )
 
 
-_finish.defvjp(_finish_fwd, _finish_bwd)
+def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK):
+    """``fn(graph, *operands)`` (every operand and output leaf batch-last) over chunks of ``chunk``
+    variants in sequence (``lax.map``); the last chunk is padded with copies of the last variant."""
+    leaves = jax.tree.leaves(operands)
+    batch = leaves[0].shape[-1]
+    if batch <= chunk:
+        return fn(graph, *operands)
+    chunks = -(-batch // chunk)
+    pad = chunks * chunk - batch
 
-#: How gradients are computed: ``"sweep"`` the reverse sweep above (custom VJP; reverse mode only);
-#: ``"autodiff"`` JAX's own differentiation of the level scan (forward mode too, but reverse mode
-#: stores every level's carry and is several times slower: see benchmarks/bench_simulator.py).
-ADJOINTS = ("sweep", "autodiff")
+    def split(x):
+        x = jnp.concatenate([x, jnp.repeat(x[..., -1:], pad, axis=-1)], axis=-1) if pad else x
+        return jnp.moveaxis(x.reshape(*x.shape[:-1], chunks, chunk), -2, 0)
+
+    def merge(x):
+        x = jnp.moveaxis(x, 0, -2)
+        return x.reshape(*x.shape[:-2], chunks * chunk)[..., :batch]
+
+    out = lax.map(lambda ops: fn(graph, *ops), jax.tree.map(split, operands))
+    return jax.tree.map(merge, out)
 
 
+# -- the primitives --------------------------------------------------------------------------------
+def _unpack(flat, tree):
+    graph, operands = jax.tree.unflatten(tree, flat)
+    return graph, operands
+
+
+def _graph_leaves(tree) -> int:
+    return tree.children()[0].num_leaves
+
+
+def _bind(prim: Primitive, graph: Graph, operands: tuple, exact: bool, sinks: bool = False) -> list[Array]:
+    flat, tree = jax.tree.flatten((graph, operands))
+    return prim.bind(*flat, tree=tree, exact=exact, sinks=sinks)
+
+
+def _define(name: str, fn, out_avals) -> Primitive:
+    """A primitive running ``fn(graph, *operands, exact)`` in chunks; operands and outputs are
+    batch-last. Its batching rule folds a vmapped axis into the batch (see the module docstring)."""
+    prim = Primitive(f"diffpipe_{name}")
+    prim.multiple_results = True
+
+    def impl(*flat, tree, exact, sinks):
+        graph, operands = _unpack(flat, tree)
+
+        def chunk(g, *ops):
+            out = fn(g, *ops, exact)
+            return out[g.sinks] if sinks else out  # only the sinks leave the chunk: no [nodes, B] copies
+
+        return jax.tree.leaves(_in_chunks(chunk, graph, operands))
+
+    def abstract(*avals, tree, exact, sinks):
+        graph, operands = _unpack(avals, tree)
+        out = out_avals(graph, *operands)
+        return [jax.core.ShapedArray((graph.sinks.shape[-1], *x.shape[1:]), x.dtype) for x in out] if sinks else out
+
+    def batch(args, dims, *, tree, exact, sinks):
+        n = _graph_leaves(tree)
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        if all(d is None for d in dims[:n]):  # fold the vmapped axis into the batch
+            rest = [_fold(x, d, size) for x, d in zip(args[n:], dims[n:])]
+            out = prim.bind(*args[:n], *rest, tree=tree, exact=exact, sinks=sinks)
+            out = [x.reshape(*x.shape[:-1], x.shape[-1] // size, size) for x in out]
+            return out, [x.ndim - 1 for x in out]
+        # stacked graphs: one graph after the other, each batch-last
+        mapped = [i for i, d in enumerate(dims) if d is not None]
+
+        def one(xs):
+            full = list(args)
+            for i, x in zip(mapped, xs):
+                full[i] = x
+            return prim.bind(*full, tree=tree, exact=exact, sinks=sinks)
+
+        out = lax.map(one, [jnp.moveaxis(args[i], dims[i], 0) for i in mapped])
+        return out, [0] * len(out)
+
+    prim.def_impl(impl)
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=True))
+    batching.primitive_batchers[prim] = batch
+    return prim
+
+
+def _fold(x: Array, dim, size: int) -> Array:
+    """``x`` ``[..., B]`` with a vmapped axis at ``dim`` (or none) as ``[..., B * size]``."""
+    if dim is None:
+        x = jnp.broadcast_to(x[..., None], (*x.shape, size))
+    else:
+        x = jnp.moveaxis(x, dim, -1)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * size)
+
+
+def _like(x) -> jax.core.ShapedArray:
+    return jax.core.ShapedArray(x.shape, x.dtype)
+
+
+_forward_p = _define("forward", _forward, lambda graph, tables, tau: [
+    jax.core.ShapedArray((graph.kind.shape[-1], tau.shape[-1]), tables.base.dtype)])
+_tangent_p = _define("tangent", _tangent, lambda graph, tables, tau, finish, d_tables, d_tau: [_like(finish)])
+_cotangent_p = _define("cotangent", _cotangent, lambda graph, tables, tau, finish, g: [
+    _like(x) for x in jax.tree.leaves((tables, tau))])
+
+
+def _forward_jvp(primals, tangents, *, tree, exact, sinks):
+    graph, (tables, tau) = _unpack(primals, tree)
+    (finish,) = _forward_p.bind(*primals, tree=tree, exact=exact, sinks=False)  # the residual
+    n = _graph_leaves(tree)
+    out = finish[graph.sinks] if sinks else finish
+    if all(type(t) is ad.Zero for t in tangents[n:]):
+        return [out], [ad.Zero.from_primal_value(out)]
+    d = [ad.instantiate_zeros(t) for t in tangents[n:]]
+    d_tables, d_tau = jax.tree.unflatten(jax.tree.structure((tables, tau)), d)
+    (d_finish,) = _bind(_tangent_p, graph, (tables, tau, finish, d_tables, d_tau), exact)
+    return [out], [d_finish[graph.sinks] if sinks else d_finish]
+
+
+def _linear_jvp(prim: Primitive, linear: int):
+    """JVP of a primitive linear in its last ``linear`` operand leaves (and not differentiable in
+    the others: second derivatives through the residuals would need another sweep)."""
+
+    def jvp(primals, tangents, *, tree, exact, sinks):
+        out = prim.bind(*primals, tree=tree, exact=exact, sinks=sinks)
+        if not all(type(t) is ad.Zero for t in tangents[:-linear]):
+            raise NotImplementedError("second derivatives of the makespan: use adjoint=AutodiffAdjoint()")
+        lin = [ad.instantiate_zeros(t) for t in tangents[-linear:]]
+        return out, prim.bind(*primals[:-linear], *lin, tree=tree, exact=exact, sinks=sinks)
+
+    return jvp
+
+
+_TANGENTS = len(CostTables.__dataclass_fields__) + 1  # d_tables' leaves and d_tau: the linear operands
+
+
+def _tangent_transpose(cts, *args, tree, exact, sinks):
+    graph, (tables, tau, finish, d_tables, d_tau) = _unpack(args, tree)
+    linear = _TANGENTS
+    (ct,) = cts
+    if type(ct) is ad.Zero:
+        return [None] * len(args)
+    out = _bind(_cotangent_p, graph, (tables, tau, finish, ct), exact)
+    return [None] * (len(args) - linear) + [c if ad.is_undefined_primal(a) else None
+                                            for c, a in zip(out, args[-linear:])]
+
+
+def _cotangent_transpose(cts, *args, tree, exact, sinks):
+    graph, (tables, tau, finish, _) = _unpack(args, tree)
+    if all(type(c) is ad.Zero for c in cts):
+        return [None] * len(args)
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    ct_tables, ct_tau = jax.tree.unflatten(jax.tree.structure((tables, tau)), cts)
+    (g,) = _bind(_tangent_p, graph, (tables, tau, finish, ct_tables, ct_tau), exact)
+    return [None] * (len(args) - 1) + [g]
+
+
+ad.primitive_jvps[_forward_p] = _forward_jvp
+ad.primitive_jvps[_tangent_p] = _linear_jvp(_tangent_p, _TANGENTS)
+ad.primitive_jvps[_cotangent_p] = _linear_jvp(_cotangent_p, 1)
+ad.primitive_transposes[_tangent_p] = _tangent_transpose
+ad.primitive_transposes[_cotangent_p] = _cotangent_transpose
+
+
+# -- adjoints ------------------------------------------------------------------------------------
+class AbstractAdjoint(eqx.Module):
+    """How the finish times are differentiated (and batched), as diffrax's adjoints."""
+
+    @abc.abstractmethod
+    def finish(self, graph: Graph, tables: CostTables, tau: Float[Array, " batch"], exact: bool,
+               sinks: bool = False) -> Array:
+        """Finish time of every row ``[rows, batch]`` (rows that are not nodes hold ``-inf``), or of
+        the sinks only ``[sinks, batch]``."""
+
+
+class SweepAdjoint(AbstractAdjoint):
+    """The hand-written sweeps (module docstring): forward and reverse mode, ``jax.vmap`` folded
+    into the batch-last evaluator; reverse mode costs about two forwards and stores ``[nodes, batch]``."""
+
+    def finish(self, graph, tables, tau, exact, sinks=False):
+        return _bind(_forward_p, graph, (tables, tau), exact, sinks)[0]
+
+
+class AutodiffAdjoint(AbstractAdjoint):
+    """JAX's own differentiation and batching of a plain level scan: a reference; reverse mode
+    stores every level's carry and is several times slower (benchmarks/bench_simulator.py)."""
+
+    def finish(self, graph, tables, tau, exact, sinks=False):
+        def chunk(g, t, s):
+            out = _forward(g, t, s, exact)
+            return out[g.sinks] if sinks else out
+
+        return _in_chunks(chunk, graph, (tables, tau))
+
+
+#: The adjoints' names at the API's edge (``adjoint="sweep"``).
+ADJOINTS = {"sweep": SweepAdjoint, "autodiff": AutodiffAdjoint}
+
+
+_NAMED = {name: cls() for name, cls in ADJOINTS.items()}  # immutable, so shared (no per-call construction)
+
+
+def as_adjoint(adjoint: Any) -> AbstractAdjoint:
+    """An adjoint object from an object or its name (the one place names map to objects)."""
+    if isinstance(adjoint, AbstractAdjoint):
+        return adjoint
+    if isinstance(adjoint, str) and adjoint in ADJOINTS:
+        return _NAMED[adjoint]
+    raise ConfigError(f"adjoint {adjoint!r} is not an AbstractAdjoint or one of {', '.join(ADJOINTS)}")
+
+
+# -- entry points ----------------------------------------------------------------------------------
 def finish_times(
     graph: Graph,
     tables: CostTables,
     temperature: Float[Array, ""] | None = None,
-    adjoint: str = "sweep",
+    adjoint: AbstractAdjoint | str = "sweep",
 ) -> Float[Array, "nodes batch"]:
     """Finish time of every node under cost ``tables`` (batch last); rows that are not real nodes
     (scratch, sentinel) hold ``-inf``. ``temperature=None`` is exact max-plus; a positive
     temperature smooths every max."""
-    if adjoint == "autodiff":
-        dur, delay = tables.expand(graph)
-        finish = _sweep(graph.pred, graph.offsets, graph.width, dur, delay, temperature)
-    else:
-        tau = jnp.ones((), tables.base.dtype) if temperature is None else temperature
-        finish = _finish(graph, tables, temperature is None, tau)
-    return jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
+    return _finish(graph, tables, temperature, adjoint, sinks=False)
+
+
+def _finish(graph: Graph, tables: CostTables, temperature, adjoint, sinks: bool) -> Array:
+    batch = tables.size.shape[-1]
+    dtype = tables.base.dtype
+    tau = jnp.ones((batch,), dtype) if temperature is None else jnp.broadcast_to(
+        jnp.asarray(temperature, dtype), (batch,))
+    return as_adjoint(adjoint).finish(graph, tables, tau, temperature is None, sinks)
 
 
 def smooth_max(values: Float[Array, "n batch"], temperature: Float[Array, ""] | None) -> Float[Array, " batch"]:
@@ -212,3 +410,9 @@ def sink_max(graph: Graph, finish: Float[Array, "nodes batch"], temperature) -> 
     """The makespan: (smoothed) max of the sinks' finish times."""
     return smooth_max(finish[graph.sinks], temperature)
 
+
+def batched_makespan(graph: Graph, tables: CostTables, temperature: Array | None = None,
+                     adjoint: AbstractAdjoint | str = "sweep") -> Float[Array, " batch"]:
+    """Makespan ``[batch]`` of batch-last cost tables (evaluated in chunks of ``BATCH_CHUNK``; only
+    the sinks' finish times leave a chunk)."""
+    return smooth_max(_finish(graph, tables, temperature, adjoint, sinks=True), temperature)

@@ -78,7 +78,8 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
         bad = bad | (x <= 0)
     if not allow_inf:
         bad = bad | jnp.isinf(x)
-    return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be non-negative and finite")
+    return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
+                        f"{'' if allow_inf else ' and finite'}")
 
 
 class Network(eqx.Module):

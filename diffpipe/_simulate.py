@@ -1,9 +1,9 @@
 """``makespan`` and ``simulate``: the public evaluation entry points, and per-device memory.
 
-``makespan(graph, hw)`` is a jit/vmap/grad-able scalar. ``makespan(graph, hws, batched=True)``
-evaluates a batch of hardware (leaves with a leading batch axis, e.g. from
-``jax.vmap(Hardware.from_times)``) in one call with the batch as the last, contiguous axis of
-the evaluator's arrays: the fast path for what-if sweeps. ``simulate`` returns a ``Result`` with
+``makespan(graph, hw)`` is a jit/vmap/grad-able scalar; under ``jax.vmap`` the evaluator folds the
+vmapped axis into its batch-last layout (``_evaluate``), so ``jax.vmap(makespan)`` is as fast as
+``makespan(graph, hws, batched=True)``, a convenience for a batch of hardware (leaves with a
+leading batch axis, e.g. from ``jax.vmap(Hardware.from_times)``). ``simulate`` returns a ``Result`` with
 times, bubbles, memory, communication volume and, for asynchronous schedules, steady state and
 staleness.
 """
@@ -11,6 +11,9 @@ staleness.
 from __future__ import annotations
 
 import math
+import re
+from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 import equinox as eqx
@@ -20,7 +23,8 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError, ScheduleError
-from ._evaluate import ADJOINTS, finish_times, sink_max
+from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
+from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
 from ._hardware import CostTables, Hardware
 from ._results import json_text
@@ -34,8 +38,28 @@ def _temperature(temperature: Any, dtype) -> Array | None:
     if isinstance(temperature, (int, float)):
         if not (math.isfinite(temperature) and temperature > 0):
             raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
+    elif not isinstance(temperature, jax.core.Tracer):
+        value = np.asarray(temperature)
+        if value.shape != () or not (np.isfinite(value) and value > 0):
+            raise ConfigError(f"temperature must be a positive finite scalar or None, got {value.tolist()!r}")
     t = jnp.asarray(temperature, dtype=dtype)
     return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+
+
+_RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
+
+
+def _checked(fn, hw: Hardware, *args, **kwargs):
+    """``fn(*args)``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
+    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun)."""
+    try:
+        return fn(*args, **kwargs)
+    except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
+            hw.network.__check_init__()
+            hw.__check_init__()  # raises ConfigError with the culprit and its value
+        found = _RUNTIME_MESSAGE.findall(str(error))
+        raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
 
 
 def _check_types(graph: Any, hw: Any) -> None:
@@ -54,37 +78,34 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
     return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
 
 
-#: Hardware variants evaluated together in the batched path: larger batches run as a sequence of
-#: chunks this wide, so the ``[nodes, chunk]`` carry stays in cache (measured on a 2-core CPU:
-#: 1F1B 8x32, 1.1 us per variant in chunks of 128 against 4.4 us in one batch of 4096).
-BATCH_CHUNK = 128
-
-
-def batched_makespan(graph: Graph, tables: CostTables, temperature: Array | None = None,
-                     adjoint: str = "sweep") -> Array:
-    """Makespan ``[batch]`` of batch-last cost tables, evaluated in chunks of ``BATCH_CHUNK``."""
-
-    def evaluate(t: CostTables) -> Array:
-        return sink_max(graph, finish_times(graph, t, temperature, adjoint), temperature)
-
-    batch = tables.size.shape[-1]
-    if batch <= BATCH_CHUNK:
-        return evaluate(tables)
-    chunks = -(-batch // BATCH_CHUNK)
-    pad = chunks * BATCH_CHUNK - batch  # padded with copies of the last variant, then dropped
-
-    def split(x: Array) -> Array:
-        x = jnp.concatenate([x, jnp.repeat(x[..., -1:], pad, axis=-1)], axis=-1) if pad else x
-        return jnp.moveaxis(x.reshape(*x.shape[:-1], chunks, BATCH_CHUNK), -2, 0)
-
-    return jax.lax.map(evaluate, jax.tree.map(split, tables)).reshape(-1)[:batch]
-
-
-@eqx.filter_jit
-def _makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool, adjoint: str) -> Array:
-    tables = _tables(graph, hw, batched)
-    out = batched_makespan(graph, tables, temperature, adjoint)
+def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
+                       adjoint: AbstractAdjoint) -> Array:
+    out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
     return out if batched else out[0]
+
+
+#: ``makespan`` for any graph (the graph's arrays are arguments: graphs of one structure share it).
+_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
+#: Per concrete graph, single-variant ``makespan`` with the graph's arrays baked in as constants (one
+#: compilation per graph object rather than per structure): XLA specialises
+#: the gathers and a call passes only the hardware (measured in benchmarks/bench_simulator.py: the
+#: same speed as the call inside a user's own ``jax.jit``). Bounded; holding the graph keeps its
+#: ``id`` unique while cached.
+_BAKED: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
+_BAKED_GRAPHS = 32
+#: Larger graphs are not baked: their evaluation dwarfs the call overhead, and XLA would spend
+#: compile time constant-folding their index arrays.
+_BAKED_ROWS = 8192
+
+
+def _baked(graph: Graph):
+    entry = _BAKED.get(id(graph))
+    if entry is None or entry[0] is not graph:
+        entry = (graph, jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",)))
+        _BAKED[id(graph)] = entry
+        if len(_BAKED) > _BAKED_GRAPHS:
+            _BAKED.popitem(last=False)
+    return entry[1]
 
 
 def makespan(
@@ -93,7 +114,7 @@ def makespan(
     *,
     temperature: float | Array | None = None,
     batched: bool = False,
-    adjoint: str = "sweep",
+    adjoint: AbstractAdjoint | str = "sweep",
 ) -> Float[Array, "*batch"]:
     """Time of one step (the whole unrolled window for asynchronous schedules).
 
@@ -103,9 +124,9 @@ def makespan(
         temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
             max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
         batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
-        adjoint: ``"sweep"`` (default) differentiates with the reverse sweep of ``_evaluate``, about
-            one extra forward in time and memory; ``"autodiff"`` lets JAX differentiate the scan,
-            which also allows forward mode (``jax.jvp``, ``jax.jacfwd``).
+        adjoint: ``SweepAdjoint()`` (default, or ``"sweep"``): hand-written tangent and reverse
+            sweeps (forward and reverse mode; reverse costs about one extra forward in time and
+            memory); ``AutodiffAdjoint()`` (``"autodiff"``): JAX differentiates the level scan.
 
     Returns:
         A scalar, or ``[batch]`` when ``batched``. Works under ``jax.jit``, ``jax.vmap``, ``jax.grad``;
@@ -117,9 +138,11 @@ def makespan(
         if None in sizes or len(sizes) != 1:
             raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
                               "(build it with jax.vmap(Hardware.from_times))")
-    if adjoint not in ADJOINTS:
-        raise ConfigError(f"adjoint {adjoint!r} is not one of {', '.join(ADJOINTS)}")
-    return _makespan(graph, hw, _temperature(temperature, hw.forward.dtype), batched, adjoint)
+    tau, adjoint = _temperature(temperature, hw.forward.dtype), as_adjoint(adjoint)
+    if (batched or graph.kind.shape[-1] > _BAKED_ROWS  # overhead amortised by the evaluation
+            or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph))):  # e.g. vmapped stacked graphs
+        return _checked(_makespan, hw, graph, hw, tau, batched, adjoint)
+    return _checked(partial(_baked(graph), batched=batched), hw, hw, tau, adjoint=adjoint)
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
@@ -245,8 +268,8 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
-    start, finish, total, busy, bubble, memory, count, volume, step_finish = _simulate(
-        graph, hw, _temperature(temperature, hw.forward.dtype))
+    start, finish, total, busy, bubble, memory, count, volume, step_finish = _checked(
+        _simulate, hw, graph, hw, _temperature(temperature, hw.forward.dtype))
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]
