@@ -39,16 +39,8 @@ from itertools import combinations
 from types import MappingProxyType
 from typing import Any
 
-import equinox as eqx
-import jax.numpy as jnp
-import numpy as np
-
 from ._errors import ConfigError, ScheduleError
-from ._hardware import Hardware, Network
-from ._presets import NETWORKS, device
 from ._results import csv_text, json_text, markdown_table
-from ._simulate import simulate
-from ._transformer import Transformer
 from .schedules import Schedule
 from .schedules import formula as family_formula
 from .schedules import get as get_schedule
@@ -106,6 +98,11 @@ class Machine:
         and gradient bytes (the assumption of the closed forms), instead of whole layers with the
         embedding on the first stage and the LM head on the last; boundary messages are unchanged.
         """
+        import equinox as eqx
+        import jax.numpy as jnp
+
+        from ._hardware import Hardware
+
         if schedule.stages > self.model.layers:
             raise ConfigError(
                 f"machine {self.name!r}: {schedule.family} needs {schedule.stages} stages, the model has only "
@@ -129,6 +126,12 @@ def default_machine(mode: str = "contention") -> Machine:
     of ``diffpipe._transformer``. Under ``contention`` each GPU's sends share its NVLink bandwidth,
     one at a time, whatever their destination (``devices_per_node=1``: every GPU's egress is a lane).
     """
+    import jax.numpy as jnp
+
+    from ._hardware import Network
+    from ._presets import NETWORKS, device
+    from ._transformer import Transformer
+
     link = NETWORKS["nvlink4"]
     latency, bandwidth = jnp.asarray(link.latency), jnp.asarray(link.bandwidth)
     network = Network(latency, bandwidth, latency, bandwidth, mode=mode, devices_per_node=1)
@@ -452,6 +455,10 @@ def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
 
 
 def _simulation_level(schedule: Schedule, hw: Any) -> dict:
+    import numpy as np
+
+    from ._simulate import simulate
+
     result = simulate(schedule, hw)
     return {
         "makespan_s": float(result.makespan),
@@ -529,6 +536,7 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
 
 def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, str]:
     """A ``schedule -> Hardware`` function, a description of the machine and its communication mode."""
+    from ._hardware import Hardware
 
     if hardware is None:
         hardware = default_machine()
@@ -594,6 +602,7 @@ def compare(
     for kind, value in merged.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ConfigError(f"compare: duration of {kind} must be a finite non-negative number, got {value!r}")
+    from ._hardware import Hardware
 
     schedules = _resolve(schedules_or_names, devices, microbatches)
     hw_of, machine, mode = _hardware_for(hardware, schedules)
