@@ -224,10 +224,11 @@ class Transformer:
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             raise ConfigError(f"transformer: unknown field(s) {', '.join(unknown)}")
-        values = dict(layers=layers, hidden=hidden, heads=heads, sequence=sequence, vocabulary=vocabulary,
-                      microbatch_size=microbatch_size, dtype_bytes=dtype_bytes, ffn_multiplier=ffn_multiplier,
-                      recompute=recompute_mode(recompute), tied_embedding=tied_embedding,
-                      bytes_per_parameter=bytes_per_parameter, **{**self.OPTIONS, **options})
+        values: dict[str, Any] = dict(
+            layers=layers, hidden=hidden, heads=heads, sequence=sequence, vocabulary=vocabulary,
+            microbatch_size=microbatch_size, dtype_bytes=dtype_bytes, ffn_multiplier=ffn_multiplier,
+            recompute=recompute_mode(recompute), tied_embedding=tied_embedding,
+            bytes_per_parameter=bytes_per_parameter, **{**self.OPTIONS, **options})
         if values["moe_layers"] is not None:
             try:
                 values["moe_layers"] = tuple(operator.index(i) for i in values["moe_layers"])
