@@ -9,6 +9,8 @@ code. All of them are rotary, RMSNorm, SwiGLU (``hidden_act = "silu"``) decoders
 dropout.
 
 Approximations, stated:
+- Llama-style ``attention_bias`` is read as biases on the query/key/value projections (and on every
+  linear layer when ``mlp_bias`` is set too); a bias on the output projection alone is not represented.
 - ``sequence`` is ``max_position_embeddings`` (the longest context, not necessarily the training
   one): pass ``sequence=`` to ``from_hf_config`` for the length you train at.
 - Qwen2-MoE's shared expert is ``shared_expert_intermediate_size / moe_intermediate_size`` experts

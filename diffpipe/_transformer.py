@@ -318,11 +318,6 @@ class Transformer:
         """FFN width ``F_e`` of one expert."""
         return self.ffn if self.moe_ffn_hidden is None else self.moe_ffn_hidden
 
-    @property
-    def moe(self) -> bool:
-        """Whether any block routes tokens to experts."""
-        return self.experts > 1 and bool(self.moe_blocks())
-
     def moe_blocks(self) -> tuple[int, ...]:
         """Indices of the MoE blocks (none for a dense model)."""
         if self.experts == 1:
@@ -471,7 +466,9 @@ def activation_bytes(model: Transformer, *, tensor: int = 1, sequence_parallel: 
     With full recomputation a block stores its input only, ``d h`` per token (``/ t`` with sequence
     parallelism). The embedding stores its dropout mask (``h`` per token, if dropout); the head the
     inputs of the final norm and of the projection ``2 d h`` and the logits ``4 V`` (sharded by the
-    vocabulary-parallel head). GPT: ``s b h (34 + 5 a s / h)`` per block.
+    vocabulary-parallel head). GPT: ``s b h (34 + 5 a s / h)`` per block. ``tensor`` is taken to
+    divide ``heads`` and ``kv_heads`` (Megatron-LM replicates key/value heads when ``t > a_kv``; not
+    modelled here) and expert interiors to shard like the dense MLP.
     """
     if not _positive_int(tensor):
         raise ConfigError(f"activation_bytes: tensor must be a positive int, got {tensor!r}")
