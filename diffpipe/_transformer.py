@@ -62,6 +62,7 @@ Sources and rules:
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import warnings
 from collections.abc import Sequence
@@ -335,6 +336,13 @@ class Transformer:
         it skips in every MoE block (the model card's "active" or "activated" parameters)."""
         idle = (self.experts - self.experts_per_token) * _block(self, True)["expert"]
         return self.parameters() - len(self.moe_blocks()) * idle
+
+    def model_flops(self) -> float:
+        """FLOPs of one microbatch's forward and backward as the model defines them, without
+        recomputation (full, selective or flash attention's): the numerator of model FLOPs
+        utilisation (Chowdhery et al., "PaLM", 2022, Appendix B; Korthikanti et al. 2022, §6.3)."""
+        c = layer_costs(dataclasses.replace(self, recompute="none", flash_attention=False))
+        return float(c.forward.sum() + c.backward.sum() + c.weight.sum())
 
     @classmethod
     def from_hf_config(cls, config: Any, **overrides: Any) -> Transformer:

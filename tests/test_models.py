@@ -74,6 +74,8 @@ def test_flops_per_token_are_6n_plus_attention(name):
     n = m.active_parameters() - m.vocabulary * m.hidden
     attention = 6 * m.layers * m.sequence * m.heads * (m.dh + m.dv)
     np.testing.assert_allclose(_training_flops(m) / m.sequence, 6 * n + attention, rtol=2e-4)
+    again = dp.Transformer(**{**m.__dict__, "recompute": "full", "flash_attention": True})
+    assert _training_flops(again) > _training_flops(m) and again.model_flops() == m.model_flops() == _training_flops(m)
 
 
 GPT = dp.Transformer(layers=4, hidden=1024, heads=16, sequence=2048, vocabulary=51200, microbatch_size=2)
