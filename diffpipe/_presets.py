@@ -1,7 +1,9 @@
-"""Named devices and links, as published by their vendors, for ``Hardware.from_model``.
+"""Named devices, links and models, as published by their vendors, for ``Hardware.from_model``.
 
-``device("H100")`` gives a ``Device`` and ``network("nvlink4", "ib-ndr")`` a ``Network``; the
-tables ``DEVICES`` and ``NETWORKS`` and ``preset_names()`` need no JAX (the CLI lists them fast).
+``device("H100")`` gives a ``Device``, ``network("nvlink4", "ib-ndr")`` a ``Network`` and
+``model("llama-3-70b")`` a ``Transformer``; the tables ``DEVICES``, ``NETWORKS`` and ``MODELS``
+and ``devices()``, ``networks()``, ``models()``, ``preset_names()`` need no JAX (the CLI lists
+them fast).
 
 Units: FLOP/s, bytes, bytes/s per direction, seconds. Vendor "GB" is 10**9 bytes and is used as
 published (the usable memory a framework reports is a little lower still). Peak FLOP/s are the
@@ -11,25 +13,29 @@ published (the usable memory a framework reports is a little lower still). Peak 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
     from ._hardware import Network
-    from ._transformer import Device
+    from ._transformer import Device, Transformer
 
 
 class DeviceSpec(NamedTuple):
-    """A device as published: dense BF16 peak (FLOP/s), memory (bytes) and the source."""
+    """A device as published: dense BF16 peak (FLOP/s), memory (bytes), the source, memory
+    bandwidth (bytes/s) and the dense FP8 peak (FLOP/s; None where the part has no FP8 units)."""
 
     peak_flops: float
     memory: float
     source: str
+    memory_bandwidth: float
+    fp8_flops: float | None = None
 
 
 class LinkSpec(NamedTuple):
-    """A link: bandwidth per direction (bytes/s), latency (s) and the source.
+    """A link: bandwidth per direction (bytes/s), latency (s), the source, and ``domain``: the
+    devices one switch domain joins (the default ``devices_per_node`` of ``network``; None: 8).
 
     Latencies are not datasheet figures: they are the order of magnitude of a small message's
     end-to-end point-to-point time through the communication library (one significant figure).
@@ -38,27 +44,135 @@ class LinkSpec(NamedTuple):
     bandwidth: float
     latency: float
     source: str
+    domain: int | None = None
 
 
+#: "dense" is without 2:4 structured sparsity: NVIDIA's and AMD's datasheets headline the sparse
+#: figure, twice the dense one. Memory bandwidth as published (TB/s = 1e12 bytes/s).
 DEVICES: dict[str, DeviceSpec] = {
     "A100": DeviceSpec(312e12, 80e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS "
-                                     "dense (624 with sparsity), 80GB HBM2e"),
+                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9),
     "H100": DeviceSpec(989e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
-                                     "with sparsity, i.e. 989 dense; 80GB HBM3"),
+                                     "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
+                                     "3.35 TB/s", 3.35e12, 1979e12),
     "H200": DeviceSpec(989e12, 141e9, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
-                                      "with sparsity, i.e. 989 dense; 141GB HBM3e"),
+                                      "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
+                       4.8e12, 1979e12),
+    "A100-40GB": DeviceSpec(312e12, 40e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
+                                          "dense, 40GB HBM2, 1,555 GB/s", 1555e9),
+    "H100-PCIe": DeviceSpec(756e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 "
+                                          "TFLOPS with sparsity, i.e. 756 dense; FP8 1,513 dense; 80GB HBM2e, "
+                                          "2 TB/s", 2.0e12, 1513e12),
+    "H800": DeviceSpec(989e12, 80e9, "NVIDIA H800 SXM5 product brief: compute as H100 SXM (BF16 989 TFLOPS "
+                                     "dense, FP8 1,979 dense), 80GB HBM3, 3.35 TB/s; NVLink cut to 400 GB/s",
+                       3.35e12, 1979e12),
+    "H20": DeviceSpec(148e12, 96e9, "NVIDIA H20 product brief (as published by OEMs): BF16 148 TFLOPS dense, "
+                                    "FP8 296 dense, 96GB HBM3, 4.0 TB/s", 4.0e12, 296e12),
+    "B200": DeviceSpec(2.25e15, 180e9, "NVIDIA HGX B200 / DGX B200 datasheet (1,000 W): BF16 4.5 PFLOPS with "
+                                       "sparsity, i.e. 2.25 dense; FP8 4.5 dense; 1,440GB HBM3e and 64 TB/s "
+                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15),
+    "GB200": DeviceSpec(2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1,200 W): BF16 360 "
+                                       "PFLOPS with sparsity for 72 GPUs, i.e. 2.5 dense each; FP8 5 dense; "
+                                       "13.4TB HBM3e and 576 TB/s for 72, i.e. 186GB and 8 TB/s", 8.0e12, 5.0e15),
+    "MI300X": DeviceSpec(1307.4e12, 192e9, "AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense (2,614.9 "
+                                           "with sparsity), FP8 2,614.9 dense; 192GB HBM3, 5.3 TB/s",
+                         5.3e12, 2614.9e12),
+    "MI325X": DeviceSpec(1307.4e12, 256e9, "AMD Instinct MI325X datasheet: BF16 1,307.4 TFLOPS dense, FP8 2,614.9 "
+                                           "dense; 256GB HBM3E, 6 TB/s", 6.0e12, 2614.9e12),
+    "TPU-v5e": DeviceSpec(197e12, 16e9, "Google Cloud TPU v5e documentation: 197 TFLOPS BF16 per chip, 16 GB "
+                                        "HBM2 at 819 GBps (no FP8: INT8 393 TOPS)", 819e9),
+    "TPU-v5p": DeviceSpec(459e12, 95e9, "Google Cloud TPU v5p documentation: 459 TFLOPS BF16 per chip, 95 GB "
+                                        "HBM2e at 2,765 GBps (no FP8)", 2765e9),
+    "TPU-v6e": DeviceSpec(918e12, 32e9, "Google Cloud TPU v6e (Trillium) documentation: 918 TFLOPS BF16 per "
+                                        "chip, 32 GB HBM at 1,638 GBps (no FP8: INT8 1,836 TOPS)", 1638e9),
 }
 
 NETWORKS: dict[str, LinkSpec] = {
     "nvlink3": LinkSpec(300e9, 3e-6, "NVIDIA A100 datasheet: third-generation NVLink 600 GB/s "
-                                     "(both directions), i.e. 300 GB/s per direction"),
+                                     "(both directions), i.e. 300 GB/s per direction; HGX A100: 8 GPUs", 8),
     "nvlink4": LinkSpec(450e9, 3e-6, "NVIDIA H100/H200 datasheets: fourth-generation NVLink 900 GB/s "
-                                     "(both directions), i.e. 450 GB/s per direction"),
+                                     "(both directions), i.e. 450 GB/s per direction; HGX H100: 8 GPUs", 8),
     "ib-ndr": LinkSpec(50e9, 5e-6, "NVIDIA ConnectX-7 / Quantum-2 InfiniBand NDR: 400 Gb/s per port, "
                                    "i.e. 50 GB/s per direction"),
     "100gbe": LinkSpec(12.5e9, 1e-5, "IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s, i.e. 12.5 GB/s per "
                                      "direction; TCP-level latency"),
+    "nvlink-h800": LinkSpec(200e9, 3e-6, "NVIDIA H800 SXM5 product brief: NVLink 400 GB/s (both directions), "
+                                         "i.e. 200 GB/s per direction; 8 GPUs a node", 8),
+    "nvlink5": LinkSpec(900e9, 3e-6, "NVIDIA Blackwell datasheets: fifth-generation NVLink 1.8 TB/s per GPU "
+                                     "(both directions), i.e. 900 GB/s per direction; HGX B200: 8 GPUs", 8),
+    "nvl72": LinkSpec(900e9, 3e-6, "NVIDIA GB200 NVL72 datasheet: one NVLink 5 switch domain of 72 GPUs, "
+                                   "1.8 TB/s per GPU (both directions), i.e. 900 GB/s per direction", 72),
+    "ib-hdr": LinkSpec(25e9, 5e-6, "NVIDIA ConnectX-6 / Quantum InfiniBand HDR: 200 Gb/s per port, i.e. "
+                                   "25 GB/s per direction"),
+    "ib-xdr": LinkSpec(100e9, 5e-6, "NVIDIA ConnectX-8 / Quantum-X800 InfiniBand XDR: 800 Gb/s per port, "
+                                    "i.e. 100 GB/s per direction"),
+    "roce-200": LinkSpec(25e9, 1e-5, "RoCE v2 over 200 Gigabit Ethernet (e.g. ConnectX-6): 200 Gb/s, i.e. "
+                                     "25 GB/s per direction"),
+    "roce-400": LinkSpec(50e9, 1e-5, "RoCE v2 over 400 Gigabit Ethernet (ConnectX-7 / Spectrum-X): 400 Gb/s, "
+                                     "i.e. 50 GB/s per direction"),
+    "infinity-fabric": LinkSpec(64e9, 3e-6, "AMD Instinct MI300X platform: each of 8 GPUs joined to the 7 others "
+                                            "by one Infinity Fabric link of 128 GB/s (both directions), i.e. "
+                                            "64 GB/s per direction between two GPUs", 8),
+    "ici-v5e": LinkSpec(50e9, 3e-6, "Google Cloud TPU v5e documentation: 400 GBps bidirectional ICI per chip "
+                                    "over 4 ports (2D torus), i.e. 50 GB/s per port and direction; 256-chip pod",
+                        256),
+    "ici-v5p": LinkSpec(50e9, 3e-6, "Google Cloud TPU v5p documentation: 4,800 Gbps ICI per chip over 6 ports "
+                                    "(3D torus), taken as bidirectional: 50 GB/s per port and direction", 8960),
+    "ici-v6e": LinkSpec(100e9, 3e-6, "Google Cloud TPU v6e documentation: 800 GBps bidirectional ICI per chip "
+                                     "over 4 ports (2D torus), i.e. 100 GB/s per port and direction; 256-chip "
+                                     "pod", 256),
 }
+
+class ModelSpec(NamedTuple):
+    """A model as published: its configuration (a Hugging Face ``config.json``'s keys, read by
+    ``Transformer.from_hf_config``, or ``Transformer`` fields when ``hf`` is False), the sequence
+    length it was pre-trained at, and the sources of both."""
+
+    config: dict[str, Any]
+    sequence: int
+    source: str
+    hf: bool = True
+
+
+def _llama(layers: int, hidden: int, heads: int, ffn: int, vocabulary: int, positions: int, **more: Any) -> dict:
+    return dict(model_type="llama", num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                num_key_value_heads=8, intermediate_size=ffn, vocab_size=vocabulary,
+                max_position_embeddings=positions, hidden_act="silu", tie_word_embeddings=False, **more)
+
+
+MODELS: dict[str, ModelSpec] = {
+    "llama-3-8b": ModelSpec(_llama(32, 4096, 32, 14336, 128256, 8192), 8192,
+                            "meta-llama/Meta-Llama-3-8B config.json; model card: 8B, context length 8k"),
+    "llama-3-70b": ModelSpec(_llama(80, 8192, 64, 28672, 128256, 8192), 8192,
+                             "meta-llama/Meta-Llama-3-70B config.json; model card: 70B, context length 8k"),
+    "llama-3.1-405b": ModelSpec(_llama(126, 16384, 128, 53248, 128256, 131072), 8192,
+                                "meta-llama/Llama-3.1-405B config.json; Llama 3 paper (Dubey et al. 2024) §3.4: "
+                                "pre-training at 8K tokens before the long-context stage"),
+    "mistral-7b": ModelSpec({**_llama(32, 4096, 32, 14336, 32000, 32768), "model_type": "mistral"}, 8192,
+                            "mistralai/Mistral-7B-v0.1 config.json; Jiang et al. 2023, Table 1: context_len 8192 "
+                            "(its 4096-token sliding window is not modelled: attention counted over s)"),
+    "mixtral-8x7b": ModelSpec({**_llama(32, 4096, 32, 14336, 32000, 32768), "model_type": "mixtral",
+                               "num_local_experts": 8, "num_experts_per_tok": 2}, 32768,
+                              "mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024 (Mixtral of Experts) "
+                              "§2: trained with a context of 32k tokens"),
+    "qwen2.5-72b": ModelSpec({**_llama(80, 8192, 64, 29568, 152064, 131072), "model_type": "qwen2"}, 4096,
+                             "Qwen/Qwen2.5-72B config.json; Qwen2.5 technical report §3.2: pre-training at "
+                             "4,096 tokens before the 32,768-token stage"),
+    "gpt-3-175b": ModelSpec(dict(layers=96, hidden=12288, heads=96, vocabulary=50257), 2048,
+                            "Brown et al. 2020 (GPT-3), Table 2.1: 96 layers, d_model 12288, 96 heads, context "
+                            "2048; GPT-2's 50257-token BPE vocabulary; Megatron-LM layout (learned positions, "
+                            "biases, LayerNorm, GeLU, tied embeddings)", hf=False),
+    "deepseek-v3": ModelSpec(dict(model_type="deepseek_v3", num_hidden_layers=61, hidden_size=7168,
+                                  num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
+                                  moe_intermediate_size=2048, n_routed_experts=256, num_experts_per_tok=8,
+                                  n_shared_experts=1, first_k_dense_replace=3, moe_layer_freq=1, q_lora_rank=1536,
+                                  kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                  vocab_size=129280, max_position_embeddings=163840, hidden_act="silu",
+                                  tie_word_embeddings=False), 4096,
+                             "deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report §4.2: maximum "
+                             "sequence length 4K in pre-training (multi-token prediction module left out)"),
+}
+
 
 # Other spellings users type; lookups also ignore case, "-", "_" and spaces.
 _ALIASES = {
@@ -66,6 +180,13 @@ _ALIASES = {
     "h100sxm": "H100", "h100sxm5": "H100", "h200sxm": "H200",
     "nvlinka100": "nvlink3", "nvlinkh100": "nvlink4", "nvlinkh200": "nvlink4",
     "ndr": "ib-ndr", "infinibandndr": "ib-ndr", "ethernet100g": "100gbe",
+    "a10040g": "A100-40GB", "a100sxm440gb": "A100-40GB", "h100sxm580gb": "H100", "h800sxm": "H800",
+    "h800sxm5": "H800", "h141gb": "H200", "mi300": "MI300X", "v5e": "TPU-v5e", "v5p": "TPU-v5p",
+    "v6e": "TPU-v6e", "trillium": "TPU-v6e", "tpuv6etrillium": "TPU-v6e",
+    "hdr": "ib-hdr", "infinibandhdr": "ib-hdr", "xdr": "ib-xdr", "infinibandxdr": "ib-xdr",
+    "nvlinkb200": "nvlink5", "gb200nvl72": "nvl72", "nvlinkh800": "nvlink-h800", "xgmi": "infinity-fabric",
+    "roce200g": "roce-200", "roce400g": "roce-400", "roce200gbe": "roce-200", "roce400gbe": "roce-400",
+    "llama405b": "llama-3.1-405b", "gpt3": "gpt-3-175b", "gpt3175b": "gpt-3-175b", "deepseekv3671b": "deepseek-v3",
 }
 
 
@@ -83,9 +204,37 @@ def _lookup(table: dict, name: object, what: str) -> str:
     raise ConfigError(f"unknown {what} preset {name!r}; known: {', '.join(table)}")
 
 
+def devices() -> tuple[str, ...]:
+    """The device preset names (see ``DEVICES``)."""
+    return tuple(DEVICES)
+
+
+def networks() -> tuple[str, ...]:
+    """The link preset names (see ``NETWORKS``)."""
+    return tuple(NETWORKS)
+
+
+def models() -> tuple[str, ...]:
+    """The model preset names (see ``MODELS``)."""
+    return tuple(MODELS)
+
+
 def preset_names() -> dict[str, tuple[str, ...]]:
-    """The preset names: ``{"devices": (...), "networks": (...)}``."""
-    return {"devices": tuple(DEVICES), "networks": tuple(NETWORKS)}
+    """The preset names: ``{"devices": (...), "networks": (...), "models": (...)}``."""
+    return {"devices": devices(), "networks": networks(), "models": models()}
+
+
+def model(name: str, **overrides: Any) -> Transformer:
+    """The ``Transformer`` preset ``name`` (case-insensitive; see ``MODELS``) at its pre-training
+    sequence length; ``overrides`` set any field (``microbatch_size=2``, ``recompute="selective"``,
+    ``sequence=32768``, ...)."""
+    from ._transformer import Transformer  # imported here so that listing presets needs no JAX
+
+    spec = MODELS[_lookup(MODELS, name, "model")]
+    fields = {"sequence": spec.sequence, **overrides}
+    if spec.hf:
+        return Transformer.from_hf_config(spec.config, **fields)
+    return Transformer(**{**spec.config, **fields})
 
 
 def device(name: str, *, efficiency: float | None = None) -> Device:
@@ -102,19 +251,23 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     return Device(spec.peak_flops, spec.memory, efficiency, name=key)
 
 
-def network(intra: str, inter: str | None = None, *, devices_per_node: int = 8, mode: str = "overlap") -> Network:
+def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None,
+            mode: str = "overlap") -> Network:
     """A ``Network`` from link presets (see ``NETWORKS``).
 
     Args:
         intra: the link between devices of one node (e.g. ``"nvlink4"``).
         inter: the link between nodes (e.g. ``"ib-ndr"``); ``None`` puts every device on one node
             (``devices_per_node`` is then ignored).
-        devices_per_node: devices sharing a node when ``inter`` is given.
+        devices_per_node: devices sharing a node when ``inter`` is given (default: the ``intra``
+            link's switch domain, e.g. 72 for ``nvl72``, else 8).
         mode: communication mode (``none``, ``overlap``, ``contention``, ``blocking``).
     """
     from ._hardware import Network, _float  # imported here so that listing presets needs no JAX
 
     a = NETWORKS[_lookup(NETWORKS, intra, "network")]
     b = a if inter is None else NETWORKS[_lookup(NETWORKS, inter, "network")]
+    if devices_per_node is None:
+        devices_per_node = a.domain or 8
     return Network(_float(a.latency), _float(a.bandwidth), _float(b.latency), _float(b.bandwidth), mode=mode,
                    devices_per_node=None if inter is None else devices_per_node)

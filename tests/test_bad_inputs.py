@@ -229,7 +229,7 @@ def flag_cases() -> list[Case]:
         ("inter-without-intra", ("--inter", "ib-ndr"), "need --intra"),
         ("dpn-without-inter", ("--intra", "nvlink3", "--devices-per-node", "2"), "needs --inter"),
         ("mode-unknown", ("--mode", "fast"), "--mode"),
-        ("device-unknown", ("--device", "B200"), "B200"),
+        ("device-unknown", ("--device", "V100"), "V100"),
         ("intra-unknown", ("--intra", "warp"), "warp"),
         ("inter-unknown", ("--intra", "nvlink3", "--inter", "carrier-pigeon"), "carrier-pigeon"),
         ("overflow-float32", ("--forward", "1e38", "--backward", "1e38"), "float32"),

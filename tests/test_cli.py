@@ -59,7 +59,7 @@ def test_json_outputs_are_valid(capsys):
         (["show", "nope"], "unknown schedule family 'nope'"),
         (["show", "interleaved-1f1b", "--devices", "4", "--microbatches", "6", "--option", "chunks=2"], "microbatches"),
         (["show", "1f1b", "--option", "chunks"], "expected NAME=VALUE"),
-        (["simulate", "1f1b", "--device", "B200"], "unknown device preset 'B200'"),
+        (["simulate", "1f1b", "--device", "V100"], "unknown device preset 'V100'"),
         (["simulate", "1f1b", "--intra", "warp"], "warp"),
         (["simulate", "1f1b", "--forward", "1"], "forward and backward"),
         (["simulate", "1f1b", "--forward", "-1", "--backward", "2"], "argument --forward: expected seconds"),

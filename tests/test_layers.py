@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_communication",),
     ("_graph",),
     ("_devices", "_presets"),
-    ("_models", "_transformer"),
+    ("_models", "_transformer", "_hf"),
     ("_parallel",),
     ("_cost_model", "_hardware"),
     ("_evaluate",),

@@ -137,7 +137,7 @@ def test_differentiable_and_vmappable():
 
 def test_presets():
     names = dp.presets.preset_names()
-    assert set(names["devices"]) == {"A100", "H100", "H200"}
+    assert {"A100", "H100", "H200"} <= set(names["devices"])
     assert {"nvlink3", "nvlink4", "ib-ndr", "100gbe"} <= set(names["networks"])
     h200 = dp.presets.device("h200", efficiency=0.4)
     assert float(h200.memory) == pytest.approx(141e9) and h200.name == "H200"
