@@ -65,7 +65,7 @@ def with_capacity(workload: dp.Workload, capacity: float) -> dp.Workload:
 def reference_seconds(schedule, workload: dp.Workload, counts) -> float:
     """Seconds per evaluation of the pure-Python evaluator (per-stage times, a delay per transfer)."""
     hw = workload.hardware(workload.boundaries(counts))
-    f, b, w = (np.asarray(x, np.float64) for x in (hw.forward, hw.backward, hw.weight))
+    f, b, w = (np.asarray(x, np.float64) for x in (hw.forward, hw.input_grad, hw.weight))
     msg = np.asarray(hw.message_bytes, np.float64)
     latency, bandwidth = float(workload.network.latency), float(workload.network.bandwidth)
 

@@ -70,7 +70,7 @@ def hardware_grid(count: int) -> tuple[dp.Hardware, dict[str, np.ndarray]]:
     backward = f * ratio * (1 - share)
     weight = f * ratio * share
     capacity = np.resize(np.asarray([4e7, 6e7, 1e9], np.float32), count)
-    values = dict(forward=f, backward=backward, weight=weight, p2p=p2p, activation=act, capacity=capacity)
+    values = dict(forward=f, input_grad=backward, weight=weight, p2p=p2p, activation=act, capacity=capacity)
     hw = jax.vmap(lambda f, b, w, c, a, cap: dp.Hardware.from_times(
         f, b, w, p2p_time=c, activation_bytes=a, static_bytes=1e7, capacity=cap))(
         f, backward, weight, p2p, act, capacity)
@@ -100,7 +100,7 @@ def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int
                                           **row["options"])
         schedule = cache[key]
         h = row["hardware"]
-        f, b, w, c = (float(values[k][h]) for k in ("forward", "backward", "weight", "p2p"))
+        f, b, w, c = (float(values[k][h]) for k in ("forward", "input_grad", "weight", "p2p"))
         durations = {"F": f, "B": b + w, "I": b, "W": w, "U": 0.0, "R": 0.0}
 
         def duration(op, durations=durations):

@@ -111,7 +111,7 @@ class Machine:
         hw = Hardware.from_model(self.model, self.device, self.network, stages=schedule.stages)
         if not self.uniform_stages:
             return hw
-        fields = ("forward", "backward", "weight", "static_bytes", "gradient_bytes", "activation_bytes")
+        fields = ("forward", "input_grad", "weight", "static_bytes", "gradient_bytes", "activation_bytes")
         return eqx.tree_at(lambda h: [getattr(h, f) for f in fields], hw,
                            [jnp.full_like(getattr(hw, f), jnp.mean(getattr(hw, f))) for f in fields])
 
@@ -542,7 +542,7 @@ def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> t
         hardware = default_machine()
     if isinstance(hardware, Hardware):
         stages = {s.stages for _, s in schedules}
-        scalar = all(getattr(hardware, n).ndim == 0 for n in ("forward", "backward", "weight"))
+        scalar = all(getattr(hardware, n).ndim == 0 for n in ("forward", "input_grad", "weight"))
         if len(stages) > 1 and scalar:
             (a, sa), (b, sb) = (min(schedules, key=lambda x: x[1].stages), max(schedules, key=lambda x: x[1].stages))
             raise ConfigError(

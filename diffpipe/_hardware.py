@@ -18,6 +18,7 @@ Cost model (DESIGN.md, "Hardware and costs"):
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -145,15 +146,29 @@ class Network(eqx.Module):
         return matrix
 
 
+def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
+    """The value of a renamed argument: ``old=`` still works, with a ``DeprecationWarning``."""
+    if old_value is not None:
+        if value is not None:
+            raise ConfigError(f"{what}: give {name}, not also {old} (its old name)")
+        warnings.warn(f"{old}= is deprecated: use {name}= (the input-gradient part I of the backward)",
+                      DeprecationWarning, stacklevel=3)
+        return old_value
+    if value is None:
+        raise ConfigError(f"{what}: {name} is required (seconds of the input-gradient backward I)")
+    return value
+
+
 class Hardware(eqx.Module):
     """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
 
-    Times are seconds for a microbatch of relative size 1; bytes are bytes. ``backward`` is the
-    input-gradient part ``I``, ``weight`` the weight-gradient part ``W``; a full ``B`` costs both.
+    Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
+    input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
+    ``B`` costs both. (``backward``, its name before 0.2, still reads it, with a deprecation warning.)
     """
 
     forward: Float[Array, "..."]
-    backward: Float[Array, "..."]
+    input_grad: Float[Array, "..."]
     weight: Float[Array, "..."]
     update: Float[Array, "..."]
     overhead: Float[Array, ""]
@@ -165,8 +180,14 @@ class Hardware(eqx.Module):
     capacity: Float[Array, "..."]
     network: Network
 
+    @property
+    def backward(self) -> Array:
+        """Deprecated name of ``input_grad``."""
+        warnings.warn("Hardware.backward is deprecated: use Hardware.input_grad", DeprecationWarning, stacklevel=2)
+        return self.input_grad
+
     def __check_init__(self) -> None:
-        for name in ("forward", "backward", "weight", "update", "overhead", "size", "message_bytes",
+        for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
             _check_values(name, getattr(self, name))
         _check_values("capacity", self.capacity, positive=True, allow_inf=True)
@@ -175,7 +196,7 @@ class Hardware(eqx.Module):
     def from_times(
         cls,
         forward: Any,
-        backward: Any,
+        input_grad: Any = None,
         weight: Any = None,
         p2p_time: Any = 0.0,
         *,
@@ -186,17 +207,20 @@ class Hardware(eqx.Module):
         static_bytes: Any = 0.0,
         capacity: Any = math.inf,
         mode: str | AbstractCommunication = "overlap",
+        backward: Any = None,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
-        ``backward`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
-        so a full ``B`` takes ``backward + weight``. ``p2p_time`` delays every cross-device
+        ``input_grad`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
+        so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
         transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
-        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch.
+        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``backward=`` is the deprecated
+        name of ``input_grad``.
         """
+        input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
         zero = _float(0.0)
         return cls(
-            forward=_float(forward, "forward"), backward=_float(backward, "backward"),
+            forward=_float(forward, "forward"), input_grad=_float(input_grad, "input_grad"),
             weight=zero if weight is None else _float(weight, "weight"), update=_float(update, "update"),
             overhead=_float(overhead, "overhead"), size=_float(size, "size"), message_bytes=zero,
             gradient_bytes=zero, static_bytes=_float(static_bytes, "static_bytes"),
@@ -266,7 +290,7 @@ class Hardware(eqx.Module):
         """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
         self.check_graph(graph)
         t = {name: _traced_check(name, self.per_stage(name, graph))
-             for name in ("forward", "backward", "weight", "update")}
+             for name in ("forward", "input_grad", "weight", "update")}
         msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
         grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
         size = _traced_check("size", self.per_microbatch(graph))
@@ -295,7 +319,7 @@ class Hardware(eqx.Module):
                               + 2 * (nf - 1) * ring_lat, 0.0)
         t_base, t_per = transfer(a1, a2, p, a3)
         compute = (kind >= COST_F) & (kind <= COST_W)
-        per_kind = jnp.stack([t["forward"], t["backward"] + t["weight"], t["backward"], t["weight"]])
+        per_kind = jnp.stack([t["forward"], t["input_grad"] + t["weight"], t["input_grad"], t["weight"]])
         every = jnp.broadcast_to(overhead, kind.shape)
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
                           [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)

@@ -33,7 +33,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
-from ._hardware import Hardware, Network, _check_values, _concrete, _float
+from ._hardware import Hardware, Network, _check_values, _concrete, _float, _renamed
 from ._partition import partition, uniform_partition
 from ._transformer import Device, Transformer, layer_costs, stage_of_layers
 
@@ -59,7 +59,7 @@ class Workload(eqx.Module):
     """A model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
 
     Per-layer arrays ``[layers]`` (one microbatch of ``samples`` samples; see ``samples``):
-        forward, backward, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
+        forward, input_grad, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
             gradient); a full ``B`` is ``I + W``.
         update: seconds of the optimizer step ``U`` for the layer's parameters.
         static_bytes: weights, gradients and optimizer state held by the stage holding the layer.
@@ -82,7 +82,7 @@ class Workload(eqx.Module):
     """
 
     forward: Float[Array, " layers"]
-    backward: Float[Array, " layers"]
+    input_grad: Float[Array, " layers"]
     weight: Float[Array, " layers"]
     update: Float[Array, " layers"]
     static_bytes: Float[Array, " layers"]
@@ -104,12 +104,12 @@ class Workload(eqx.Module):
         shape = jnp.shape(self.forward)
         if len(shape) != 1 or shape[0] < 1:
             raise ConfigError(f"workload: forward must be a non-empty [layers] array, got shape {shape}")
-        for name in ("backward", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
+        for name in ("input_grad", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
                      "output_bytes"):
             if jnp.shape(getattr(self, name)) != shape:
                 raise ConfigError(f"workload: {name} has shape {jnp.shape(getattr(self, name))}, "
                                   f"forward has {shape}")
-        for name in ("forward", "backward", "weight", "update", "static_bytes", "gradient_bytes",
+        for name in ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes",
                      "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
                      "shared_gradient_bytes"):
             _check_values(f"workload {name}", getattr(self, name))
@@ -128,7 +128,7 @@ class Workload(eqx.Module):
     def from_table(
         cls,
         forward: Any,
-        backward: Any,
+        input_grad: Any = None,
         weight: Any = None,
         *,
         update: Any = 0.0,
@@ -144,12 +144,15 @@ class Workload(eqx.Module):
         layers_per_stage: Sequence[int] | None = None,
         shared_static_bytes: float = 0.0,
         shared_gradient_bytes: float = 0.0,
+        backward: Any = None,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
-        ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``backward`` is then the
+        ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
+        ``backward=`` is the deprecated name of ``input_grad``.
         """
+        input_grad = _renamed("workload", "input_grad", input_grad, "backward", backward)
         f = _float(forward)
         if f.ndim != 1 or f.shape[0] < 1:
             raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "
@@ -164,7 +167,7 @@ class Workload(eqx.Module):
             return x
 
         return cls(
-            forward=f, backward=layer(backward, "backward"),
+            forward=f, input_grad=layer(input_grad, "input_grad"),
             weight=layer(0.0 if weight is None else weight, "weight"), update=layer(update, "update"),
             static_bytes=layer(static_bytes, "static_bytes"), gradient_bytes=layer(gradient_bytes, "gradient_bytes"),
             activation_bytes=layer(activation_bytes, "activation_bytes"),
@@ -201,11 +204,11 @@ class Workload(eqx.Module):
         if not isinstance(device, Device):
             raise ConfigError(f"Workload.from_model expects a Device, got {type(device).__name__}")
         costs = layer_costs(model)
-        forward, backward, weight = costs.times(device)
+        forward, input_grad, weight = costs.times(device)
         dtype = forward.dtype
         share = costs.parameters / costs.parameters.sum()
         return cls.from_table(
-            forward, backward, weight,
+            forward, input_grad, weight,
             update=jnp.asarray(update, dtype) * jnp.asarray(share, dtype),
             static_bytes=jnp.asarray(costs.static_bytes, dtype),
             gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
@@ -231,7 +234,7 @@ class Workload(eqx.Module):
     @property
     def compute(self) -> Float[Array, " layers"]:
         """Per-layer ``F + I + W`` seconds: the cost curve stage boundaries are placed on."""
-        return self.forward + self.backward + self.weight
+        return self.forward + self.input_grad + self.weight
 
     def boundaries(self, layers_per_stage: Sequence[int] | Array) -> Float[Array, "... stages+1"]:
         """Stage boundary positions ``[0, c_0, c_0 + c_1, ..., layers]`` of integer splits."""
@@ -268,7 +271,7 @@ class Workload(eqx.Module):
             static = static - self.shared_static_bytes
             gradient = gradient - self.shared_gradient_bytes
         message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(self.output_bytes, x[1:-1])])
-        return dict(forward=per_stage(self.forward), backward=per_stage(self.backward),
+        return dict(forward=per_stage(self.forward), input_grad=per_stage(self.input_grad),
                     weight=per_stage(self.weight), update=per_stage(self.update), message_bytes=message,
                     gradient_bytes=gradient, static_bytes=static,
                     activation_bytes=per_stage(self.activation_bytes))
@@ -385,7 +388,7 @@ class Problem(NamedTuple):
 
 
 #: ``Hardware`` fields that depend on where the stage boundaries sit (``Workload.stage_fields``).
-STAGE_FIELDS = ("forward", "backward", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
+STAGE_FIELDS = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
                 "activation_bytes")
 
 

@@ -342,7 +342,7 @@ class Transformer:
         recomputation (full, selective or flash attention's): the numerator of model FLOPs
         utilisation (Chowdhery et al., "PaLM", 2022, Appendix B; Korthikanti et al. 2022, §6.3)."""
         c = layer_costs(dataclasses.replace(self, recompute="none", flash_attention=False))
-        return float(c.forward.sum() + c.backward.sum() + c.weight.sum())
+        return float(c.forward.sum() + c.input_grad.sum() + c.weight.sum())
 
     @classmethod
     def from_hf_config(cls, config: Any, **overrides: Any) -> Transformer:
@@ -361,7 +361,7 @@ class LayerCosts(eqx.Module):
 
     Attributes (numpy float64 arrays ``[l + 2]``):
         forward: forward FLOPs ``F``.
-        backward: input-gradient FLOPs ``I`` (including the recomputed forward, if any).
+        input_grad: input-gradient FLOPs ``I`` (including the recomputed forward, if any).
         weight: weight-gradient FLOPs ``W`` (a full backward is ``I + W``).
         parameters: parameters held by the stage that holds the layer (the head counts its copy
             of a tied embedding: see ``shared_parameters``).
@@ -375,7 +375,7 @@ class LayerCosts(eqx.Module):
     """
 
     forward: Float[np.ndarray, " layers"]
-    backward: Float[np.ndarray, " layers"]
+    input_grad: Float[np.ndarray, " layers"]
     weight: Float[np.ndarray, " layers"]
     parameters: Float[np.ndarray, " layers"]
     static_bytes: Float[np.ndarray, " layers"]
@@ -386,7 +386,7 @@ class LayerCosts(eqx.Module):
 
     def times(self, device: Device) -> tuple[Array, Array, Array]:
         """Per-layer seconds ``(F, I, W)`` on ``device``: FLOPs / (peak x efficiency)."""
-        return tuple(_seconds(x, device) for x in (self.forward, self.backward, self.weight))
+        return tuple(_seconds(x, device) for x in (self.forward, self.input_grad, self.weight))
 
 
 def _mlp(model: Transformer, width: float) -> tuple[float, float]:
@@ -542,7 +542,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
     rows = [_block(model, i in moe) for i in range(model.layers)]
     matmul = np.asarray([2 * b * s * r["weights"] for r in rows])
     forward = matmul + core
-    backward = matmul + 2 * core + flash + (forward if extra is None else extra)
+    input_grad = matmul + 2 * core + flash + (forward if extra is None else extra)
     logits = 2 * b * s * h * V
     embedding = (V + (s if model.positions == "learned" else 0.0)) * h
 
@@ -552,7 +552,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
     parameters = row(embedding, [r["parameters"] for r in rows], V * h + _norm(model, h))
     return LayerCosts(
         forward=row(0.0, forward, logits),
-        backward=row(0.0, backward, logits),
+        input_grad=row(0.0, input_grad, logits),
         weight=row(0.0, matmul, logits),
         parameters=parameters,
         static_bytes=parameters * model.bytes_per_parameter,

@@ -356,7 +356,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
             return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
                                        update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes)
 
-        label = (f"times F={t['forward']} B={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
+        label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
                  f"({mode or 'overlap'})")
         return _Machine(label, from_times)
     if not model_cfg and not dev and not net:

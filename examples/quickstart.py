@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     g = dp.compile(s)
 
     # 4. Hardware: per-stage times (seconds) and a delay per cross-device transfer.
-    hw = dp.Hardware.from_times(forward=1e-3, backward=2e-3, p2p_time=1e-4)
+    hw = dp.Hardware.from_times(forward=1e-3, input_grad=2e-3, p2p_time=1e-4)
 
     # 5. Simulate: times, bubble, memory (here 1 byte per stored activation: a count).
     result = dp.simulate(s, dp.Hardware.from_times(1e-3, 2e-3, p2p_time=1e-4, activation_bytes=1.0))

@@ -191,8 +191,8 @@ def test_hardware_takes_the_backward_each_schedule_runs():
                                       overhead=0.1, p2p=0.2)
     full = cal.times(get("1f1b", devices=2, microbatches=4))
     split = cal.times(get("zb-h1", devices=2, microbatches=4))
-    assert full["backward"] == [3.0, 3.5] and full["weight"] == [0.0, 0.0]
-    assert split["backward"] == [1.0, 2.0] and split["weight"] == [1.5, 1.5]
+    assert full["input_grad"] == [3.0, 3.5] and full["weight"] == [0.0, 0.0]
+    assert split["input_grad"] == [1.0, 2.0] and split["weight"] == [1.5, 1.5]
     hw = cal.hardware(get("1f1b", devices=2, microbatches=4))
     assert float(hw.overhead) == pytest.approx(0.1) and float(hw.network.latency) == pytest.approx(0.2)
     only_full = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0])
@@ -203,14 +203,14 @@ def test_hardware_takes_the_backward_each_schedule_runs():
         only_full.hardware(get("1f1b", devices=4, microbatches=4))
     # Without a full backward, B ops cost I + W.
     split_only = calibrate.from_measurements([1.0, 1.0], input_grad=[1.0, 1.0], weight=[0.5, 0.5])
-    assert split_only.times(get("1f1b", devices=2, microbatches=4))["backward"] == [1.5, 1.5]
+    assert split_only.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == [1.5, 1.5]
 
 
 def test_workload_spreads_each_stage_over_its_layers():
     cal = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, p2p=0.2)
     workload = cal.workload(layers=[2, 3])
     assert [float(x) for x in workload.forward] == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0])
-    assert [float(x) for x in workload.backward] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
+    assert [float(x) for x in workload.input_grad] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
     assert float(workload.overhead) == pytest.approx(0.1)
     with pytest.raises(dp.ConfigError, match="layers has 1 entries, the calibration 2 stages"):
         cal.workload(layers=[1])

@@ -50,7 +50,7 @@ def machine(s, mode, seed):
     f, b, w, msg = (rng.uniform(0.5, 2.0, (P, S)) for _ in range(4))
     size = rng.uniform(0.5, 1.5, M)
     hw = dp.Hardware(
-        forward=jnp.asarray(f, jnp.float32), backward=jnp.asarray(b, jnp.float32),
+        forward=jnp.asarray(f, jnp.float32), input_grad=jnp.asarray(b, jnp.float32),
         weight=jnp.asarray(w, jnp.float32), update=jnp.zeros(()), overhead=jnp.zeros(()),
         size=jnp.asarray(size, jnp.float32), message_bytes=jnp.asarray(msg, jnp.float32),
         gradient_bytes=jnp.zeros(()), static_bytes=jnp.zeros(()), activation_bytes=jnp.zeros(()),

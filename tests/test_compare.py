@@ -29,7 +29,7 @@ def unit_hardware(p2p_time=0.0):
 
     def hw(schedule):
         share = schedule.devices / schedule.stages
-        return dp.Hardware.from_times(forward=share, backward=2.0 * share, p2p_time=p2p_time)
+        return dp.Hardware.from_times(forward=share, input_grad=2.0 * share, p2p_time=p2p_time)
 
     return hw
 

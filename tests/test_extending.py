@@ -82,14 +82,14 @@ def test_family_is_simulated_against_the_reference(reverse):
     reference = dp.table(s, durations)
     closed = dp.schedules.formula(NAME, devices=4, microbatches=6, durations=durations, reverse=reverse)
     assert reference.makespan == pytest.approx(closed.makespan)
-    result = dp.simulate(s, dp.Hardware.from_times(forward=1.25, backward=2.75))
+    result = dp.simulate(s, dp.Hardware.from_times(forward=1.25, input_grad=2.75))
     assert float(result.makespan) == pytest.approx(reference.makespan, rel=1e-6)
     for op in s.ops:
         assert result.time_of(op) == pytest.approx((reference.start[op], reference.finish[op]), rel=1e-6)
 
 
 def test_family_is_swept():
-    hw = dp.Hardware.from_times(forward=jnp.asarray([1.0, 1.5, 0.5, 1.0]), backward=2.0, p2p_time=0.1)
+    hw = dp.Hardware.from_times(forward=jnp.asarray([1.0, 1.5, 0.5, 1.0]), input_grad=2.0, p2p_time=0.1)
     result = dp.sweep(hw, families=[NAME, "gpipe"], devices=4, microbatches=[4, 8],
                       options={NAME: {"reverse": [True, False]}})
     assert not result.skipped and len(result) == 3 * 2

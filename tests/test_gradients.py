@@ -68,8 +68,8 @@ def test_stage_time_derivative_is_bounded_by_the_ops_using_it(case, s, mode):
     g, hw = _setup(case, s, mode)
     hw = eqx.tree_at(lambda h: h.size, hw, jnp.ones_like(hw.size))  # unit sizes: d op / d time = 1
     exact = float(dp.makespan(g, hw))
-    uses = {name: np.zeros((s.pipelines, s.stages)) for name in ("forward", "backward", "weight")}
-    kinds = {"F": ("forward",), "B": ("backward", "weight"), "I": ("backward",), "W": ("weight",)}
+    uses = {name: np.zeros((s.pipelines, s.stages)) for name in ("forward", "input_grad", "weight")}
+    kinds = {"F": ("forward",), "B": ("input_grad", "weight"), "I": ("input_grad",), "W": ("weight",)}
     for op in s.ops:
         for name in kinds.get(op.kind, ()):
             uses[name][op.pipeline, op.stage] += 1

@@ -62,7 +62,7 @@ def test_hf_config_fields():
 
 def _training_flops(m):
     c = dp.layer_costs(m)
-    return c.forward.sum() + c.backward.sum() + c.weight.sum()
+    return c.forward.sum() + c.input_grad.sum() + c.weight.sum()
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -113,7 +113,7 @@ def test_recompute_modes_and_flash_attention_flops():
         c = dp.layer_costs(_with(**fields))
         np.testing.assert_array_equal(c.forward, base.forward)
         np.testing.assert_array_equal(c.weight, base.weight)
-        np.testing.assert_allclose(c.backward[1:-1] - base.backward[1:-1], extra, rtol=1e-12)
+        np.testing.assert_allclose(c.input_grad[1:-1] - base.input_grad[1:-1], extra, rtol=1e-12)
     flash = dp.layer_costs(_with(flash_attention=True)).activation_bytes[1]
     np.testing.assert_allclose(flash, s * b * h * 34 + 4 * GPT.heads * s * b, rtol=1e-12)  # fp32 log-sum-exp
     assert dp.Transformer(**{**GPT.__dict__, "recompute": True}).recompute == "full"
@@ -139,7 +139,7 @@ def test_a_small_moe_gqa_model_by_hand():
     np.testing.assert_array_equal(c.forward, [0, 2 * tokens * (dense - 16) + core, 2 * tokens * moe_weights + core,
                                               2 * tokens * 8 * 16])
     np.testing.assert_array_equal(c.weight[1:-1], c.forward[1:-1] - core)
-    np.testing.assert_array_equal(c.backward[1:-1], c.forward[1:-1] + core)
+    np.testing.assert_array_equal(c.input_grad[1:-1], c.forward[1:-1] + core)
     # stored: 4 d h (norm and projection inputs) + Q, K, V, output-projection input + MLP interior
     # + the softmax output (no dropout), per token
     dense_act = 4 * 2 * 8 + 2 * (8 + 4 + 4 + 8) + 3 * 2 * 12 + 2 * 4 * 2
@@ -152,7 +152,7 @@ def test_a_small_moe_gqa_model_by_hand():
 def test_the_defaults_are_gpt():
     tiny = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch_size=3)
     explicit = dp.Transformer(**{**tiny.__dict__, "kv_heads": 2, "ffn_hidden": 32, "head_dim": 4})
-    for field in ("forward", "backward", "weight", "parameters", "activation_bytes", "output_bytes"):
+    for field in ("forward", "input_grad", "weight", "parameters", "activation_bytes", "output_bytes"):
         np.testing.assert_array_equal(getattr(dp.layer_costs(explicit), field), getattr(dp.layer_costs(tiny), field))
 
 

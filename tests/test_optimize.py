@@ -110,7 +110,7 @@ def test_stage_quantities_sum_to_the_model(stages, seed):
     x, hw = _balance(params, _WORKLOAD)
     x = np.asarray(x)
     assert x[0] == 0 and x[-1] == _WORKLOAD.layers and np.all(np.diff(x) >= -1e-6)
-    for stage_name, layer_name in [("forward", "forward"), ("backward", "backward"), ("weight", "weight"),
+    for stage_name, layer_name in [("forward", "forward"), ("input_grad", "input_grad"), ("weight", "weight"),
                                    ("activation_bytes", "activation_bytes"), ("static_bytes", "static_bytes")]:
         np.testing.assert_allclose(np.sum(getattr(hw, stage_name)), np.sum(getattr(_WORKLOAD, layer_name)),
                                    rtol=1e-5)
@@ -120,7 +120,7 @@ def test_stage_quantities_sum_to_the_model(stages, seed):
 def test_zero_params_balance_compute_and_integer_boundaries_are_exact():
     knob = dp.StageBalance(4)
     _, hw = _balance(knob.init(_WORKLOAD), _WORKLOAD)
-    compute = np.asarray(hw.forward + hw.backward + hw.weight)
+    compute = np.asarray(hw.forward + hw.input_grad + hw.weight)
     np.testing.assert_allclose(compute, compute.mean(), rtol=2e-2)  # up to the flat-layer sliver
     counts = (2, 4, 1, 2)
     x, hw = _balance(knob.init(_WORKLOAD, counts), _WORKLOAD)
@@ -143,7 +143,7 @@ def test_transformer_workload_matches_hardware_from_model():
     for rows, blocks in [((2, 3, 3), [1, 3, 2]), ((8,), [6])]:
         ours = workload.hardware(workload.boundaries(rows))
         ref = dp.Hardware.from_model(model, device, network, layers_per_stage=blocks)
-        for name in ("forward", "backward", "weight", "static_bytes", "gradient_bytes", "activation_bytes",
+        for name in ("forward", "input_grad", "weight", "static_bytes", "gradient_bytes", "activation_bytes",
                      "message_bytes", "capacity"):
             np.testing.assert_allclose(np.asarray(getattr(ours, name)), np.asarray(getattr(ref, name)), rtol=1e-5)
 

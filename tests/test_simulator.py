@@ -32,7 +32,7 @@ def build(s, rng, mode, devices_per_node=None, scale=1.0):
     lat, bw, ilat, ibw = 0.05, 4.0, 0.2, 1.0
     per_node = devices_per_node or D
     hw = dp.Hardware(
-        forward=jnp.asarray(f, jnp.float32), backward=jnp.asarray(b, jnp.float32),
+        forward=jnp.asarray(f, jnp.float32), input_grad=jnp.asarray(b, jnp.float32),
         weight=jnp.asarray(w, jnp.float32), update=jnp.asarray(upd, jnp.float32),
         overhead=jnp.asarray(overhead, jnp.float32), size=jnp.asarray(size, jnp.float32),
         message_bytes=jnp.asarray(msg, jnp.float32), gradient_bytes=jnp.asarray(grad, jnp.float32),
@@ -280,7 +280,7 @@ def test_memory_matches_schedule_counts_and_bytes():
     "make, message",
     [
         (lambda: dp.Hardware.from_times(-1.0, 2.0), "forward must be non-negative"),
-        (lambda: dp.Hardware.from_times(1.0, float("nan")), "backward"),
+        (lambda: dp.Hardware.from_times(1.0, float("nan")), "input_grad"),
         (lambda: dp.Hardware.from_times(1.0, 2.0, p2p_time=float("inf")), "latency"),
         (lambda: dp.Network.uniform(0.0, 0.0), "bandwidth must be positive"),
         (lambda: dp.Network.uniform(0.0, 1.0, mode="fast"), "mode 'fast'"),
@@ -394,3 +394,21 @@ def test_batched_needs_a_batch_axis():
     g = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
     with pytest.raises(dp.ConfigError, match="leading batch axis"):
         dp.makespan(g, dp.Hardware.from_times(1.0, 2.0), batched=True)
+
+
+def test_input_grad_is_the_new_name_of_backward():
+    """``Hardware.input_grad`` (the input-gradient part I) was ``backward``: the old keyword and
+    attribute still work for one release, with a DeprecationWarning; giving both is an error."""
+    hw = dp.Hardware.from_times(1.0, input_grad=2.0)
+    with pytest.warns(DeprecationWarning):
+        old = dp.Hardware.from_times(1.0, backward=2.0)
+    assert float(old.input_grad) == float(hw.input_grad) == 2.0
+    with pytest.warns(DeprecationWarning):
+        assert float(hw.backward) == 2.0
+    with pytest.raises(dp.ConfigError, match="not also backward"):
+        dp.Hardware.from_times(1.0, 2.0, backward=2.0)
+    with pytest.raises(dp.ConfigError, match="input_grad is required"):
+        dp.Hardware.from_times(1.0)
+    with pytest.warns(DeprecationWarning):
+        w = dp.Workload.from_table([1.0, 1.0], backward=[2.0, 2.0])
+    assert w.input_grad.tolist() == [2.0, 2.0]

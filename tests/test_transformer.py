@@ -23,7 +23,7 @@ def test_tiny_model_by_hand():
     c = dp.layer_costs(TINY)
     assert c.forward.shape == (4,)  # embedding, 2 blocks, head
     np.testing.assert_array_equal(c.forward, [0, 24 * 768 + 4 * 384, 24 * 768 + 4 * 384, 2 * 96 * 16])
-    np.testing.assert_array_equal(c.backward, [0, 24 * 768 + 8 * 384, 24 * 768 + 8 * 384, 2 * 96 * 16])
+    np.testing.assert_array_equal(c.input_grad, [0, 24 * 768 + 8 * 384, 24 * 768 + 8 * 384, 2 * 96 * 16])
     np.testing.assert_array_equal(c.weight, [0, 24 * 768, 24 * 768, 2 * 96 * 16])
     np.testing.assert_array_equal(c.parameters, [(16 + 4) * 8, 12 * 64 + 13 * 8, 12 * 64 + 13 * 8, 16 * 8 + 2 * 8])
     np.testing.assert_array_equal(c.static_bytes, 16 * c.parameters)
@@ -40,20 +40,20 @@ def test_recomputation():
     again = dp.layer_costs(dp.Transformer(**{**TINY.__dict__, "recompute": True}))
     np.testing.assert_array_equal(again.forward, plain.forward)
     np.testing.assert_array_equal(again.weight, plain.weight)
-    np.testing.assert_array_equal(again.backward[1:-1], plain.backward[1:-1] + plain.forward[1:-1])
+    np.testing.assert_array_equal(again.input_grad[1:-1], plain.input_grad[1:-1] + plain.forward[1:-1])
     np.testing.assert_array_equal(again.activation_bytes[1:-1], 2 * 96)  # only the block input
-    assert again.backward[-1] == plain.backward[-1] and again.activation_bytes[-1] == plain.activation_bytes[-1]
+    assert again.input_grad[-1] == plain.input_grad[-1] and again.activation_bytes[-1] == plain.activation_bytes[-1]
 
 
 @pytest.mark.parametrize("model", [TINY, SMALL, HUGE])
 def test_totals_match_megatron(model):
     B, s, l, h, V = model.microbatch_size, model.sequence, model.layers, model.hidden, model.vocabulary
     c = dp.layer_costs(model)
-    total = c.forward.sum() + c.backward.sum() + c.weight.sum()
+    total = c.forward.sum() + c.input_grad.sum() + c.weight.sum()
     np.testing.assert_allclose(total, 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * h * l)), rtol=1e-12)
     np.testing.assert_allclose(c.forward.sum(), total / 3, rtol=1e-12)
     rc = dp.layer_costs(dp.Transformer(**{**model.__dict__, "recompute": True}))
-    total = rc.forward.sum() + rc.backward.sum() + rc.weight.sum()
+    total = rc.forward.sum() + rc.input_grad.sum() + rc.weight.sum()
     np.testing.assert_allclose(total, 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)), rtol=1e-12)
     # unique parameters (without the tied copy and the final layer norm), Narayanan et al. §5.1
     unique = c.parameters.sum() - c.shared_parameters - 2 * h
@@ -78,7 +78,7 @@ def test_stage_sums_equal_model_totals(split):
     hw = _hw(**split)
     rate = 989e12 * 0.5  # the H100 preset at the default efficiency
     np.testing.assert_allclose(np.sum(hw.forward) * rate, c.forward.sum(), rtol=1e-5)
-    np.testing.assert_allclose(np.sum(hw.backward) * rate, c.backward.sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.sum(hw.input_grad) * rate, c.input_grad.sum(), rtol=1e-5)
     np.testing.assert_allclose(np.sum(hw.weight) * rate, c.weight.sum(), rtol=1e-5)
     np.testing.assert_allclose(np.sum(hw.activation_bytes), c.activation_bytes.sum(), rtol=1e-6)
     one_stage = hw.static_bytes.shape == (1,)
@@ -107,7 +107,7 @@ def test_simulate_1f1b_fits_small_not_huge():
     small = dp.simulate(s, _hw(SMALL))
     assert float(small.makespan) > 0 and bool(np.all(small.fits))
     hw = _hw(SMALL)
-    per_microbatch = float(jnp.max(hw.forward + hw.backward + hw.weight))
+    per_microbatch = float(jnp.max(hw.forward + hw.input_grad + hw.weight))
     assert float(small.makespan) >= 8 * per_microbatch  # the slowest stage runs every microbatch
     assert np.all(np.asarray(small.peak_memory) <= 80e9)
     huge = dp.simulate(s, _hw(HUGE))

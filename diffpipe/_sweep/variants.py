@@ -22,7 +22,7 @@ from .._hardware import Hardware, Network
 from ..schedules import Schedule
 
 #: Hardware leaves given per stage, ``[pipelines, stages]`` after normalisation.
-PER_STAGE = ("forward", "backward", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
+PER_STAGE = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
              "activation_bytes")
 NETWORK_SCALARS = ("latency", "bandwidth", "inter_latency", "inter_bandwidth")
 

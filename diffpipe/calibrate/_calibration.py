@@ -5,7 +5,7 @@ Terms (seconds):
 
 - ``forward[s]``, ``backward[s]``, ``input_grad[s]``, ``weight[s]``: the compute time of one
   microbatch's ``F``, full backward ``B``, input-gradient backward ``I`` and weight-gradient
-  backward ``W`` on stage ``s`` (``None`` where not measured). Unlike ``Hardware.from_times``,
+  backward ``W`` on stage ``s`` (``None`` where not measured). As everywhere else in diffpipe,
   ``backward`` here is the *full* backward as torch runs it; torch's split ``I + W`` may cost more
   than a full ``B`` (and on stage 0 torch runs the whole backward in ``W``: its ``I`` is empty).
 - ``overhead``: the framework time between two consecutive compute ops of a rank when the second
@@ -34,6 +34,8 @@ from .._simulate import simulate
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead")
+#: The machine file's ``[times] backward`` (the CLI's key) is ``Hardware.input_grad``.
+TIMES_KEYS = {"backward": "input_grad"}
 
 
 def _stage_values(name: str, values: Any, stages: int | None) -> tuple[float | None, ...] | None:
@@ -131,11 +133,11 @@ class Calibration:
         return out
 
     def times(self, schedule: Any = None, *, weight_fraction: float | None = None) -> dict[str, Any]:
-        """``Hardware.from_times`` arguments (``backward`` = ``I``) for ``schedule``.
+        """``Hardware.from_times`` arguments (``input_grad`` = ``I``) for ``schedule``.
 
         A schedule that splits its backward (any ``I``/``W`` op) gets the measured ``I`` and ``W``
         (its full ``B`` ops, if any, then cost ``I + W``); one that runs only full backwards gets the
-        measured ``B`` as ``backward`` and no ``W``. Without a schedule: the split where measured.
+        measured ``B`` as ``input_grad`` and no ``W``. Without a schedule: the split where measured.
         ``weight_fraction`` splits a measured full ``B`` where no split was measured.
         """
         if schedule is not None:
@@ -150,7 +152,7 @@ class Calibration:
             backward, weight = self._split(weight_fraction)
         else:
             backward, weight = self._full(), [0.0] * self.stages
-        return {"forward": list(self.forward), "backward": backward, "weight": weight,
+        return {"forward": list(self.forward), "input_grad": backward, "weight": weight,
                 "p2p": self.p2p, "overhead": self.overhead}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
@@ -158,7 +160,7 @@ class Calibration:
         """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode``."""
 
         t = self.times(schedule, weight_fraction=weight_fraction)
-        return Hardware.from_times(t["forward"], t["backward"], t["weight"], t["p2p"],
+        return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
                                    overhead=t["overhead"], mode=mode)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
@@ -178,7 +180,7 @@ class Calibration:
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
 
-        return Workload.from_table(spread(t["forward"]), spread(t["backward"]), spread(t["weight"]),
+        return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
                                    overhead=t["overhead"], network=Network.uniform(t["p2p"], mode=mode),
                                    layers_per_stage=counts)
 
@@ -216,7 +218,7 @@ class Calibration:
         if self.residual:
             lines.append("# residual: " + ", ".join(f"{k} = {v!r}" for k, v in self.residual.items()))
         lines += ["", "[times]"]
-        lines += [f"{key} = {_toml_value(t[key])}" for key in TOML_TIMES]
+        lines += [f"{key} = {_toml_value(t[TIMES_KEYS.get(key, key)])}" for key in TOML_TIMES]
         lines += ["", "[network]", 'mode = "overlap"', ""]
         return "\n".join(lines)
 

@@ -75,9 +75,9 @@ def hardware(s: Schedule, *, device: str = DEVICE, link: str = LINK, balanced: b
     hw = dp.Hardware.from_model(model(), dp.presets.device(device), dp.presets.network(link), stages=s.stages)
     if balanced:
         hw = eqx.tree_at(
-            lambda h: (h.forward, h.backward, h.weight),
+            lambda h: (h.forward, h.input_grad, h.weight),
             hw,
-            tuple(jnp.full_like(x, jnp.mean(x)) for x in (hw.forward, hw.backward, hw.weight)),
+            tuple(jnp.full_like(x, jnp.mean(x)) for x in (hw.forward, hw.input_grad, hw.weight)),
         )
     return hw
 

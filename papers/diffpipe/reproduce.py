@@ -262,7 +262,8 @@ def benchmarks_markdown(b: dict) -> str:
     if s is None:
         lines.append("- sweep: `benchmarks/results/sweep-cpu.json` is missing.")
     else:
-        lines += [f"- **sweep** (`{s['file']}`, produced by `{s['command']}` on {s['cpus']} CPU cores): {s['points']:,} "
+        lines += [f"- **sweep** (`{s['file']}`, produced by `{s['command']}` on {s['cpus']} CPU cores): "
+                  f"{s['points']:,} "
                   f"points at {s['warm_points_per_s']:,.0f} points/s warm ({s['cold_points_per_s']:,.0f} cold, "
                   f"compilation included), {s['speedup_warm']:.1f}x the pure-Python reference evaluator "
                   f"({s['reference_s_per_point'] * 1e3:.3f} ms per point) with max relative difference "
