@@ -35,6 +35,10 @@ from .schedules._analysis import staleness as schedule_staleness
 def _temperature(temperature: Any, dtype) -> Array | None:
     if temperature is None:
         return None
+    if isinstance(temperature, (bool, str, bytes)) or (
+            isinstance(temperature, (np.ndarray, np.generic, jax.Array))
+            and not jnp.issubdtype(temperature.dtype, jnp.number)):
+        raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
     if isinstance(temperature, (int, float)):
         if not (math.isfinite(temperature) and temperature > 0):
             raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")

@@ -412,3 +412,10 @@ def test_input_grad_is_the_new_name_of_backward():
     with pytest.warns(DeprecationWarning):
         w = dp.Workload.from_table([1.0, 1.0], backward=[2.0, 2.0])
     assert w.input_grad.tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("bad", [True, "0.1", b"x", np.array(True)], ids=["bool", "str", "bytes", "bool-array"])
+def test_temperature_that_is_not_a_number_is_one_line(bad):
+    g = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
+    with pytest.raises(dp.ConfigError, match="temperature must be a positive finite number"):
+        dp.makespan(g, dp.Hardware.from_times(1.0, 2.0), temperature=bad)
