@@ -52,6 +52,7 @@ OPTIMIZE_STEPS_PER_OP = 3
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
+#: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
 SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"

@@ -166,3 +166,11 @@ def test_sweep_and_compare_tables_state_units(capsys):
     code, out, _ = run(["compare", "gpipe", "--devices", "2", "--microbatches", "2", "--forward", "1e-3",
                         "--backward", "2e-3"], capsys)
     assert code == 0 and "sim makespan (µs)" in out  # 9 ms of work: shown in µs
+
+
+def test_cli_mode_names_are_the_librarys():
+    """The CLI keeps its own tuple of mode names so that parsing never imports JAX; it must be
+    the library's (``_communication.MODES``)."""
+    from diffpipe._communication import COMMUNICATION_MODES
+
+    assert cli.COMMUNICATION_MODES == COMMUNICATION_MODES
