@@ -32,9 +32,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Features of the tiny model and rows of the batch (every microbatch gets BATCH / N rows).
+#: Features of the tiny model and rows of the batch (every microbatch gets BATCH / N rows: 24 splits
+#: evenly into the 3 microbatches of the flexible-rounds forms as well as into 4).
 WIDTH = 6
-BATCH = 8
+BATCH = 24
 #: Seconds a gloo operation may wait, and the whole worker pair may run, before being killed.
 GLOO_TIMEOUT_S = 20
 PROCESS_TIMEOUT_S = 50
@@ -140,6 +141,9 @@ if __name__ != "__main__":
     FORMS = {
         "1f1b": lambda: get("1f1b", devices=2, microbatches=4),
         "interleaved-1f1b": lambda: get("interleaved-1f1b", devices=2, microbatches=4, chunks=2),
+        # torch's flexible rounds: 3 microbatches on 2 ranks (one round of 3).
+        "interleaved-1f1b-flexible": lambda: get("interleaved-1f1b", devices=2, microbatches=3, chunks=2),
+        "zb-h1-flexible": lambda: get("zb-h1", devices=2, microbatches=3, chunks=2),
         "gpipe": lambda: get("gpipe", devices=2, microbatches=4),
         "looped-bfs": lambda: get("looped-bfs", devices=2, microbatches=4, chunks=2),
         "zb-h1": lambda: get("zb-h1", devices=2, microbatches=4),
