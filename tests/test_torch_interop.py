@@ -131,6 +131,9 @@ ROUND_TRIP = [
     ("zb-h2", {}),
     ("zb-v", {}),
     ("dualpipe-v", {}),
+    ("v-half", {}),
+    ("v-min", {}),
+    ("v-schedule", {"memory": 0.75}),
 ]
 
 

@@ -149,6 +149,8 @@ if __name__ != "__main__":
         "zb-h1": lambda: get("zb-h1", devices=2, microbatches=4),
         "zb-v": lambda: get("zb-v", devices=2, microbatches=4),
         "dualpipe-v": lambda: get("dualpipe-v", devices=2, microbatches=4),
+        "v-half": lambda: get("v-half", devices=2, microbatches=4),
+        "v-min": lambda: get("v-min", devices=2, microbatches=4),
         "hanayo": lambda: get("hanayo", devices=2, microbatches=4),
         "greedy-zero-bubble-loop": lambda: list_schedule(
             Placement.loop(2, 2), 4, priority="zero-bubble", split_backward=True
