@@ -30,7 +30,7 @@ def one_f_one_b_bubble(d, n):
 
 
 def test_new_families_are_registered_with_sources():
-    for name in ("v-half", "v-min", "v-schedule"):
+    for name in ("v-half", "v-min", "v-schedule", "dualpipe"):
         assert name in names()
         fam = dp.schedules.family(name)
         assert fam.source and fam.summary
@@ -130,3 +130,87 @@ def test_orders_run_at_any_durations(name, d, n):
     s = get(name, devices=d, microbatches=n)
     slow = table(s, {"F": 1.0, "I": 2.0, "W": 0.5, "B": 2.5})
     assert slow.makespan >= 3.5 * 2 * n
+
+
+# -- DualPipe -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d, n", [(2, 4), (2, 6), (4, 8), (4, 10), (6, 12), (8, 16), (8, 34)])
+def test_dualpipe_is_dualpipe_v_on_each_half_rank(d, n):
+    """deepseek-ai/DualPipe: rank r runs DualPipe-V's program of half rank min(r, D-1-r), with its
+    two chunks meaning the two directions (two model copies on a mirrored placement)."""
+    s = get("dualpipe", devices=d, microbatches=n)
+    v = get("dualpipe-v", devices=d // 2, microbatches=n // 2)
+    assert s.placement == dp.schedules.Placement.mirrored(d) and s.pipelines == 2
+    for r in range(d):
+        half = min(r, d - 1 - r)
+        # The same pass kinds in the same order; pipeline 0 takes microbatches 0..N/2-1.
+        assert [op.kind for op in s.orders[r]] == [op.kind for op in v.orders[half]]
+        for op in s.orders[r]:
+            assert (op.microbatch < n // 2) == (op.pipeline == 0)
+            assert s.placement.device(op.pipeline, op.stage) == r
+    ops = [op for order in s.orders for op in order]
+    assert len(ops) == len(set(ops)) == len(s.ops)
+
+
+@pytest.mark.parametrize("times", [(1, 1, 1), (1, 1, 0.5), (1, 1.5, 0.5), (2, 1, 1), (1, 2, 1)])
+@pytest.mark.parametrize("d, n", [(4, 16), (8, 32), (8, 40)])
+def test_dualpipe_table_of_the_authors(times, d, n):
+    """The DualPipe README's table (PP = d stages): DualPipe on PP devices, DualPipe-V on PP/2, both
+    with 2x parameters and PP + 1 activations per device; 1F1B holds PP on PP devices.
+
+    Bubble: with the F&B pair as F then B (no overlap; the pair's own cost is future work) each
+    device idles exactly as long as DualPipe-V's, and below the published ``(PP/2-1)(F&B+B-3W)``
+    with F&B = F + B (the published bound assumes the overlapped pair)."""
+    f, i, w = times
+    durations = {"F": f, "I": i, "W": w, "B": i + w}
+    dual, half = get("dualpipe", devices=d, microbatches=n), get("dualpipe-v", devices=d // 2, microbatches=n // 2)
+    assert (dual.devices, half.devices) == (d, d // 2)
+    for s in (dual, half):  # 2x parameters: two stages of the PP-stage model on every device
+        assert all(len(s.placement.held(r)) == 2 for r in range(s.devices))
+        assert peak_activations(s) == (d + 1,) * s.devices
+    assert max(peak_activations(get("1f1b", devices=d, microbatches=n))) == d
+    a, b = table(dual, durations), table(half, durations)
+    assert a.makespan == b.makespan
+    idle = a.makespan - max(a.busy)
+    assert idle == b.makespan - max(b.busy)
+    fb = f + i + w
+    assert 0 < idle < (d // 2 - 1) * (fb + (i + w) - 3 * w)
+
+
+@pytest.mark.parametrize("d, n", [(4, 8), (8, 32), (6, 24)])
+def test_dualpipe_closed_form_at_equal_times(d, n):
+    closed = formula("dualpipe", devices=d, microbatches=n, durations=UNIT)
+    t = table(get("dualpipe", devices=d, microbatches=n), UNIT)
+    assert closed.makespan == t.makespan == 3 * n + d // 2 - 1
+    assert closed.peak_activations == peak_activations(get("dualpipe", devices=d, microbatches=n))
+    assert formula("dualpipe", devices=d, microbatches=n, durations={"F": 1.0, "I": 2.0, "W": 1.0, "B": 3.0}) is None
+
+
+def test_dualpipe_pairs_a_forward_with_a_backward():
+    """The overlapped F&B pairs of the main phase are an F immediately followed by a B (of the
+    other direction's chunk) on the same device."""
+    s = get("dualpipe", devices=4, microbatches=16)
+    for order in s.orders:
+        pairs = [(a, b) for a, b in zip(order, order[1:]) if a.kind == "F" and b.kind == "B"]
+        assert len(pairs) >= 8 and all(a.pipeline != b.pipeline or a.stage != b.stage for a, b in pairs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(devices=3, microbatches=12), r"^dualpipe: devices must be even \(two pipelines in opposite .*got 3$"),
+        (dict(devices=4, microbatches=6), r"^dualpipe: microbatches must be even and at least 2 \* devices = 8"),
+        (dict(devices=4, microbatches=9), r"^dualpipe: microbatches must be even"),
+    ],
+)
+def test_dualpipe_wrong_sizes_are_one_line(kwargs, message):
+    with pytest.raises(dp.ScheduleError, match=message) as info:
+        get("dualpipe", **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_dualpipe_cannot_be_a_torch_csv():
+    """torch's pipeline CSV has one pipeline; DualPipe's two model copies are refused in one line."""
+    with pytest.raises(dp.ScheduleError, match="dualpipe runs 2 pipelines"):
+        dp.schedules.to_torch_csv(get("dualpipe", devices=4, microbatches=8))

@@ -241,6 +241,7 @@ if __name__ != "__main__":
         [
             ("chimera", {}, "2 pipelines"),
             ("amdp", {}, "2 pipelines"),
+            ("dualpipe", {}, "2 pipelines"),
             ("hanayo", {"waves": 2}, "neither a loop"),
             ("pipedream", {}, "optimizer step"),
             ("pipedream-2bw", {}, "optimizer step"),
