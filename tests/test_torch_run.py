@@ -248,7 +248,7 @@ if __name__ != "__main__":
         ],
     )
     def test_forms_torch_cannot_express_are_refused(tmp_path, name, options, why):
-        schedule = get(name, devices=4, microbatches=4, **options)
+        schedule = get(name, devices=4, microbatches=8, **options)
         path = tmp_path / f"{name}.csv"
         with pytest.raises(dp.ScheduleError, match=why):
             to_torch_csv(schedule, path)
