@@ -245,7 +245,7 @@ def flag_cases() -> list[Case]:
         ("list-extra", ("list", "--bogus"), "--bogus"),
         ("no-family", ("show",), "no schedule family"),
         ("unknown-family", ("show", "nope"), "nope"),
-        ("interleaved-bad-sizes", ("show", "interleaved-1f1b", "--microbatches", "6", "--option", "chunks=2"),
+        ("interleaved-bad-sizes", ("show", "interleaved-1f1b", "--microbatches", "9", "--option", "chunks=2"),
          "microbatches"),
         ("huge-chunks", ("show", "interleaved-1f1b", "--option", "chunks=1000000000"), "past the limit"),
         ("huge-waves", ("show", "hanayo", "--option", "waves=100000000"), "past the limit"),

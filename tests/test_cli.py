@@ -57,7 +57,7 @@ def test_json_outputs_are_valid(capsys):
     "argv, message",
     [
         (["show", "nope"], "unknown schedule family 'nope'"),
-        (["show", "interleaved-1f1b", "--devices", "4", "--microbatches", "6", "--option", "chunks=2"], "microbatches"),
+        (["show", "interleaved-1f1b", "--devices", "4", "--microbatches", "9", "--option", "chunks=2"], "microbatches"),
         (["show", "1f1b", "--option", "chunks"], "expected NAME=VALUE"),
         (["simulate", "1f1b", "--device", "V100"], "unknown device preset 'V100'"),
         (["simulate", "1f1b", "--intra", "warp"], "warp"),

@@ -221,7 +221,7 @@ def test_pareto_front_and_best_on_a_hand_example():
         (dict(families="1f1b", options={"waves": [1, 2]}), "waves"),
         (dict(families="hanayo", options={"hanayo": {"chunks": 2}}), "chunks"),
         (dict(families="nope"), "nope"),
-        (dict(families="interleaved-1f1b", devices=4, microbatches=3), "no combination"),
+        (dict(families="interleaved-1f1b", devices=4, microbatches=9), "no combination"),
         (dict(families="1f1b", communication="fast"), "fast"),
         (dict(families="1f1b", placements=["spiral"]), "spiral"),
         (dict(families="1f1b", stacking="sometimes"), "stacking"),

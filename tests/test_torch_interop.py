@@ -6,8 +6,9 @@ size both accept. Where they differ, the test says why:
   (``3F1 3B0 ... 3F6`` for D=4, N=6): ``3F0`` never runs and ``3F6`` does not exist, so diffpipe
   rejects the order, naming the op; the other ranks agree with diffpipe's 1f1b. (torch runs 1F1B
   from ``_step_microbatches``, not from this order, so only the exported order is wrong.)
-- ``Interleaved1F1B`` accepts N that is not a multiple of D (torch's flexible rounds); diffpipe
-  keeps Megatron's requirement and says which N would work.
+- ``Interleaved1F1B``, ``InterleavedZeroBubble``: both sides use torch's flexible rounds
+  (``max(1, N // D)`` rounds, N divisible by them), so N need not be a multiple of D; they agree
+  on every N, and refuse the same ones.
 - ``InterleavedZeroBubble`` with one stage per rank is ZB-H1; torch's round check still applies
   there, diffpipe's zb-h1 with one chunk needs none.
 """
@@ -36,9 +37,11 @@ AGREE = [
     # (diffpipe family, options, torch name, stages per rank, [(devices, microbatches), ...])
     ("gpipe", {}, "GPipe", 1, [(1, 3), (2, 4), (4, 4), (4, 7)]),
     ("interleaved-1f1b", {"chunks": 2}, "Interleaved1F1B", 2, [(1, 3), (2, 4), (4, 4), (4, 8), (3, 9)]),
-    ("interleaved-1f1b", {"chunks": 3}, "Interleaved1F1B", 3, [(2, 2), (4, 8)]),
+    # torch's flexible rounds: N not a multiple of D (one round below D, several above).
+    ("interleaved-1f1b", {"chunks": 2}, "Interleaved1F1B", 2, [(4, 3), (4, 6), (4, 10), (3, 8), (8, 12)]),
+    ("interleaved-1f1b", {"chunks": 3}, "Interleaved1F1B", 3, [(2, 2), (4, 8), (4, 5), (3, 8)]),
     ("interleaved-1f1b", {"chunks": 1}, "Interleaved1F1B", 1, [(4, 8)]),
-    ("looped-bfs", {"chunks": 2}, "LoopedBFS", 2, [(2, 4), (4, 2), (4, 5), (3, 6)]),
+    ("looped-bfs", {"chunks": 2}, "LoopedBFS", 2, [(2, 4), (4, 2), (4, 5), (3, 6), (4, 10), (8, 12)]),
     ("looped-bfs", {"chunks": 3}, "LoopedBFS", 3, [(3, 4)]),
     ("zb-h1", {}, "InterleavedZeroBubble", 1, [(1, 2), (2, 4), (4, 4), (4, 8), (4, 3), (5, 12)]),
     ("zb-h1", {"chunks": 2}, "InterleavedZeroBubble", 2, [(2, 4), (4, 8), (4, 6), (4, 3), (3, 9)]),
@@ -80,11 +83,15 @@ def test_torch_1f1b_order_is_rejected_naming_the_op(d, n):
         assert got == [str(op) for op in ours.orders[rank]]
 
 
-def test_interleaved_differs_from_torch_only_where_megatron_refuses():
-    theirs = from_torch("Interleaved1F1B", 4, 6, 2)  # torch's flexible rounds: a valid schedule
-    assert theirs.microbatches == 6
-    with pytest.raises(dp.ScheduleError, match="try microbatches=4 or 8"):
-        get("interleaved-1f1b", devices=4, microbatches=6)
+@pytest.mark.parametrize(
+    "name, torch_name", [("interleaved-1f1b", "Interleaved1F1B"), ("zb-h1", "InterleavedZeroBubble")]
+)
+@pytest.mark.parametrize("d, n", [(4, 9), (4, 11), (3, 7), (8, 17)])
+def test_flexible_rounds_refuse_the_sizes_torch_refuses(name, torch_name, d, n):
+    with pytest.raises(dp.ScheduleError, match="torch refuses: .*multiple of the number of rounds"):
+        from_torch(torch_name, d, n, 2)
+    with pytest.raises(dp.ScheduleError, match=rf"{name}: microbatches \({n}\) must split into .* equal rounds"):
+        get(name, devices=d, microbatches=n, chunks=2)
 
 
 def test_torch_names_and_aliases():
@@ -124,6 +131,9 @@ ROUND_TRIP = [
     ("zb-h2", {}),
     ("zb-v", {}),
     ("dualpipe-v", {}),
+    ("v-half", {}),
+    ("v-min", {}),
+    ("v-schedule", {"memory": 0.75}),
 ]
 
 

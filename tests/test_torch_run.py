@@ -32,9 +32,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Features of the tiny model and rows of the batch (every microbatch gets BATCH / N rows).
+#: Features of the tiny model and rows of the batch (every microbatch gets BATCH / N rows: 24 splits
+#: evenly into the 3 microbatches of the flexible-rounds forms as well as into 4).
 WIDTH = 6
-BATCH = 8
+BATCH = 24
 #: Seconds a gloo operation may wait, and the whole worker pair may run, before being killed.
 GLOO_TIMEOUT_S = 20
 PROCESS_TIMEOUT_S = 50
@@ -140,11 +141,16 @@ if __name__ != "__main__":
     FORMS = {
         "1f1b": lambda: get("1f1b", devices=2, microbatches=4),
         "interleaved-1f1b": lambda: get("interleaved-1f1b", devices=2, microbatches=4, chunks=2),
+        # torch's flexible rounds: 3 microbatches on 2 ranks (one round of 3).
+        "interleaved-1f1b-flexible": lambda: get("interleaved-1f1b", devices=2, microbatches=3, chunks=2),
+        "zb-h1-flexible": lambda: get("zb-h1", devices=2, microbatches=3, chunks=2),
         "gpipe": lambda: get("gpipe", devices=2, microbatches=4),
         "looped-bfs": lambda: get("looped-bfs", devices=2, microbatches=4, chunks=2),
         "zb-h1": lambda: get("zb-h1", devices=2, microbatches=4),
         "zb-v": lambda: get("zb-v", devices=2, microbatches=4),
         "dualpipe-v": lambda: get("dualpipe-v", devices=2, microbatches=4),
+        "v-half": lambda: get("v-half", devices=2, microbatches=4),
+        "v-min": lambda: get("v-min", devices=2, microbatches=4),
         "hanayo": lambda: get("hanayo", devices=2, microbatches=4),
         "greedy-zero-bubble-loop": lambda: list_schedule(
             Placement.loop(2, 2), 4, priority="zero-bubble", split_backward=True
@@ -235,13 +241,14 @@ if __name__ != "__main__":
         [
             ("chimera", {}, "2 pipelines"),
             ("amdp", {}, "2 pipelines"),
+            ("dualpipe", {}, "2 pipelines"),
             ("hanayo", {"waves": 2}, "neither a loop"),
             ("pipedream", {}, "optimizer step"),
             ("pipedream-2bw", {}, "optimizer step"),
         ],
     )
     def test_forms_torch_cannot_express_are_refused(tmp_path, name, options, why):
-        schedule = get(name, devices=4, microbatches=4, **options)
+        schedule = get(name, devices=4, microbatches=8, **options)
         path = tmp_path / f"{name}.csv"
         with pytest.raises(dp.ScheduleError, match=why):
             to_torch_csv(schedule, path)

@@ -29,4 +29,5 @@ from ._torch import from_torch_csv as from_torch_csv
 from ._torch import to_torch_csv as to_torch_csv
 
 # The built-in families register themselves on import, in this order (``names()``: synchronous first).
-from . import gpipe, one_f_one_b, interleaved, chimera, hanayo, zero_bubble, dualpipe, pipedream, amdp  # noqa: E402, F401, I001  isort: skip
+from . import gpipe, one_f_one_b, interleaved, chimera, hanayo, zero_bubble, dualpipe  # noqa: E402, F401, I001  isort: skip
+from . import controllable_memory, pipedream, amdp  # noqa: E402, F401, I001  isort: skip

@@ -1,4 +1,4 @@
-"""DualPipe-V: DeepSeek's DualPipe folded onto a V placement (two chunks per device, one model copy).
+"""DualPipe and DualPipe-V: DeepSeek's bidirectional pipeline, and its fold onto a V placement.
 
 Source: DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1 (DualPipe) and the
 ``deepseek-ai/DualPipe`` repository (``DualPipeV``); the order is exactly
@@ -12,20 +12,39 @@ diffpipe has one compute stream per device, so torch's compound action ``(aFb;cB
 becomes its two ops in order: the forward, then the full backward. The overlap DualPipe gets from
 hiding one pass's communication under the other's compute is a property of the hardware model
 (communication modes), not of the order.
+
+``dualpipe``: the original two-way DualPipe (``deepseek-ai/DualPipe``, ``dualpipe.py``) on D = PP
+devices (D even): two copies of the model run in opposite directions on ``Placement.mirrored``
+(pipeline 0 down, stage s on device s; pipeline 1 up, stage s on device D-1-s, as Chimera's), so
+every device holds two stages, twice 1F1B's parameters. Pipeline 0 takes microbatches 0..N/2-1,
+pipeline 1 the other half. Device r runs DualPipe-V's program for device ``h = min(r, D-1-r)`` of
+``D/2`` devices and N/2 microbatches (the authors' two ``step`` functions are the same eight steps),
+with chunk c meaning direction ``c XOR (r >= D/2)`` (their ``phase ^= is_in_second_half``).
+
+Future work: DeepSeek's F&B is one op whose time is its own parameter (the overlapped pair is
+cheaper than F + B). Adding such an op kind changes the op IR and the evaluator, so here the pair
+is an F immediately followed by a B on the same device, with no overlap; the published bubble
+``(PP/2-1)(F&B+B-3W)`` is then checked with F&B = F + B.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ._ops import Op, Placement, Schedule
 from ._registry import Family, Formula, register
 
 
-def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
-    """torch's ``ScheduleDualPipeV._calculate_single_rank_operations``."""
+def _dualpipe_v_order(
+    device: int, devices: int, microbatches: int, where: Callable[[str, int, int], Op] | None = None
+) -> list[Op]:
+    """torch's ``ScheduleDualPipeV._calculate_single_rank_operations``. ``where(kind, chunk, k)`` is
+    the op of the k-th pass of that kind on ``chunk`` (default: the V's stages)."""
     r, n = device, microbatches
     stage = (r, 2 * devices - 1 - r)
+    if where is None:
+        def where(kind: str, chunk: int, k: int) -> Op:
+            return Op(kind, stage[chunk], k)
     count = {(kind, c): 0 for kind in "FIW" for c in (0, 1)}  # a full B counts as its I and W
     pending_w: list[tuple[int, int]] = []  # (chunk, microbatch) of I passes awaiting their W
     order: list[Op] = []
@@ -33,7 +52,7 @@ def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
     def add(kind: str, chunk: int) -> None:
         key = (kind, chunk) if kind != "B" else ("I", chunk)
         m = count[key]
-        order.append(Op(kind, stage[chunk], m))
+        order.append(where(kind, chunk, m))
         if kind == "B":
             count[("I", chunk)] += 1
             count[("W", chunk)] += 1
@@ -45,7 +64,7 @@ def _dualpipe_v_order(device: int, devices: int, microbatches: int) -> list[Op]:
     def add_pending_w() -> None:
         if pending_w:
             chunk, m = pending_w.pop(0)
-            order.append(Op("W", stage[chunk], m))
+            order.append(where("W", chunk, m))
             count[("W", chunk)] += 1
 
     def overlapped(forward_chunk: int, backward_chunk: int) -> None:
@@ -129,4 +148,61 @@ DUALPIPE_V = register(Family(
     accepts=_accepts,
     ops_per_cell=3,
     placement=lambda *, devices: Placement.v(devices),
+))
+
+
+# -- dualpipe (two-way, two model copies) -------------------------------------------------------------
+
+
+def _dualpipe_order(device: int, devices: int, microbatches: int) -> list[Op]:
+    """The authors' ``DualPipe.step`` on rank ``device``: DualPipe-V's program for its half rank."""
+    half, per_direction = devices // 2, microbatches // 2
+    second_half = device >= half
+
+    def where(kind: str, chunk: int, k: int) -> Op:
+        direction = chunk ^ second_half  # 0: pipeline 0, down; 1: pipeline 1, up
+        stage = device if direction == 0 else devices - 1 - device
+        return Op(kind, stage, k + direction * per_direction, direction)
+
+    return _dualpipe_v_order(min(device, devices - 1 - device), half, per_direction, where)
+
+
+def _accepts_dualpipe(*, devices: int, microbatches: int) -> str | None:
+    if devices % 2:
+        return f"devices must be even (two pipelines in opposite directions), got {devices}"
+    if microbatches % 2 or microbatches < 2 * devices:
+        return (f"microbatches must be even and at least 2 * devices = {2 * devices} (half per direction, "
+                f"as in deepseek-ai/DualPipe), got {microbatches}")
+    return None
+
+
+def generate_dualpipe(*, devices: int, microbatches: int) -> Schedule:
+    orders = [_dualpipe_order(d, devices, microbatches) for d in range(devices)]
+    return Schedule(Placement.mirrored(devices), orders, microbatches, family="dualpipe")
+
+
+def formula_dualpipe(*, devices: int, microbatches: int, durations: Mapping[str, float]) -> Formula | None:
+    """DualPipe-V's form for ``D/2`` devices and N/2 microbatches (each device runs that program):
+    at ``t_F = t_I = t_W = t``, makespan ``(3N + D/2 - 1)·t``; peak activations ``D + 1`` stage-
+    microbatches on every device (DeepSeek's table: PP + 1). None for other times."""
+    half = formula(devices=devices // 2, microbatches=microbatches // 2, durations=durations)
+    if half is None:
+        return None
+    return Formula(
+        makespan=half.makespan,
+        bubble_ratio=half.bubble_ratio,
+        assumption=half.assumption,
+        peak_activations=(devices + 1,) * devices,
+    )
+
+
+DUALPIPE = register(Family(
+    name="dualpipe",
+    generate=generate_dualpipe,
+    summary="DeepSeek DualPipe: two model copies in opposite directions (mirrored), overlapped F/B pairs",
+    source="DeepSeek-V3 Technical Report, 2024, §3.2.1; deepseek-ai/DualPipe (dualpipe.py)",
+    formula=formula_dualpipe,
+    accepts=_accepts_dualpipe,
+    ops_per_cell=3,
+    placement=lambda *, devices: Placement.mirrored(devices),
 ))

@@ -26,11 +26,30 @@ from ._ops import Op, Placement, Schedule
 from ._registry import Family, Formula, Option, at_least, register
 
 
+def rounds(devices: int, microbatches: int) -> tuple[int, int]:
+    """torch's flexible interleaving: ``max(1, N // D)`` rounds of ``N // rounds`` microbatches each."""
+    count = max(1, microbatches // devices)
+    return count, microbatches // count
+
+
+def accepts_rounds(devices: int, microbatches: int) -> str | None:
+    """None when N splits into ``rounds(D, N)`` equal rounds (torch's requirement), else the reason
+    with the nearest N that would."""
+    count = rounds(devices, microbatches)[0]
+    if microbatches % count == 0:
+        return None
+    lower = microbatches // count * count
+    return (f"microbatches ({microbatches}) must split into max(1, N // devices) = {count} equal rounds "
+            f"(as in torch); try microbatches={lower} or {lower + count}, or a multiple of devices ({devices})")
+
+
 def _interleaved_order(device: int, devices: int, microbatches: int, chunks: int) -> list[Op]:
-    """Megatron's per-device order (``get_model_chunk_id`` and its warm-up count)."""
+    """Megatron's per-device order (``get_model_chunk_id`` and its warm-up count), with torch's
+    rounds of ``r`` microbatches in place of D (the same when D divides N)."""
     d, n, v = device, microbatches, chunks
+    per_round = rounds(devices, n)[1]
     total = n * v
-    warmup = min((devices - d - 1) * 2 + (v - 1) * devices, total)
+    warmup = min((devices - d - 1) * 2 + (v - 1) * per_round, total)
     next_mb = {"F": [0] * v, "B": [0] * v}
 
     def op(kind: str, chunk: int) -> Op:
@@ -39,10 +58,10 @@ def _interleaved_order(device: int, devices: int, microbatches: int, chunks: int
         return Op(kind, chunk * devices + d, m)
 
     def forward(k: int) -> Op:
-        return op("F", (k // devices) % v)
+        return op("F", (k // per_round) % v)
 
     def backward(k: int) -> Op:
-        return op("B", v - 1 - (k // devices) % v)
+        return op("B", v - 1 - (k // per_round) % v)
 
     order = [forward(k) for k in range(warmup)]
     for k in range(total - warmup):
@@ -52,13 +71,8 @@ def _interleaved_order(device: int, devices: int, microbatches: int, chunks: int
 
 
 def _accepts_interleaved(*, devices: int, microbatches: int, chunks: int) -> str | None:
-    """Megatron's requirement: N a multiple of D."""
-    if microbatches % devices:
-        lower = microbatches // devices * devices
-        options = [m for m in (lower, lower + devices) if m > 0]
-        return (f"microbatches ({microbatches}) must be a multiple of devices ({devices}); "
-                f"try microbatches={' or '.join(map(str, options))}")
-    return None
+    """torch's requirement: N in ``max(1, N // D)`` equal rounds (Megatron's N a multiple of D passes)."""
+    return accepts_rounds(devices, microbatches)
 
 
 def generate_interleaved(*, devices: int, microbatches: int, chunks: int = 2) -> Schedule:
@@ -75,20 +89,26 @@ def generate_interleaved(*, devices: int, microbatches: int, chunks: int = 2) ->
 def formula_interleaved(
     *, devices: int, microbatches: int, durations: Mapping[str, float], chunks: int = 2
 ) -> Formula:
-    """Per-chunk op times f, b: makespan ``N·v(f+b) + (D-1)(f+b)``, bubble ``(D-1)/(vN+D-1)``
-    (Narayanan et al. 2021, §2.2.2: the bubble of 1F1B divided by v).
+    """Per-chunk op times f, b: makespan ``max(N·v + D - 1, v·D + N - 1)·(f+b)``.
 
-    Peak activations (chunk-microbatches) on device d: Megatron's warm-up
-    ``w = (D-d-1)·2 + (v-1)·D`` forwards plus the steady state's one forward before its backward,
-    ``min(w + 1, N·v)``.
+    For N >= D this is Narayanan et al. 2021, §2.2.2: ``N·v(f+b) + (D-1)(f+b)``, the bubble of
+    1F1B divided by v, ``(D-1)/(vN+D-1)``; it holds for torch's flexible rounds too. For N < D
+    (one round of N) microbatch 0's lap through all ``v·D`` stages and back is the critical path,
+    ``(v·D + N - 1)(f+b)`` (derived here, checked against ``table``).
+
+    Peak activations (chunk-microbatches) on device d: the warm-up
+    ``w = (D-d-1)·2 + (v-1)·r`` forwards (r microbatches per round, D when D divides N) plus the
+    steady state's one forward before its backward, ``min(w + 1, N·v)``.
     """
     d, n, v = devices, microbatches, chunks
     f, b = durations["F"], durations["B"]
+    per_round = rounds(d, n)[1]
+    slots = max(n * v + d - 1, v * d + n - 1)
     return Formula(
-        makespan=n * v * (f + b) + (d - 1) * (f + b),
-        bubble_ratio=(d - 1) / (v * n + d - 1),
-        assumption="uniform per-chunk times, no communication, N a multiple of D",
-        peak_activations=tuple(min((d - i - 1) * 2 + (v - 1) * d + 1, n * v) for i in range(d)),
+        makespan=slots * (f + b),
+        bubble_ratio=1 - n * v / slots,
+        assumption="uniform per-chunk times, no communication, N in max(1, N // D) equal rounds",
+        peak_activations=tuple(min((d - i - 1) * 2 + (v - 1) * per_round + 1, n * v) for i in range(d)),
     )
 
 

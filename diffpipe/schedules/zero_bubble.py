@@ -30,14 +30,10 @@ from collections.abc import Mapping
 
 from ._ops import Op, Placement, Schedule
 from ._registry import Family, Formula, Option, at_least, register
+from .interleaved import accepts_rounds
+from .interleaved import rounds as _rounds
 
 # -- zb-h1 (torch's ZB1P, any number of chunks) ----------------------------------------------------
-
-
-def _rounds(devices: int, microbatches: int) -> tuple[int, int]:
-    """torch's flexible interleaving: ``max(1, N // D)`` rounds of ``N / rounds`` microbatches."""
-    rounds = max(1, microbatches // devices)
-    return rounds, microbatches // rounds
 
 
 def _zb_h1_order(device: int, devices: int, microbatches: int, chunks: int) -> list[Op]:
@@ -72,11 +68,7 @@ def _zb_h1_order(device: int, devices: int, microbatches: int, chunks: int) -> l
 
 
 def _accepts_zb_h1(*, devices: int, microbatches: int, chunks: int) -> str | None:
-    rounds = _rounds(devices, microbatches)[0]
-    if chunks > 1 and microbatches % rounds:
-        return (f"with chunks > 1, microbatches ({microbatches}) must split into max(1, N // devices) = "
-                f"{rounds} equal rounds (as in torch); try a multiple of devices ({devices})")
-    return None
+    return accepts_rounds(devices, microbatches) if chunks > 1 else None
 
 
 def _placement_zb_h1(*, devices: int, chunks: int) -> Placement:

@@ -1,0 +1,289 @@
+"""Controllable-memory V schedules: V-Half, V-Min, and a memory budget that chooses among them.
+
+Source: Qi, Wan, Huang and Lin, "Pipeline Parallelism with Controllable Memory", NeurIPS 2024
+(arXiv 2405.15362), §3 (building blocks: a schedule's peak memory is set by the lifespan of one
+microbatch's block), §4 (V-Min, V-Half on the V placement) and the authors' scheduler
+(sail-sg/zero-bubble-pipeline-parallelism, ``zbv_greedy.py``: the block offsets used below).
+
+All three put two chunks on each device in a V (``Placement.v``: stage s on device s for s < D,
+else 2D-1-s) and split the backward into I and W, so each device runs six unit passes per
+microbatch: F, I, W of both of its chunks. The construction, at unit pass times:
+
+1. *Building block*: device i starts microbatch m's chunk-0 forward, chunk-1 forward, chunk-1
+   input-gradient and chunk-0 input-gradient at ``offset + 6m``, with the offsets of the paper's
+   block (V-Min: ``i, 2D-1-i, 2D+g+i, 4D+g-1-i`` with g = 2 when 3 divides D, else 0; V-Half:
+   ``2i, 3D-2-i, 3D+g+2i-1, 6D+g-2-i`` with g = 3 when D is even, else 0).
+2. Each W pass takes the first free slot after its I (oldest first, chunk 1's before chunk 0's).
+3. *Squeeze* (the compaction of the repeated blocks): visiting passes in slot order, each moves
+   to the earliest free slot after its inputs (and after the same pass of the previous microbatch,
+   and after the block's previous pass of the same microbatch on its device) that keeps the
+   block's peak of held activations; the steady state (from device 0's first chunk-0 I to the
+   first chunk-0 forward of the last microbatch) stays put. The slots are then re-timed eagerly,
+   the W passes taken out, the cool-down squeezed again (each idle slot then runs a pending W),
+   and the W passes put back (chunk 1's first).
+
+These are the steps of the authors' greedy (``zbv_greedy.py``), re-implemented here; on every size
+tried (D = 2..12, N = D..3D+1) the orders equal the ones that code produces, op for op (checked
+while writing this module, not in the test suite, which does not vendor their code).
+A device's order is its passes sorted by slot; like every order, it runs at any durations.
+Memory is that of the block, exactly, read off the orders (``_analysis.peak_activations``): in
+chunk-microbatches ``2·((D+2)//2)`` for V-Half and ``2·((D+4)//3)`` for V-Min, against 1F1B's (and
+ZB-V's) ``2D`` -- full-stage microbatches ``(D+2)//2`` and ``(D+4)//3`` against ``D``. The bubble
+at ``t_F = t_I = t_W`` is at most half of 1F1B's for V-Half and at most two thirds for V-Min,
+approaching those fractions as D grows (the paper's Table 1; measured in
+``tests/test_families_new.py``), and does not depend on N. No closed form is published, so none is
+registered.
+
+``v-schedule``: the paper's point that memory chooses the schedule. ``memory`` is the activation
+budget as a fraction of 1F1B's (``D`` full-stage microbatches held); the family builds the
+lowest-bubble block that fits: ZB-V (``D``), V-Half (``(D+2)//2``), V-Min (``(D+4)//3``). A budget
+below V-Min's is refused in one line. Not done here: the paper's general blocks for arbitrary
+lifespans, and its zero-bubble block at half memory (which needs ``W + 2B >= 2F`` and
+``W + 2F >= 2B``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._analysis import activation_delta
+from ._ops import Op, Placement, Schedule
+from ._registry import Family, Option, register
+from ._rules import data_predecessor
+from ._table import table
+from .zero_bubble import generate_zb_v
+
+#: Unit slots one microbatch occupies on a device: F, I and W of each of its two chunks.
+PASSES = 6
+#: The unit pass times the blocks are laid out in (a full B would be I + W).
+UNIT = {"F": 1, "I": 1, "W": 1, "B": 2}
+
+
+def _v_min_offsets(devices: int, i: int) -> tuple[int, int, int, int]:
+    gap = 2 if devices % 3 == 0 else 0
+    return i, 2 * devices - 1 - i, 2 * devices + gap + i, 4 * devices + gap - 1 - i
+
+
+def _v_half_offsets(devices: int, i: int) -> tuple[int, int, int, int]:
+    gap = 3 if devices % 2 == 0 else 0
+    return 2 * i, 3 * devices - 2 - i, 3 * devices + gap + 2 * i - 1, 6 * devices + gap - 2 - i
+
+
+BLOCKS: dict[str, Callable[[int, int], tuple[int, int, int, int]]] = {
+    "v-half": _v_half_offsets,
+    "v-min": _v_min_offsets,
+}
+
+
+def held(name: str, devices: int) -> int:
+    """Full-stage microbatches of activations a device holds at most: ``D`` (zb-v),
+    ``(D+2)//2`` (v-half), ``(D+4)//3`` (v-min) (Qi et al. 2024, Table 1)."""
+    return {"zb-v": devices, "v-half": (devices + 2) // 2, "v-min": (devices + 4) // 3}[name]
+
+
+def _fill_w(slots: dict[Op, int], device_ops: list[Op], chunk1: int | None) -> None:
+    """Give each W of ``device_ops`` the first free slot after its I: oldest I first, or with
+    ``chunk1`` given, that chunk's W passes before the other's."""
+    passes = sorted((op for op in device_ops if op.kind != "W"), key=slots.__getitem__)
+    pending: tuple[list[Op], list[Op]] = ([], [])
+    k = slot = 0
+    while k < len(passes) or pending[0] or pending[1]:
+        if k < len(passes) and slots[passes[k]] == slot:
+            if passes[k].kind == "I":
+                pending[0 if chunk1 is None or passes[k].stage == chunk1 else 1].append(passes[k])
+            k += 1
+        else:
+            queue = pending[0] or pending[1]
+            if queue:
+                done = queue.pop(0)
+                w = Op("W", done.stage, done.microbatch)
+                device_ops.append(w)
+                slots[w] = slot
+        slot += 1
+
+
+def _peak(device_ops: list[Op], slots: dict[Op, int]) -> int:
+    """Peak held activations of a device's passes in slot order; when the list has no W passes,
+    each idle slot runs one pending W (as ``_fill_w`` will place them)."""
+    implicit = not any(op.kind == "W" for op in device_ops)
+    total = peak = pending = 0
+    last = -1
+    for op in sorted(device_ops, key=slots.__getitem__):
+        if implicit:
+            freed = min(slots[op] - last - 1, pending)
+            total, pending = total - freed, pending - freed
+            pending += op.kind == "I"
+        total += activation_delta(op)
+        peak = max(peak, total)
+        last = slots[op]
+    return peak
+
+
+def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement, warm_up: bool) -> None:
+    """Move passes, in slot order, to the earliest free slot after their inputs that keeps the
+    block's peak activations (of its busiest device); step 3 of the module docstring. The
+    cool-down is squeezed, the warm-up too if ``warm_up``; the steady state stays put."""
+    stages, last = placement.stages, max(op.microbatch for op in slots)
+    backward = {(0, op.stage, op.microbatch): "I" for op in slots}
+    cap = max(_peak(ops, slots) for ops in by_device)  # the block's peak, on its busiest device
+    taken = [{slots[op] for op in ops} for ops in by_device]
+    w_order = [sorted((op for op in ops if op.kind == "W"), key=slots.__getitem__) for ops in by_device]
+    w_rank = {op: k for order in w_order for k, op in enumerate(order)}
+    # On each device a microbatch's passes keep the block's order: F0, F1, I1, I0 (chunk 0, 1).
+    before: dict[tuple[str, int], tuple[str, int]] = {}
+    for i in range(placement.devices):
+        chunk0, chunk1 = i, stages - 1 - i
+        before |= {("F", chunk1): ("F", chunk0), ("I", chunk1): ("F", chunk1), ("I", chunk0): ("I", chunk1)}
+    phase = 0
+    for op in sorted(slots, key=lambda o: (slots[o], placement.device(0, o.stage))):
+        device = placement.device(0, op.stage)
+        if phase == 0 and op.kind == "I" and op.stage == 0:
+            phase = 1
+        if phase == 1:
+            if op.kind == "F" and op.microbatch == last and op.stage < placement.devices:
+                phase = 2
+            continue
+        if phase == 0 and not warm_up:
+            continue
+        if op.kind == "W":  # W passes are interchangeable tokens here: the k-th follows the k-th I
+            k = w_rank[op]
+            ready = sorted(slots[o] for o in by_device[device] if o.kind == "I")[k] + 1
+            if k:
+                ready = max(ready, slots[w_order[device][k - 1]] + 1)
+        else:
+            found = data_predecessor(op, backward, stages)
+            ready = slots[found[0]] + 1 if found else 0
+            if op.microbatch > 0:
+                ready = max(ready, slots[Op(op.kind, op.stage, op.microbatch - 1)] + 1)
+            if before.get((op.kind, op.stage)):  # the block's previous pass of this microbatch here
+                kind, stage = before[(op.kind, op.stage)]
+                ready = max(ready, slots[Op(kind, stage, op.microbatch)] + 1)
+        current = slots[op]
+        for slot in range(ready, current):
+            if slot in taken[device]:
+                continue
+            slots[op] = slot
+            if _peak(by_device[device], slots) <= cap:
+                taken[device].discard(current)
+                taken[device].add(slot)
+                break
+            slots[op] = current
+
+
+def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement, microbatches: int) -> None:
+    """Replace the slots by the eager start times of the orders they imply, at unit pass times.
+
+    The W passes were interchangeable while squeezing: the k-th W slot of a device becomes the W
+    of its k-th I first."""
+    for ops in by_device:
+        w_slots = sorted(slots.pop(op) for op in ops if op.kind == "W")
+        inputs = sorted((op for op in ops if op.kind == "I"), key=slots.__getitem__)[: len(w_slots)]
+        ws = [Op("W", op.stage, op.microbatch) for op in inputs]
+        slots.update(zip(ws, w_slots))
+        ops[:] = [op for op in ops if op.kind != "W"] + ws
+    orders = [sorted(ops, key=slots.__getitem__) for ops in by_device]
+    start = table(Schedule(placement, orders, microbatches), UNIT).start
+    slots.update({op: int(start[op]) for ops in by_device for op in ops})
+
+
+def _drop_w(slots: dict[Op, int], by_device: list[list[Op]]) -> None:
+    for ops in by_device:
+        for op in [op for op in ops if op.kind == "W"]:
+            del slots[op]
+        ops[:] = [op for op in ops if op.kind != "W"]
+
+
+def _block_schedule(name: str, devices: int, microbatches: int) -> Schedule:
+    """Steps 1-3 of the module docstring for block ``name``."""
+    placement = Placement.v(devices)
+    slots: dict[Op, int] = {}
+    by_device: list[list[Op]] = []
+    for i in range(devices):
+        chunk0, chunk1 = i, 2 * devices - 1 - i
+        ops = []
+        for offset, (kind, stage) in zip(BLOCKS[name](devices, i), (("F", chunk0), ("F", chunk1),
+                                                                     ("I", chunk1), ("I", chunk0))):
+            for m in range(microbatches):
+                op = Op(kind, stage, m)
+                slots[op] = offset + PASSES * m
+                ops.append(op)
+        _fill_w(slots, ops, None)
+        by_device.append(ops)
+    _squeeze(slots, by_device, placement, warm_up=True)
+    _retime(slots, by_device, placement, microbatches)
+    # Squeeze the cool-down again with the W passes out of the way, then put them back.
+    _drop_w(slots, by_device)
+    _squeeze(slots, by_device, placement, warm_up=False)
+    for ops in by_device:
+        _fill_w(slots, ops, None)
+    _retime(slots, by_device, placement, microbatches)
+    _drop_w(slots, by_device)
+    for i, ops in enumerate(by_device):
+        _fill_w(slots, ops, 2 * devices - 1 - i)
+    orders = [sorted(ops, key=slots.__getitem__) for ops in by_device]
+    return Schedule(placement, orders, microbatches, family=name)
+
+
+def generate_v_half(*, devices: int, microbatches: int) -> Schedule:
+    return _block_schedule("v-half", devices, microbatches)
+
+
+def generate_v_min(*, devices: int, microbatches: int) -> Schedule:
+    return _block_schedule("v-min", devices, microbatches)
+
+
+def choose(devices: int, memory: float) -> str | None:
+    """The lowest-bubble block whose held activations fit ``memory`` x 1F1B's ``D``, or None."""
+    for name in ("zb-v", "v-half", "v-min"):
+        if held(name, devices) <= memory * devices:
+            return name
+    return None
+
+
+def _accepts_budget(*, devices: int, microbatches: int, memory: float) -> str | None:
+    if choose(devices, memory) is None:
+        need = held("v-min", devices)
+        return (f"memory={memory} of 1F1B's {devices} microbatches holds {memory * devices:g}; the smallest "
+                f"block (v-min) needs {need}, memory >= {need / devices:.4g}")
+    return None
+
+
+def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0) -> Schedule:
+    name = choose(devices, memory)
+    built = (generate_zb_v(devices=devices, microbatches=microbatches) if name == "zb-v"
+             else _block_schedule(str(name), devices, microbatches))
+    return built.replace(family="v-schedule", options={"memory": memory, "block": name})
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+_V = dict(ops_per_cell=3, placement=lambda *, devices, **_: Placement.v(devices))
+_SOURCE = "Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024, §4; sail-sg zbv_greedy"
+
+V_HALF = register(Family(
+    name="v-half",
+    generate=generate_v_half,
+    summary="V placement, zero-bubble split, half of 1F1B's activations ((D+2)//2); bubble about 1F1B's / 2",
+    source=_SOURCE,
+    **_V,
+))
+
+V_MIN = register(Family(
+    name="v-min",
+    generate=generate_v_min,
+    summary="V placement, zero-bubble split, a third of 1F1B's activations ((D+4)//3); bubble about 2/3 of 1F1B's",
+    source=_SOURCE,
+    **_V,
+))
+
+V_SCHEDULE = register(Family(
+    name="v-schedule",
+    generate=generate_budget,
+    summary="a memory budget (fraction of 1F1B's activations) chooses the block: zb-v, v-half or v-min",
+    source=_SOURCE,
+    options=(Option("memory", float, 1.0, _positive, "activation budget as a fraction of 1F1B's"),),
+    accepts=_accepts_budget,
+    **_V,
+))
