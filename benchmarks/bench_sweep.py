@@ -17,6 +17,7 @@ evaluator (``schedules._reference.evaluate``) on a sample of the points and chec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -32,6 +33,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--host-devices", type=int, default=0, help="split the CPU into N JAX devices")
     parser.add_argument("--max-bytes", type=int, default=None, help="per-device chunk bound (default: sweep's)")
     parser.add_argument("--sample", type=int, default=200, help="points timed with the pure-Python evaluator")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the XLA memory-analysis check")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/sweep-<backend>.json)")
     return parser.parse_args()
 
@@ -83,6 +85,36 @@ def run_sweep(hw: dp.Hardware, max_bytes: int | None) -> tuple[dp.SweepResult, f
     result = dp.sweep(hw, families=FAMILIES, devices=DEVICES, microbatches=MICROBATCHES, communication=MODES,
                       progress=True, **kwargs)
     return result, time.perf_counter() - t0
+
+
+def per_graph(hw: dp.Hardware, result: dp.SweepResult) -> dict:
+    """The yardstick: ``dp.makespan(graph, hws, batched=True)`` called once per (schedule, mode) on
+    the same hardware batch, graphs built beforehand (evaluation only). The first pass compiles
+    one evaluator per graph structure (cold), the second reuses them (warm); its makespans must equal
+    the sweep's."""
+    graphs = {}
+    for family in FAMILIES:
+        for d in DEVICES:
+            for n in MICROBATCHES:
+                schedule = dp.schedules.get(family, devices=d, microbatches=n)
+                for mode in MODES:
+                    graphs[family, d, n, mode] = dp.compile(schedule, communication=mode)
+    by_mode = {mode: dataclasses.replace(hw, network=dataclasses.replace(hw.network, mode=mode)) for mode in MODES}
+    times, out = [], {}
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for key, graph in graphs.items():
+            out[key] = dp.makespan(graph, by_mode[key[3]], batched=True)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    count = result.hardware_variants
+    for (family, d, n, mode), value in out.items():
+        rows = (result["family"] == family) & (result["devices"] == d) & (result["microbatches"] == n) & (
+            result["communication"] == mode)
+        assert np.array_equal(result["makespan"][rows], np.asarray(value)), (family, d, n, mode)
+    points = len(graphs) * count
+    return {"graphs": len(graphs), "points": points, "cold_s": times[0], "warm_s": times[1],
+            "cold_points_per_s": points / times[0], "warm_points_per_s": points / times[1]}
 
 
 def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int) -> dict:
@@ -155,9 +187,10 @@ def main() -> None:
     warm, warm_s = run_sweep(hw, ARGS.max_bytes)
     rss_warm = maxrss_mib()
     assert np.array_equal(cold["makespan"], warm["makespan"])
-    ref = reference(warm, values, ARGS.sample)
-    memory = memory_check()
     points = len(warm)
+    yardstick = per_graph(hw, warm)
+    ref = reference(warm, values, ARGS.sample)
+    memory = [] if ARGS.skip_memory else memory_check()
     results = {
         "platform": {"backend": backend, "devices": [str(d) for d in jax.devices()], "machine": platform.machine(),
                      "cpus": os.cpu_count(), "jax": jax.__version__, "python": sys.version.split()[0]},
@@ -168,6 +201,9 @@ def main() -> None:
                   "devices_used": warm.devices_used, "max_bytes": warm.max_bytes, "chunk_bytes": warm.chunk_bytes,
                   "maxrss_before_mib": rss_before, "maxrss_after_cold_mib": rss_cold,
                   "maxrss_after_warm_mib": rss_warm},
+        "per_graph_batched": yardstick,
+        "sweep_vs_per_graph": {"warm_throughput_ratio": (points / warm_s) / yardstick["warm_points_per_s"],
+                               "cold_time_ratio": cold_s / yardstick["cold_s"]},
         "reference": ref | {"speedup_warm": ref["s_per_point"] / (warm_s / points)},
         "memory_estimate": memory,
         "fits": float(np.mean(warm["fits"])),
@@ -180,11 +216,19 @@ def main() -> None:
                             ("sweep, warm", warm_s, rss_warm)):
         print(f"| {name} | {secs:.1f} s | {points / secs:,.0f} | {secs / points * 1e6:.2f} µs | {rss:.0f} MiB | "
               f"{warm.chunk_bytes / 2**20:.1f} of {warm.max_bytes / 2**20:.0f} MiB |")
+    for name, secs in (("per-graph makespan(batched=True), cold (compiles included)", yardstick["cold_s"]),
+                       ("per-graph makespan(batched=True), warm", yardstick["warm_s"])):
+        print(f"| {name} | {secs:.1f} s | {points / secs:,.0f} | {secs / points * 1e6:.2f} µs | - | - |")
     print(f"| pure-Python reference ({ref['points']} sampled points) | - | {1 / ref['s_per_point']:,.0f} | "
           f"{ref['s_per_point'] * 1e6:.0f} µs | - | - |")
+    ratio = results["sweep_vs_per_graph"]
+    print(f"\nwarm sweep throughput / warm per-graph batched evaluator: {ratio['warm_throughput_ratio']:.2f}; "
+          f"cold sweep time / cold per-graph: {ratio['cold_time_ratio']:.2f}")
     print(f"\nspeed-up of the warm sweep over the reference: {results['reference']['speedup_warm']:,.0f}x; "
           f"max relative makespan difference on the sample: {ref['max_rel_diff']:.1e}; "
           f"RSS before the sweeps: {rss_before:.0f} MiB")
+    if not memory:
+        print("(memory check skipped)")
     print("\n| evaluator memory (256 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
           "XLA total | estimate total | compile |")
     print("|---|---|---|---|---|---|---|---|")

@@ -16,7 +16,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._sweep import COLUMNS, SweepResult
-from diffpipe._sweep.plan import Sizes, bytes_per_graph, bytes_per_point, chunking
+from diffpipe._sweep.plan import OUT_BYTES, Sizes, bytes_per_graph, bytes_per_point, chunking
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "pipedream"]
 MODES = ["overlap", "contention"]
@@ -252,9 +252,10 @@ def test_chunk_plan_respects_the_bound(devices, graphs, hardware_count):
     assert plan.bytes <= bound
     sharded = plan.hardware if plan.axis == 1 else plan.graphs
     assert sharded % devices == 0 and plan.graphs >= 1 and plan.hardware >= 1
-    local_points = plan.graphs * plan.hardware // devices
+    # a device evaluates its graphs one after the other, each on all of its hardware variants
+    local_hardware = plan.hardware // devices if plan.axis == 1 else plan.hardware
     local_graphs = plan.graphs // devices if plan.axis == 0 else plan.graphs
-    assert local_graphs * per_graph + local_points * per_point <= bound
+    assert local_graphs * (per_graph + local_hardware * OUT_BYTES) + local_hardware * per_point <= bound
 
 
 SHARDED = textwrap.dedent(

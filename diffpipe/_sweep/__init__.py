@@ -68,6 +68,7 @@ until a few tens of thousands of hardware variants per graph.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -83,6 +84,7 @@ from .._graph import compile
 from .._hardware import Hardware
 from ..schedules import Schedule
 from .evaluate import Progress, evaluate_stack
+from .grid import CACHE_SIZE
 from .grid import PLACEMENTS as PLACEMENTS
 from .grid import Choice, values
 from .grid import choices as grid_choices
@@ -91,6 +93,13 @@ from .plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES_ACCELERATOR, Entry, plan_
 from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
 from .variants import HardwareSource, ShapeMismatch
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
+    """``compile(schedule, ...)``, cached across sweeps (a pure function of its arguments; the same
+    ``Graph`` object each time, so the stacks built from it are cached too: ``evaluate.stack``)."""
+    return compile(schedule, communication=mode, devices_per_node=devices_per_node)
+
 
 #: Points from which a sweep shows a progress bar by default (when stderr is a terminal).
 LONG_RUN = 100_000
@@ -182,7 +191,7 @@ def sweep(
             continue
         for mode in modes or [variants.mode]:
             try:
-                graph = compile(schedule, communication=mode, devices_per_node=variants.devices_per_node)
+                graph = graph_of(schedule, mode, variants.devices_per_node)
             except ScheduleError as error:
                 skip(c, mode, error)
                 continue

@@ -8,73 +8,145 @@ the microbatch work, the largest per-device peak memory and whether it fits.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from .._evaluate import finish_times, sink_max
+from .._evaluate import batched_makespan
 from .._graph import KIND_CODES, Graph, stack_graphs
 from .._hardware import Hardware
-from .._simulate import peak_memory
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
 from .variants import as_hardware, pad_variants
 
 
-def _stack(graphs: Sequence[Graph]) -> Graph:
-    """``stack_graphs``, kept on the host: chunks index it with numpy and feed each device its part."""
-    return jax.tree.map(np.asarray, stack_graphs(graphs))
+@dataclass
+class Stack:
+    """A stack's graphs padded and stacked on the host, each graph's busy-time coefficients, and
+    the same arrays once on the devices (replicated): cached across sweeps (``stack``)."""
+
+    graphs: tuple[Graph, ...]  # held, so that the cache key (their ids) stays unique
+    host: tuple[Graph, np.ndarray, np.ndarray]
+    device: tuple[Graph, jax.Array, jax.Array] | None = None
 
 
-def _busy_weights(graph: Graph) -> np.ndarray:
-    """Per node, how many device lanes its duration keeps busy: a compute op one, a collective one
-    per participant (its lane entries), a blocking transfer two (sender and receiver). The total
-    busy time ``sum(weights * dur)`` is then one product, not a per-device gather and scatter."""
+#: Stacks kept across sweeps (keyed by their graphs, which the sweep caches): bounded.
+_STACKS: OrderedDict[tuple, Stack] = OrderedDict()
+STACK_CACHE = 16
+
+
+def _busy_coefficients(graph: Graph, costs: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cost row, the busy weight of its nodes ``[costs]`` and per (cost row, microbatch)
+    ``[costs, microbatches]``, so that the total busy time ``sum_i weight_i * dur_i`` (``dur_i =
+    base[row_i] + size[mb_i] * per_size[row_i]``) is ``rows @ base + sum(per_size * (sizes @ size))``:
+    two small products on the cost tables instead of a ``[nodes, batch]`` expansion."""
     kind = np.asarray(graph.kind)
     weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
     weights += graph.communication.busy_weight * (kind == KIND_CODES["T"])
-    return weights
+    row, mb = np.asarray(graph.node_row), np.asarray(graph.microbatch)
+    rows = np.zeros(costs, np.float32)
+    np.add.at(rows, row, weights)
+    sizes = np.zeros((costs, microbatches), np.float32)
+    np.add.at(sizes, (row, mb), weights)
+    return rows, sizes
 
 
-def _point_metrics(stack: tuple[Graph, Array], hw: Hardware):
+def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
+    """The cached ``Stack`` of ``graphs`` (built and sent to the devices once)."""
+    key = (tuple(id(g) for g in graphs), mesh)
+    entry = _STACKS.get(key)
+    if entry is not None and all(a is b for a, b in zip(entry.graphs, graphs)):
+        _STACKS.move_to_end(key)
+        return entry
+    stacked = jax.tree.map(np.asarray, stack_graphs(graphs))
+    costs, microbatches = stacked.node_cost.shape[-2], stacked.microbatches
+    parts = [_busy_coefficients(jax.tree.map(lambda x, i=i: x[i], stacked), costs, microbatches)
+             for i in range(len(graphs))]
+    host = (stacked, np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]))
+    whole = NamedSharding(mesh, P())
+    entry = Stack(tuple(graphs), host, jax.tree.map(lambda x: _put(x, whole), host))
+    _STACKS[key] = entry
+    if len(_STACKS) > STACK_CACHE:
+        _STACKS.popitem(last=False)
+    return entry
+
+
+def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware):
     """Exact makespan, total busy time, microbatch work, largest peak memory and fit of one graph
-    (and its ``_busy_weights``) on a hardware batch (leading axis; the batch is last inside, the
-    fast path)."""
-    graph, weights = stack
-    tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)  # the batched fast path
-    dur, _ = tables.expand(graph)
-    # One sweep over the whole chunk: with several graphs vmapped here, splitting the batch into
-    # cache-sized pieces (as makespan(batched=True) does) measured slower (62k vs 89k points/s).
-    total = sink_max(graph, finish_times(graph, tables, None), None)
-    busy = jnp.sum(weights.astype(dur.dtype)[:, None] * dur, axis=0)
-    memory = jax.vmap(lambda h: peak_memory(graph, h)[0])(hw)
-    capacity = jax.vmap(lambda h: h.per_device(graph))(hw)
-    work = jnp.sum(jax.vmap(lambda h: h.per_microbatch(graph))(hw), axis=-1)
-    return total, busy, work, jnp.max(memory, axis=-1), jnp.all(memory <= capacity, axis=-1)
+    on a hardware batch (leading axis; batch last inside: the chunked batched evaluator)."""
+    tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
+    total = batched_makespan(graph, tables)
+    busy = rows @ tables.base + jnp.sum(tables.per_size * (sizes @ tables.size), axis=0)
+    memory = _peak_memory(graph, hw)
+    capacity = jnp.moveaxis(hw.capacity, 0, -1)
+    work = jnp.sum(hw.size, axis=-1)
+    return total, busy, work, jnp.max(memory, axis=0), jnp.all(memory <= capacity, axis=0)
+
+
+def _peak_memory(graph: Graph, hw: Hardware) -> Array:
+    """``diffpipe.peak_memory``'s bytes ``[devices, batch]`` for a batch of normalised hardware
+    (per-stage leaves ``[B, P, S]``, size ``[B, M]``), batch last: the same sums, no batched scatters."""
+    def per_stage(x):  # [B, P, S] -> [P * S, B]
+        return jnp.moveaxis(x, 0, -1).reshape(-1, x.shape[0])
+
+    dtype = hw.static_bytes.dtype
+    flat_holder = graph.holder.ravel()
+    static = per_stage(hw.static_bytes) * graph.versions.ravel().astype(dtype)[:, None]
+    static_per_device = jax.ops.segment_sum(static, flat_holder, graph.devices)
+    act = per_stage(hw.activation_bytes)
+    size = jnp.moveaxis(hw.size, 0, -1)
+    nodes = graph.lane_nodes
+    compute = graph.kind[nodes] <= KIND_CODES["W"]
+    m = jnp.where(compute, graph.microbatch[nodes], 0)
+    sign = graph.release[nodes].astype(dtype)
+    delta = sign[:, None] * act[graph.pipeline[nodes] * graph.stages + graph.stage[nodes]] * size[m]
+    segment = graph.lane_device
+    total = jnp.cumsum(delta, axis=0)
+    before = jax.ops.segment_sum(delta, segment, graph.devices)
+    base = jnp.cumsum(before, axis=0) - before
+    prefix = total - base[segment]
+    return static_per_device + jnp.maximum(jax.ops.segment_max(prefix, segment, graph.devices), 0.0)
+
+
+def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, hw: Hardware, shared: bool):
+    """``point_metrics`` of the stack's graphs ``index`` ``[G]``, one after the other (``lax.map``),
+    each on hardware ``[B]`` (``shared``) or its own ``[G, B]``: outputs ``[G, B]``."""
+    graphs, rows, sizes = stacked
+
+    def one(args):
+        i, h = (args, hw) if shared else args
+        return point_metrics(jax.tree.map(lambda x: x[i], graphs), rows[i], sizes[i], h)
+
+    return lax.map(one, index if shared else (index, hw))
 
 
 _EVALUATORS: dict[tuple, Callable] = {}
 
 
 def _evaluator(mesh: Mesh, axis: int, shared: bool) -> Callable:
-    """The jitted, sharded evaluator of a chunk: graphs ``[G]``, hardware ``[B]`` (``shared``) or
-    ``[G, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object per layout, so
-    ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
+    """The jitted, sharded evaluator of a chunk: the stack (replicated), graph indices ``[G]``,
+    hardware ``[B]`` (``shared``) or ``[G, B]``; ``axis`` 1 shards the hardware axis, 0 the graph
+    axis. One object per layout, so ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
     key = (mesh, axis, shared)
     if key not in _EVALUATORS:
-        local = jax.vmap(_point_metrics, in_axes=(0, None if shared else 0))
+        def local(stacked, index, hw):
+            return chunk_metrics(stacked, index, hw, shared)
+
         batch = P("points")
         if axis == 1:
-            specs = (P(), batch if shared else P(None, "points"))
+            specs = (P(), P(), batch if shared else P(None, "points"))
             out = P(None, "points")
         else:
-            specs = (batch, P() if shared else batch)
+            specs = (P(), batch, P() if shared else batch)
             out = batch
         if mesh.devices.size == 1:  # nothing to split: skip shard_map's tracing and compile overhead
             mapped = local
@@ -135,8 +207,8 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
     per_point, per_graph = bytes_per_point(sizes, pairs), bytes_per_graph(sizes)
     devices = mesh.devices.size
     plan = chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
-    stacked = _stack([e.graph for e in entries])
-    weights = np.stack([_busy_weights(jax.tree.map(lambda x, i=i: x[i], stacked)) for i in range(len(entries))])
+    cached = stack([e.graph for e in entries], mesh)
+    stacked = cached.host[0]
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
     # Hardware shared by the whole stack (one normalisation) unless it depends on the schedule's shape.
     shared = all(e.variants is entries[0].variants for e in entries)
@@ -145,32 +217,36 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
     split = NamedSharding(mesh, P("points"))
     whole = NamedSharding(mesh, P())
     split_second = NamedSharding(mesh, P(None, "points"))
-    graph_def = jax.tree.structure((stacked, weights))
-    stacked_leaves = jax.tree.leaves((stacked, weights))
-    for g0 in range(0, len(entries), plan.graphs):
-        members = list(range(g0, min(g0 + plan.graphs, len(entries))))
-        members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
-        graph_leaves = [x[members] for x in stacked_leaves]
-        graph_sharding = split if plan.axis == 0 else whole
-        graphs = jax.tree.unflatten(graph_def, [_put(x, graph_sharding) for x in graph_leaves])
-        for b0 in range(0, hardware, plan.hardware):
-            index = np.arange(b0, b0 + plan.hardware)
-            index = np.where(index < hardware, index, b0)  # pad with a real variant
-            if shared:
-                chunk = pad_variants(entries[0].variants, index, *hw_sizes)
-                sharding = split if plan.axis == 1 else whole
-            else:
+    names = ("makespan", "_busy", "_work", "peak_memory", "fits")
+    for b0 in range(0, hardware, plan.hardware):
+        index = np.arange(b0, b0 + plan.hardware)
+        index = np.where(index < hardware, index, b0)  # pad with a real variant
+        real_b = min(b0 + plan.hardware, hardware) - b0
+        hw = None
+        if shared:  # one transfer per hardware chunk, for all of its graph chunks
+            chunk = pad_variants(entries[0].variants, index, *hw_sizes)
+            hw = _put_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node,
+                               split if plan.axis == 1 else whole)
+        for g0 in range(0, len(entries), plan.graphs):
+            members = list(range(g0, min(g0 + plan.graphs, len(entries))))
+            members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
+            if not shared:
                 parts = [pad_variants(entries[i].variants, index, *hw_sizes) for i in members]
                 chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
-                sharding = split_second if plan.axis == 1 else split
-            hw = as_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node)
-            hw = jax.tree.map(lambda x, s=sharding: _put(x, s), hw)
-            results = [_fetch(x) for x in evaluate(graphs, hw)]
+                hw = _put_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node,
+                                   split_second if plan.axis == 1 else split)
+            graphs = _put(np.asarray(members, np.int32), split if plan.axis == 0 else whole)
+            results = [_fetch(x) for x in evaluate(cached.device, graphs, hw)]
             real_g = min(g0 + plan.graphs, len(entries)) - g0
-            real_b = min(b0 + plan.hardware, hardware) - b0
             for j in range(real_g):
                 rows = slice(entries[g0 + j].row + b0, entries[g0 + j].row + b0 + real_b)
-                for name, value in zip(("makespan", "_busy", "_work", "peak_memory", "fits"), results):
+                for name, value in zip(names, results):
                     out[name][rows] = value[j, :real_b]
             progress.update(real_g * real_b)
     return plan.bytes
+
+
+def _put_hardware(chunk: Mapping[str, np.ndarray], variants, mode: str, devices_per_node: int,
+                  sharding: NamedSharding) -> Hardware:
+    hw = as_hardware(chunk, variants, mode, devices_per_node)
+    return jax.tree.map(lambda x: _put(x, sharding), hw)

@@ -151,6 +151,10 @@ def plan_stacks(entries: Sequence[Entry], hardware: int, stacking: str) -> list[
     return stacks
 
 
+#: Bytes per (graph, hardware) point of a chunk's outputs (makespan, busy, work, memory, fits).
+OUT_BYTES = 5 * _WORD
+
+
 @dataclass
 class Chunking:
     graphs: int  # per chunk (a multiple of the device count when axis == 0)
@@ -161,7 +165,10 @@ class Chunking:
 
 def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, devices: int,
               max_bytes: int) -> Chunking:
-    if per_graph + per_point > max_bytes:
+    """Chunk sizes such that every device's ``graphs * (per_graph + hardware * OUT_BYTES) +
+    hardware * per_point <= max_bytes`` (``graphs`` and ``hardware`` local to the device): a chunk's
+    graphs are evaluated one after the other, each on all of the chunk's hardware."""
+    if per_graph + per_point + OUT_BYTES > max_bytes:
         raise ConfigError(
             f"sweep: max_bytes={max_bytes} is below one point's working memory ({per_graph + per_point} bytes)"
         )
@@ -169,10 +176,11 @@ def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, dev
     def up(n: int) -> int:
         return -(-n // devices) * devices
 
-    if n_hardware >= devices or per_graph + n_hardware * per_point > max_bytes:
+    if n_hardware >= devices or per_graph + n_hardware * (per_point + OUT_BYTES) > max_bytes:
         # shard the hardware axis (padded to a multiple of the devices); every device holds the chunk's graphs
-        local = min(up(n_hardware) // devices, (max_bytes - per_graph) // per_point)
-        graphs = max(1, min(n_graphs, max_bytes // (per_graph + local * per_point)))
-        return Chunking(graphs, local * devices, 1, graphs * per_graph + graphs * local * per_point)
-    local = min(up(n_graphs) // devices, max_bytes // (per_graph + n_hardware * per_point))
-    return Chunking(local * devices, n_hardware, 0, local * (per_graph + n_hardware * per_point))
+        local = min(up(n_hardware) // devices, (max_bytes - per_graph) // (per_point + OUT_BYTES))
+        graphs = max(1, min(n_graphs, (max_bytes - local * per_point) // (per_graph + local * OUT_BYTES)))
+        return Chunking(graphs, local * devices, 1, graphs * (per_graph + local * OUT_BYTES) + local * per_point)
+    per_local_graph = per_graph + n_hardware * OUT_BYTES
+    local = min(up(n_graphs) // devices, (max_bytes - n_hardware * per_point) // per_local_graph)
+    return Chunking(local * devices, n_hardware, 0, local * per_local_graph + n_hardware * per_point)
