@@ -84,15 +84,15 @@ from .._graph import compile
 from .._hardware import Hardware
 from ..schedules import Schedule
 from .evaluate import Progress, evaluate_stack
-from .grid import CACHE_SIZE
+from .grid import CACHE_SIZE, Choice, values
 from .grid import PLACEMENTS as PLACEMENTS
-from .grid import Choice, values
 from .grid import choices as grid_choices
 from .plan import COMPILE_CELLS as COMPILE_CELLS
 from .plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES_ACCELERATOR, Entry, plan_stacks
 from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
 from .variants import HardwareSource, ShapeMismatch
+
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):

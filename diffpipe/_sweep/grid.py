@@ -110,7 +110,7 @@ def build(fam: Family, devices: int, microbatches: int, options: Mapping[str, An
     return _cached_build(fam, devices, microbatches, key)
 
 
-@functools.lru_cache(maxsize=None)  # a few placements x priorities: one Family object each, so it can key caches
+@functools.cache  # a few placements x priorities: one Family object each, so it can key caches
 def _list_family(placement: str, priority: str) -> Family:
     """The placement variant ``list:<placement>`` as an (unregistered) family at one priority."""
     options, make_placement = _PLACEMENTS[placement]
