@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._errors import ConfigError
+from .._evaluate import BATCH_CHUNK
 from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
@@ -73,6 +74,8 @@ class Sizes:
     stages: int
     pipelines: int
     microbatches: int
+    costs: int
+    edge_costs: int
 
     @classmethod
     def of(cls, graph: Graph) -> Sizes:
@@ -93,25 +96,30 @@ class Sizes:
 
 
 def bytes_per_point(sizes: Sizes, pairs: bool = False) -> int:
-    """Estimated evaluator working memory per (graph, hardware) point, bytes.
+    """Estimated evaluator working memory per hardware variant of the graph being evaluated, bytes.
 
-    ``[rows, k]`` float arrays (delays and the cost model's per-edge temporaries: about two per
-    edge slot), ``[rows]`` arrays (durations, finish times and the cost model's per-node terms:
-    about six), per-lane memory prefix sums (three), and the point's hardware leaves. Calibrated
-    against XLA's ``memory_analysis``, which it exceeds by 2.2-2.5x (``benchmarks/bench_sweep.py``):
-    a bound, not a forecast.
+    The evaluator runs a chunk's graphs one after the other, each on all of the chunk's hardware
+    with the batch last: per variant it holds the hardware leaves (input and normalised), the cost
+    tables ``[costs + edge_costs, 2] + [microbatches]`` (and the evaluator's chunked copies), the
+    memory model's per-lane terms (allocations, their prefix sums and gathers: about five) and a
+    few per-stage and per-device terms. The scan's own carry is per batch chunk, so it is counted
+    per graph (``bytes_per_graph``). Calibrated against XLA's ``memory_analysis``
+    (``benchmarks/bench_sweep.py``): a bound, not a forecast.
     """
     p_s = sizes.pipelines * sizes.stages
     hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
     hardware += 2 * sizes.devices**2 if pairs else 0
-    words = sizes.rows * (2 * sizes.k + 6) + 3 * sizes.lane + 2 * sizes.devices + 8 + 2 * hardware
+    tables = 2 * (sizes.costs + sizes.edge_costs) + sizes.microbatches
+    words = 2 * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16
     return _WORD * words
 
 
 def bytes_per_graph(sizes: Sizes) -> int:
-    """Bytes of one padded graph's int32 arrays (held by every device that evaluates it): per node
-    and per edge slot a dozen codes and indices, with room to spare for the cost tables."""
+    """Bytes of one padded graph's int32 arrays (per node and per edge slot a dozen codes and
+    indices, with room to spare for the cost tables) plus the level scan's working set on one batch
+    chunk (``BATCH_CHUNK`` variants: finish times and a level's edge arguments and weights)."""
     words = sizes.rows * (16 + 8 * sizes.k) + 2 * sizes.levels + 3 * sizes.lane + 2 * sizes.pipelines * sizes.stages
+    words += BATCH_CHUNK * (3 * sizes.rows + 4 * sizes.width * (sizes.k + 1))
     return _WORD * words
 
 
@@ -177,8 +185,13 @@ def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, dev
         return -(-n // devices) * devices
 
     if n_hardware >= devices or per_graph + n_hardware * (per_point + OUT_BYTES) > max_bytes:
-        # shard the hardware axis (padded to a multiple of the devices); every device holds the chunk's graphs
-        local = min(up(n_hardware) // devices, (max_bytes - per_graph) // (per_point + OUT_BYTES))
+        # shard the hardware axis (padded to a multiple of the devices); every device holds the
+        # chunk's graphs. Points per call (graphs x hardware) are largest with the bound split
+        # about evenly between graphs and hardware: half for graphs first, the rest for hardware.
+        graphs = min(n_graphs, max(1, max_bytes // 2 // per_graph))
+        local = min(up(n_hardware) // devices, (max_bytes - graphs * per_graph) // (per_point + graphs * OUT_BYTES))
+        if local < 1:
+            graphs, local = 1, (max_bytes - per_graph) // (per_point + OUT_BYTES)
         graphs = max(1, min(n_graphs, (max_bytes - local * per_point) // (per_graph + local * OUT_BYTES)))
         return Chunking(graphs, local * devices, 1, graphs * (per_graph + local * OUT_BYTES) + local * per_point)
     per_local_graph = per_graph + n_hardware * OUT_BYTES
