@@ -2,12 +2,17 @@
 
 Run by hand (nothing in CI depends on a timing):
 
-    python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--out PATH]
+    python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--sample 200] [--skip-memory]
+                                     [--out PATH]
 
 ``--host-devices N`` splits the CPU into N JAX devices (``XLA_FLAGS=--xla_force_host_platform_
 device_count``, set before JAX starts), so the sweep's sharding uses N cores; on GPUs/TPUs leave it
-out and the sweep shards over every accelerator. The sweep runs twice: cold (graph compilation and
-XLA compilation included) and warm (compiled evaluators reused; schedules and graphs rebuilt).
+out and the sweep shards over every accelerator. The sweep runs twice: cold (schedule and graph
+building and XLA compilation included) and warm (the same call again: schedules, graphs, device stacks
+and compiled evaluators come from the caches). The yardstick, in the same run on the same points:
+``dp.makespan(graph, hws, batched=True)`` called once per (schedule, mode), cold (one compilation per
+graph structure) and warm; its makespans must equal the sweep's. The sweep computes more per point
+(busy time, work, peak memory, fit) and pads each stack's graphs to common sizes.
 Peak memory is the process's maximum resident set (``resource.getrusage``), next to the sweep's
 stated per-device chunk bound; the evaluator's own buffers are checked against the estimate
 (``bytes_per_point``) with XLA's ``memory_analysis``. The same run times the pure-Python reference
@@ -50,6 +55,7 @@ import numpy as np  # noqa: E402
 import diffpipe as dp  # noqa: E402
 from diffpipe._sweep import evaluate as sweep_evaluate  # noqa: E402
 from diffpipe._sweep import plan as sweep_plan  # noqa: E402
+from diffpipe._sweep import variants as sweep_variants  # noqa: E402
 from diffpipe.schedules._reference import evaluate  # noqa: E402
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
@@ -149,30 +155,36 @@ def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int
     return {"points": len(rows), "s_per_point": seconds / len(rows), "max_rel_diff": worst}
 
 
-def memory_check(max_points: int = 256) -> list[dict]:
-    """XLA's buffers for one chunk of the evaluator vs the sweep's estimate, per representative graph."""
+def memory_check(points: int = 2048) -> list[dict]:
+    """XLA's buffers for one chunk of the evaluator (one graph on ``points`` hardware variants) vs
+    the sweep's estimate, per representative graph."""
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("points",))
     rows = []
     for family, n, mode in (("1f1b", 8, "overlap"), ("zb-v", 16, "contention"), ("hanayo", 16, "overlap")):
         s = dp.schedules.get(family, devices=4, microbatches=n)
         g = dp.compile(s, communication=mode)
         sizes = sweep_plan.Sizes.of(g)
-        hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(
-            np.linspace(1.0, 2.0, max_points).astype(np.float32))
-        stacked = (jax.tree.map(lambda x: np.asarray(x)[None], g), sweep_evaluate._busy_weights(g)[None])
-        local = jax.vmap(sweep_evaluate._point_metrics, in_axes=(0, None))  # the evaluator on one device
-        dynamic, static = eqx.partition((stacked, hws), eqx.is_array)
+        x = np.linspace(1.0, 2.0, points).astype(np.float32)
+        hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(x)
+        variants = sweep_variants.HardwareSource(hws).variants(s)
+        leaves = sweep_variants.pad_variants(variants, np.arange(points), g.pipelines, g.stages, g.microbatches,
+                                             g.devices)
+        hw = sweep_variants.as_hardware(leaves, variants, mode, g.devices_per_node)
+        stacked = sweep_evaluate.stack([g], mesh).host
+        index = np.zeros(1, np.int32)
+        dynamic, static = eqx.partition((stacked, index, hw), eqx.is_array)
         t0 = time.perf_counter()
-        fn = jax.jit(lambda d, local=local, static=static: local(*eqx.combine(d, static)))
+        fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static), shared=True))
         compiled = fn.lower(dynamic).compile()
         compile_s = time.perf_counter() - t0
         stats = compiled.memory_analysis()
         xla = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-        graph_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(stacked))
-        estimate = sweep_plan.bytes_per_graph(sizes) + max_points * sweep_plan.bytes_per_point(sizes)
-        rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k,
+        per_point, per_graph = sweep_plan.bytes_per_point(sizes), sweep_plan.bytes_per_graph(sizes)
+        estimate = per_graph + points * (per_point + sweep_plan.OUT_BYTES)
+        rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k, "points": points,
                      "cells": sizes.cells, "xla_bytes": int(xla), "estimate_bytes": int(estimate),
-                     "xla_per_point": (xla - graph_bytes) / max_points,
-                     "estimate_per_point": sweep_plan.bytes_per_point(sizes), "compile_s": compile_s})
+                     "xla_per_point": xla / points, "estimate_per_point": estimate / points,
+                     "compile_s": compile_s})
     return rows
 
 
@@ -229,11 +241,11 @@ def main() -> None:
           f"RSS before the sweeps: {rss_before:.0f} MiB")
     if not memory:
         print("(memory check skipped)")
-    print("\n| evaluator memory (256 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
+    print("\n| evaluator memory (2048 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
           "XLA total | estimate total | compile |")
     print("|---|---|---|---|---|---|---|---|")
     for r in memory:
-        print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']} | "
+        print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']:.0f} | "
               f"{r['xla_bytes'] / 2**20:.2f} MiB | {r['estimate_bytes'] / 2**20:.2f} MiB | {r['compile_s']:.1f} s |")
     out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

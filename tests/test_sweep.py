@@ -358,3 +358,22 @@ def test_multihost_two_processes_of_two_cpu_devices(result):
         for h in range(8):
             np.testing.assert_array_equal(got[:, h], want["makespan"].reshape(2, 3)[:, h % 3])
             np.testing.assert_array_equal(memory[:, h], want["peak_memory"].reshape(2, 3)[:, h % 3])
+
+
+def test_a_second_identical_sweep_hits_the_caches_and_returns_identical_results():
+    from diffpipe._sweep import evaluate, graph_of, grid
+
+    kwargs = small_chunks()
+    first = dp.sweep(hardware(), **kwargs)
+    graphs, schedules = graph_of.cache_info(), grid._cached_build.cache_info()
+    stacks = [id(s) for s in evaluate._STACKS.values()]
+    compiled = {key: fn._cached._cache_size() for key, fn in evaluate._EVALUATORS.items()}
+    second = dp.sweep(hardware(), **kwargs)
+    assert graph_of.cache_info().hits >= graphs.hits + 2 and graph_of.cache_info().misses == graphs.misses
+    assert grid._cached_build.cache_info().hits >= schedules.hits + 2
+    assert grid._cached_build.cache_info().misses == schedules.misses
+    assert sorted(id(s) for s in evaluate._STACKS.values()) == sorted(stacks)  # reused (on the device), not rebuilt
+    assert {key: fn._cached._cache_size() for key, fn in evaluate._EVALUATORS.items()} == compiled  # no recompiles
+    for column in (*COLUMNS, "_entry"):
+        np.testing.assert_array_equal(second[column], first[column])
+    assert second.skipped == first.skipped

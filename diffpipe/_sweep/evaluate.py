@@ -1,8 +1,13 @@
 """The sweep's evaluator: one chunk of ``[graphs, hardware]`` points at a time, sharded over every
 device JAX sees (``jax.shard_map`` on a 1-D mesh; no communication between devices).
 
-Per point it returns the exact makespan (the simulator's batched fast path), the total busy time,
-the microbatch work, the largest per-device peak memory and whether it fits.
+Per point it returns the exact makespan, the total busy time, the microbatch work, the largest
+per-device peak memory and whether it fits. A chunk's graphs are evaluated one after the other
+(``lax.map`` over indices into the stack), each on all of the chunk's hardware with the batch last:
+the makespan is ``batched_makespan`` (the simulator's chunked batch-last evaluator), busy time two
+small products on the cost tables, peak memory batch-last running sums, so no metric expands
+``[nodes, batch]`` arrays or runs batched scatters. A stack (its padded graphs and busy-time
+coefficients) is built and sent to the devices once, and cached across sweeps (``stack``).
 """
 
 from __future__ import annotations
@@ -243,7 +248,12 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
             members = list(range(g0, min(g0 + plan.graphs, len(entries))))
             members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
             if not shared:
-                parts = [pad_variants(entries[i].variants, index, *hw_sizes) for i in members]
+                padded: dict[int, dict[str, np.ndarray]] = {}  # one padding per distinct normalisation
+                for i in members:
+                    v = entries[i].variants
+                    if id(v) not in padded:
+                        padded[id(v)] = pad_variants(v, index, *hw_sizes)
+                parts = [padded[id(entries[i].variants)] for i in members]
                 chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
                 hw = _put_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node,
                                    split_second if plan.axis == 1 else split)

@@ -21,8 +21,8 @@ from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
 
-#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring): ~4 s of
-#: compile time at ~4e7 cells/s on a 2-core CPU.
+#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring: measured
+#: with the earlier evaluator; it now prices a compilation below its cost, favouring warm sweeps).
 COMPILE_CELLS = 1.5e8
 #: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
 #: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
