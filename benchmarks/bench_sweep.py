@@ -169,12 +169,13 @@ def memory_check(points: int = 2048) -> list[dict]:
         variants = sweep_variants.HardwareSource(hws).variants(s)
         leaves = sweep_variants.pad_variants(variants, np.arange(points), g.pipelines, g.stages, g.microbatches,
                                              g.devices)
+        leaves = {k: x[None] for k, x in leaves.items()}  # one normalisation
         hw = sweep_variants.as_hardware(leaves, variants, mode, g.devices_per_node)
         stacked = sweep_evaluate.stack([g], mesh).host
         index = np.zeros(1, np.int32)
-        dynamic, static = eqx.partition((stacked, index, hw), eqx.is_array)
+        dynamic, static = eqx.partition((stacked, index, index, hw), eqx.is_array)
         t0 = time.perf_counter()
-        fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static), shared=True))
+        fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static)))
         compiled = fn.lower(dynamic).compile()
         compile_s = time.perf_counter() - t0
         stats = compiled.memory_analysis()

@@ -134,41 +134,40 @@ def _segment_running_sum(x: Array, segment: Array) -> Array:
     return lax.scan(step, jnp.zeros_like(x[0]), (x, start))[1]
 
 
-def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, hw: Hardware, shared: bool):
+def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Array, hw: Hardware):
     """``point_metrics`` of the stack's graphs ``index`` ``[G]``, one after the other (``lax.map``),
-    each on hardware ``[B]`` (``shared``) or its own ``[G, B]``: outputs ``[G, B]``."""
+    graph ``index[g]`` on the hardware normalisation ``which[g]`` of ``hw`` ``[V, B]`` (one per
+    distinct schedule shape in the stack, usually far fewer than graphs): outputs ``[G, B]``."""
     graphs, rows, sizes = stacked
 
     def one(args):
-        i, h = (args, hw) if shared else args
+        i, v = args
+        h = jax.tree.map(lambda x: x[v], hw)
         return point_metrics(jax.tree.map(lambda x: x[i], graphs), rows[i], sizes[i], h)
 
-    return lax.map(one, index if shared else (index, hw))
+    return lax.map(one, (index, which))
 
 
 _EVALUATORS: dict[tuple, Callable] = {}
 
 
-def _evaluator(mesh: Mesh, axis: int, shared: bool) -> Callable:
-    """The jitted, sharded evaluator of a chunk: the stack (replicated), graph indices ``[G]``,
-    hardware ``[B]`` (``shared``) or ``[G, B]``; ``axis`` 1 shards the hardware axis, 0 the graph
-    axis. One object per layout, so ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
-    key = (mesh, axis, shared)
+def _evaluator(mesh: Mesh, axis: int) -> Callable:
+    """The jitted, sharded evaluator of a chunk: the stack (replicated), graph and hardware indices
+    ``[G]``, hardware ``[V, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object
+    per layout, so ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
+    key = (mesh, axis)
     if key not in _EVALUATORS:
-        def local(stacked, index, hw):
-            return chunk_metrics(stacked, index, hw, shared)
-
         batch = P("points")
         if axis == 1:
-            specs = (P(), P(), batch if shared else P(None, "points"))
+            specs = (P(), P(), P(), P(None, "points"))
             out = P(None, "points")
         else:
-            specs = (P(), batch, P() if shared else batch)
+            specs = (P(), batch, batch, P())
             out = batch
         if mesh.devices.size == 1:  # nothing to split: skip shard_map's tracing and compile overhead
-            mapped = local
+            mapped = chunk_metrics
         else:  # check_vma=False: equinox's runtime checks (error_if) are not annotated for shard_map
-            mapped = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+            mapped = jax.shard_map(chunk_metrics, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
         _EVALUATORS[key] = eqx.filter_jit(mapped)
     return _EVALUATORS[key]
 
@@ -221,44 +220,39 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
     for e in entries[1:]:
         sizes = sizes.join(Sizes.of(e.graph))
     pairs = "pair_latency" in entries[0].variants.leaves or "pair_bandwidth" in entries[0].variants.leaves
-    per_point, per_graph = bytes_per_point(sizes, pairs), bytes_per_graph(sizes)
+    # One hardware normalisation per distinct schedule shape (HardwareSource caches them by shape):
+    # each is padded and sent once per hardware chunk; graphs pick theirs by index.
+    distinct: dict[int, int] = {}
+    for e in entries:
+        distinct.setdefault(id(e.variants), len(distinct))
+    normalised = list({id(e.variants): e.variants for e in entries}.values())
+    which = np.asarray([distinct[id(e.variants)] for e in entries], np.int32)
+    per_point, per_graph = bytes_per_point(sizes, pairs, len(normalised)), bytes_per_graph(sizes)
     devices = mesh.devices.size
     plan = chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
     cached = stack([e.graph for e in entries], mesh)
     stacked = cached.host[0]
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
-    # Hardware shared by the whole stack (one normalisation) unless it depends on the schedule's shape.
-    shared = all(e.variants is entries[0].variants for e in entries)
     mode = entries[0].mode
-    evaluate = _evaluator(mesh, plan.axis, shared)
+    evaluate = _evaluator(mesh, plan.axis)
     split = NamedSharding(mesh, P("points"))
     whole = NamedSharding(mesh, P())
-    split_second = NamedSharding(mesh, P(None, "points"))
     names = ("makespan", "_busy", "_work", "peak_memory", "fits")
     for b0 in range(0, hardware, plan.hardware):
         index = np.arange(b0, b0 + plan.hardware)
         index = np.where(index < hardware, index, b0)  # pad with a real variant
         real_b = min(b0 + plan.hardware, hardware) - b0
-        hw = None
-        if shared:  # one transfer per hardware chunk, for all of its graph chunks
-            chunk = pad_variants(entries[0].variants, index, *hw_sizes)
-            hw = _put_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node,
-                               split if plan.axis == 1 else whole)
+        parts = [pad_variants(v, index, *hw_sizes) for v in normalised]
+        chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
+        hw = as_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node)
+        hw_sharding = NamedSharding(mesh, P(None, "points")) if plan.axis == 1 else whole
+        hw = jax.tree.map(lambda x, s=hw_sharding: _put(x, s), hw)  # once per hardware chunk
         for g0 in range(0, len(entries), plan.graphs):
             members = list(range(g0, min(g0 + plan.graphs, len(entries))))
             members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
-            if not shared:
-                padded: dict[int, dict[str, np.ndarray]] = {}  # one padding per distinct normalisation
-                for i in members:
-                    v = entries[i].variants
-                    if id(v) not in padded:
-                        padded[id(v)] = pad_variants(v, index, *hw_sizes)
-                parts = [padded[id(entries[i].variants)] for i in members]
-                chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
-                hw = _put_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node,
-                                   split_second if plan.axis == 1 else split)
-            graphs = _put(np.asarray(members, np.int32), split if plan.axis == 0 else whole)
-            results = [_fetch(x) for x in evaluate(cached.device, graphs, hw)]
+            sharding = split if plan.axis == 0 else whole
+            graphs = _put(np.asarray(members, np.int32), sharding)
+            results = [_fetch(x) for x in evaluate(cached.device, graphs, _put(which[members], sharding), hw)]
             real_g = min(g0 + plan.graphs, len(entries)) - g0
             for j in range(real_g):
                 rows = slice(entries[g0 + j].row + b0, entries[g0 + j].row + b0 + real_b)
@@ -266,9 +260,3 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
                     out[name][rows] = value[j, :real_b]
             progress.update(real_g * real_b)
     return plan.bytes
-
-
-def _put_hardware(chunk: Mapping[str, np.ndarray], variants, mode: str, devices_per_node: int,
-                  sharding: NamedSharding) -> Hardware:
-    hw = as_hardware(chunk, variants, mode, devices_per_node)
-    return jax.tree.map(lambda x: _put(x, sharding), hw)

@@ -95,14 +95,15 @@ class Sizes:
         return self.levels * self.width * self.k + self.rows * self.k
 
 
-def bytes_per_point(sizes: Sizes, pairs: bool = False) -> int:
+def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:
     """Estimated evaluator working memory per hardware variant of the graph being evaluated, bytes.
 
     The evaluator runs a chunk's graphs one after the other, each on all of the chunk's hardware
     with the batch last: per variant it holds the hardware leaves (input and normalised), the cost
     tables ``[costs + edge_costs, 2] + [microbatches]`` (and the evaluator's chunked copies), the
     memory model's per-lane terms (allocations, their prefix sums and gathers: about five) and a
-    few per-stage and per-device terms. The scan's own carry is per batch chunk, so it is counted
+    few per-stage and per-device terms; the hardware once per distinct normalisation in the stack
+    (``normalisations``: one per schedule shape). The scan's own carry is per batch chunk, so it is counted
     per graph (``bytes_per_graph``). Calibrated against XLA's ``memory_analysis``
     (``benchmarks/bench_sweep.py``): a bound, not a forecast.
     """
@@ -110,7 +111,7 @@ def bytes_per_point(sizes: Sizes, pairs: bool = False) -> int:
     hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
     hardware += 2 * sizes.devices**2 if pairs else 0
     tables = 2 * (sizes.costs + sizes.edge_costs) + sizes.microbatches
-    words = 2 * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16
+    words = (1 + normalisations) * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16
     return _WORD * words
 
 
