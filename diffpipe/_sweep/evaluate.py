@@ -90,7 +90,9 @@ def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware):
     on a hardware batch (leading axis; batch last inside: the chunked batched evaluator)."""
     tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
     total = batched_makespan(graph, tables)
-    busy = rows @ tables.base + jnp.sum(tables.per_size * (sizes @ tables.size), axis=0)
+    exact = lax.Precision.HIGHEST  # float32 products also on accelerators (no TF32/bf16 passes)
+    busy = (jnp.matmul(rows, tables.base, precision=exact)
+            + jnp.sum(tables.per_size * jnp.matmul(sizes, tables.size, precision=exact), axis=0))
     memory = _peak_memory(graph, hw)
     capacity = jnp.moveaxis(hw.capacity, 0, -1)
     work = jnp.sum(hw.size, axis=-1)
