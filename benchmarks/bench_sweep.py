@@ -173,7 +173,7 @@ def memory_check(points: int = 2048) -> list[dict]:
         hw = sweep_variants.as_hardware(leaves, variants, mode, g.devices_per_node)
         stacked = sweep_evaluate.stack([g], mesh).host
         index = np.zeros(1, np.int32)
-        dynamic, static = eqx.partition((stacked, index, index, hw), eqx.is_array)
+        dynamic, static = eqx.partition((stacked, index, index, np.ones(1, bool), hw), eqx.is_array)
         t0 = time.perf_counter()
         fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static)))
         compiled = fn.lower(dynamic).compile()

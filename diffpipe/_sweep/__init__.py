@@ -211,8 +211,11 @@ def sweep(
                           f"first: {reason})")
 
     count = source.count
+    first: dict[tuple[int, int], int] = {}  # peak memory is per (schedule, hardware), not per mode
     for i, e in enumerate(entries):
         e.row = i * count
+        e.memory_from = first.setdefault((id(e.schedule), id(e.variants)), i)
+        e.memory_from = -1 if e.memory_from == i else e.memory_from
     total = len(entries) * count
     columns: dict[str, np.ndarray] = {
         "makespan": np.zeros(total, np.float32), "_busy": np.zeros(total, np.float32),
@@ -231,6 +234,11 @@ def sweep(
             chunk_bytes = max(chunk_bytes, evaluate_stack(members, count, mesh, int(max_bytes), bar, columns))
     finally:
         bar.close()
+    for e in entries:
+        if e.memory_from >= 0:
+            source_rows = slice(entries[e.memory_from].row, entries[e.memory_from].row + count)
+            for name in ("peak_memory", "fits"):
+                columns[name][e.row:e.row + count] = columns[name][source_rows]
 
     per_entry = {
         "family": np.asarray([choices[e.choice].family for e in entries], dtype=object),

@@ -85,18 +85,20 @@ def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
     return entry
 
 
-def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware):
+def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware, memory: Array | bool = True):
     """Exact makespan, total busy time, microbatch work, largest peak memory and fit of one graph
-    on a hardware batch (leading axis; batch last inside: the chunked batched evaluator)."""
+    on a hardware batch (leading axis; batch last inside: the chunked batched evaluator). Peak
+    memory and fit are computed only where ``memory`` (else 0 and False: another entry of the same
+    schedule supplies them)."""
     tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
     total = batched_makespan(graph, tables)
     exact = lax.Precision.HIGHEST  # float32 products also on accelerators (no TF32/bf16 passes)
     busy = (jnp.matmul(rows, tables.base, precision=exact)
             + jnp.sum(tables.per_size * jnp.matmul(sizes, tables.size, precision=exact), axis=0))
-    memory = _peak_memory(graph, hw)
     capacity = jnp.moveaxis(hw.capacity, 0, -1)
+    peak = lax.cond(memory, lambda: _peak_memory(graph, hw), lambda: jnp.zeros_like(capacity))
     work = jnp.sum(hw.size, axis=-1)
-    return total, busy, work, jnp.max(memory, axis=0), jnp.all(memory <= capacity, axis=0)
+    return total, busy, work, jnp.max(peak, axis=0), jnp.all(peak <= capacity, axis=0) & memory
 
 
 def _peak_memory(graph: Graph, hw: Hardware) -> Array:
@@ -136,18 +138,19 @@ def _segment_running_sum(x: Array, segment: Array) -> Array:
     return lax.scan(step, jnp.zeros_like(x[0]), (x, start))[1]
 
 
-def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Array, hw: Hardware):
+def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Array, memory: Array, hw: Hardware):
     """``point_metrics`` of the stack's graphs ``index`` ``[G]``, one after the other (``lax.map``),
     graph ``index[g]`` on the hardware normalisation ``which[g]`` of ``hw`` ``[V, B]`` (one per
-    distinct schedule shape in the stack, usually far fewer than graphs): outputs ``[G, B]``."""
+    distinct schedule shape in the stack, usually far fewer than graphs), its peak memory where
+    ``memory[g]``: outputs ``[G, B]``."""
     graphs, rows, sizes = stacked
 
     def one(args):
-        i, v = args
+        i, v, m = args
         h = jax.tree.map(lambda x: x[v], hw)
-        return point_metrics(jax.tree.map(lambda x: x[i], graphs), rows[i], sizes[i], h)
+        return point_metrics(jax.tree.map(lambda x: x[i], graphs), rows[i], sizes[i], h, m)
 
-    return lax.map(one, (index, which))
+    return lax.map(one, (index, which, memory))
 
 
 _EVALUATORS: dict[tuple, Callable] = {}
@@ -155,16 +158,16 @@ _EVALUATORS: dict[tuple, Callable] = {}
 
 def _evaluator(mesh: Mesh, axis: int) -> Callable:
     """The jitted, sharded evaluator of a chunk: the stack (replicated), graph and hardware indices
-    ``[G]``, hardware ``[V, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object
+    and memory flags ``[G]``, hardware ``[V, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object
     per layout, so ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
     key = (mesh, axis)
     if key not in _EVALUATORS:
         batch = P("points")
         if axis == 1:
-            specs = (P(), P(), P(), P(None, "points"))
+            specs = (P(), P(), P(), P(), P(None, "points"))
             out = P(None, "points")
         else:
-            specs = (P(), batch, batch, P())
+            specs = (P(), batch, batch, batch, P())
             out = batch
         if mesh.devices.size == 1:  # nothing to split: skip shard_map's tracing and compile overhead
             mapped = chunk_metrics
@@ -229,6 +232,7 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
         distinct.setdefault(id(e.variants), len(distinct))
     normalised = list({id(e.variants): e.variants for e in entries}.values())
     which = np.asarray([distinct[id(e.variants)] for e in entries], np.int32)
+    memory = np.asarray([e.memory_from < 0 for e in entries])
     per_point, per_graph = bytes_per_point(sizes, pairs, len(normalised)), bytes_per_graph(sizes)
     devices = mesh.devices.size
     plan = chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
@@ -254,7 +258,8 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
             members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
             sharding = split if plan.axis == 0 else whole
             graphs = _put(np.asarray(members, np.int32), sharding)
-            results = [_fetch(x) for x in evaluate(cached.device, graphs, _put(which[members], sharding), hw)]
+            per_graph_args = (_put(which[members], sharding), _put(memory[members], sharding))
+            results = [_fetch(x) for x in evaluate(cached.device, graphs, *per_graph_args, hw)]
             real_g = min(g0 + plan.graphs, len(entries)) - g0
             for j in range(real_g):
                 rows = slice(entries[g0 + j].row + b0, entries[g0 + j].row + b0 + real_b)

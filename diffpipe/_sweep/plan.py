@@ -44,6 +44,8 @@ class Entry:
     graph: Graph
     variants: Variants
     row: int = 0
+    memory_from: int = -1  # the entry whose peak memory and fit this one shares (same schedule and
+    # hardware, another mode: memory does not depend on timing); -1: this entry computes them
 
 
 def _stack_class(e: Entry) -> tuple:
