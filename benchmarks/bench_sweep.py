@@ -2,12 +2,18 @@
 
 Run by hand (nothing in CI depends on a timing):
 
-    python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--out PATH]
+    python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--sample 200] [--skip-memory]
+                                     [--out PATH]
 
 ``--host-devices N`` splits the CPU into N JAX devices (``XLA_FLAGS=--xla_force_host_platform_
 device_count``, set before JAX starts), so the sweep's sharding uses N cores; on GPUs/TPUs leave it
-out and the sweep shards over every accelerator. The sweep runs twice: cold (graph compilation and
-XLA compilation included) and warm (compiled evaluators reused; schedules and graphs rebuilt).
+out and the sweep shards over every accelerator. The sweep runs cold (schedule and graph building
+and XLA compilation included), then warm: the same call again, best of ``WARM_RUNS`` (schedules,
+graphs, device stacks and compiled evaluators come from the caches). The yardstick, in the same
+run on the same points: ``dp.makespan(graph, hws, batched=True)`` called once per (schedule, mode),
+cold (one compilation per graph structure) and warm (best of ``WARM_RUNS``); its makespans must
+equal the sweep's. The sweep computes more per point (busy time, work, peak memory, fit) and pads
+each stack's graphs to common sizes.
 Peak memory is the process's maximum resident set (``resource.getrusage``), next to the sweep's
 stated per-device chunk bound; the evaluator's own buffers are checked against the estimate
 (``bytes_per_point``) with XLA's ``memory_analysis``. The same run times the pure-Python reference
@@ -17,6 +23,7 @@ evaluator (``schedules._reference.evaluate``) on a sample of the points and chec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -32,6 +39,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--host-devices", type=int, default=0, help="split the CPU into N JAX devices")
     parser.add_argument("--max-bytes", type=int, default=None, help="per-device chunk bound (default: sweep's)")
     parser.add_argument("--sample", type=int, default=200, help="points timed with the pure-Python evaluator")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the XLA memory-analysis check")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/sweep-<backend>.json)")
     return parser.parse_args()
 
@@ -48,12 +56,15 @@ import numpy as np  # noqa: E402
 import diffpipe as dp  # noqa: E402
 from diffpipe._sweep import evaluate as sweep_evaluate  # noqa: E402
 from diffpipe._sweep import plan as sweep_plan  # noqa: E402
+from diffpipe._sweep import variants as sweep_variants  # noqa: E402
 from diffpipe.schedules._reference import evaluate  # noqa: E402
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
 DEVICES = [4]
 MICROBATCHES = [8, 16]
 MODES = ["overlap", "contention"]
+#: Warm repetitions (sweep and yardstick alike); the fastest counts: the machine is shared.
+WARM_RUNS = 3
 
 
 def maxrss_mib() -> float:
@@ -83,6 +94,37 @@ def run_sweep(hw: dp.Hardware, max_bytes: int | None) -> tuple[dp.SweepResult, f
     result = dp.sweep(hw, families=FAMILIES, devices=DEVICES, microbatches=MICROBATCHES, communication=MODES,
                       progress=True, **kwargs)
     return result, time.perf_counter() - t0
+
+
+def per_graph(hw: dp.Hardware, result: dp.SweepResult) -> dict:
+    """The yardstick: ``dp.makespan(graph, hws, batched=True)`` called once per (schedule, mode) on
+    the same hardware batch, graphs built beforehand (evaluation only). The first pass compiles
+    one evaluator per graph structure (cold), the second reuses them (warm); its makespans must equal
+    the sweep's."""
+    graphs = {}
+    for family in FAMILIES:
+        for d in DEVICES:
+            for n in MICROBATCHES:
+                schedule = dp.schedules.get(family, devices=d, microbatches=n)
+                for mode in MODES:
+                    graphs[family, d, n, mode] = dp.compile(schedule, communication=mode)
+    by_mode = {mode: dataclasses.replace(hw, network=dataclasses.replace(hw.network, mode=mode)) for mode in MODES}
+    times, out = [], {}
+    for _ in range(1 + WARM_RUNS):
+        t0 = time.perf_counter()
+        for key, graph in graphs.items():
+            out[key] = dp.makespan(graph, by_mode[key[3]], batched=True)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    count = result.hardware_variants
+    for (family, d, n, mode), value in out.items():
+        rows = (result["family"] == family) & (result["devices"] == d) & (result["microbatches"] == n) & (
+            result["communication"] == mode)
+        assert np.array_equal(result["makespan"][rows], np.asarray(value)), (family, d, n, mode)
+    points = len(graphs) * count
+    warm = min(times[1:])
+    return {"graphs": len(graphs), "points": points, "cold_s": times[0], "warm_s": warm, "warm_runs_s": times[1:],
+            "cold_points_per_s": points / times[0], "warm_points_per_s": points / warm}
 
 
 def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int) -> dict:
@@ -117,30 +159,37 @@ def reference(result: dp.SweepResult, values: dict[str, np.ndarray], sample: int
     return {"points": len(rows), "s_per_point": seconds / len(rows), "max_rel_diff": worst}
 
 
-def memory_check(max_points: int = 256) -> list[dict]:
-    """XLA's buffers for one chunk of the evaluator vs the sweep's estimate, per representative graph."""
+def memory_check(points: int = 2048) -> list[dict]:
+    """XLA's buffers for one chunk of the evaluator (one graph on ``points`` hardware variants) vs
+    the sweep's estimate, per representative graph."""
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("points",))
     rows = []
     for family, n, mode in (("1f1b", 8, "overlap"), ("zb-v", 16, "contention"), ("hanayo", 16, "overlap")):
         s = dp.schedules.get(family, devices=4, microbatches=n)
         g = dp.compile(s, communication=mode)
         sizes = sweep_plan.Sizes.of(g)
-        hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(
-            np.linspace(1.0, 2.0, max_points).astype(np.float32))
-        stacked = (jax.tree.map(lambda x: np.asarray(x)[None], g), sweep_evaluate._busy_weights(g)[None])
-        local = jax.vmap(sweep_evaluate._point_metrics, in_axes=(0, None))  # the evaluator on one device
-        dynamic, static = eqx.partition((stacked, hws), eqx.is_array)
+        x = np.linspace(1.0, 2.0, points).astype(np.float32)
+        hws = jax.vmap(lambda x, mode=mode: dp.Hardware.from_times(x, 2 * x, p2p_time=0.1 * x, mode=mode))(x)
+        variants = sweep_variants.HardwareSource(hws).variants(s)
+        leaves = sweep_variants.pad_variants(variants, np.arange(points), g.pipelines, g.stages, g.microbatches,
+                                             g.devices)
+        leaves = {k: x[None] for k, x in leaves.items()}  # one normalisation
+        hw = sweep_variants.as_hardware(leaves, variants, mode, g.devices_per_node)
+        stacked = sweep_evaluate.stack([g], mesh).host
+        index = np.zeros(1, np.int32)
+        dynamic, static = eqx.partition((stacked, index, index, np.ones(1, bool), hw), eqx.is_array)
         t0 = time.perf_counter()
-        fn = jax.jit(lambda d, local=local, static=static: local(*eqx.combine(d, static)))
+        fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static)))
         compiled = fn.lower(dynamic).compile()
         compile_s = time.perf_counter() - t0
         stats = compiled.memory_analysis()
         xla = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-        graph_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(stacked))
-        estimate = sweep_plan.bytes_per_graph(sizes) + max_points * sweep_plan.bytes_per_point(sizes)
-        rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k,
+        per_point, per_graph = sweep_plan.bytes_per_point(sizes), sweep_plan.bytes_per_graph(sizes)
+        estimate = per_graph + points * (per_point + sweep_plan.OUT_BYTES)
+        rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k, "points": points,
                      "cells": sizes.cells, "xla_bytes": int(xla), "estimate_bytes": int(estimate),
-                     "xla_per_point": (xla - graph_bytes) / max_points,
-                     "estimate_per_point": sweep_plan.bytes_per_point(sizes), "compile_s": compile_s})
+                     "xla_per_point": xla / points, "estimate_per_point": estimate / points,
+                     "compile_s": compile_s})
     return rows
 
 
@@ -152,22 +201,28 @@ def main() -> None:
     rss_before = maxrss_mib()
     cold, cold_s = run_sweep(hw, ARGS.max_bytes)
     rss_cold = maxrss_mib()
-    warm, warm_s = run_sweep(hw, ARGS.max_bytes)
+    warm_runs = [run_sweep(hw, ARGS.max_bytes) for _ in range(WARM_RUNS)]
+    warm, warm_s = min(warm_runs, key=lambda run: run[1])
     rss_warm = maxrss_mib()
     assert np.array_equal(cold["makespan"], warm["makespan"])
-    ref = reference(warm, values, ARGS.sample)
-    memory = memory_check()
     points = len(warm)
+    yardstick = per_graph(hw, warm)
+    ref = reference(warm, values, ARGS.sample)
+    memory = [] if ARGS.skip_memory else memory_check()
     results = {
         "platform": {"backend": backend, "devices": [str(d) for d in jax.devices()], "machine": platform.machine(),
                      "cpus": os.cpu_count(), "jax": jax.__version__, "python": sys.version.split()[0]},
         "grid": {"families": FAMILIES, "devices": DEVICES, "microbatches": MICROBATCHES, "modes": MODES,
                  "hardware_variants": warm.hardware_variants, "points": points, "skipped": list(warm.skipped)},
-        "sweep": {"cold_s": cold_s, "warm_s": warm_s, "cold_points_per_s": points / cold_s,
+        "sweep": {"cold_s": cold_s, "warm_s": warm_s, "warm_runs_s": [t for _, t in warm_runs],
+                  "cold_points_per_s": points / cold_s,
                   "warm_points_per_s": points / warm_s, "stacks_compiled": warm.compiled,
                   "devices_used": warm.devices_used, "max_bytes": warm.max_bytes, "chunk_bytes": warm.chunk_bytes,
                   "maxrss_before_mib": rss_before, "maxrss_after_cold_mib": rss_cold,
                   "maxrss_after_warm_mib": rss_warm},
+        "per_graph_batched": yardstick,
+        "sweep_vs_per_graph": {"warm_throughput_ratio": (points / warm_s) / yardstick["warm_points_per_s"],
+                               "cold_time_ratio": cold_s / yardstick["cold_s"]},
         "reference": ref | {"speedup_warm": ref["s_per_point"] / (warm_s / points)},
         "memory_estimate": memory,
         "fits": float(np.mean(warm["fits"])),
@@ -180,16 +235,24 @@ def main() -> None:
                             ("sweep, warm", warm_s, rss_warm)):
         print(f"| {name} | {secs:.1f} s | {points / secs:,.0f} | {secs / points * 1e6:.2f} µs | {rss:.0f} MiB | "
               f"{warm.chunk_bytes / 2**20:.1f} of {warm.max_bytes / 2**20:.0f} MiB |")
+    for name, secs in (("per-graph makespan(batched=True), cold (compiles included)", yardstick["cold_s"]),
+                       ("per-graph makespan(batched=True), warm", yardstick["warm_s"])):
+        print(f"| {name} | {secs:.1f} s | {points / secs:,.0f} | {secs / points * 1e6:.2f} µs | - | - |")
     print(f"| pure-Python reference ({ref['points']} sampled points) | - | {1 / ref['s_per_point']:,.0f} | "
           f"{ref['s_per_point'] * 1e6:.0f} µs | - | - |")
+    ratio = results["sweep_vs_per_graph"]
+    print(f"\nwarm sweep throughput / warm per-graph batched evaluator: {ratio['warm_throughput_ratio']:.2f}; "
+          f"cold sweep time / cold per-graph: {ratio['cold_time_ratio']:.2f}")
     print(f"\nspeed-up of the warm sweep over the reference: {results['reference']['speedup_warm']:,.0f}x; "
           f"max relative makespan difference on the sample: {ref['max_rel_diff']:.1e}; "
           f"RSS before the sweeps: {rss_before:.0f} MiB")
-    print("\n| evaluator memory (256 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
+    if not memory:
+        print("(memory check skipped)")
+    print("\n| evaluator memory (2048 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
           "XLA total | estimate total | compile |")
     print("|---|---|---|---|---|---|---|---|")
     for r in memory:
-        print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']} | "
+        print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']:.0f} | "
               f"{r['xla_bytes'] / 2**20:.2f} MiB | {r['estimate_bytes'] / 2**20:.2f} MiB | {r['compile_s']:.1f} s |")
     out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._sweep import COLUMNS, SweepResult
-from diffpipe._sweep.plan import Sizes, bytes_per_graph, bytes_per_point, chunking
+from diffpipe._sweep.plan import OUT_BYTES, Sizes, bytes_per_graph, bytes_per_point, chunking
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "pipedream"]
 MODES = ["overlap", "contention"]
@@ -252,9 +252,10 @@ def test_chunk_plan_respects_the_bound(devices, graphs, hardware_count):
     assert plan.bytes <= bound
     sharded = plan.hardware if plan.axis == 1 else plan.graphs
     assert sharded % devices == 0 and plan.graphs >= 1 and plan.hardware >= 1
-    local_points = plan.graphs * plan.hardware // devices
+    # a device evaluates its graphs one after the other, each on all of its hardware variants
+    local_hardware = plan.hardware // devices if plan.axis == 1 else plan.hardware
     local_graphs = plan.graphs // devices if plan.axis == 0 else plan.graphs
-    assert local_graphs * per_graph + local_points * per_point <= bound
+    assert local_graphs * (per_graph + local_hardware * OUT_BYTES) + local_hardware * per_point <= bound
 
 
 SHARDED = textwrap.dedent(
@@ -357,3 +358,22 @@ def test_multihost_two_processes_of_two_cpu_devices(result):
         for h in range(8):
             np.testing.assert_array_equal(got[:, h], want["makespan"].reshape(2, 3)[:, h % 3])
             np.testing.assert_array_equal(memory[:, h], want["peak_memory"].reshape(2, 3)[:, h % 3])
+
+
+def test_a_second_identical_sweep_hits_the_caches_and_returns_identical_results():
+    from diffpipe._sweep import evaluate, graph_of, grid
+
+    kwargs = small_chunks()
+    first = dp.sweep(hardware(), **kwargs)
+    graphs, schedules = graph_of.cache_info(), grid._cached_build.cache_info()
+    stacks = [id(s) for s in evaluate._STACKS.values()]
+    compiled = {key: fn._cached._cache_size() for key, fn in evaluate._EVALUATORS.items()}
+    second = dp.sweep(hardware(), **kwargs)
+    assert graph_of.cache_info().hits >= graphs.hits + 2 and graph_of.cache_info().misses == graphs.misses
+    assert grid._cached_build.cache_info().hits >= schedules.hits + 2
+    assert grid._cached_build.cache_info().misses == schedules.misses
+    assert sorted(id(s) for s in evaluate._STACKS.values()) == sorted(stacks)  # reused (on the device), not rebuilt
+    assert {key: fn._cached._cache_size() for key, fn in evaluate._EVALUATORS.items()} == compiled  # no recompiles
+    for column in (*COLUMNS, "_entry"):
+        np.testing.assert_array_equal(second[column], first[column])
+    assert second.skipped == first.skipped

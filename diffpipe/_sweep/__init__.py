@@ -16,26 +16,28 @@ How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
    simulator's batched fast path plus busy time and peak memory), like ``diffpipe.makespan``, is an
    ``eqx.filter_jit`` function whose cache key is the graph's array shapes (``Graph.structure``)
    plus its static fields (devices, stages, pipelines, microbatches, steps, communication,
-   devices per node): graphs with equal keys share one compiled function, evaluated on the
-   batched fast path (hardware batch last inside).
+   devices per node): graphs with equal keys share one compiled function.
 2. **Stacking rule.** Different keys can still share one compiled function by padding every graph
    to common sizes (``pad_graph``; padding never changes a result). That costs evaluation time on
    the padding and saves a compilation. The cost of evaluating a set of keys as one stack is
    modelled as ``COMPILE_CELLS + sum over its points of cells(padded sizes)``, where
    ``cells = levels * width * k + rows * k`` counts the scan's per-level block updates plus the
    cost model's per-edge work, and ``COMPILE_CELLS`` is one compilation expressed in evaluated cells
-   (measured, see below). Keys of one communication setting are sorted by their cells and split
+   (see below). Keys of one communication setting are sorted by their cells and split
    into contiguous runs by an exact dynamic programme minimising the total cost: a run is padded
    and stacked; a run of one key is evaluated as is. ``stacking="never"`` compiles one function
    per key; ``stacking="always"`` one per communication setting.
-3. **Chunks with a stated memory bound.** Each stack is evaluated in chunks of ``[graphs,
-   hardware]`` points of one fixed shape (the last chunk is padded by repeating a point, so a stack
-   compiles once). The evaluator's working memory per point is estimated from the padded graph's
-   sizes by ``bytes_per_point`` (``benchmarks/bench_sweep.py`` compares it with XLA's own memory
-   analysis: the estimate is 2.2-2.5x XLA's arguments + outputs + temporaries) and per graph by
-   ``bytes_per_graph``; a chunk is sized so that on every device
-   ``graphs_on_device * bytes_per_graph + points_on_device * bytes_per_point <= max_bytes``.
-   ``SweepResult.chunk_bytes`` states the largest estimate used.
+3. **Chunks with a stated memory bound.** Each stack is sent to the devices once (replicated) and
+   evaluated in chunks of ``[graphs, hardware]`` points of one fixed shape (the last chunk is
+   padded by repeating a point, so a stack compiles once); a chunk's graphs run one after the
+   other, each on all of the chunk's hardware, batch last. The working memory per hardware variant
+   is estimated by ``bytes_per_point`` and per graph (its arrays and the level scan's working set
+   on one batch chunk) by ``bytes_per_graph`` (``benchmarks/bench_sweep.py`` compares them with
+   XLA's own memory analysis: the estimate is 2.3-2.8x XLA's arguments + outputs + temporaries); a
+   chunk is sized so that on every device ``graphs * (bytes_per_graph + hardware * OUT_BYTES) +
+   hardware * bytes_per_point <= max_bytes``, the bound split about evenly between graphs and
+   hardware (the most points per call). ``SweepResult.chunk_bytes`` states the largest estimate
+   used; the stacks' graph arrays stay on the devices besides (cached).
 4. **Scale-out.** The chunk's batch axis (the hardware axis when there are at least as many
    hardware variants as devices, else the graph axis) is sharded over every device JAX sees
    (``jax.sharding.NamedSharding`` on a 1-D ``Mesh`` over ``jax.devices()``, padded to a multiple
@@ -58,16 +60,24 @@ How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
 
    See docs/scale-out.md.
 
-Measured constants (2-core CPU shared with other jobs, jax 0.10, float32): compiling one stack's
-evaluator takes 4-7 s; evaluation runs at 2.5e7-1e8 cells per second (time per point tracks
-``levels * width * k`` within about 2x across the families); so ``COMPILE_CELLS = 1.5e8``, about
-4 s of evaluation. On such a machine padding a small graph into a stack with a large one pays off
-until a few tens of thousands of hardware variants per graph.
+Caches (all bounded, keyed by arguments that fully determine the value): schedules on (family,
+devices, microbatches, options) (``grid.build``), graphs on (schedule, mode, devices per node)
+(``graph_of``), stacks on their graphs (``evaluate.stack``, on the devices), compiled evaluators on
+their layout and shapes. A repeated sweep therefore normalises its hardware and evaluates, nothing
+else.
+
+Measured constants (2-core CPU shared with other jobs, jax 0.10, float32): ``COMPILE_CELLS = 1.5e8``
+was measured with the earlier evaluator (4-7 s per compilation at 2.5e7-1e8 cells per second). With
+the chunked batch-last evaluator a stack compiles in ~1-2 s and evaluates 2-4e9 padded cells per
+second, so 1.5e8 cells now prices a compilation at ~1/20 of its cost: the plan pads less than a
+single call's optimum, in favour of repeated (warm) sweeps; cold sweeps still compile a few stacks
+(``benchmarks/bench_sweep.py``: 2 stacks for 28 graphs at 200k points).
 """
 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -83,14 +93,22 @@ from .._graph import compile
 from .._hardware import Hardware
 from ..schedules import Schedule
 from .evaluate import Progress, evaluate_stack
+from .grid import CACHE_SIZE, Choice, values
 from .grid import PLACEMENTS as PLACEMENTS
-from .grid import Choice, values
 from .grid import choices as grid_choices
 from .plan import COMPILE_CELLS as COMPILE_CELLS
 from .plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES_ACCELERATOR, Entry, plan_stacks
 from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
 from .variants import HardwareSource, ShapeMismatch
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
+    """``compile(schedule, ...)``, cached across sweeps (a pure function of its arguments; the same
+    ``Graph`` object each time, so the stacks built from it are cached too: ``evaluate.stack``)."""
+    return compile(schedule, communication=mode, devices_per_node=devices_per_node)
+
 
 #: Points from which a sweep shows a progress bar by default (when stderr is a terminal).
 LONG_RUN = 100_000
@@ -182,7 +200,7 @@ def sweep(
             continue
         for mode in modes or [variants.mode]:
             try:
-                graph = compile(schedule, communication=mode, devices_per_node=variants.devices_per_node)
+                graph = graph_of(schedule, mode, variants.devices_per_node)
             except ScheduleError as error:
                 skip(c, mode, error)
                 continue
@@ -193,8 +211,11 @@ def sweep(
                           f"first: {reason})")
 
     count = source.count
+    first: dict[tuple[int, int], int] = {}  # peak memory is per (schedule, hardware), not per mode
     for i, e in enumerate(entries):
         e.row = i * count
+        e.memory_from = first.setdefault((id(e.schedule), id(e.variants)), i)
+        e.memory_from = -1 if e.memory_from == i else e.memory_from
     total = len(entries) * count
     columns: dict[str, np.ndarray] = {
         "makespan": np.zeros(total, np.float32), "_busy": np.zeros(total, np.float32),
@@ -213,6 +234,11 @@ def sweep(
             chunk_bytes = max(chunk_bytes, evaluate_stack(members, count, mesh, int(max_bytes), bar, columns))
     finally:
         bar.close()
+    for e in entries:
+        if e.memory_from >= 0:
+            source_rows = slice(entries[e.memory_from].row, entries[e.memory_from].row + count)
+            for name in ("peak_memory", "fits"):
+                columns[name][e.row:e.row + count] = columns[name][source_rows]
 
     per_entry = {
         "family": np.asarray([choices[e.choice].family for e in entries], dtype=object),

@@ -1,85 +1,178 @@
 """The sweep's evaluator: one chunk of ``[graphs, hardware]`` points at a time, sharded over every
 device JAX sees (``jax.shard_map`` on a 1-D mesh; no communication between devices).
 
-Per point it returns the exact makespan (the simulator's batched fast path), the total busy time,
-the microbatch work, the largest per-device peak memory and whether it fits.
+Per point it returns the exact makespan, the total busy time, the microbatch work, the largest
+per-device peak memory and whether it fits. A chunk's graphs are evaluated one after the other
+(``lax.map`` over indices into the stack), each on all of the chunk's hardware with the batch last:
+the makespan is ``batched_makespan`` (the simulator's chunked batch-last evaluator), busy time two
+small products on the cost tables, peak memory batch-last running sums, so no metric expands
+``[nodes, batch]`` arrays or runs batched scatters. A stack (its padded graphs and busy-time
+coefficients) is built and sent to the devices once, and cached across sweeps (``stack``).
 """
 
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from .._evaluate import finish_times, sink_max
+from .._evaluate import batched_makespan
 from .._graph import KIND_CODES, Graph, stack_graphs
 from .._hardware import Hardware
-from .._simulate import peak_memory
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
 from .variants import as_hardware, pad_variants
 
 
-def _stack(graphs: Sequence[Graph]) -> Graph:
-    """``stack_graphs``, kept on the host: chunks index it with numpy and feed each device its part."""
-    return jax.tree.map(np.asarray, stack_graphs(graphs))
+@dataclass
+class Stack:
+    """A stack's graphs padded and stacked on the host, each graph's busy-time coefficients, and
+    the same arrays once on the devices (replicated): cached across sweeps (``stack``)."""
+
+    graphs: tuple[Graph, ...]  # held, so that the cache key (their ids) stays unique
+    host: tuple[Graph, np.ndarray, np.ndarray]
+    device: tuple[Graph, jax.Array, jax.Array] | None = None
 
 
-def _busy_weights(graph: Graph) -> np.ndarray:
-    """Per node, how many device lanes its duration keeps busy: a compute op one, a collective one
-    per participant (its lane entries), a blocking transfer two (sender and receiver). The total
-    busy time ``sum(weights * dur)`` is then one product, not a per-device gather and scatter."""
+#: Stacks kept across sweeps (keyed by their graphs, which the sweep caches): bounded.
+_STACKS: OrderedDict[tuple, Stack] = OrderedDict()
+STACK_CACHE = 16
+
+
+def _busy_coefficients(graph: Graph, costs: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cost row, the busy weight of its nodes ``[costs]`` and per (cost row, microbatch)
+    ``[costs, microbatches]``, so that the total busy time ``sum_i weight_i * dur_i`` (``dur_i =
+    base[row_i] + size[mb_i] * per_size[row_i]``) is ``rows @ base + sum(per_size * (sizes @ size))``:
+    two small products on the cost tables instead of a ``[nodes, batch]`` expansion."""
     kind = np.asarray(graph.kind)
     weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
     weights += graph.communication.busy_weight * (kind == KIND_CODES["T"])
-    return weights
+    row, mb = np.asarray(graph.node_row), np.asarray(graph.microbatch)
+    rows = np.zeros(costs, np.float32)
+    np.add.at(rows, row, weights)
+    sizes = np.zeros((costs, microbatches), np.float32)
+    np.add.at(sizes, (row, mb), weights)
+    return rows, sizes
 
 
-def _point_metrics(stack: tuple[Graph, Array], hw: Hardware):
+def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
+    """The cached ``Stack`` of ``graphs`` (built and sent to the devices once)."""
+    key = (tuple(id(g) for g in graphs), mesh)
+    entry = _STACKS.get(key)
+    if entry is not None and all(a is b for a, b in zip(entry.graphs, graphs)):
+        _STACKS.move_to_end(key)
+        return entry
+    stacked = jax.tree.map(np.asarray, stack_graphs(graphs))
+    costs, microbatches = stacked.node_cost.shape[-2], stacked.microbatches
+    parts = [_busy_coefficients(jax.tree.map(lambda x, i=i: x[i], stacked), costs, microbatches)
+             for i in range(len(graphs))]
+    host = (stacked, np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]))
+    whole = NamedSharding(mesh, P())
+    entry = Stack(tuple(graphs), host, jax.tree.map(lambda x: _put(x, whole), host))
+    _STACKS[key] = entry
+    if len(_STACKS) > STACK_CACHE:
+        _STACKS.popitem(last=False)
+    return entry
+
+
+def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware, memory: Array | bool = True):
     """Exact makespan, total busy time, microbatch work, largest peak memory and fit of one graph
-    (and its ``_busy_weights``) on a hardware batch (leading axis; the batch is last inside, the
-    fast path)."""
-    graph, weights = stack
-    tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)  # the batched fast path
-    dur, _ = tables.expand(graph)
-    # One sweep over the whole chunk: with several graphs vmapped here, splitting the batch into
-    # cache-sized pieces (as makespan(batched=True) does) measured slower (62k vs 89k points/s).
-    total = sink_max(graph, finish_times(graph, tables, None), None)
-    busy = jnp.sum(weights.astype(dur.dtype)[:, None] * dur, axis=0)
-    memory = jax.vmap(lambda h: peak_memory(graph, h)[0])(hw)
-    capacity = jax.vmap(lambda h: h.per_device(graph))(hw)
-    work = jnp.sum(jax.vmap(lambda h: h.per_microbatch(graph))(hw), axis=-1)
-    return total, busy, work, jnp.max(memory, axis=-1), jnp.all(memory <= capacity, axis=-1)
+    on a hardware batch (leading axis; batch last inside: the chunked batched evaluator). Peak
+    memory and fit are computed only where ``memory`` (else 0 and False: another entry of the same
+    schedule supplies them)."""
+    tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
+    total = batched_makespan(graph, tables)
+    exact = lax.Precision.HIGHEST  # float32 products also on accelerators (no TF32/bf16 passes)
+    busy = (jnp.matmul(rows, tables.base, precision=exact)
+            + jnp.sum(tables.per_size * jnp.matmul(sizes, tables.size, precision=exact), axis=0))
+    capacity = jnp.moveaxis(hw.capacity, 0, -1)
+    peak = lax.cond(memory, lambda: _peak_memory(graph, hw), lambda: jnp.zeros_like(capacity))
+    work = jnp.sum(hw.size, axis=-1)
+    return total, busy, work, jnp.max(peak, axis=0), jnp.all(peak <= capacity, axis=0) & memory
+
+
+def _peak_memory(graph: Graph, hw: Hardware) -> Array:
+    """``diffpipe.peak_memory``'s bytes ``[devices, batch]`` for a batch of normalised hardware
+    (per-stage leaves ``[B, P, S]``, size ``[B, M]``), batch last: the same terms, no batched scatters."""
+    def per_stage(x):  # [B, P, S] -> [P * S, B]
+        return jnp.moveaxis(x, 0, -1).reshape(-1, x.shape[0])
+
+    dtype = hw.static_bytes.dtype
+    flat_holder = graph.holder.ravel()
+    static = per_stage(hw.static_bytes) * graph.versions.ravel().astype(dtype)[:, None]
+    static_per_device = jax.ops.segment_sum(static, flat_holder, graph.devices)
+    act = per_stage(hw.activation_bytes)
+    size = jnp.moveaxis(hw.size, 0, -1)
+    nodes = graph.lane_nodes
+    compute = graph.kind[nodes] <= KIND_CODES["W"]
+    m = jnp.where(compute, graph.microbatch[nodes], 0)
+    sign = graph.release[nodes].astype(dtype)
+    delta = sign[:, None] * act[graph.pipeline[nodes] * graph.stages + graph.stage[nodes]] * size[m]
+    segment = graph.lane_device
+    prefix = _segment_running_sum(delta, segment)
+    return static_per_device + jnp.maximum(jax.ops.segment_max(prefix, segment, graph.devices), 0.0)
+
+
+def _segment_running_sum(x: Array, segment: Array) -> Array:
+    """Running sum over axis 0 restarted where ``segment`` (sorted) changes: a scan over the rows,
+    each a vector over the batch (XLA's ``cumsum`` on CPU reduces a window per output, ~15x slower
+    on ``[lanes, batch]``). ``peak_memory`` subtracts a global ``cumsum`` at segment starts: the
+    same terms, rounded differently (equal when the sums are exact)."""
+    start = jnp.concatenate([jnp.ones((1,), bool), segment[1:] != segment[:-1]])
+
+    def step(total, row):
+        value, first = row
+        total = jnp.where(first, value, total + value)
+        return total, total
+
+    return lax.scan(step, jnp.zeros_like(x[0]), (x, start))[1]
+
+
+def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Array, memory: Array, hw: Hardware):
+    """``point_metrics`` of the stack's graphs ``index`` ``[G]``, one after the other (``lax.map``),
+    graph ``index[g]`` on the hardware normalisation ``which[g]`` of ``hw`` ``[V, B]`` (one per
+    distinct schedule shape in the stack, usually far fewer than graphs), its peak memory where
+    ``memory[g]``: outputs ``[G, B]``."""
+    graphs, rows, sizes = stacked
+
+    def one(args):
+        i, v, m = args
+        h = jax.tree.map(lambda x: x[v], hw)
+        return point_metrics(jax.tree.map(lambda x: x[i], graphs), rows[i], sizes[i], h, m)
+
+    return lax.map(one, (index, which, memory))
 
 
 _EVALUATORS: dict[tuple, Callable] = {}
 
 
-def _evaluator(mesh: Mesh, axis: int, shared: bool) -> Callable:
-    """The jitted, sharded evaluator of a chunk: graphs ``[G]``, hardware ``[B]`` (``shared``) or
-    ``[G, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object per layout, so
-    ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
-    key = (mesh, axis, shared)
+def _evaluator(mesh: Mesh, axis: int) -> Callable:
+    """The jitted, sharded evaluator of a chunk: the stack (replicated), graph and hardware indices
+    and memory flags ``[G]``, hardware ``[V, B]``; ``axis`` 1 shards the hardware axis, 0 the graph axis. One object
+    per layout, so ``eqx.filter_jit`` caches compilations across chunks and sweeps."""
+    key = (mesh, axis)
     if key not in _EVALUATORS:
-        local = jax.vmap(_point_metrics, in_axes=(0, None if shared else 0))
         batch = P("points")
         if axis == 1:
-            specs = (P(), batch if shared else P(None, "points"))
+            specs = (P(), P(), P(), P(), P(None, "points"))
             out = P(None, "points")
         else:
-            specs = (batch, P() if shared else batch)
+            specs = (P(), batch, batch, batch, P())
             out = batch
         if mesh.devices.size == 1:  # nothing to split: skip shard_map's tracing and compile overhead
-            mapped = local
+            mapped = chunk_metrics
         else:  # check_vma=False: equinox's runtime checks (error_if) are not annotated for shard_map
-            mapped = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+            mapped = jax.shard_map(chunk_metrics, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
         _EVALUATORS[key] = eqx.filter_jit(mapped)
     return _EVALUATORS[key]
 
@@ -132,45 +225,45 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
     for e in entries[1:]:
         sizes = sizes.join(Sizes.of(e.graph))
     pairs = "pair_latency" in entries[0].variants.leaves or "pair_bandwidth" in entries[0].variants.leaves
-    per_point, per_graph = bytes_per_point(sizes, pairs), bytes_per_graph(sizes)
+    # One hardware normalisation per distinct schedule shape (HardwareSource caches them by shape):
+    # each is padded and sent once per hardware chunk; graphs pick theirs by index.
+    distinct: dict[int, int] = {}
+    for e in entries:
+        distinct.setdefault(id(e.variants), len(distinct))
+    normalised = list({id(e.variants): e.variants for e in entries}.values())
+    which = np.asarray([distinct[id(e.variants)] for e in entries], np.int32)
+    memory = np.asarray([e.memory_from < 0 for e in entries])
+    per_point, per_graph = bytes_per_point(sizes, pairs, len(normalised)), bytes_per_graph(sizes)
     devices = mesh.devices.size
     plan = chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
-    stacked = _stack([e.graph for e in entries])
-    weights = np.stack([_busy_weights(jax.tree.map(lambda x, i=i: x[i], stacked)) for i in range(len(entries))])
+    cached = stack([e.graph for e in entries], mesh)
+    stacked = cached.host[0]
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
-    # Hardware shared by the whole stack (one normalisation) unless it depends on the schedule's shape.
-    shared = all(e.variants is entries[0].variants for e in entries)
     mode = entries[0].mode
-    evaluate = _evaluator(mesh, plan.axis, shared)
+    evaluate = _evaluator(mesh, plan.axis)
     split = NamedSharding(mesh, P("points"))
     whole = NamedSharding(mesh, P())
-    split_second = NamedSharding(mesh, P(None, "points"))
-    graph_def = jax.tree.structure((stacked, weights))
-    stacked_leaves = jax.tree.leaves((stacked, weights))
-    for g0 in range(0, len(entries), plan.graphs):
-        members = list(range(g0, min(g0 + plan.graphs, len(entries))))
-        members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
-        graph_leaves = [x[members] for x in stacked_leaves]
-        graph_sharding = split if plan.axis == 0 else whole
-        graphs = jax.tree.unflatten(graph_def, [_put(x, graph_sharding) for x in graph_leaves])
-        for b0 in range(0, hardware, plan.hardware):
-            index = np.arange(b0, b0 + plan.hardware)
-            index = np.where(index < hardware, index, b0)  # pad with a real variant
-            if shared:
-                chunk = pad_variants(entries[0].variants, index, *hw_sizes)
-                sharding = split if plan.axis == 1 else whole
-            else:
-                parts = [pad_variants(entries[i].variants, index, *hw_sizes) for i in members]
-                chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
-                sharding = split_second if plan.axis == 1 else split
-            hw = as_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node)
-            hw = jax.tree.map(lambda x, s=sharding: _put(x, s), hw)
-            results = [_fetch(x) for x in evaluate(graphs, hw)]
+    names = ("makespan", "_busy", "_work", "peak_memory", "fits")
+    for b0 in range(0, hardware, plan.hardware):
+        index = np.arange(b0, b0 + plan.hardware)
+        index = np.where(index < hardware, index, b0)  # pad with a real variant
+        real_b = min(b0 + plan.hardware, hardware) - b0
+        parts = [pad_variants(v, index, *hw_sizes) for v in normalised]
+        chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
+        hw = as_hardware(chunk, entries[0].variants, mode, stacked.devices_per_node)
+        hw_sharding = NamedSharding(mesh, P(None, "points")) if plan.axis == 1 else whole
+        hw = jax.tree.map(lambda x, s=hw_sharding: _put(x, s), hw)  # once per hardware chunk
+        for g0 in range(0, len(entries), plan.graphs):
+            members = list(range(g0, min(g0 + plan.graphs, len(entries))))
+            members += [members[0]] * (plan.graphs - len(members))  # pad: one compiled shape per stack
+            sharding = split if plan.axis == 0 else whole
+            graphs = _put(np.asarray(members, np.int32), sharding)
+            per_graph_args = (_put(which[members], sharding), _put(memory[members], sharding))
+            results = [_fetch(x) for x in evaluate(cached.device, graphs, *per_graph_args, hw)]
             real_g = min(g0 + plan.graphs, len(entries)) - g0
-            real_b = min(b0 + plan.hardware, hardware) - b0
             for j in range(real_g):
                 rows = slice(entries[g0 + j].row + b0, entries[g0 + j].row + b0 + real_b)
-                for name, value in zip(("makespan", "_busy", "_work", "peak_memory", "fits"), results):
+                for name, value in zip(names, results):
                     out[name][rows] = value[j, :real_b]
             progress.update(real_g * real_b)
     return plan.bytes

@@ -7,6 +7,7 @@ placement variants are small unregistered ``Family`` objects, checked the same w
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,27 @@ def _option_grid(declared: Mapping[str, Sequence[str]], options: Mapping[str, An
     return grids
 
 
+#: Schedules and graphs kept across sweeps (both are pure functions of their arguments): bounded.
+CACHE_SIZE = 512
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _cached_build(fam: Family, devices: int, microbatches: int, options: tuple[tuple[str, Any], ...]) -> Schedule:
+    return fam.build(devices=devices, microbatches=microbatches, **dict(options))
+
+
+def build(fam: Family, devices: int, microbatches: int, options: Mapping[str, Any]) -> Schedule:
+    """``fam.build(...)``, cached on (family, sizes, options); options that cannot be hashed are
+    built every time. A ``ScheduleError`` is not cached (it is raised again)."""
+    key = tuple(sorted(options.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return fam.build(devices=devices, microbatches=microbatches, **options)
+    return _cached_build(fam, devices, microbatches, key)
+
+
+@functools.cache  # a few placements x priorities: one Family object each, so it can key caches
 def _list_family(placement: str, priority: str) -> Family:
     """The placement variant ``list:<placement>`` as an (unregistered) family at one priority."""
     options, make_placement = _PLACEMENTS[placement]
@@ -136,13 +158,13 @@ def choices(families, devices, microbatches, options, placements, priorities, sc
         fam = family(name)
         for opts, d, n in itertools.product(grids[name], device_values, microbatch_values):
             out.append(Choice(name, tuple(sorted(opts.items())), d, n,
-                              lambda fam=fam, d=d, n=n, opts=opts: fam.build(devices=d, microbatches=n, **opts)))
+                              lambda fam=fam, d=d, n=n, opts=opts: build(fam, d, n, opts)))
     for p in placements:
         for opts, prio, d, n in itertools.product(grids[f"list:{p}"], priorities, device_values, microbatch_values):
             fam = _list_family(p, prio)
             full = {**{o.name: o.default for o in fam.options}, **opts}
             out.append(Choice("list", tuple(sorted({"placement": p, "priority": prio, **full}.items())), d, n,
-                              lambda fam=fam, d=d, n=n, opts=opts: fam.build(devices=d, microbatches=n, **opts)))
+                              lambda fam=fam, d=d, n=n, opts=opts: build(fam, d, n, opts)))
     for s in schedules:
         out.append(Choice(s.family, s.options, s.devices, s.microbatches, lambda s=s: s))
     return out

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._errors import ConfigError
+from .._evaluate import BATCH_CHUNK
 from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
 
-#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring): ~4 s of
-#: compile time at ~4e7 cells/s on a 2-core CPU.
+#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring: measured
+#: with the earlier evaluator; it now prices a compilation below its cost, favouring warm sweeps).
 COMPILE_CELLS = 1.5e8
 #: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
 #: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
@@ -43,6 +44,8 @@ class Entry:
     graph: Graph
     variants: Variants
     row: int = 0
+    memory_from: int = -1  # the entry whose peak memory and fit this one shares (same schedule and
+    # hardware, another mode: memory does not depend on timing); -1: this entry computes them
 
 
 def _stack_class(e: Entry) -> tuple:
@@ -73,6 +76,8 @@ class Sizes:
     stages: int
     pipelines: int
     microbatches: int
+    costs: int
+    edge_costs: int
 
     @classmethod
     def of(cls, graph: Graph) -> Sizes:
@@ -92,26 +97,32 @@ class Sizes:
         return self.levels * self.width * self.k + self.rows * self.k
 
 
-def bytes_per_point(sizes: Sizes, pairs: bool = False) -> int:
-    """Estimated evaluator working memory per (graph, hardware) point, bytes.
+def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:
+    """Estimated evaluator working memory per hardware variant of the graph being evaluated, bytes.
 
-    ``[rows, k]`` float arrays (delays and the cost model's per-edge temporaries: about two per
-    edge slot), ``[rows]`` arrays (durations, finish times and the cost model's per-node terms:
-    about six), per-lane memory prefix sums (three), and the point's hardware leaves. Calibrated
-    against XLA's ``memory_analysis``, which it exceeds by 2.2-2.5x (``benchmarks/bench_sweep.py``):
-    a bound, not a forecast.
+    The evaluator runs a chunk's graphs one after the other, each on all of the chunk's hardware
+    with the batch last: per variant it holds the hardware leaves (input and normalised), the cost
+    tables ``[costs + edge_costs, 2] + [microbatches]`` (and the evaluator's chunked copies), the
+    memory model's per-lane terms (allocations, their prefix sums and gathers: about five) and a
+    few per-stage and per-device terms; the hardware once per distinct normalisation in the stack
+    (``normalisations``: one per schedule shape). The scan's own carry is per batch chunk, so it is counted
+    per graph (``bytes_per_graph``). Calibrated against XLA's ``memory_analysis``
+    (``benchmarks/bench_sweep.py``): a bound, not a forecast.
     """
     p_s = sizes.pipelines * sizes.stages
     hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
     hardware += 2 * sizes.devices**2 if pairs else 0
-    words = sizes.rows * (2 * sizes.k + 6) + 3 * sizes.lane + 2 * sizes.devices + 8 + 2 * hardware
+    tables = 2 * (sizes.costs + sizes.edge_costs) + sizes.microbatches
+    words = (1 + normalisations) * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16
     return _WORD * words
 
 
 def bytes_per_graph(sizes: Sizes) -> int:
-    """Bytes of one padded graph's int32 arrays (held by every device that evaluates it): per node
-    and per edge slot a dozen codes and indices, with room to spare for the cost tables."""
+    """Bytes of one padded graph's int32 arrays (per node and per edge slot a dozen codes and
+    indices, with room to spare for the cost tables) plus the level scan's working set on one batch
+    chunk (``BATCH_CHUNK`` variants: finish times and a level's edge arguments and weights)."""
     words = sizes.rows * (16 + 8 * sizes.k) + 2 * sizes.levels + 3 * sizes.lane + 2 * sizes.pipelines * sizes.stages
+    words += BATCH_CHUNK * (3 * sizes.rows + 4 * sizes.width * (sizes.k + 1))
     return _WORD * words
 
 
@@ -151,6 +162,10 @@ def plan_stacks(entries: Sequence[Entry], hardware: int, stacking: str) -> list[
     return stacks
 
 
+#: Bytes per (graph, hardware) point of a chunk's outputs (makespan, busy, work, memory, fits).
+OUT_BYTES = 5 * _WORD
+
+
 @dataclass
 class Chunking:
     graphs: int  # per chunk (a multiple of the device count when axis == 0)
@@ -161,7 +176,10 @@ class Chunking:
 
 def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, devices: int,
               max_bytes: int) -> Chunking:
-    if per_graph + per_point > max_bytes:
+    """Chunk sizes such that every device's ``graphs * (per_graph + hardware * OUT_BYTES) +
+    hardware * per_point <= max_bytes`` (``graphs`` and ``hardware`` local to the device): a chunk's
+    graphs are evaluated one after the other, each on all of the chunk's hardware."""
+    if per_graph + per_point + OUT_BYTES > max_bytes:
         raise ConfigError(
             f"sweep: max_bytes={max_bytes} is below one point's working memory ({per_graph + per_point} bytes)"
         )
@@ -169,10 +187,16 @@ def chunking(n_graphs: int, n_hardware: int, per_point: int, per_graph: int, dev
     def up(n: int) -> int:
         return -(-n // devices) * devices
 
-    if n_hardware >= devices or per_graph + n_hardware * per_point > max_bytes:
-        # shard the hardware axis (padded to a multiple of the devices); every device holds the chunk's graphs
-        local = min(up(n_hardware) // devices, (max_bytes - per_graph) // per_point)
-        graphs = max(1, min(n_graphs, max_bytes // (per_graph + local * per_point)))
-        return Chunking(graphs, local * devices, 1, graphs * per_graph + graphs * local * per_point)
-    local = min(up(n_graphs) // devices, max_bytes // (per_graph + n_hardware * per_point))
-    return Chunking(local * devices, n_hardware, 0, local * (per_graph + n_hardware * per_point))
+    if n_hardware >= devices or per_graph + n_hardware * (per_point + OUT_BYTES) > max_bytes:
+        # shard the hardware axis (padded to a multiple of the devices); every device holds the
+        # chunk's graphs. Points per call (graphs x hardware) are largest with the bound split
+        # about evenly between graphs and hardware: half for graphs first, the rest for hardware.
+        graphs = min(n_graphs, max(1, max_bytes // 2 // per_graph))
+        local = min(up(n_hardware) // devices, (max_bytes - graphs * per_graph) // (per_point + graphs * OUT_BYTES))
+        if local < 1:
+            graphs, local = 1, (max_bytes - per_graph) // (per_point + OUT_BYTES)
+        graphs = max(1, min(n_graphs, (max_bytes - local * per_point) // (per_graph + local * OUT_BYTES)))
+        return Chunking(graphs, local * devices, 1, graphs * (per_graph + local * OUT_BYTES) + local * per_point)
+    per_local_graph = per_graph + n_hardware * OUT_BYTES
+    local = min(up(n_graphs) // devices, (max_bytes - n_hardware * per_point) // per_local_graph)
+    return Chunking(local * devices, n_hardware, 0, local * per_local_graph + n_hardware * per_point)
