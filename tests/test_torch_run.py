@@ -27,8 +27,6 @@ runtime has no action for.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -171,36 +169,9 @@ if __name__ != "__main__":
             )
         spec = work / "jobs.json"
         spec.write_text(json.dumps({"jobs": jobs, "out": str(work), "store": str(work / "store")}))
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
-        if Path("/sys/class/net/lo").exists():
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", str(rank), str(spec)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for rank in range(RANKS)
-        ]
-        logs = []
-        try:
-            for proc in procs:
-                try:
-                    logs.append(proc.communicate(timeout=PROCESS_TIMEOUT_S)[0])
-                except subprocess.TimeoutExpired:
-                    for other in procs:
-                        other.kill()
-                    logs.append(proc.communicate()[0])
-                    logs.append(f"worker {proc.args[3]} timed out after {PROCESS_TIMEOUT_S} s")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        failed = [p for p in procs if p.returncode != 0]
-        return work, ("\n".join(logs)[-4000:] if failed else None)
+        from diffpipe.calibrate._ranks import run_ranks  # here: the workers run this file without diffpipe
+
+        return work, run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=PROCESS_TIMEOUT_S)
 
     def _reference(stages: int):
         """Loss and per-stage gradients of the plain model on the whole batch."""

@@ -199,7 +199,7 @@ def formula_dualpipe(*, devices: int, microbatches: int, durations: Mapping[str,
 DUALPIPE = register(Family(
     name="dualpipe",
     generate=generate_dualpipe,
-    summary="DeepSeek DualPipe: two model copies in opposite directions (mirrored), overlapped F/B pairs",
+    summary="DeepSeek DualPipe: two model copies in opposite directions (mirrored); F&B pairs as F then B",
     source="DeepSeek-V3 Technical Report, 2024, §3.2.1; deepseek-ai/DualPipe (dualpipe.py)",
     formula=formula_dualpipe,
     accepts=_accepts_dualpipe,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,32 +209,9 @@ def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: boo
     store = work / "store"
     store.unlink(missing_ok=True)
     spec.write_text(json.dumps({"jobs": jobs, "out": str(work), "store": str(store), "pin": pin}))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--worker", str(rank), str(spec)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(RANKS)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            try:
-                logs.append(proc.communicate(timeout=timeout_s)[0])
-            except subprocess.TimeoutExpired:
-                for other in procs:
-                    other.kill()
-                logs.append(proc.communicate()[0])
-                logs.append(f"worker {proc.args[3]} timed out after {timeout_s} s")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if any(p.returncode != 0 for p in procs):
-        return "\n".join(logs)[-4000:]
-    return None
+    from diffpipe.calibrate._ranks import run_ranks  # here: the workers run this file without diffpipe
+
+    return run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"})
 
 
 # -- the study ---------------------------------------------------------------------------------------
@@ -436,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     microbatches = [8] if args.quick else [4, 8]
     rounds, steps = (2, 3) if args.quick else (args.rounds, args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)  # before the runs, not after them
     with tempfile.TemporaryDirectory(prefix="diffpipe-validation-") as tmp:
         results = study(args.out, microbatches=microbatches, rounds=rounds, steps=steps, width=args.width,
                         rows=args.rows, work=Path(tmp))
