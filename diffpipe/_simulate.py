@@ -10,6 +10,7 @@ staleness.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import OrderedDict
@@ -90,26 +91,47 @@ def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, ba
 
 #: ``makespan`` for any graph (the graph's arrays are arguments: graphs of one structure share it).
 _makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
-#: Per concrete graph, single-variant ``makespan`` with the graph's arrays baked in as constants (one
-#: compilation per graph object rather than per structure): XLA specialises
-#: the gathers and a call passes only the hardware (measured in benchmarks/bench_simulator.py: the
-#: same speed as the call inside a user's own ``jax.jit``). Bounded; holding the graph keeps its
-#: ``id`` unique while cached.
-_BAKED: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
+#: Per graph structure, single-variant ``makespan`` with the graph's arrays baked in as constants:
+#: XLA specialises the gathers and a call passes only the hardware (measured in
+#: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
+#: Keyed by the graph's contents, so a graph compiled anew from the same schedule reuses the
+#: function; a graph object seen before is found by ``id`` without hashing it again. Both bounded.
+_BAKED: OrderedDict[Any, Any] = OrderedDict()
+_SEEN: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
 _BAKED_GRAPHS = 32
 #: Larger graphs are not baked: their evaluation dwarfs the call overhead, and XLA would spend
 #: compile time constant-folding their index arrays.
 _BAKED_ROWS = 8192
 
 
+def _content_key(graph: Graph) -> tuple:
+    """The graph's structure (tree definition, static fields included) and a digest of its arrays."""
+    leaves, treedef = jax.tree.flatten(graph)
+    digest = hashlib.blake2b(digest_size=16)
+    for leaf in leaves:
+        a = np.asarray(leaf)
+        digest.update(f"{a.shape}{a.dtype.str}".encode())
+        digest.update(a.tobytes())
+    return treedef, digest.digest()
+
+
+def _remember(cache: OrderedDict, key: Any, value: Any) -> None:
+    cache[key] = value
+    if len(cache) > _BAKED_GRAPHS:
+        cache.popitem(last=False)
+
+
 def _baked(graph: Graph):
-    entry = _BAKED.get(id(graph))
-    if entry is None or entry[0] is not graph:
-        entry = (graph, jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",)))
-        _BAKED[id(graph)] = entry
-        if len(_BAKED) > _BAKED_GRAPHS:
-            _BAKED.popitem(last=False)
-    return entry[1]
+    seen = _SEEN.get(id(graph))
+    if seen is not None and seen[0] is graph:  # holding the graph keeps its id unique while cached
+        return seen[1]
+    key = _content_key(graph)
+    function = _BAKED.get(key)
+    if function is None:
+        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
+        _remember(_BAKED, key, function)
+    _remember(_SEEN, id(graph), (graph, function))
+    return function
 
 
 def makespan(
