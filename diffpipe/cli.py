@@ -33,16 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _io
+from . import _io, schedules
 from ._checks import check_int, is_int, is_number
 from ._errors import ConfigError, ScheduleError
-from .schedules import MAX_OPS as _MAX_OPS
 
 #: The most operations one command may generate (the library's limit, ``schedules.MAX_OPS``),
 #: estimated from its sizes before anything is built (``estimated_ops``); ``--max-ops`` raises or
 #: lowers it. At the default, the largest single 1F1B schedule allowed (64 devices x 2048
 #: microbatches) simulates in about 10 s on 2 CPU cores.
-MAX_OPS = _MAX_OPS
+MAX_OPS = schedules.MAX_OPS
 #: ``optimize`` counts its ops once per this many gradient steps: ops x steps / 3 <= ``--max-ops``
 #: (measured on 2 CPU cores with examples/machine.toml at 300 steps: 1F1B 8 x 256 takes 40 s and
 #: is allowed, 8 x 2048 took 160 s and is refused).
@@ -246,8 +245,6 @@ def estimated_ops(family: str, devices: int, microbatches: int, options: dict[st
     """The family's own estimate of its op count (``Family.estimate_ops``), from the sizes alone,
     before anything is generated; 0 where the request is invalid (generating it names the problem).
     Options the family does not have are left out (a sweep's grid spans several families)."""
-    from . import schedules
-
     fam = schedules.family(family)  # an unknown family: one line naming it
     given = {k: v for k, v in (options or {}).items() if k in fam.option_names}
     try:
@@ -408,8 +405,6 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
 
 # -- the schedule ------------------------------------------------------------------------------------
 def _schedule(args: argparse.Namespace, config: _Config) -> Any:
-    from . import schedules
-
     section = config.get("schedule")
     if getattr(args, "torch_csv", None):
         given = [("a family", args.family), ("--devices", args.devices), ("--microbatches", args.microbatches),
@@ -507,8 +502,6 @@ def _strict(text: str) -> str:
 
 # -- commands --------------------------------------------------------------------------------------
 def _cmd_list(args: argparse.Namespace) -> None:
-    from . import schedules
-
     rows = []
     for name in schedules.names():
         fam = schedules.family(name)
@@ -525,8 +518,6 @@ def _cmd_list(args: argparse.Namespace) -> None:
 
 
 def _cmd_show(args: argparse.Namespace) -> None:
-    from . import schedules
-
     schedule = _schedule(args, _load_config(args.config, "show", ("schedule",)))
     t = schedules.table(schedule)
     if args.json:
@@ -679,8 +670,6 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from . import schedules
-
     if args.json and args.limit is not None:
         raise ConfigError("--limit sets the rows of the printed table; --json prints every row")
     _check_outputs(("--csv", args.csv, None), ("--json-out", args.json_out, None),
