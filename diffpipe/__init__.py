@@ -47,6 +47,7 @@ _LAZY = {
     "uniform_partition": "._baselines",
     "AbstractKnob": "._knobs",
     "MicrobatchSplit": "._knobs",
+    "SequenceSplit": "._knobs",
     "StageBalance": "._knobs",
     "Workload": "._knobs",
     "OptimizeResult": "._optimize",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from ._hardware import Network as Network
     from ._knobs import AbstractKnob as AbstractKnob
     from ._knobs import MicrobatchSplit as MicrobatchSplit
+    from ._knobs import SequenceSplit as SequenceSplit
     from ._knobs import StageBalance as StageBalance
     from ._knobs import Workload as Workload
     from ._optimize import OptimizeResult as OptimizeResult

@@ -35,6 +35,7 @@ from jaxtyping import Array, Float
 from ._errors import ConfigError
 from ._hardware import Hardware, Network, _check_values, _concrete, _float, _renamed
 from ._partition import partition, uniform_partition
+from ._segments import attention_share, balanced_fractions, check_lengths, segment_costs
 from ._transformer import Device, Transformer, layer_costs, stage_of_layers
 
 #: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
@@ -706,6 +707,113 @@ class MicrobatchSplit(AbstractKnob):
         return np.asarray(self.samples(params))
 
 
+
+class SequenceSplit(AbstractKnob):
+    """Each sample's sequence cut into ``segments`` consecutive lengths: ``sequence x softmax(params)``
+    (Seq1F1B's segment lengths; the schedule's microbatch ``u`` is segment ``u % segments`` of a
+    sample, ``diffpipe.schedules.seq1f1b``).
+
+    Unlike unequal samples per microbatch, unequal segment lengths are what a runtime can execute
+    (the Seq1F1B authors' compute-wise partition). The value is ``Hardware.size`` of every unit:
+    segment j's share of a sample's cost, ``diffpipe._segments.segment_costs`` (linear parts in
+    proportion to its length, attention to its causal query-key pairs), repeated for every sample;
+    the workload's per-layer costs are those of a whole microbatch at the full sequence. Plan: tokens
+    per segment, multiples of ``multiple`` (the authors round to the tensor-parallel size under
+    sequence parallelism); moves shift ``multiple`` tokens. Baselines: equal lengths (the authors'
+    ``average``), then the compute-balanced split (``_segments.balanced_fractions``, their default).
+
+    Attributes:
+        sequence: tokens per sample; segments: segments per sample; microbatches: the schedule's
+            ``microbatches`` (samples x segments); share: the attention share of a sample's cost
+            (``_segments.attention_share(model)``; ``from_model``); multiple: token granularity.
+    """
+
+    sequence: int = eqx.field(static=True)
+    segments: int = eqx.field(static=True)
+    microbatches: int = eqx.field(static=True)
+    share: float = eqx.field(static=True)
+    multiple: int = eqx.field(static=True, default=1)
+    name: ClassVar[str] = "segment_lengths"
+    label: ClassVar[str] = "tokens per segment"
+    sets: ClassVar[tuple[str, ...]] = ("size",)
+
+    def __check_init__(self) -> None:
+        for field in ("sequence", "segments", "microbatches", "multiple"):
+            if not _positive_int(getattr(self, field)):
+                raise ConfigError(f"SequenceSplit: {field} must be a positive int, got {getattr(self, field)!r}")
+        if self.microbatches % self.segments:
+            raise ConfigError(f"SequenceSplit: {self.microbatches} microbatches are not whole samples of "
+                              f"{self.segments} segments")
+        if self.sequence % self.multiple or self.sequence // self.multiple < self.segments:
+            raise ConfigError(f"SequenceSplit: sequence {self.sequence} must be a multiple of {self.multiple} "
+                              f"with at least one such block per segment ({self.segments})")
+        segment_costs(jnp.ones(1), self.share)  # checks the share
+
+    @classmethod
+    def from_model(cls, model: Transformer, segments: int, microbatches: int, multiple: int = 1) -> SequenceSplit:
+        """The knob for ``model``'s sequence, with its attention share."""
+        return cls(int(model.sequence), segments, microbatches, attention_share(model), multiple)
+
+    def check(self, problem: Problem) -> None:
+        if self.microbatches != problem.microbatches:
+            raise ConfigError(f"optimize: SequenceSplit has {self.microbatches} microbatches (segments), the "
+                              f"schedule has {problem.microbatches}")
+
+    def init(self, workload: Workload | None = None, lengths: Sequence[float] | None = None
+             ) -> Float[Array, " segments"]:
+        """Logits: zeros (equal lengths), or the logits of ``lengths`` tokens per segment."""
+        dtype = jnp.result_type(float) if workload is None else workload.forward.dtype
+        if lengths is None:
+            return jnp.zeros((self.segments,), dtype)
+        x = check_lengths(lengths, self.sequence)
+        if x.shape != (self.segments,):
+            raise ConfigError(f"SequenceSplit.init: {x.size} lengths for {self.segments} segments")
+        return jnp.asarray(np.log(x), dtype)
+
+    def lengths(self, params: Float[Array, " segments"]) -> Float[Array, " segments"]:
+        """Tokens per segment (positive, summing to ``sequence``)."""
+        params = jnp.asarray(params)
+        if params.shape != (self.segments,):
+            raise ConfigError(f"SequenceSplit: params have shape {params.shape}, expected ({self.segments},)")
+        return self.sequence * jax.nn.softmax(params)
+
+    def sizes(self, lengths: Any) -> Array:
+        """``Hardware.size`` of every unit for ``lengths`` tokens per segment: ``[microbatches]``."""
+        costs = segment_costs(jnp.asarray(lengths) / self.sequence, self.share)
+        return jnp.tile(costs, self.microbatches // self.segments)
+
+    def relax(self, params: Array, workload: Workload) -> Array:
+        if not isinstance(workload, Workload):
+            raise ConfigError(f"SequenceSplit expects a Workload, got {type(workload).__name__}")
+        return self.sizes(self.lengths(params).astype(workload.forward.dtype))
+
+    def encode(self, plan: np.ndarray, workload: Workload) -> np.ndarray:
+        return np.asarray(self.sizes(np.asarray(plan, np.float64)))
+
+    def apply(self, value: Array, workload: Workload, fields: dict[str, Any]) -> dict[str, Any]:
+        return {**fields, "size": jnp.asarray(value, dtype=workload.forward.dtype)}
+
+    def _plan(self, lengths: np.ndarray) -> np.ndarray:
+        blocks = self.sequence // self.multiple
+        return _round_samples(np.asarray(lengths, np.float64) / self.multiple, blocks) * self.multiple
+
+    def round(self, params: Array, workload: Workload) -> np.ndarray:
+        return self._plan(np.asarray(self.lengths(params)))[None, :]
+
+    def neighbours(self, plan: np.ndarray) -> np.ndarray:
+        return _sample_neighbours(np.asarray(plan, np.int64) // self.multiple) * self.multiple
+
+    def baselines(self, problem: Problem) -> dict[str, np.ndarray]:
+        return {"equal": self._plan(np.full(self.segments, self.sequence / self.segments)),
+                "balanced": self._plan(self.sequence * balanced_fractions(self.segments, self.share))}
+
+    def starts(self, problem: Problem) -> list[tuple[np.ndarray, bool]]:
+        return [(self.baselines(problem)["balanced"], True)]
+
+    def fractional(self, params: Array, workload: Workload) -> np.ndarray:
+        return np.asarray(self.lengths(params))
+
+
 def as_knobs(knob: Any) -> tuple[AbstractKnob, ...]:
     """A knob or a sequence of knobs (no two setting the same ``Hardware`` field) as a tuple."""
     knobs = tuple(knob) if isinstance(knob, (tuple, list)) else (knob,)
@@ -878,4 +986,5 @@ def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.nda
 
 
 __all__ = ["FLAT_LAYER_WEIGHT", "STAGE_FIELDS", "AbstractKnob", "MicrobatchSplit", "Problem", "StageBalance",
-           "Workload", "as_knobs", "hardware_from_model", "check_static_memory", "knob_hardware", "value_hardware"]
+           "Workload", "as_knobs", "hardware_from_model", "check_static_memory", "knob_hardware", "value_hardware",
+           "SequenceSplit"]

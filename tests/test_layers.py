@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_cost_model", "_hardware"),
     ("_evaluate",),
     ("_simulate",),
+    ("_segments",),
     ("_knobs",),
     ("_optimize", "_baselines"),
     ("sweep", "_sweep"),

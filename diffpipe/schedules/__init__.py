@@ -31,3 +31,4 @@ from ._torch import to_torch_csv as to_torch_csv
 # The built-in families register themselves on import, in this order (``names()``: synchronous first).
 from . import gpipe, one_f_one_b, interleaved, chimera, hanayo, zero_bubble, dualpipe  # noqa: E402, F401, I001  isort: skip
 from . import controllable_memory, pipedream, amdp  # noqa: E402, F401, I001  isort: skip
+from . import seq1f1b  # noqa: E402, F401, I001  isort: skip
