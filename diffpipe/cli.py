@@ -513,6 +513,8 @@ def _cmd_list(args: argparse.Namespace) -> None:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name']:<{width}}  {r['summary']}")
+        if r["source"]:
+            print(f"{'':<{width}}    source: {r['source']}")
         for opt, doc in r["options"].items():
             print(f"{'':<{width}}    --option {opt}=...  {doc}")
 
