@@ -74,6 +74,23 @@ def test_order_is_the_authors(d, m, k):
 
 
 @pytest.mark.parametrize("d, m, k", GRID)
+def test_order_is_the_sail_sg_scheduler(d, m, k):
+    """The second implementation, sail-sg/zero-bubble-pipeline-parallelism
+    ``zerobubble/scheduler/seq1f1b.py`` ``create_schedule``, restated: warm-up
+    ``min(stages - stage - 2 + splits, micro * splits)``, then ``(F, i + warm-up)`` and
+    ``(BW, sample i // k, segment k - 1 - i % k)`` pairs, then the remaining backwards."""
+    n = m * k
+    s = get("seq1f1b", devices=d, microbatches=n, segments=k)
+    for stage, order in enumerate(s.orders):
+        warm = min(d - stage - 2 + k, n)
+        want = [("F", i) for i in range(warm)]
+        for i in range(n - warm):
+            want += [("F", warm + i), ("B", (i // k) * k + k - 1 - i % k)]
+        want += [("B", (i // k) * k + k - 1 - i % k) for i in range(n - warm, n)]
+        assert [(op.kind, op.microbatch) for op in order] == want
+
+
+@pytest.mark.parametrize("d, m, k", GRID)
 def test_closed_form_and_memory_match_the_table(d, m, k):
     n = m * k
     s = get("seq1f1b", devices=d, microbatches=n, segments=k)
