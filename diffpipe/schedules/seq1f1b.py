@@ -34,6 +34,19 @@ at ``m`` microbatches shrinks from ``(D-1)/(m+D-1)`` to ``(D-1)/(k m+D-1)`` (the
 bubble of ``(D - 1)`` segment times instead of microbatch times). Peak stored units on device d:
 ``min(D - d + k - 1, N)``, in sample terms ``(D + k - 1)/k`` on device 0 against 1F1B's ``D``
 (equal segment lengths; the MindSpore Seq1F1B notes: ``s + p - 1`` units before the first backward).
+
+torch. ``to_torch_csv`` exports the order (a valid 1F1B action list over the units; torch's validator
+accepts it), but torch.distributed.pipelining's runtime cannot run it *as Seq1F1B*: it splits the
+batch into microbatches along a batch dimension and runs each microbatch's forward and backward as
+an independent autograd graph, while segment j needs the keys and values its stage computed for
+segments ``< j`` (state kept across microbatches) and its backward must add into their gradients.
+Run in torch, the CSV trains on independent chunks, not on segments of one sequence; it is left out
+of the real torch run for that reason.
+
+Not done: the interleaved variant of the authors' fork (Seq1F1B-I, ``chunks`` model chunks per
+device). Read literally, its order (Megatron's interleaved warm-up plus ``k - 1``, the fork's
+``get_model_chunk_id`` and ``sp_queue``) deadlocks here when the segments do not divide the devices
+(e.g. 3 devices, 2 segments), so it needs checking against a run of the fork first.
 """
 
 from __future__ import annotations
