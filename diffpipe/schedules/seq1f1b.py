@@ -30,8 +30,9 @@ Costs. A segment's cost is ``Hardware.size[u]`` times the per-stage time of a wh
 query-key pairs ``L_j (P_j + L_j / 2)`` after a prefix ``P_j``). At equal per-unit times the order
 is a 1F1B over ``N`` units (measured: ``tests/test_seq1f1b.py``): makespan ``(N + D - 1)(t_F + t_B)``,
 bubble ``(D - 1)/(N + D - 1)`` -- with ``N = k m`` units each ``1/k`` of a sample, the bubble of 1F1B
-at ``m`` microbatches shrinks from ``(D-1)/(m+D-1)`` to ``(D-1)/(k m+D-1)`` (the paper's Fig. 1: a
-bubble of ``(D - 1)`` segment times instead of microbatch times). Peak stored units on device d:
+at ``m`` microbatches shrinks from ``(D-1)/(m+D-1)`` to ``(D-1)/(k m+D-1)``: ``D - 1`` segment times
+of fill and drain instead of microbatch times. (Derived from the order and tested against the table;
+not a formula quoted from the paper, whose Fig. 1 shows the timeline.) Peak stored units on device d:
 ``min(D - d + k - 1, N)``, in sample terms ``(D + k - 1)/k`` on device 0 against 1F1B's ``D``
 (equal segment lengths; the MindSpore Seq1F1B notes: ``s + p - 1`` units before the first backward).
 
