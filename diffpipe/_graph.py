@@ -43,6 +43,9 @@ _EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GR
 #: Cost-row types (``Graph.node_cost[:, 0]``): zero, the four compute kinds, optimizer step,
 #: all-reduce (args: participants, first and last device), transfer (args: src, dst, boundary).
 COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T = range(8)
+#: Step-boundary roles (bits of ``Graph.node_cost[:, 6]``): a source (no predecessor) also lasts the
+#: step's ``setup``, a sink (no successor) its ``wind_down`` (``Hardware.tables``).
+ROLE_SOURCE, ROLE_SINK = 1, 2
 
 
 class Graph(eqx.Module):
@@ -55,7 +58,7 @@ class Graph(eqx.Module):
     Per edge ``[nodes, k]``: ``pred`` (sentinel-padded), ``edge`` (type code), and for transfer edges
     ``edge_src``, ``edge_dst``, ``edge_boundary``. Per level: ``offsets``, ``sizes``.
     Costs: nodes that cost the same share a *cost row* ``node_row`` described by ``node_cost``
-    (``COST_*`` type, pipeline, stage, and three arguments); a node lasts
+    (``COST_*`` type, pipeline, stage, three arguments, ``ROLE_*`` bits); a node lasts
     ``base[row] + size[microbatch] * per_size[row]`` (``Hardware.tables``). Transfer edges likewise
     share ``edge_row`` rows described by ``edge_cost`` (src, dst, pipeline, boundary); row 0 is free.
     ``xfer_node``/``xfer_slot`` list the transfer edges (sentinel-padded) for the gradient.
@@ -78,7 +81,7 @@ class Graph(eqx.Module):
     release: Int[Array, " nodes"]
     node_row: Int[Array, " nodes"]
     edge_row: Int[Array, "nodes k"]
-    node_cost: Int[Array, "costs 6"]
+    node_cost: Int[Array, "costs 7"]
     edge_cost: Int[Array, "edge_costs 4"]
     xfer_node: Int[Array, " transfers"]
     xfer_slot: Int[Array, " transfers"]
@@ -296,7 +299,8 @@ def _levels(nodes: list[_Node], *, mode: AbstractCommunication, ops: Sequence[Op
 def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
     """Group nodes (and transfer edges) that cost the same into rows of small cost tables."""
     kinds = {"F": COST_F, "B": COST_B, "I": COST_I, "W": COST_W, "U": COST_U, "R": COST_R, "T": COST_T}
-    node_rows: dict[tuple, int] = {(COST_ZERO, 0, 0, 0, 0, 0): 0}
+    node_rows: dict[tuple, int] = {(COST_ZERO, 0, 0, 0, 0, 0, 0): 0}
+    has_successor = {p for n in nodes for p, *_ in n.preds}
     edge_rows: dict[tuple, int] = {(0, 0, 0, -1): 0}
     node_row = np.zeros(rows, dtype=np.int32)
     edge_row = np.zeros((rows, k), dtype=np.int32)
@@ -307,7 +311,8 @@ def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
             key = (COST_T, n.pipeline, n.stage, n.device, n.dst, n.boundary)
         else:
             key = (kinds[n.kind], n.pipeline, n.stage, 0, 0, 0)
-        node_row[new[old]] = node_rows.setdefault(key, len(node_rows))
+        role = (ROLE_SOURCE if not n.preds else 0) | (ROLE_SINK if old not in has_successor else 0)
+        node_row[new[old]] = node_rows.setdefault((*key, role), len(node_rows))
         for slot, (_, code, src, dst, boundary) in enumerate(n.preds):
             if code in (EDGE_ACTIVATION, EDGE_GRADIENT):
                 edge_row[new[old], slot] = edge_rows.setdefault((src, dst, n.pipeline, boundary), len(edge_rows))

@@ -260,7 +260,10 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
     total = sink_max(graph, finish[:, None], temperature)[0]
-    dur = dur[:, 0]
+    lead, tail = hw.step_terms(graph)  # the step's setup and wind-down, not the ops' own work
+    dur = dur[:, 0] - lead - tail
+    step_finish = finish[graph.step_last]  # a step ends after its wind-down
+    finish = finish - tail
     real = graph.kind != PAD
     busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
     if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
@@ -278,7 +281,6 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
         graph.pipeline, jnp.maximum(graph.boundary, 0)]
     volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
         jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
-    step_finish = finish[graph.step_last]
     return finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish
 
 

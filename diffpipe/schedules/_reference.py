@@ -67,6 +67,7 @@ def evaluate_network(
     transfer: Callable[[Op, Dep], float],
     communication: Any,
     devices_per_node: int | None = None,
+    setup: float = 0.0,
 ) -> tuple[dict[Op, float], dict[Op, float], dict[tuple[Op, Op], tuple[float, float]]]:
     """Reference semantics of a communication mode, as equations solved by plain iteration.
 
@@ -79,7 +80,8 @@ def evaluate_network(
     - ``waits(schedule, devices_per_node)``: further ``(waiter, waited)`` pairs of ops or transfers
       (a transfer is its ``(producer, consumer)`` pair): the waiter starts after the waited ends.
 
-    Every op starts when all it waits for has finished (``max``, at least 0). The equations are
+    Every op starts when all it waits for has finished (``max``, at least ``setup``: the step's
+    fixed time before its first op, ``Hardware.setup``). The equations are
     re-evaluated until nothing changes (a longest-path fixed point, reached within as many rounds
     as the graph has nodes; raises ``ScheduleError`` if the waits form a cycle and it never is).
 
@@ -90,8 +92,8 @@ def evaluate_network(
     """
     deps = schedule.dependencies
     as_node = communication.transfer_nodes
-    start = {op: 0.0 for op in schedule.ops}
-    finish = {op: duration(op) for op in schedule.ops}
+    start = {op: setup for op in schedule.ops}
+    finish = {op: setup + duration(op) for op in schedule.ops}
     xfer: dict[tuple[Op, Op], tuple[float, float]] = {}
     cost: dict[tuple[Op, Op], float] = {}
     for op in schedule.ops:
@@ -120,7 +122,7 @@ def evaluate_network(
             if new != old:
                 xfer[key], changed = new, True
         for op in schedule.ops:
-            ready = 0.0
+            ready = setup
             for dep in deps[op]:
                 if dep.is_transfer and as_node:
                     ready = max(ready, xfer[(dep.op, op)][1])
