@@ -89,7 +89,7 @@ def test_runtime_labels_give_every_term(tmp_path):
     assert cal.overhead_by_kind == pytest.approx({"F": 35 * US, "B": 25 * US})
     assert cal.transfer == pytest.approx(40 * US)
     assert cal.p2p == pytest.approx(10 * US)  # the transfer beyond one overhead
-    assert cal.setup == pytest.approx(70 * US)  # first compute at 100, less one overhead
+    assert cal.setup == pytest.approx(65 * US)  # first compute at 100, less one F overhead
     assert cal.wind_down == pytest.approx(30 * US)
     assert cal.step_time == pytest.approx(1500 * US)
     assert cal.samples == {"B0": 4, "B1": 4, "F0": 4, "F1": 4}
@@ -268,7 +268,7 @@ def test_cli_calibrate_writes_a_machine_file_for_the_schedule(tmp_path, capsys):
     assert times["forward"] == pytest.approx([100 * US, 150 * US])
     # every fitted term is in the file, and the CLI reads it back into the same hardware
     assert times["overhead_F"] == pytest.approx(35 * US) and times["overhead_B"] == pytest.approx(25 * US)
-    assert times["setup"] == pytest.approx(70 * US) and times["wind_down"] == pytest.approx(30 * US)
+    assert times["setup"] == pytest.approx(65 * US) and times["wind_down"] == pytest.approx(30 * US)
     gpipe = get("gpipe", devices=2, microbatches=2)
     hw = cal.hardware(gpipe)
     assert np.asarray(hw.kind_overhead) == pytest.approx([35 * US, 25 * US, 30 * US, 30 * US])

@@ -205,3 +205,11 @@ def test_vmap_builds_a_batch():
 def test_bad_inputs(kwargs, message):
     with pytest.raises(dp.ConfigError, match=message):
         dp.Hardware.from_times(1.0, 2.0, **kwargs)
+
+
+def test_trace_starts_after_the_setup():
+    s = dp.schedules.get("1f1b", devices=2, microbatches=2)
+    hw = dp.Hardware.from_times(1.0, 2.0, setup=0.5, wind_down=0.25)
+    data = dp.viz.trace(s, hw)
+    starts = [e["ts"] for e in data["traceEvents"] if e.get("ph") == "X"]
+    assert min(starts) == pytest.approx(0.5e6)

@@ -246,3 +246,16 @@ def test_gradients_match_finite_differences(mode):
         e = jnp.asarray([1.0e5, 0.0], jnp.float64)
         fd0 = (step(x[0] + e, x[1]) - step(x[0] - e, x[1])) / (2 * 1.0e5)
         np.testing.assert_allclose(got[0][0], fd0, rtol=1e-5)
+
+
+def test_trace_and_timeline_take_a_synced_result():
+    """The trace shows the schedule's ops (the syncs and updates are not drawn yet); it must not
+    break on a result whose makespan includes them."""
+    s = dp.schedules.get("1f1b", devices=2, microbatches=4)
+    hw = hand_hardware()
+    result = dp.simulate(s, hw, gradient_sync=True)
+    data = dp.viz.trace(result, hw, schedule=s)
+    ops = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "transfer"]
+    assert len(ops) >= len(s.ops)
+    assert data["otherData"]["makespan_us"] == pytest.approx(15.0e6)  # the last op; the step is 16 s
+    assert float(result.makespan) == pytest.approx(16.0)
