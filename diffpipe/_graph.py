@@ -228,7 +228,9 @@ def _gradient_sync(schedule: Schedule, nodes: list[_Node], node_of: dict, mode: 
       data-parallel group. It runs on each holder's *sync lane* (a communication stream of its
       own: it neither occupies the compute lane nor a link lane) once the last backward of every
       replica of ``s`` and the previous sync on each holder's sync lane have ended. Syncs are
-      issued in ``sync_order``. Its cost row is an all-reduce row (``Hardware.tables``).
+      issued in ``sync_order``. Its cost row is an all-reduce row (``Hardware.tables``) of
+      ``holders x network.data_parallel`` participants moving ``gradient_bytes[0, s]`` (pipeline
+      replicas hold the same stage). With one pipeline this is API.md's R per (pipeline, stage).
     - ``U`` of (pipeline, stage): the optimizer step, on the holder's compute lane after the
       device's last op (and whatever holds the device past it: ``mode.tail_waits``), the previous
       ``U`` and that stage's ``R``; a device updates its stages in sync order.

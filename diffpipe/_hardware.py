@@ -170,6 +170,11 @@ class Network(eqx.Module):
         return matrix
 
 
+def _optional(value: Any, what: str) -> Array | None:
+    """An optional float leaf: None stays None (no leaf), anything else becomes a float array."""
+    return None if value is None else _float(value, what)
+
+
 def _kind_overhead(value: Any, overhead: Any) -> Array | None:
     """``from_times``' ``kind_overhead``: None, four values (``OVERHEAD_KINDS``), or a mapping of
     some kinds to seconds (the others take ``overhead``)."""
@@ -212,8 +217,8 @@ class Hardware(eqx.Module):
     (``backward``, the name of ``input_grad`` before 0.2, still reads it, with a deprecation warning.)
     ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
     ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
-    step (module docstring). All are float leaves, differentiable; their defaults (None, 0)
-    reproduce the plain model exactly.
+    step (module docstring). All are float leaves, differentiable; their default, None (no leaf:
+    the pytree of a plain hardware is unchanged), is the plain model: overhead, I + W, 0, 0.
     """
 
     forward: Float[Array, "..."]
@@ -230,8 +235,8 @@ class Hardware(eqx.Module):
     network: Network
     kind_overhead: Float[Array, "4"] | None = None
     full_backward: Float[Array, "..."] | None = None
-    setup: Float[Array, ""] = eqx.field(default=0.0, converter=lambda v: _float(v, "setup"))
-    wind_down: Float[Array, ""] = eqx.field(default=0.0, converter=lambda v: _float(v, "wind_down"))
+    setup: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "setup"))
+    wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
 
     @property
     def backward(self) -> Array:
@@ -241,9 +246,9 @@ class Hardware(eqx.Module):
 
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
-                     "gradient_bytes", "static_bytes", "activation_bytes", "setup", "wind_down"):
+                     "gradient_bytes", "static_bytes", "activation_bytes"):
             _check_values(name, getattr(self, name))
-        for name in ("kind_overhead", "full_backward"):
+        for name in ("kind_overhead", "full_backward", "setup", "wind_down"):
             if getattr(self, name) is not None:
                 _check_values(name, getattr(self, name))
         if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
@@ -269,8 +274,8 @@ class Hardware(eqx.Module):
         backward: Any = None,
         kind_overhead: Any = None,
         full_backward: Any = None,
-        setup: Any = 0.0,
-        wind_down: Any = 0.0,
+        setup: Any = None,
+        wind_down: Any = None,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -295,7 +300,7 @@ class Hardware(eqx.Module):
             network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
                             _float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
-            full_backward=None if full_backward is None else _float(full_backward, "full_backward"),
+            full_backward=_optional(full_backward, "full_backward"),
             setup=setup, wind_down=wind_down,
         )
 
@@ -419,10 +424,13 @@ class Hardware(eqx.Module):
         return self.kind_overhead
 
     def _step_terms(self, role: Array) -> tuple[Array, Array]:
-        setup = _traced_check("setup", self.setup)
-        wind_down = _traced_check("wind_down", self.wind_down)
-        return (jnp.where((role & ROLE_SOURCE) != 0, setup, 0.0),
-                jnp.where((role & ROLE_SINK) != 0, wind_down, 0.0))
+        def term(name: str, bit: int) -> Array:
+            value = getattr(self, name)
+            if value is None:
+                return jnp.zeros(role.shape, self.overhead.dtype)
+            return jnp.where((role & bit) != 0, _traced_check(name, value), 0.0)
+
+        return term("setup", ROLE_SOURCE), term("wind_down", ROLE_SINK)
 
     def step_terms(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, " nodes"]]:
         """Per node, the part of its duration that is the step's ``setup`` (sources) and
