@@ -297,6 +297,9 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
                         gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
+        if gradient_sync:
+            raise ConfigError("simulate: gradient_sync=True applies to a Schedule; a Graph has its own "
+                              "(compile(schedule, gradient_sync=True))")
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")

@@ -73,7 +73,7 @@ def node_finishes(graph, hw):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", (*MODES, "rendezvous"))
 def test_matches_reference(family, mode):
     s = schedule(family)
     rng = np.random.default_rng(zlib.crc32(f"sync/{family}/{mode}".encode()))
@@ -217,6 +217,8 @@ def test_bad_inputs():
     s = schedule("1f1b")
     with pytest.raises(dp.ConfigError, match="gradient_sync must be True or False"):
         dp.compile(s, gradient_sync="yes")
+    with pytest.raises(dp.ConfigError, match="a Graph has its own"):
+        dp.simulate(dp.compile(s), dp.Hardware.from_times(1.0, 2.0), gradient_sync=True)
     with pytest.raises(dp.ConfigError, match="data_parallel_link"):
         dp.Network(jnp.asarray(0.0), jnp.asarray(1.0), jnp.asarray(0.0), jnp.asarray(1.0), data_parallel_link="nvlink")
 
