@@ -151,8 +151,8 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
     Args:
         schedule: a (validated) ``Schedule``.
         communication: an ``AbstractCommunication`` or its name (``none``, ``overlap``,
-            ``contention``, ``blocking``). ``none`` and ``overlap`` put transfers on edges;
-            ``contention`` and ``blocking`` make each transfer a node (structure differs).
+            ``contention``, ``blocking``, ``rendezvous``). ``none`` and ``overlap`` put transfers
+            on edges; the others make each transfer a node (structure differs).
         devices_per_node: devices sharing a node (default: all on one node). Under ``contention``
             inter-node transfers share their sending node's NIC.
         gradient_sync: add the data-parallel gradient sync of every stage and the optimizer

@@ -99,8 +99,8 @@ class Network(eqx.Module):
 
     ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
     node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
-    name (``none``, ``overlap``, ``contention``, ``blocking``); ``devices_per_node`` None means one
-    node (``_communication.node_size``).
+    name (``none``, ``overlap``, ``contention``, ``blocking``, ``rendezvous``); ``devices_per_node``
+    None means one node (``_communication.node_size``).
     ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
     ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
     other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
