@@ -11,7 +11,10 @@ A mode is an ``AbstractCommunication``. It declares, once, everything the rest o
 - ``links(latency, bandwidth)`` (JAX arrays) and ``cost(seconds)`` (the reference): each
   transfer's cost as this mode sees the physical links;
 - ``busy_weight``: how many device lanes one transfer node keeps busy (0, or 2: sender and
-  receiver), for bubble ratios.
+  receiver), for bubble ratios;
+- ``tail_waits(schedule, device)``: what an op appended after the device's last op waits for
+  besides that op (``compile(gradient_sync=True)``'s optimizer steps): a blocking transfer the
+  last op sends holds the device until it ends.
 
 Strings stay accepted where users type them (``compile(communication="contention")``,
 ``Network(mode=...)``, ``Hardware.from_times(mode=...)``, the CLI); ``communication(x)`` is the one
@@ -96,6 +99,10 @@ class AbstractCommunication(abc.ABC):
 
     def waits(self, schedule: Schedule, devices_per_node: int | None) -> list[tuple[Node, Node]]:
         """``(waiter, waited)`` pairs beyond the dependencies: the waiter starts after the waited ends."""
+        return []
+
+    def tail_waits(self, schedule: Schedule, device: int) -> list[Node]:
+        """What an op appended after ``device``'s last op waits for besides that op (default: nothing)."""
         return []
 
     def links(self, latency: Float[Array, "d d"], bandwidth: Float[Array, "d d"]) -> tuple[Array, Array]:
@@ -184,6 +191,22 @@ class Contention(AbstractLaneCommunication):
         return ("nic", src // devices_per_node)  # shared by all inter-node traffic leaving the node
 
 
+def _meeting_waits(schedule: Schedule, *, sender_waits: bool) -> list[tuple[Node, Node]]:
+    """Each transfer waits for the receiver's op before its consumer (the receive is posted then);
+    with ``sender_waits``, the sender's op after the producer also waits for the transfer."""
+    orders = schedule.orders
+    position = {(d, op): i for d, order in enumerate(orders) for i, op in enumerate(order)}
+    pairs: list[tuple[Node, Node]] = []
+    for producer, consumer, dep in transfers(schedule):
+        i = position[(dep.dst, consumer)]
+        if i > 0:
+            pairs.append(((producer, consumer), orders[dep.dst][i - 1]))
+        i = position[(dep.src, producer)]
+        if sender_waits and i + 1 < len(orders[dep.src]):
+            pairs.append((orders[dep.src][i + 1], (producer, consumer)))
+    return pairs
+
+
 class Blocking(AbstractCommunication):
     """``blocking``: a transfer starts when its producer has finished and the receiver has
     finished the op before the consumer; the sender's next op waits for it to end. Both devices
@@ -196,29 +219,39 @@ class Blocking(AbstractCommunication):
     deadlock = "send and receive orders disagree"
 
     def waits(self, schedule, devices_per_node):
-        orders = schedule.orders
-        position = {(d, op): i for d, order in enumerate(orders) for i, op in enumerate(order)}
-        pairs: list[tuple[Node, Node]] = []
-        for producer, consumer, dep in transfers(schedule):
-            i = position[(dep.dst, consumer)]
-            if i > 0:
-                pairs.append(((producer, consumer), orders[dep.dst][i - 1]))
-            i = position[(dep.src, producer)]
-            if i + 1 < len(orders[dep.src]):
-                pairs.append((orders[dep.src][i + 1], (producer, consumer)))
-        return pairs
+        return _meeting_waits(schedule, sender_waits=True)
+
+    def tail_waits(self, schedule, device):
+        last = schedule.orders[device][-1]
+        return [(producer, consumer) for producer, consumer, _ in transfers(schedule) if producer == last]
+
+
+class Rendezvous(AbstractCommunication):
+    """``rendezvous``: sender and receiver meet. A transfer starts when the sender has reached its
+    send (its producer has finished) and the receiver has reached its receive (it has finished the
+    op before the consumer: the receive is posted just before the op that needs the data); the
+    consumer waits for it to end. The send is asynchronous (torch's ``isend``): the sender's next
+    op does not wait, so, unlike ``blocking``, no order of sends and receives deadlocks. Each
+    transfer is a node of its own (no link contention); a device waiting for data is idle."""
+
+    name = "rendezvous"
+    transfer_nodes = True
+    wait_edge = BLOCK
+
+    def waits(self, schedule, devices_per_node):
+        return _meeting_waits(schedule, sender_waits=False)
 
 
 #: The built-in modes by name: the strings accepted at the API's edge.
 MODES: dict[str, type[AbstractCommunication]] = {
-    c.name: c for c in (NoCommunication, Overlap, Contention, Blocking)
+    c.name: c for c in (NoCommunication, Overlap, Contention, Blocking, Rendezvous)
 }
 COMMUNICATION_MODES = tuple(MODES)
 
 
 def communication(mode: str | AbstractCommunication, *, what: str = "communication") -> AbstractCommunication:
-    """The mode object for ``mode``: a name (``none``, ``overlap``, ``contention``, ``blocking``)
-    or an ``AbstractCommunication``, returned as is. Raises ``ConfigError`` (naming ``what``)
+    """The mode object for ``mode``: a name (``none``, ``overlap``, ``contention``, ``blocking``,
+    ``rendezvous``) or an ``AbstractCommunication``, returned as is. Raises ``ConfigError`` (naming ``what``)
     otherwise."""
     if isinstance(mode, AbstractCommunication):
         return mode

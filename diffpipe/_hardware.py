@@ -6,8 +6,15 @@ topology sizes) is static. Per-stage leaves may be scalars (every stage alike), 
 ``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
 
 Cost model (DESIGN.md, "Hardware and costs"):
-- op duration = ``overhead + size[m] * time[kind, pipeline, stage]``; ``B`` costs ``I + W``;
-  ``U`` costs ``overhead + update[p, s]``;
+- op duration = ``overhead[kind] + size[m] * time[kind, pipeline, stage]``; the per-op overhead
+  is ``overhead`` for every kind, or, where ``kind_overhead`` is given, ``kind_overhead[k]`` for
+  ``k`` in ``F, B, I, W`` *instead* (calibration measures a different framework gap before each
+  kind); ``B`` costs ``I + W``, or ``full_backward[p, s]`` where given (torch's split backward
+  costs more than its full one: issue 13); ``U`` costs ``overhead + update[p, s]``;
+- the step: every op starts at least ``setup`` after the step begins, and the step ends
+  ``wind_down`` after its last op. In max-plus terms a source node (no predecessor) also lasts
+  ``setup`` (which shifts the whole timeline by ``setup``) and a sink (no successor) also lasts
+  ``wind_down``; ``simulate`` reports the ops' own start, finish and busy time without them;
 - transfer = ``latency(link) + size[m] * message_bytes[p, boundary] / bandwidth(link)`` (alpha-beta);
 - ring all-reduce of ``n`` participants: ``2(n-1)/n * bytes / bandwidth + 2(n-1) * latency`` over
   the slowest link of the group (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005);
@@ -30,7 +37,7 @@ from jaxtyping import Array, Float
 from ._checks import is_number
 from ._communication import AbstractCommunication, network_mode, topology
 from ._errors import ConfigError
-from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, Graph
+from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
 
 
 def _numbers(value: Any) -> bool:
@@ -83,14 +90,20 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
                         f"{'' if allow_inf else ' and finite'}")
 
 
+#: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
+DATA_PARALLEL_LINKS = ("inter", "intra")
+
+
 class Network(eqx.Module):
     """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
 
     ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
     node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
-    name (``none``, ``overlap``, ``contention``, ``blocking``); ``devices_per_node`` None means one
-    node (``_communication.node_size``).
-    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``.
+    name (``none``, ``overlap``, ``contention``, ``blocking``, ``rendezvous``); ``devices_per_node``
+    None means one node (``_communication.node_size``).
+    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
+    ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
+    other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
     """
 
     latency: Float[Array, ""]
@@ -102,6 +115,7 @@ class Network(eqx.Module):
     mode: AbstractCommunication = eqx.field(static=True, default="overlap", converter=network_mode)
     devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
+    data_parallel_link: str = eqx.field(static=True, default="inter")
 
     def __check_init__(self) -> None:
         if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
@@ -109,6 +123,9 @@ class Network(eqx.Module):
             raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
         if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
             raise ConfigError(f"network: data_parallel must be a positive int, got {self.data_parallel!r}")
+        if self.data_parallel_link not in DATA_PARALLEL_LINKS:
+            raise ConfigError(f"network: data_parallel_link must be one of {', '.join(DATA_PARALLEL_LINKS)}, "
+                              f"got {self.data_parallel_link!r}")
         _check_values("network latency", self.latency)
         _check_values("network inter_latency", self.inter_latency)
         _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
@@ -139,11 +156,39 @@ class Network(eqx.Module):
         bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
 
+    def data_parallel_links(self) -> tuple[Array, Array]:
+        """Latency and bandwidth of the data-parallel link (``data_parallel_link``), as the
+        communication mode charges them."""
+        if self.data_parallel_link == "intra":
+            return self.mode.links(self.latency, self.bandwidth)
+        return self.mode.links(self.inter_latency, self.inter_bandwidth)
+
     @staticmethod
     def _pairs(matrix: Array, devices: int, name: str) -> Array:
         if matrix.shape != (devices, devices):
             raise ConfigError(f"network: {name} has shape {matrix.shape}, the schedule has {devices} devices")
         return matrix
+
+
+def _optional(value: Any, what: str) -> Array | None:
+    """An optional float leaf: None stays None (no leaf), anything else becomes a float array."""
+    return None if value is None else _float(value, what)
+
+
+def _kind_overhead(value: Any, overhead: Any) -> Array | None:
+    """``from_times``' ``kind_overhead``: None, four values (``OVERHEAD_KINDS``), or a mapping of
+    some kinds to seconds (the others take ``overhead``)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(OVERHEAD_KINDS))
+        if unknown:
+            raise ConfigError(f"hardware: kind_overhead has unknown kind(s) {unknown}; kinds are "
+                              f"{', '.join(OVERHEAD_KINDS)}")
+        default = _float(overhead, "overhead")
+        return jnp.stack([_float(value[k], f"kind_overhead[{k}]") if k in value else default
+                          for k in OVERHEAD_KINDS])
+    return _float(value, "kind_overhead")
 
 
 def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
@@ -159,12 +204,21 @@ def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
     return value
 
 
+#: The kinds ``Hardware.kind_overhead`` lists, in order (the compute kinds).
+OVERHEAD_KINDS = ("F", "B", "I", "W")
+
+
 class Hardware(eqx.Module):
     """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
 
     Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
     input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
-    ``B`` costs both. (``backward``, its name before 0.2, still reads it, with a deprecation warning.)
+    ``B`` costs both, unless ``full_backward`` (per stage, optional) gives its own time.
+    (``backward``, the name of ``input_grad`` before 0.2, still reads it, with a deprecation warning.)
+    ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
+    ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
+    step (module docstring). All are float leaves, differentiable; their default, None (no leaf:
+    the pytree of a plain hardware is unchanged), is the plain model: overhead, I + W, 0, 0.
     """
 
     forward: Float[Array, "..."]
@@ -179,6 +233,10 @@ class Hardware(eqx.Module):
     activation_bytes: Float[Array, "..."]
     capacity: Float[Array, "..."]
     network: Network
+    kind_overhead: Float[Array, "4"] | None = None
+    full_backward: Float[Array, "..."] | None = None
+    setup: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "setup"))
+    wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
 
     @property
     def backward(self) -> Array:
@@ -190,6 +248,12 @@ class Hardware(eqx.Module):
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
             _check_values(name, getattr(self, name))
+        for name in ("kind_overhead", "full_backward", "setup", "wind_down"):
+            if getattr(self, name) is not None:
+                _check_values(name, getattr(self, name))
+        if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
+            raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
+                              f"per kind {', '.join(OVERHEAD_KINDS)}")
         _check_values("capacity", self.capacity, positive=True, allow_inf=True)
 
     @classmethod
@@ -208,6 +272,10 @@ class Hardware(eqx.Module):
         capacity: Any = math.inf,
         mode: str | AbstractCommunication = "overlap",
         backward: Any = None,
+        kind_overhead: Any = None,
+        full_backward: Any = None,
+        setup: Any = None,
+        wind_down: Any = None,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -215,7 +283,11 @@ class Hardware(eqx.Module):
         so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
         transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
         so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``backward=`` is the deprecated
-        name of ``input_grad``.
+        name of ``input_grad``; ``full_backward`` is the time of a full ``B`` when it is not
+        ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
+        a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
+        values in that order. ``setup``/``wind_down``: seconds before the first op and after the
+        last op of the step.
         """
         input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
         zero = _float(0.0)
@@ -227,6 +299,9 @@ class Hardware(eqx.Module):
             activation_bytes=_float(activation_bytes, "activation_bytes"), capacity=_float(capacity, "capacity"),
             network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
                             _float(math.inf), mode=mode),
+            kind_overhead=_kind_overhead(kind_overhead, overhead),
+            full_backward=_optional(full_backward, "full_backward"),
+            setup=setup, wind_down=wind_down,
         )
 
     @classmethod
@@ -291,6 +366,10 @@ class Hardware(eqx.Module):
         self.check_graph(graph)
         t = {name: _traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
+        if self.full_backward is None:
+            full = t["input_grad"] + t["weight"]
+        else:
+            full = _traced_check("full_backward", self.per_stage("full_backward", graph))
         msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
         grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
         size = _traced_check("size", self.per_microbatch(graph))
@@ -308,26 +387,55 @@ class Hardware(eqx.Module):
         cost = graph.node_cost
         kind, p, s = cost[:, 0], cost[:, 1], cost[:, 2]
         a1, a2, a3 = cost[:, 3], cost[:, 4], cost[:, 5]
-        # all-reduce rows: (participants, first device, last device); a ring over the slowest link
+        # all-reduce rows: (participants, first device, last device); a ring over the slowest link:
+        # the first-to-last participant link when the schedule has several, and the data-parallel link
         n = a1 * self.network.data_parallel
-        ring_lat, ring_bw = latency[a2, a3], bandwidth[a2, a3]
-        if self.network.data_parallel > 1:  # data-parallel replicas sit on other nodes
-            ring_lat = jnp.maximum(ring_lat, self.network.inter_latency)
-            ring_bw = jnp.minimum(ring_bw, self.network.inter_bandwidth)
+        several = a1 > 1
+        ring_lat = jnp.where(several, latency[a2, a3], 0.0)
+        ring_bw = jnp.where(several, bandwidth[a2, a3], jnp.inf)
+        if self.network.data_parallel > 1:
+            dp_lat, dp_bw = self.network.data_parallel_links()
+            ring_lat = jnp.maximum(ring_lat, dp_lat)
+            ring_bw = jnp.minimum(ring_bw, dp_bw)
         nf = n.astype(ring_bw.dtype)
         allreduce = jnp.where(n > 1, 2 * (nf - 1) / jnp.maximum(nf, 1.0) * grad_bytes[p, s] / ring_bw
                               + 2 * (nf - 1) * ring_lat, 0.0)
         t_base, t_per = transfer(a1, a2, p, a3)
         compute = (kind >= COST_F) & (kind <= COST_W)
-        per_kind = jnp.stack([t["forward"], t["input_grad"] + t["weight"], t["input_grad"], t["weight"]])
-        every = jnp.broadcast_to(overhead, kind.shape)
+        per_kind = jnp.stack([t["forward"], full, t["input_grad"], t["weight"]])
+        op_overhead = jnp.broadcast_to(overhead, (len(OVERHEAD_KINDS),))
+        if self.kind_overhead is not None:
+            op_overhead = _traced_check("kind_overhead", self._checked_kind_overhead())
+        every = op_overhead[jnp.clip(kind - COST_F, 0, 3)]
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
                           [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
+        lead, tail = self._step_terms(cost[:, 6])
+        base = base + lead + tail
         per = jnp.select([compute, kind == COST_T],
                          [per_kind[jnp.clip(kind - COST_F, 0, 3), p, s], t_per], 0.0)
         e = graph.edge_cost
         e_base, e_per = transfer(e[:, 0], e[:, 1], e[:, 2], e[:, 3])
         return CostTables(base, per, e_base, e_per, size)
+
+    def _checked_kind_overhead(self) -> Array:
+        if self.kind_overhead.shape != (len(OVERHEAD_KINDS),):
+            raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
+                              f"per kind {', '.join(OVERHEAD_KINDS)}")
+        return self.kind_overhead
+
+    def _step_terms(self, role: Array) -> tuple[Array, Array]:
+        def term(name: str, bit: int) -> Array:
+            value = getattr(self, name)
+            if value is None:
+                return jnp.zeros(role.shape, self.overhead.dtype)
+            return jnp.where((role & bit) != 0, _traced_check(name, value), 0.0)
+
+        return term("setup", ROLE_SOURCE), term("wind_down", ROLE_SINK)
+
+    def step_terms(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, " nodes"]]:
+        """Per node, the part of its duration that is the step's ``setup`` (sources) and
+        ``wind_down`` (sinks), not its own work: ``simulate`` reports ops without them."""
+        return self._step_terms(graph.node_cost[graph.node_row, 6])
 
     def costs(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, "nodes k"]]:
         """Duration of every node and delay of every edge of ``graph`` under this hardware."""

@@ -260,7 +260,10 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
     total = sink_max(graph, finish[:, None], temperature)[0]
-    dur = dur[:, 0]
+    lead, tail = hw.step_terms(graph)  # the step's setup and wind-down, not the ops' own work
+    dur = dur[:, 0] - lead - tail
+    step_finish = finish[graph.step_last]  # a step ends after its wind-down
+    finish = finish - tail
     real = graph.kind != PAD
     busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
     if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
@@ -278,19 +281,25 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
         graph.pipeline, jnp.maximum(graph.boundary, 0)]
     volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
         jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
-    step_finish = finish[graph.step_last]
     return finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish
 
 
-def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None) -> Result:
-    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``."""
+def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None,
+             gradient_sync: bool = False) -> Result:
+    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``;
+    ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and updates; the
+    per-op arrays stay those of the schedule's ops)."""
     if not isinstance(hw, Hardware):
         raise ConfigError(f"simulate expects a Hardware, got {type(hw).__name__}")
     ops = stale = None
     if isinstance(schedule, Schedule):
-        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node)
+        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
+                        gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
+        if gradient_sync:
+            raise ConfigError("simulate: gradient_sync=True applies to a Schedule; a Graph has its own "
+                              "(compile(schedule, gradient_sync=True))")
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")

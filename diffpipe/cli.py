@@ -52,7 +52,7 @@ OPTIMIZE_STEPS_PER_OP = 3
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
 #: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
-COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
+COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
 SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
@@ -171,7 +171,9 @@ def _seconds_or_list(v: Any) -> bool:
 SCHEMA: dict[str, dict[str, str]] = {
     "schedule": {"family": "name", "devices": "count", "microbatches": "count", "options": "options"},
     "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
-              "p2p": "seconds", "overhead": "seconds"},
+              "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
+              "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
+              "overhead_W": "seconds"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
               "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
@@ -347,9 +349,13 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
             raise ConfigError(f"times: give both forward and backward (seconds per stage); {missing[0]} is missing")
         t = {k: v for k, (v, _) in times.items()}
 
+        by_kind = {k: t[f"overhead_{k}"] for k in "FBIW" if f"overhead_{k}" in t}  # Hardware.kind_overhead
+
         def from_times(schedule: Any) -> Any:
             return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
-                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes)
+                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
+                                       kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
+                                       setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0))
 
         label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
                  f"({mode or 'overlap'})")

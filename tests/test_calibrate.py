@@ -16,6 +16,7 @@ import math
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import diffpipe as dp
@@ -88,7 +89,7 @@ def test_runtime_labels_give_every_term(tmp_path):
     assert cal.overhead_by_kind == pytest.approx({"F": 35 * US, "B": 25 * US})
     assert cal.transfer == pytest.approx(40 * US)
     assert cal.p2p == pytest.approx(10 * US)  # the transfer beyond one overhead
-    assert cal.setup == pytest.approx(70 * US)  # first compute at 100, less one overhead
+    assert cal.setup == pytest.approx(65 * US)  # first compute at 100, less one F overhead
     assert cal.wind_down == pytest.approx(30 * US)
     assert cal.step_time == pytest.approx(1500 * US)
     assert cal.samples == {"B0": 4, "B1": 4, "F0": 4, "F1": 4}
@@ -201,6 +202,9 @@ def test_hardware_takes_the_backward_each_schedule_runs():
     assert only_full.times(get("zb-h1", devices=2, microbatches=4), weight_fraction=0.5)["weight"] == [1.5, 1.5]
     with pytest.raises(dp.ConfigError, match="measured 2 stages, the schedule has 4"):
         only_full.hardware(get("1f1b", devices=4, microbatches=4))
+    # A split schedule's full B ops cost the measured full backward (Hardware.full_backward).
+    assert split["full_backward"] == [3.0, 3.5] and full["full_backward"] is None
+    assert np.asarray(cal.hardware(get("zb-h1", devices=2, microbatches=4)).full_backward).tolist() == [3.0, 3.5]
     # Without a full backward, B ops cost I + W.
     split_only = calibrate.from_measurements([1.0, 1.0], input_grad=[1.0, 1.0], weight=[0.5, 0.5])
     assert split_only.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == [1.5, 1.5]
@@ -240,23 +244,37 @@ def test_machine_file_runs_in_the_cli(tmp_path, capsys):
     cal.to_toml(path)
     data = tomllib.loads(path.read_text())
     assert data["times"] == {"forward": [1.0, 2.0], "backward": [2.0, 4.0], "weight": [0.0, 0.0],
-                             "p2p": 0.05, "overhead": 0.1}
+                             "p2p": 0.05, "overhead": 0.1, "setup": 0.3, "wind_down": 0.0}
     assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(path),
                      "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)["makespan_s"]
     hw_time = float(dp.simulate(get("gpipe", devices=2, microbatches=2), cal.hardware()).makespan)
     assert simulated == pytest.approx(hw_time)
-    assert cal.predict(get("gpipe", devices=2, microbatches=2)) == pytest.approx(hw_time + 0.3)
+    assert cal.predict(get("gpipe", devices=2, microbatches=2)) == pytest.approx(hw_time)
+    # the setup is a term of the hardware (and of the machine file), not added on top
+    no_setup = calibrate.from_measurements([1.0, 2.0], [2.0, 4.0], overhead=0.1, p2p=0.05)
+    assert hw_time == pytest.approx(float(dp.simulate(get("gpipe", devices=2, microbatches=2),
+                                                      no_setup.hardware()).makespan) + 0.3)
     text = cal.to_json(tmp_path / "cal.json")
     assert json.loads((tmp_path / "cal.json").read_text()) == json.loads(text)
 
 
-def test_cli_calibrate_writes_a_machine_file_for_the_schedule(tmp_path):
+def test_cli_calibrate_writes_a_machine_file_for_the_schedule(tmp_path, capsys):
     files = _runtime_files(tmp_path)
     out = tmp_path / "m.toml"
     cal = calibrate.cli_calibrate(files, "gpipe", out)
     assert cal.orders is not None
-    assert tomllib.loads(out.read_text())["times"]["forward"] == pytest.approx([100 * US, 150 * US])
+    times = tomllib.loads(out.read_text())["times"]
+    assert times["forward"] == pytest.approx([100 * US, 150 * US])
+    # every fitted term is in the file, and the CLI reads it back into the same hardware
+    assert times["overhead_F"] == pytest.approx(35 * US) and times["overhead_B"] == pytest.approx(25 * US)
+    assert times["setup"] == pytest.approx(65 * US) and times["wind_down"] == pytest.approx(30 * US)
+    gpipe = get("gpipe", devices=2, microbatches=2)
+    hw = cal.hardware(gpipe)
+    assert np.asarray(hw.kind_overhead) == pytest.approx([35 * US, 25 * US, 30 * US, 30 * US])
+    assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(out),
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(cal.predict(gpipe), rel=1e-6)
     with pytest.raises(dp.ConfigError, match="rank 0 ran 0B0 at position 2 where the schedule has 0I0|torch"):
         calibrate.cli_calibrate(files, "zb-h1", tmp_path / "n.toml")
     assert not (tmp_path / "n.toml").exists()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._communication import node_size, topology
+from diffpipe._communication import Rendezvous, node_size, topology
 from diffpipe.schedules._reference import evaluate_network
 
 # -- two modes defined outside the package: one class each, no edit to diffpipe ---------------
@@ -107,7 +107,7 @@ def test_half_duplex_is_slower_when_both_directions_share_a_link():
 
 def test_strings_map_to_objects_in_one_place():
     for name, cls in [("none", dp.NoCommunication), ("overlap", dp.Overlap), ("contention", dp.Contention),
-                      ("blocking", dp.Blocking)]:
+                      ("blocking", dp.Blocking), ("rendezvous", Rendezvous)]:
         mode = dp.communication(name)
         assert type(mode) is cls and mode == name and str(mode) == name and mode == cls()
         assert hash(mode) == hash(cls()) and dp.communication(mode) is mode
@@ -159,3 +159,53 @@ def test_topology_rule_one_node_by_default():
     assert float(dp.makespan(graph, with_network(hw, one))) == pytest.approx(float(want))
     with pytest.raises(dp.ConfigError, match="devices per node"):
         dp.makespan(graph, with_network(hw, two))
+
+
+# -- rendezvous: sender and receiver meet --------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rendezvous_simulates_like_its_reference(case):
+    s = schedule(*case)
+    mode = dp.communication("rendezvous")
+    hw, duration, transfer = machine(s, mode, zlib.crc32(f"{case[0]}/rendezvous".encode()))
+    result = dp.simulate(s, hw)
+    start, finish, xfer = evaluate_network(s, duration, transfer, mode)
+    np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=2e-5, atol=1e-4)
+    assert float(result.makespan) == pytest.approx(max([*finish.values(), *(e for _, e in xfer.values())]),
+                                                   rel=2e-5)
+    # A transfer never starts before the receiver reached its receive, nor earlier than under overlap.
+    overlap = dp.simulate(s, with_network(hw, dp.Network.uniform(LAT, BW, mode="overlap")))
+    assert np.all(np.asarray(result.start) >= np.asarray(overlap.start) - 1e-5)
+
+
+def test_rendezvous_hand_computed():
+    """1F1B, 2 devices x 2 microbatches, F = 1, B = 2, every transfer 0.5 s.
+
+    Device 0: F0 [0, 1], F1 [1, 2]; its activation for device 1's F1 waits until device 1 has
+    finished B0 (at 4.5): it moves 4.5-5, and device 1's F1 runs 5-6 (under overlap the activation
+    arrives at 2.5 and F1 runs 4.5-5.5). Device 1's B1 6-8; its gradient moves 8-8.5 and device
+    0's B1 runs 8.5-10.5: the step takes 10.5 s (overlap: 10 s).
+    """
+    s = schedule("1f1b", 2, 2, {})
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5, mode="rendezvous")
+    r = dp.simulate(s, hw)
+    assert r.time_of(dp.schedules.Op("F", 1, 1)) == pytest.approx((5.0, 6.0))
+    assert r.time_of(dp.schedules.Op("B", 0, 1)) == pytest.approx((8.5, 10.5))
+    assert float(r.makespan) == pytest.approx(10.5)
+    assert float(dp.simulate(s, dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5)).makespan) == pytest.approx(10.0)
+
+
+def test_rendezvous_never_deadlocks_where_blocking_does():
+    deadlocked = []
+    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v", "gpipe", "looped-bfs"):
+        s = dp.schedules.get(name, devices=4, microbatches=8)
+        try:
+            dp.compile(s, communication="blocking")
+        except dp.ScheduleError:
+            deadlocked.append(name)
+        graph = dp.compile(s, communication="rendezvous")
+        hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.1, mode="rendezvous")
+        assert float(dp.makespan(graph, hw)) > 0
+    assert deadlocked  # the motivating case: blocking deadlocks on some 4-stage schedules

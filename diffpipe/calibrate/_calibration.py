@@ -11,11 +11,15 @@ Terms (seconds):
 - ``overhead``: the framework time between two consecutive compute ops of a rank when the second
   does not wait for data (the schedule loop, building and posting the P2P ops); diffpipe adds it
   to every op. ``overhead_by_kind`` is the same median by the kind of the second op (``F``, ``B``,
-  ``I``, ``W``), for a cost model with per-kind overheads (not used by ``hardware`` yet).
+  ``I``, ``W``): ``hardware`` gives it as ``Hardware.kind_overhead`` (kinds without a sample take
+  ``overhead``).
 - ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
   ``transfer`` the raw delay from the producing op's end to the data's arrival.
 - ``setup`` / ``wind_down``: the time of a step before its first compute op (past one overhead)
-  and after its last one; diffpipe's cost model has no term for them yet, so ``predict`` adds them.
+  and after its last one: ``Hardware.setup`` / ``wind_down``.
+
+A schedule that splits its backward gets the measured full backward, where measured, as
+``Hardware.full_backward`` (its ``B`` ops then cost that, not ``I + W``).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from .._knobs import Workload
 from .._simulate import simulate
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
-TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead")
+TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead", "setup", "wind_down")
 #: The machine file's ``[times] backward`` (the CLI's key) is ``Hardware.input_grad``.
 TIMES_KEYS = {"backward": "input_grad"}
+#: ``[times]`` keys of the per-kind overheads (``Hardware.kind_overhead``), by kind.
+TOML_KIND_OVERHEAD = {kind: f"overhead_{kind}" for kind in ("F", "B", "I", "W")}
 
 
 def _stage_values(name: str, values: Any, stages: int | None) -> tuple[float | None, ...] | None:
@@ -136,8 +142,11 @@ class Calibration:
         """``Hardware.from_times`` arguments (``input_grad`` = ``I``) for ``schedule``.
 
         A schedule that splits its backward (any ``I``/``W`` op) gets the measured ``I`` and ``W``
-        (its full ``B`` ops, if any, then cost ``I + W``); one that runs only full backwards gets the
-        measured ``B`` as ``input_grad`` and no ``W``. Without a schedule: the split where measured.
+        and, where measured, the full ``B`` as ``full_backward`` (what its ``B`` ops, if any, cost;
+        else ``I + W``); one that runs only full backwards gets the measured ``B`` as
+        ``input_grad`` and no ``W``. Without a schedule: the split where measured. Also the
+        per-kind overheads (``kind_overhead``: ``overhead_by_kind``, None when not measured),
+        ``setup`` and ``wind_down``.
         ``weight_fraction`` splits a measured full ``B`` where no split was measured.
         """
         if schedule is not None:
@@ -148,12 +157,17 @@ class Calibration:
             split = any(op.kind in ("I", "W") for order in schedule.orders for op in order)
         else:
             split = self.input_grad is not None and self.weight is not None
+        full = None
         if split:
             backward, weight = self._split(weight_fraction)
+            if self.backward is not None and any(b is not None for b in self.backward):
+                full = [i + w if b is None else b for b, i, w in zip(self.backward, backward, weight, strict=True)]
         else:
             backward, weight = self._full(), [0.0] * self.stages
         return {"forward": list(self.forward), "input_grad": backward, "weight": weight,
-                "p2p": self.p2p, "overhead": self.overhead}
+                "p2p": self.p2p, "overhead": self.overhead, "full_backward": full,
+                "kind_overhead": dict(self.overhead_by_kind) or None, "setup": self.setup,
+                "wind_down": self.wind_down}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
                  mode: str = "overlap") -> Any:
@@ -161,7 +175,8 @@ class Calibration:
 
         t = self.times(schedule, weight_fraction=weight_fraction)
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
-                                   overhead=t["overhead"], mode=mode)
+                                   overhead=t["overhead"], mode=mode, kind_overhead=t["kind_overhead"],
+                                   full_backward=t["full_backward"], setup=t["setup"], wind_down=t["wind_down"])
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
                  weight_fraction: float | None = None, mode: str = "overlap") -> Any:
@@ -185,10 +200,11 @@ class Calibration:
                                    layers_per_stage=counts)
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
-        """Predicted step time of ``schedule``: the simulated makespan plus ``setup`` and ``wind_down``."""
+        """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
+        included: they are ``hardware``'s terms)."""
 
         result = simulate(schedule, self.hardware(schedule, weight_fraction=weight_fraction, mode=mode))
-        return float(result.makespan) + self.setup + self.wind_down
+        return float(result.makespan)
 
     # -- files -----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -204,21 +220,24 @@ class Calibration:
     def to_toml_text(self, schedule: Any = None, *, weight_fraction: float | None = None) -> str:
         """A machine file for ``diffpipe --config``: ``[times]`` (see ``times``) and ``[network] mode``.
 
-        Terms the CLI does not read yet are comments: the measured full backward where the file
-        holds the split, ``setup``/``wind_down``, the step time and the residual.
+        Every term of ``times`` is a key (``full_backward`` where the schedule splits its backward
+        and a full one was measured; ``overhead_F`` ... ``overhead_W`` for the kinds measured); the
+        step time and the residual are comments.
         """
         t = self.times(schedule, weight_fraction=weight_fraction)
         lines = [f"# diffpipe machine file calibrated from {self.source}",
-                 "# seconds per microbatch and stage; backward is the input-gradient part I, B = I + W"]
-        if self.backward is not None and any(w > 0 for w in t["weight"]):
-            lines.append(f"# measured full backward B: {_toml_value(list(self.backward))}")
-        lines.append(f"# not read by the CLI yet: setup = {self.setup!r}, wind_down = {self.wind_down!r}")
+                 "# seconds per microbatch and stage; backward is the input-gradient part I, "
+                 "a full B costs full_backward (when given) or I + W"]
         if self.step_time is not None:
             lines.append(f"# measured step time: {self.step_time!r}")
         if self.residual:
             lines.append("# residual: " + ", ".join(f"{k} = {v!r}" for k, v in self.residual.items()))
         lines += ["", "[times]"]
         lines += [f"{key} = {_toml_value(t[TIMES_KEYS.get(key, key)])}" for key in TOML_TIMES]
+        if t["full_backward"] is not None:
+            lines.append(f"full_backward = {_toml_value(t['full_backward'])}")
+        for kind, seconds in (t["kind_overhead"] or {}).items():
+            lines.append(f"{TOML_KIND_OVERHEAD[kind]} = {_toml_value(seconds)}")
         lines += ["", "[network]", 'mode = "overlap"', ""]
         return "\n".join(lines)
 

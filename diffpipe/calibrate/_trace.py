@@ -256,7 +256,8 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     Per stage and kind, the median compute time over microbatches and steps; the overhead is the
     median gap between consecutive compute ops of a rank where the second did not wait for data;
     the transfer delay is the median time from a producing op's end to its data's arrival at a
-    receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps.
+    receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps
+    (``setup``: from the step's start to its first compute, less that op's kind's overhead).
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
 
@@ -305,13 +306,15 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     transfer = _median(transfers) if one_clock else None
     p2p = max((transfer or 0.0) - overhead, 0.0)
 
+    overhead_by_kind = {kind: max(statistics.median(v), 0.0) for kind, v in sorted(gaps_by_kind.items())}
     setups, winds, spans = [], [], []
     for k in range(n_steps):
         steps = [s[k] for s in ranks.values()]
         start, end = min(s.start for s in steps), max(s.end for s in steps)
-        first = min(c.begin for s in steps for c in s.computes)
+        first = min((c for s in steps for c in s.computes), key=lambda c: c.begin)
         last = max(c.end for s in steps for c in s.computes)
-        setups.append(max(first - start - overhead, 0.0))
+        # the model's first op starts at setup and computes after its kind's overhead
+        setups.append(max(first.begin - start - overhead_by_kind.get(first.kind, overhead), 0.0))
         winds.append(max(end - last, 0.0))
         spans.append(end - start)
 
@@ -330,7 +333,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         forward=tuple(float(v) for v in forward if v is not None), backward=per_stage("B"),
         input_grad=per_stage("I"), weight=per_stage("W"),
         overhead=overhead,
-        overhead_by_kind={kind: max(statistics.median(v), 0.0) for kind, v in sorted(gaps_by_kind.items())},
+        overhead_by_kind=overhead_by_kind,
         p2p=p2p, transfer=transfer, setup=statistics.median(setups),
         wind_down=statistics.median(winds), step_time=step_time, stage_ranks=ranks_of_stages,
         orders=tuple(orders.values()),
