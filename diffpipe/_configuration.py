@@ -102,9 +102,6 @@ class Configuration:
         options = dict(options or {})
         if "chunks" in options:
             raise ConfigError("configuration: chunks comes from parallelism.virtual; do not pass it in options")
-        if parallelism.virtual > 1 and "chunks" not in fam.option_names:
-            raise ConfigError(f"configuration: virtual={parallelism.virtual} needs a family with chunks "
-                              f"(interleaved-1f1b, looped-bfs, zb-h1); {family} has none")
         parallelism.check(model, cluster.gpus)
         per_step = model.microbatch_size * parallelism.data
         if global_batch % per_step:
