@@ -64,7 +64,8 @@ def test_sizes_and_schedule():
     par = Parallelism(tensor=2, pipeline=2, data=2, virtual=2)
     s = config(m, par).schedule()
     assert (s.family, s.stages, dict(s.options)["chunks"]) == ("interleaved-1f1b", 4, 2)
-    assert config(m, Parallelism(pipeline=2, virtual=2), clu=cluster(2), batch=8, schedule="zb-h1").schedule().stages == 4
+    zb = config(m, Parallelism(pipeline=2, virtual=2), clu=cluster(2), batch=8, schedule="zb-h1")
+    assert zb.schedule().stages == 4
     assert config(gpt(layers=4), Parallelism(pipeline=2, virtual=2), clu=cluster(2), batch=8,
                   schedule="zb-v").schedule().stages == 4
 

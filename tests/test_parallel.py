@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._parallel import (Cluster, Parallelism, all_gather, all_reduce, parallel_costs, placement,
-                                zero_static_bytes)
+from diffpipe._parallel import (
+    Cluster,
+    Parallelism,
+    all_gather,
+    all_reduce,
+    parallel_costs,
+    placement,
+    zero_static_bytes,
+)
 from diffpipe._transformer import activation_bytes, layer_costs
 
 
