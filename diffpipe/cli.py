@@ -582,7 +582,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     r = result
     print(f"{schedule.family} {dict(schedule.options) or ''}: {training.label}".replace("  ", " "))
     print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
-                                                        "  (gradient sync not modelled: needs the sync lane)"))
+                                                        f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
     print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._configuration import GRADIENT_SYNC
 from diffpipe._parallel import Cluster, Parallelism
 
 H, S, V, B = 256, 128, 32000, 2  # hidden, sequence, vocabulary, microbatch size
@@ -94,8 +93,9 @@ def test_family_stages_must_match_virtual():
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_tp_pp_dp_step_is_the_pipeline_step_plus_the_blocking_collectives(recompute):
     # 1F1B on 2 stages, the second the bottleneck (it holds the LM head): device 1 runs its
-    # forwards and backwards back to back, so the step is f0 + c + m (f1 + b1) + c + b0, with c the
-    # boundary transfer (1/t of the activation per rank, Megatron's scatter/gather) on the intra link.
+    # forwards and backwards back to back, so its last backward ends at f0 + c + m (f1 + b1) and
+    # device 0's at c + b0 later, with c the boundary transfer (1/t of the activation per rank,
+    # Megatron's scatter/gather) on the intra link; f and b include the blocking TP collectives.
     full = recompute == "full"
     cfg = config(gpt(recompute=recompute), batch=16)
     m = cfg.microbatches
@@ -104,26 +104,24 @@ def test_tp_pp_dp_step_is_the_pipeline_step_plus_the_blocking_collectives(recomp
     c = LAT + 2 * B * S * H / 2 / BW
     t1 = f0 + c + m * (f1 + b1)  # device 1's last backward ends
     t0 = t1 + c + b0
-    if GRADIENT_SYNC:
-        pytest.skip("the gradient-sync tail is checked by test_step_includes_the_gradient_sync")
-    assert float(cfg.evaluate().step_time) == pytest.approx(t0, rel=1e-5)
-
-
-@pytest.mark.skipif(not GRADIENT_SYNC, reason="needs compile(gradient_sync=True) from branch sync (API.md section 1)")
-def test_step_includes_the_gradient_sync():
-    cfg = config(batch=16)
-    m = cfg.microbatches
-    f0, b0, f1, b1 = hand_stages()
-    c = LAT + 2 * B * S * H / 2 / BW
-    t1 = f0 + c + m * (f1 + b1)
-    t0 = t1 + c + b0
+    # then each device's gradient sync (ring all-reduce over the data group, on its sync lane) and
+    # optimizer step (Adam's memory traffic over the memory bandwidth): API.md section 1
     t, n = 2, 2
     block = 12 * H * H + 13 * H
     params = [((V + S) * H + block) / t, (block + V * H + 2 * H) / t]  # per device: stage 0, stage 1 (tied copy)
     sync = [2 * (n - 1) / n * 2 * p / BW + 2 * (n - 1) * LAT for p in params]  # the data group is in the node
     update = [2 * (12 + 2) * p / MEMBW for p in params]
     expected = max(t0 + sync[0] + update[0], t1 + sync[1] + update[1])
-    assert float(cfg.evaluate().step_time) == pytest.approx(expected, rel=1e-5)
+    r = cfg.evaluate()
+    assert r.gradient_sync
+    assert r.step_time == pytest.approx(expected, rel=1e-5)
+    assert r.step_time > t0  # the sync tail is not hidden: nothing runs after the last backward
+
+
+def test_schedules_with_their_own_sync_compile_without_the_lane():
+    r = config(gpt(layers=4), schedule="chimera", options={"sync": True}).evaluate()
+    assert not r.gradient_sync and r.step_time > 0
+    assert config().evaluate().gradient_sync
 
 
 def test_tokens_per_second_and_mfu_definitions():
