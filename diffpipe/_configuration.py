@@ -108,6 +108,10 @@ class Configuration:
                               f"data = {model.microbatch_size} x {parallelism.data} = {per_step}")
         if layers_per_stage is not None:
             layers_per_stage = tuple(int(c) for c in layers_per_stage)
+            if len(layers_per_stage) != parallelism.stages:
+                raise ConfigError(f"configuration: layers_per_stage has {len(layers_per_stage)} entries, the "
+                                  f"parallelism has pipeline x virtual = {parallelism.stages} stages")
+            stage_of_layers(model, layers_per_stage=layers_per_stage)  # sums to the model's blocks
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),

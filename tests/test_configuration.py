@@ -76,11 +76,19 @@ def test_sizes_and_schedule():
     (dict(schedule="no-such-family"), "no-such-family"),
     (dict(options={"chunks": 2}), "chunks comes from parallelism.virtual"),
     (dict(batch=0), "global_batch"),
+    (dict(layers_per_stage=(1, 1, 0)), "layers_per_stage has 3 entries"),
+    (dict(layers_per_stage=(1, 2)), "sums to 3, the model has 2 layers"),
 ])
 def test_configuration_rejects(kwargs, culprit):
     with pytest.raises((dp.ConfigError, dp.ScheduleError), match=culprit) as info:
         config(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_layers_per_stage_moves_blocks():
+    even = config(gpt(layers=4)).evaluate()
+    uneven = config(gpt(layers=4), layers_per_stage=(3, 1)).evaluate()
+    assert uneven.memory[0] > even.memory[0] and uneven.step_time != even.step_time
 
 
 def test_family_stages_must_match_virtual():
