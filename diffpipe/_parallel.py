@@ -136,13 +136,18 @@ class Parallelism:
         """Model stages of one pipeline: ``pipeline x virtual``."""
         return self.pipeline * self.virtual
 
+    def check_gpus(self, gpus: int) -> None:
+        """``ConfigError`` unless ``tensor x pipeline x data == gpus``."""
+        if self.gpus != gpus:
+            raise ConfigError(f"parallelism: tensor x pipeline x data = {self.tensor} x {self.pipeline} x "
+                              f"{self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
+
     def check(self, model: Transformer, gpus: int | None = None) -> None:
         """Raise ``ConfigError`` (one line) when these sizes cannot run ``model`` (on ``gpus`` devices)."""
         if not isinstance(model, Transformer):
             raise ConfigError(f"parallelism: check expects a Transformer, got {type(model).__name__}")
-        if gpus is not None and self.gpus != gpus:
-            raise ConfigError(f"parallelism: tensor x pipeline x data = {self.tensor} x {self.pipeline} x "
-                              f"{self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
+        if gpus is not None:
+            self.check_gpus(gpus)
         t = self.tensor
         for name, value in (("heads", model.heads), ("kv_heads", model.kv), ("ffn_hidden", model.ffn)):
             if float(value) % t:
@@ -286,9 +291,7 @@ def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
     """Place ``parallelism``'s groups on ``cluster`` (see ``Placement``); ``ConfigError`` when a
     tensor group does not fit in a node or the groups do not tile the nodes."""
     p, n = parallelism, cluster.devices_per_node
-    if p.gpus != cluster.gpus:
-        raise ConfigError(f"parallelism: tensor x pipeline x data = {p.tensor} x {p.pipeline} x {p.data} = "
-                          f"{p.gpus}, but the cluster has {cluster.gpus} GPUs")
+    p.check_gpus(cluster.gpus)
     if p.tensor > n or n % p.tensor:
         raise ConfigError(f"parallelism: tensor={p.tensor} must divide the {n} GPUs of a node (a tensor group "
                           "stays inside one node)")
@@ -337,8 +340,8 @@ class ParallelCosts(NamedTuple):
     blocks, head), for one microbatch (numpy float64).
 
     Attributes:
-        costs: the model's ``LayerCosts`` with FLOPs (and memory traffic) divided by ``t``: the
-            compute of one device of a tensor group (``costs.times(device)`` gives its seconds).
+        costs: the model's ``LayerCosts`` with FLOPs (and memory traffic) divided by ``t``
+            (``shard_flops``): one device of a tensor group (``costs.times(device)``: its seconds).
         collective_bytes: group -> ``[3, layers]`` bytes over that group's bandwidth that the
             ``F``, ``I`` and ``W`` of each layer wait for (ring factors applied).
         collective_hops: group -> ``[3, layers]`` latencies (hops) of the same collectives.
@@ -375,11 +378,18 @@ def _expert_parameters(model: Transformer) -> np.ndarray:
     return out
 
 
+#: ``LayerCosts`` fields a tensor-parallel shard divides by ``t``: the FLOPs of ``F``, ``I``, ``W`` and,
+#: where the cost model counts it (the roofline), their memory traffic; the matmuls' rows
+#: (``tokens``) stay: a column- or row-parallel matmul has as many rows as the whole one.
+SHARDED_FIELDS = ("forward", "input_grad", "weight", "forward_bytes", "input_grad_bytes", "weight_bytes")
+
+
 def shard_flops(costs: LayerCosts, tensor: int) -> LayerCosts:
-    """``costs`` with per-layer FLOPs divided by ``tensor`` (one device of a tensor group)."""
+    """``costs`` of one device of a tensor group of ``tensor``: ``SHARDED_FIELDS`` divided by it."""
     t = float(tensor)
-    return dataclasses.replace(costs, forward=costs.forward / t, input_grad=costs.input_grad / t,
-                               weight=costs.weight / t)
+    names = {f.name for f in dataclasses.fields(costs)}
+    return dataclasses.replace(costs, **{name: getattr(costs, name) / t for name in SHARDED_FIELDS
+                                         if name in names and getattr(costs, name) is not None})
 
 
 def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCosts:
@@ -461,4 +471,4 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
 
 
 __all__ = ["GROUPS", "ZERO_STAGES", "Cluster", "ParallelCosts", "Parallelism", "Placement", "all_gather",
-           "all_reduce", "parallel_costs", "placement", "shard_flops", "zero_static_bytes"]
+           "all_reduce", "parallel_costs", "placement", "SHARDED_FIELDS", "shard_flops", "zero_static_bytes"]

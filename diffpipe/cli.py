@@ -452,11 +452,10 @@ class _Training:
     label: str
 
     def build(self, family: str | None = None, options: dict[str, Any] | None = None,
-              adapt: bool = False) -> Any:
-        """The ``Configuration`` of ``family`` (default the given one); ``adapt``: a family without
-        chunks keeps the stages it places (``virtual`` = its stages per device: compare)."""
-        import dataclasses as dc
-
+              adapt: bool = False, max_ops: int = MAX_OPS) -> Any:
+        """The ``Configuration`` of ``family`` (default the given one), its schedule within
+        ``max_ops``; ``adapt``: a family without chunks keeps the stages it places (``virtual`` =
+        its stages per device: compare)."""
         from . import _configuration
 
         family = family or self.family
@@ -468,11 +467,11 @@ class _Training:
                                                 options=options, communication=self.communication)
 
         cfg = make(par)
+        _guard_configuration(cfg, max_ops)
         if adapt and "chunks" not in schedules.family(cfg.family).option_names:
-            _guard_configuration(cfg, MAX_OPS)
             stages = schedules.get(cfg.family, devices=par.pipeline, microbatches=cfg.microbatches,
                                    **dict(cfg.options)).stages
-            cfg = make(dc.replace(par, virtual=max(1, stages // par.pipeline)))
+            cfg = make(dataclasses.replace(par, virtual=max(1, stages // par.pipeline)))
         return cfg
 
 
@@ -568,8 +567,7 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
 
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
-    cfg = training.build()
-    _guard_configuration(cfg, args.max_ops)
+    cfg = training.build(max_ops=args.max_ops)
     result = cfg.evaluate()
     schedule = cfg.schedule()
     if outputs:
@@ -604,8 +602,7 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     configs = {}
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
-        cfg = training.build(name, dict(opts), adapt=True)
-        _guard_configuration(cfg, args.max_ops)
+        cfg = training.build(name, dict(opts), adapt=True, max_ops=args.max_ops)
         configs[cfg.schedule()] = cfg
     def hardware(schedule: Any) -> Any:
         return configs[schedule].hardware()

@@ -152,6 +152,8 @@ BAD = [
     ("ep-dense", ["--model", "llama-3-8b", "--global-batch", "8", "--dp", "2", "--ep", "2"],
      "needs a mixture-of-experts model"),
     ("zero", ["--model", "llama-3-8b", "--global-batch", "8", "--zero", "4"], "--zero"),
+    ("max-ops", ["--model", "llama-3-8b", "--global-batch", "4096", "--pp", "4", "--gpus", "4", "--max-ops", "1000"],
+     "past the limit of 1,000 (--max-ops)"),
     ("vpp-family", ["1f1b", "--model", "llama-3-8b", "--global-batch", "8", "--pp", "2", "--vpp", "2"],
      "set virtual=1"),
 ]
