@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_simulate",),
     ("_segments",),
     ("_knobs",),
+    ("_configuration",),
     ("_optimize", "_baselines"),
     ("sweep", "_sweep"),
     ("_plan",),
