@@ -49,6 +49,11 @@ _LAZY = {
     "MicrobatchSplit": "._knobs",
     "StageBalance": "._knobs",
     "Workload": "._knobs",
+    "Launch": "._export",
+    "megatron_args": "._export",
+    "megatron_layout": "._export",
+    "parse_megatron_layout": "._export",
+    "torchtitan_toml": "._export",
     "OptimizeResult": "._optimize",
     "optimize": "._optimize",
 }
@@ -77,6 +82,11 @@ if TYPE_CHECKING:
     from ._evaluate import AbstractAdjoint as AbstractAdjoint
     from ._evaluate import AutodiffAdjoint as AutodiffAdjoint
     from ._evaluate import SweepAdjoint as SweepAdjoint
+    from ._export import Launch as Launch
+    from ._export import megatron_args as megatron_args
+    from ._export import megatron_layout as megatron_layout
+    from ._export import parse_megatron_layout as parse_megatron_layout
+    from ._export import torchtitan_toml as torchtitan_toml
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs

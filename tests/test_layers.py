@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_knobs",),
     ("_optimize", "_baselines"),
     ("sweep", "_sweep"),
-    ("_plan",),
+    ("_plan", "_export"),
     ("calibrate",),
     ("_compare",),
     ("viz",),
