@@ -54,6 +54,8 @@ _LAZY = {
     "megatron_layout": "._export",
     "parse_megatron_layout": "._export",
     "torchtitan_toml": "._export",
+    "PlanTable": "._plan",
+    "plan": "._plan",
     "OptimizeResult": "._optimize",
     "optimize": "._optimize",
     "Cluster": "._parallel",
@@ -106,6 +108,8 @@ if TYPE_CHECKING:
     from ._optimize import optimize as optimize
     from ._parallel import Cluster as Cluster
     from ._parallel import Parallelism as Parallelism
+    from ._plan import PlanTable as PlanTable
+    from ._plan import plan as plan
     from ._simulate import Result as Result
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory

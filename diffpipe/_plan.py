@@ -83,7 +83,7 @@ _BOUND_SLACK = 1e-4
 COLUMNS = ("family", "tensor", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
            "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
            "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
-           "communication_share")
+           "communication_share", "bound")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ class PlanTable:
 
     Attributes:
         rows: one dict per evaluated configuration that fits (``COLUMNS``; seconds, bytes), sorted
-            by ``step_time``; balanced splits (``balanced=True``) are rows of their own.
+            by ``step_time``; balanced splits (``balanced=True``) are rows of their own. ``bound`` is
+            the closed-form lower bound on the step time of the uniform split (module docstring).
         rejected: reason -> count (``tensor``, ``batch``, ``stages``, ``schedule``, ``memory``,
             ``memory (simulated)``, ``bound``).
         explored: configurations enumerated (every combination of the search axes).
@@ -433,7 +434,10 @@ def plan(
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
     families = _values("families", families)
     for f in families:
-        schedules.family(f)  # one line naming an unknown family
+        try:
+            schedules.family(f)
+        except ScheduleError as error:
+            raise ConfigError(f"plan: {error}") from None
     recompute = _values("recompute", recompute, RECOMPUTE)
     zero = _values("zero", zero, ZERO_STAGES)
     sps = _values("sequence_parallel", sequence_parallel, (True, False))
@@ -558,15 +562,15 @@ def plan(
             if not members:
                 bar.update(len(groups[key]))
                 continue
-            cfgs = []
-            for i in members:
-                c = candidates[i]
-                variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
-                cfgs.append(Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                                          communication=communication))
             try:
+                cfgs = []
+                for i in members:
+                    c = candidates[i]
+                    variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
+                    cfgs.append(Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
+                                              communication=communication))
                 schedule = cfgs[0].schedule()
-            except (ScheduleError, ConfigError):
+            except (ScheduleError, ConfigError):  # the family refuses these sizes
                 rejected["schedule"] += len(members)
                 bar.update(len(groups[key]))
                 continue
@@ -595,7 +599,7 @@ def plan(
                     best = min(best, step)
                     c = candidates[i]
                     counts = _blocks(np.bincount(cfg._stage_rows()))
-                    figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j])
+                    figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j]) | {"bound": bound[i]}
                     rows_out.append(_row(c, cfg, counts, False, figures))
             bar.update(len(groups[key]))
     finally:
@@ -650,7 +654,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
         return None
     figures = {name: getattr(result, name) for name in ("step_time", "tokens_per_second_per_gpu", "mfu",
                                                         "memory_per_gpu", "capacity", "bubble_ratio",
-                                                        "communication_share")}
+                                                        "communication_share")} | {"bound": row["bound"]}
     return _row(c, balanced, counts, True, figures)
 
 
