@@ -133,3 +133,30 @@ def test_bad_arguments():
         dp.plan(TINY, cluster(), 64, headroom=1.5)
     with pytest.raises(dp.ConfigError, match="nope"):
         dp.plan(TINY, cluster(), 64, families=("nope",))
+
+
+def test_cli_plan_exports(tmp_path, capsys):
+    import json
+    import tomllib
+
+    from diffpipe.cli import main
+
+    out = tmp_path / "job.toml"
+    code = main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
+                 "--tensor", "4,8", "--pipeline", "1,2", "--microbatch-sizes", "1", "--recompute", "full",
+                 "--zero", "0", "--balance-top", "0", "--export", "torchtitan", "--out", str(out), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rows"] and data["explored"] >= len(data["rows"])
+    doc = tomllib.loads(out.read_text())
+    best = data["rows"][0]
+    assert doc["parallelism"]["tensor_parallel_degree"] == best["tensor"]
+
+
+def test_cli_plan_infeasible_is_one_line(capsys):
+    from diffpipe.cli import main
+
+    code = main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
+                 "--microbatch-sizes", "1", "--recompute", "none", "--zero", "0", "--balance-top", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "no configuration fits" in err
