@@ -203,6 +203,9 @@ def parse_megatron_layout(layout: str, pipeline: int | None = None) -> tuple[int
     the last, as Megatron's default does; a layout placing them elsewhere, or holding MTP layers
     (``m``), is refused in one line. With ``pipeline`` the stage count must be a multiple of it
     (virtual stages per rank = stages / pipeline, as Megatron derives it).
+
+    A hand-written layout is evaluated by passing the counts on:
+    ``dp.Configuration(model, par, cluster, batch, layers_per_stage=dp.parse_megatron_layout(text, par.pipeline))``.
     """
     if not isinstance(layout, str) or not layout.strip():
         raise ConfigError(f"megatron layout must be a non-empty string, got {layout!r}")
