@@ -226,3 +226,13 @@ def test_launch_checks():
         launch(global_batch=100)
     with pytest.raises(dp.ConfigError, match="recompute"):
         launch(recompute="some")
+
+
+def test_hand_written_layout_is_evaluated():
+    model = dp.Transformer(layers=8, hidden=256, heads=4, sequence=256, vocabulary=2048)
+    par = dp.Parallelism(tensor=1, pipeline=2, data=1, virtual=2)
+    cluster = dp.Cluster(device="H100", gpus=2)
+    counts = dp.parse_megatron_layout("Et|t*3|t*3|tL", par.pipeline)
+    result = dp.Configuration(model, par, cluster, 8, layers_per_stage=counts).evaluate()
+    uniform = dp.Configuration(model, par, cluster, 8).evaluate()
+    assert result.step_time > 0 and result.step_time != uniform.step_time
