@@ -51,6 +51,10 @@ _LAZY = {
     "Workload": "._knobs",
     "OptimizeResult": "._optimize",
     "optimize": "._optimize",
+    "Cluster": "._parallel",
+    "Parallelism": "._parallel",
+    "ConfigResult": "._configuration",
+    "Configuration": "._configuration",
 }
 # Public submodules loaded on first access (``diffpipe.presets.device("H100")``).
 _LAZY_MODULES = {"presets": "._presets", "viz": ".viz", "calibrate": ".calibrate"}
@@ -73,6 +77,8 @@ if TYPE_CHECKING:
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare
+    from ._configuration import ConfigResult as ConfigResult
+    from ._configuration import Configuration as Configuration
     from ._cost_model import CostModel as CostModel
     from ._evaluate import AbstractAdjoint as AbstractAdjoint
     from ._evaluate import AutodiffAdjoint as AutodiffAdjoint
@@ -88,6 +94,8 @@ if TYPE_CHECKING:
     from ._knobs import Workload as Workload
     from ._optimize import OptimizeResult as OptimizeResult
     from ._optimize import optimize as optimize
+    from ._parallel import Cluster as Cluster
+    from ._parallel import Parallelism as Parallelism
     from ._simulate import Result as Result
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_evaluate",),
     ("_simulate",),
     ("_knobs",),
+    ("_configuration",),
     ("_optimize", "_baselines"),
     ("sweep", "_sweep"),
     ("_plan",),
