@@ -24,13 +24,27 @@ if TYPE_CHECKING:
 
 class DeviceSpec(NamedTuple):
     """A device as published: dense BF16 peak (FLOP/s), memory (bytes), the source, memory
-    bandwidth (bytes/s) and the dense FP8 peak (FLOP/s; None where the part has no FP8 units)."""
+    bandwidth (bytes/s), the dense FP8 peak (FLOP/s; None where the part has no FP8 units) and the
+    BF16 kernel-efficiency curve ``(efficiency, saturation_tokens)`` fitted to published matmul
+    measurements (``Device.kernel_efficiency``; None: no measurements, the flat
+    ``DEFAULT_EFFICIENCY``)."""
 
     peak_flops: float
     memory: float
     source: str
     memory_bandwidth: float
     fp8_flops: float | None = None
+    curve: tuple[float, float] | None = None
+
+
+#: ``Device.kernel_efficiency`` fitted (``papers/kernel-efficiency/fit.py``, ``fit.json``) to the bf16
+#: ``n = k = 4096`` rows of OpenXLA's measured GEMM table (openxla/xla commit ad6eaee1,
+#: ``xla/service/gpu/model/default_matmul_perf_table.txtpb``): ``sm_90`` (an H100 SXM), used for
+#: the H100 and for the H800 and H200 (the same GH100 compute at the same clocks: an assumption,
+#: their matmuls were not measured), and ``sm_100_B200``. Other devices have no published table
+#: here and keep the flat ``DEFAULT_EFFICIENCY``.
+CURVE_H100 = (0.7858, 313.7)
+CURVE_B200 = (0.6073, 400.3)
 
 
 class LinkSpec(NamedTuple):
@@ -54,10 +68,10 @@ DEVICES: dict[str, DeviceSpec] = {
                                      "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9),
     "H100": DeviceSpec(989e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
                                      "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
-                                     "3.35 TB/s", 3.35e12, 1979e12),
+                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100),
     "H200": DeviceSpec(989e12, 141e9, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
                                       "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
-                       4.8e12, 1979e12),
+                       4.8e12, 1979e12, CURVE_H100),
     "A100-40GB": DeviceSpec(312e12, 40e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
                                           "dense, 40GB HBM2, 1,555 GB/s", 1555e9),
     "H100-PCIe": DeviceSpec(756e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 "
@@ -65,12 +79,12 @@ DEVICES: dict[str, DeviceSpec] = {
                                           "2 TB/s", 2.0e12, 1513e12),
     "H800": DeviceSpec(989e12, 80e9, "NVIDIA H800 SXM5 product brief: compute as H100 SXM (BF16 989 TFLOPS "
                                      "dense, FP8 1,979 dense), 80GB HBM3, 3.35 TB/s; NVLink cut to 400 GB/s",
-                       3.35e12, 1979e12),
+                       3.35e12, 1979e12, CURVE_H100),
     "H20": DeviceSpec(148e12, 96e9, "NVIDIA H20 product brief (as published by OEMs): BF16 148 TFLOPS dense, "
                                     "FP8 296 dense, 96GB HBM3, 4.0 TB/s", 4.0e12, 296e12),
     "B200": DeviceSpec(2.25e15, 180e9, "NVIDIA HGX B200 / DGX B200 datasheet (1,000 W): BF16 4.5 PFLOPS with "
                                        "sparsity, i.e. 2.25 dense; FP8 4.5 dense; 1,440GB HBM3e and 64 TB/s "
-                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15),
+                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15, CURVE_B200),
     "GB200": DeviceSpec(2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1,200 W): BF16 360 "
                                        "PFLOPS with sparsity for 72 GPUs, i.e. 2.5 dense each; FP8 5 dense; "
                                        "13.4TB HBM3e and 576 TB/s for 72, i.e. 186GB and 8 TB/s", 8.0e12, 5.0e15),
@@ -238,17 +252,20 @@ def model(name: str, **overrides: Any) -> Transformer:
 
 
 def device(name: str, *, efficiency: float | None = None) -> Device:
-    """The ``Device`` preset ``name`` (case-insensitive; see ``DEVICES``).
+    """The ``Device`` preset ``name`` (case-insensitive; see ``DEVICES``): datasheet peak, memory
+    and memory bandwidth, and the fitted kernel-efficiency curve (``DeviceSpec.curve``; the flat
+    ``diffpipe._transformer.DEFAULT_EFFICIENCY`` where none was measured).
 
-    ``efficiency`` (fraction of peak sustained) defaults to ``diffpipe._transformer.DEFAULT_EFFICIENCY``.
+    ``efficiency`` (a fraction of peak) replaces the curve by that flat one, the bandwidth kept.
     """
-    from ._transformer import Device  # imported here so that listing presets needs no JAX
+    from ._transformer import DEFAULT_EFFICIENCY, Device  # imported here so that listing presets needs no JAX
 
     key = _lookup(DEVICES, name, "device")
     spec = DEVICES[key]
-    if efficiency is None:
-        return Device(spec.peak_flops, spec.memory, name=key)
-    return Device(spec.peak_flops, spec.memory, efficiency, name=key)
+    maximum, tokens = (DEFAULT_EFFICIENCY, 0.0) if spec.curve is None else spec.curve
+    if efficiency is not None:
+        maximum, tokens = efficiency, 0.0
+    return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key)
 
 
 def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None,

@@ -372,6 +372,13 @@ class LayerCosts(eqx.Module):
             size); 0 after the head.
         shared_parameters: parameters of the head that duplicate the embedding (``V h`` when
             tied, else 0): subtract them when the embedding and head share a stage.
+        forward_bytes, input_grad_bytes, weight_bytes: bytes the kernels of ``F``, ``I``, ``W``
+            read and write in device memory (``memory_traffic``); None: not counted (no memory roof).
+        tokens: rows of the layer's matmuls, the ``T`` of the kernel-efficiency curve
+            (``memory_traffic``); None: the curve's maximum.
+
+    A tensor-parallel shard divides the FLOPs and the traffic by ``t`` and keeps ``tokens`` (a
+    column- or row-parallel matmul has as many rows as the whole one).
     """
 
     forward: Float[np.ndarray, " layers"]
@@ -383,10 +390,17 @@ class LayerCosts(eqx.Module):
     activation_bytes: Float[np.ndarray, " layers"]
     output_bytes: Float[np.ndarray, " layers"]
     shared_parameters: float = eqx.field(static=True, default=0.0)
+    forward_bytes: Float[np.ndarray, " layers"] | None = None
+    input_grad_bytes: Float[np.ndarray, " layers"] | None = None
+    weight_bytes: Float[np.ndarray, " layers"] | None = None
+    tokens: Float[np.ndarray, " layers"] | None = None
 
     def times(self, device: Device) -> tuple[Array, Array, Array]:
-        """Per-layer seconds ``(F, I, W)`` on ``device``: FLOPs / (peak x efficiency)."""
-        return tuple(_seconds(x, device) for x in (self.forward, self.input_grad, self.weight))
+        """Per-layer seconds ``(F, I, W)`` on ``device``: the roofline of each op,
+        ``max(FLOPs / (peak x efficiency(tokens)), bytes / memory_bandwidth)`` (``Device.seconds``)."""
+        return (device.seconds(self.forward, self.forward_bytes, self.tokens),
+                device.seconds(self.input_grad, self.input_grad_bytes, self.tokens),
+                device.seconds(self.weight, self.weight_bytes, self.tokens))
 
 
 def _mlp(model: Transformer, width: float) -> tuple[float, float]:
@@ -517,6 +531,89 @@ def activation_bytes(model: Transformer, *, tensor: int = 1, sequence_parallel: 
     return tokens * np.asarray([mask * h * rep, *blocks, head], dtype=np.float64)
 
 
+def _block_matmuls(model: Transformer, moe: bool) -> list[tuple[float, float, float, float]]:
+    """The weight matmuls of one block per sample: ``(rows, K, N, count)``, rows per sample
+    (``s``, or ``k c s / E`` for a routed expert), ``X[rows, K] @ W[K, N]``. Megatron-LM fuses
+    the ``Q, K, V`` projections into one matmul and SwiGLU's gate and up projections into another.
+    Their FLOPs, ``2 rows K N count``, sum to ``2 s P_w`` (``_block``)."""
+    s, h = float(model.sequence), float(model.hidden)
+    a, kv, dh, dv = (float(x) for x in (model.heads, model.kv, model.dh, model.dv))
+    out = [(s, a * dv, h, 1.0)]
+    if model.kv_lora_rank:
+        rq, rkv, dr = (float(x) for x in (model.q_lora_rank, model.kv_lora_rank, model.rope_head_dim))
+        out += [(s, h, rq, 1.0), (s, rq, a * dh, 1.0)] if rq else [(s, h, a * dh, 1.0)]
+        out += [(s, h, rkv + dr, 1.0), (s, rkv, a * (dh - dr + dv), 1.0)]
+    else:
+        out.append((s, h, a * dh + kv * (dh + dv), 1.0))
+
+    def mlp(rows: float, width: float, count: float) -> list[tuple[float, float, float, float]]:
+        up = width if model.activation == "gelu" else 2 * width
+        return [(rows, h, up, count), (rows, width, h, count)]
+
+    if not moe:
+        return out + mlp(s, model.ffn, 1.0)
+    e, k = float(model.experts), float(model.experts_per_token)
+    c = 1.0 if model.capacity_factor is None else float(model.capacity_factor)
+    out.append((s, h, e, 1.0))  # the router
+    if model.shared_experts:
+        out += mlp(s, model.expert_ffn, float(model.shared_experts))
+    return out + mlp(k * c * s / e, model.expert_ffn, e)
+
+
+def memory_traffic(model: Transformer) -> dict[str, np.ndarray]:
+    """Bytes each op's kernels move through device memory, and the rows of its matmuls, for each
+    row of ``layer_costs(model)``: ``{"forward", "input_grad", "weight", "tokens"}`` (``[l + 2]``).
+
+    Counting rule (the roofline model's DRAM traffic, Williams et al. CACM 2009, with the usual
+    per-matmul count): a matmul ``X[M, K] @ W[K, N]`` reads both operands and writes its result
+    once, ``(M K + K N + M N) d`` bytes; so do its two gradients (``dX = dY W^T`` and
+    ``dW = X^T dY`` move the same three sizes), so a block's weight matmuls move the same bytes in
+    ``F``, ``I`` and ``W``: its weights once and ``T (K + N)`` activations per matmul (``T = b s``
+    rows; a routed expert ``k c T / E``). The attention core (``Q K^T`` writing the ``s x s``
+    scores, ``P V`` reading the probabilities) moves ``d (2 b a s^2 + T (a d_h + a_kv d_h + a_kv d_v
+    + a d_v))`` in the forward; flash attention (one fused kernel, Dao et al. 2022) only its inputs
+    and output, ``d T (a d_h + a_kv d_h + a_kv d_v + a d_v)``; the backward's four gradient matmuls (or
+    flash attention's backward kernel reading ``Q, K, V, O, dO`` and writing ``dQ, dK, dV``) twice
+    that, in ``I``. Recomputation adds its forward's bytes to ``I`` (full: the block's; selective:
+    the core's). The embedding's gather reads and writes ``T`` rows of ``h`` (``+ T h`` read for
+    learned positions) in ``F``, and its scatter-add the same in ``W``; the head is the ``h x V``
+    logit matmul. Elementwise kernels (norms, activations, softmax, dropout, residual adds) are
+    counted neither in FLOPs nor in bytes; weight gradients are written once in ``d`` bytes (an
+    fp32 gradient accumulation moves more).
+
+    ``tokens``: the ``T`` at which ``Device.kernel_efficiency`` is evaluated: ``b s``, or for a MoE
+    block the FLOP-weighted harmonic mean of its matmuls' rows, ``sum f / sum (f / rows)`` (exact
+    for a curve linear in ``1 / T``; for the routed experts' few rows an approximation).
+    """
+    b, s, h, V = (float(x) for x in (model.microbatch_size, model.sequence, model.hidden, model.vocabulary))
+    d, tokens = float(model.dtype_bytes), b * s
+    a, dh, dv = float(model.heads), float(model.dh), float(model.dv)
+    kv = a if model.kv_lora_rank else float(model.kv)  # MLA decompresses K and V per head
+    qkvo = a * dh + kv * dh + kv * dv + a * dv
+    core = d * tokens * qkvo + (0.0 if model.flash_attention else 2 * d * b * a * s * s)
+    core_flops = b * sum(_attention_core(model))
+    moe = set(model.moe_blocks())
+    forward, input_grad, weight, rows = [], [], [], []
+    for i in range(model.layers):
+        matmuls = _block_matmuls(model, i in moe)
+        gemm = sum(c * d * (b * r * k + k * n + b * r * n) for r, k, n, c in matmuls)
+        flops = [2 * b * r * k * n * c for r, k, n, c in matmuls]
+        f = gemm + core
+        forward.append(f)
+        weight.append(gemm)
+        input_grad.append(gemm + 2 * core + {"none": 0.0, "selective": core, "full": f}[model.recompute])
+        inverse = sum(x / (b * r) for x, (r, _, _, _) in zip(flops, matmuls)) + core_flops / tokens
+        rows.append((sum(flops) + core_flops) / inverse)
+    gather = (3.0 if model.positions == "learned" else 2.0) * d * tokens * h
+    head = d * (tokens * h + h * V + tokens * V)
+
+    def row(first: float, blocks: list[float], last: float) -> np.ndarray:
+        return np.asarray([first, *blocks, last], dtype=np.float64)
+
+    return dict(forward=row(gather, forward, head), input_grad=row(0.0, input_grad, head),
+                weight=row(gather, weight, head), tokens=row(tokens, rows, tokens))
+
+
 def layer_costs(model: Transformer) -> LayerCosts:
     """The per-layer table of ``model`` for one microbatch (formulas and sources: module docstring).
 
@@ -528,7 +625,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
     ``s b h (34 + 5 a s / h)`` (``activation_bytes``), output ``d s b h``.
     Embedding: no FLOPs (a gather), ``V h`` parameters (``+ s h`` learned positions), its dropout
     mask. Head: ``F = I = W = 2 b s h V``; ``V h`` parameters (a copy of the word embedding when
-    tied) and the final norm.
+    tied) and the final norm. Bytes moved and matmul rows per op: ``memory_traffic``.
     """
     if not isinstance(model, Transformer):
         raise ConfigError(f"layer_costs expects a Transformer, got {type(model).__name__}")
@@ -550,6 +647,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
         return np.concatenate([[first], np.broadcast_to(blocks, (model.layers,)), [last]]).astype(np.float64)
 
     parameters = row(embedding, [r["parameters"] for r in rows], V * h + _norm(model, h))
+    traffic = memory_traffic(model)
     return LayerCosts(
         forward=row(0.0, forward, logits),
         input_grad=row(0.0, input_grad, logits),
@@ -560,41 +658,90 @@ def layer_costs(model: Transformer) -> LayerCosts:
         activation_bytes=activation_bytes(model),
         output_bytes=row(d * s * b * h, d * s * b * h, 0.0),
         shared_parameters=V * h if model.tied_embedding else 0.0,
+        forward_bytes=traffic["forward"],
+        input_grad_bytes=traffic["input_grad"],
+        weight_bytes=traffic["weight"],
+        tokens=traffic["tokens"],
     )
 
 
 class Device(eqx.Module):
-    """One accelerator: peak FLOP/s, the fraction of it sustained, and memory (bytes).
+    """One accelerator: peak FLOP/s, memory (bytes), memory bandwidth and a kernel-efficiency curve.
+
+    An op of ``flops`` FLOPs that moves ``bytes`` through device memory, over matmuls of ``T`` rows
+    (tokens), takes the roofline time (Williams, Waterman and Patterson, "Roofline: An Insightful
+    Visual Performance Model for Multicore Architectures", CACM 52(4), 2009)
+    ``max(flops / (peak_flops x efficiency(T)), bytes / memory_bandwidth)`` with the saturating curve
+
+        ``efficiency(T) = efficiency x (1 - exp(-T / saturation_tokens))``
+
+    (``saturation_tokens`` 0: the flat curve ``efficiency``). The exponential fits the measured
+    matmul throughput of H100 and B200 better than ``e T / (T + T_half)`` (3% against 7% rms on
+    H100; ``papers/kernel-efficiency``). Presets (``diffpipe.presets.device("H100")``) carry the
+    datasheet bandwidth and, where there are measurements, the fitted curve;
+    ``diffpipe.calibrate.fit_kernel_efficiency`` fits it to your own.
+
+    Attributes:
+        peak_flops: dense peak FLOP/s.
+        memory: device memory (bytes).
+        efficiency: the curve's maximum, the fraction of peak a large matmul sustains (a constant
+            ``efficiency`` with the other defaults is the old fixed-fraction model).
+        memory_bandwidth: bytes/s (default ``inf``: no memory roof).
+        saturation_tokens: the ``T`` at which the curve reaches ``1 - 1/e`` (63%) of its maximum
+            (default 0: flat).
+        name: a label.
 
     Float fields are arrays (differentiable, vmap-able): ``jax.vmap(lambda e: Device(p, m, e))``.
-    Presets: ``diffpipe.presets.device("H100")``.
     """
 
     peak_flops: Float[Array, ""] = eqx.field(converter=_float)
     memory: Float[Array, ""] = eqx.field(converter=_float)
     efficiency: Float[Array, ""] = eqx.field(converter=_float, default=DEFAULT_EFFICIENCY)
+    memory_bandwidth: Float[Array, ""] = eqx.field(converter=_float, default=float("inf"))
+    saturation_tokens: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
     name: str = eqx.field(static=True, default="custom")
 
     def __check_init__(self) -> None:
-        for field, value, ok in (
-            ("peak_flops", self.peak_flops, lambda x: np.isfinite(x) & (x > 0)),
-            ("memory", self.memory, lambda x: x > 0),
-            ("efficiency", self.efficiency, lambda x: (x > 0) & (x <= 1)),
+        for field, value, ok, want in (
+            ("peak_flops", self.peak_flops, lambda x: np.isfinite(x) & (x > 0), "positive"),
+            ("memory", self.memory, lambda x: x > 0, "positive"),
+            ("efficiency", self.efficiency, lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
+            ("memory_bandwidth", self.memory_bandwidth, lambda x: x > 0, "positive (or inf)"),
+            ("saturation_tokens", self.saturation_tokens, lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
         ):
             x = _concrete(value)
             if x is not None and not np.all(ok(x)):
-                want = "in (0, 1]" if field == "efficiency" else "positive"
                 raise ConfigError(f"device {self.name!r}: {field} must be {want}, got {x.ravel()[0]!r}")
 
     @property
     def throughput(self) -> Array:
-        """Sustained FLOP/s: ``peak_flops x efficiency``."""
+        """Sustained FLOP/s of a large matmul: ``peak_flops x efficiency`` (the curve's maximum)."""
         return self.peak_flops * self.efficiency
 
+    def kernel_efficiency(self, tokens: Any) -> Array:
+        """The fraction of peak sustained by matmuls of ``tokens`` rows:
+        ``efficiency x (1 - exp(-tokens / saturation_tokens))`` (flat when ``saturation_tokens`` is 0)."""
+        t0 = self.saturation_tokens
+        tokens = jnp.asarray(tokens, dtype=t0.dtype)
+        flat = t0 <= 0
+        safe = jnp.where(flat, jnp.ones_like(t0), t0)  # keeps the gradient finite on the flat branch
+        return self.efficiency * jnp.where(flat, 1.0, -jnp.expm1(-tokens / safe))
 
-def _seconds(flops: np.ndarray, device: Device) -> Array:
-    rate = device.throughput
-    return jnp.asarray(flops, dtype=rate.dtype) / rate
+    def seconds(self, flops: Any, bytes: Any = None, tokens: Any = None) -> Array:
+        """Roofline seconds of ops of ``flops`` FLOPs moving ``bytes`` over matmuls of ``tokens``
+        rows: ``max(flops / (peak_flops x kernel_efficiency(tokens)), bytes / memory_bandwidth)``;
+        ``bytes`` None has no memory roof, ``tokens`` None runs at the curve's maximum."""
+        dtype = self.peak_flops.dtype
+        flops = jnp.asarray(flops, dtype=dtype)
+        rate = self.throughput if tokens is None else self.peak_flops * self.kernel_efficiency(tokens)
+        compute = flops / rate
+        if bytes is None:
+            return compute
+        return jnp.maximum(compute, jnp.asarray(bytes, dtype=dtype) / self.memory_bandwidth)
+
+    def flat(self, efficiency: Any) -> Device:
+        """This device with the flat curve ``efficiency`` (its memory bandwidth kept)."""
+        return Device(self.peak_flops, self.memory, efficiency, self.memory_bandwidth, 0.0, name=self.name)
 
 
 def stage_of_layers(
@@ -634,4 +781,4 @@ def stage_of_layers(
 
 
 __all__ = ["DEFAULT_EFFICIENCY", "Device", "LayerCosts", "Transformer", "activation_bytes", "layer_costs",
-           "recompute_mode", "stage_of_layers"]
+           "memory_traffic", "recompute_mode", "stage_of_layers"]

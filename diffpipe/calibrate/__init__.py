@@ -5,14 +5,16 @@
 takes times you measured yourself; each returns a ``Calibration`` whose ``hardware(schedule)``
 feeds ``simulate``/``compare``/``optimize``/``sweep`` and whose ``to_toml`` writes a machine file
 for the CLI (``cli_calibrate`` is the ``diffpipe calibrate`` command's body).
+``fit_kernel_efficiency`` fits a ``Device``'s kernel-efficiency curve to measured op times.
 """
 
 from ._calibration import Calibration as Calibration
 from ._calibration import from_measurements as from_measurements
 from ._cli import cli_calibrate as cli_calibrate
+from ._efficiency import fit_kernel_efficiency as fit_kernel_efficiency
 from ._measure import profile_stages as profile_stages
 from ._trace import from_torch_trace as from_torch_trace
 from ._trace import traced_schedule as traced_schedule
 
-__all__ = ["Calibration", "cli_calibrate", "from_measurements", "from_torch_trace", "profile_stages",
-           "traced_schedule"]
+__all__ = ["Calibration", "cli_calibrate", "fit_kernel_efficiency", "from_measurements", "from_torch_trace",
+           "profile_stages", "traced_schedule"]
