@@ -38,9 +38,10 @@ import json
 import math
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -63,8 +64,9 @@ NVIDIA_H100 = dict(device="H100", devices_per_node=8, intra="nvlink4", inter="ib
 #: What this script assumes where no source says; results.md prints these next to the tables.
 ASSUMPTIONS: dict[str, list[str]] = {
     "all": [
-        "The device runs at diffpipe's default efficiency (a fraction of peak, the same for every op); nothing "
-        "is calibrated to any published row.",
+        "Device presets as they are: the A100 at the flat DEFAULT_EFFICIENCY (no matmul measurements), the "
+        "H100 with the kernel-efficiency curve fitted to OpenXLA's measured GEMM table (branch roofline); "
+        "nothing is calibrated to any published row.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
         "collectives sit on the critical path of their op (diffpipe._parallel).",
     ],
@@ -427,6 +429,8 @@ def evaluate_row(row: Row) -> dict[str, Any]:
         "bubble_ratio": res.bubble_ratio, "communication_share": res.communication_share,
         "memory_per_gpu_gb": res.memory_per_gpu / 1e9, "fits": bool(res.fits), "microbatches": res.microbatches,
         "family": res.family, "gradient_sync": res.gradient_sync, "note": row.note, **row.extra,
+        "device": cfg.cluster.device.name, "efficiency": float(cfg.cluster.device.efficiency),
+        "saturation_tokens": float(cfg.cluster.device.saturation_tokens),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -529,7 +533,8 @@ def markdown(results: dict[str, Any]) -> str:
         if study in titles:
             s = entry["summary"]
             lines += [f"## {titles[study]}", "",
-                      "| row | published | predicted | error | step (s) | MFU | bubble | comm. share | memory/GPU (GB) | fits |",
+                      "| row | published | predicted | error | step (s) | MFU | bubble | comm. share "
+                      "| memory/GPU (GB) | fits |",
                       "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
             for r in entry["rows"]:
                 lines.append(f"| {r['name']} | {r['published']:.4g} | {r['predicted']:.4g} | {_pct(r['error'])} | "
@@ -554,21 +559,25 @@ def markdown(results: dict[str, Any]) -> str:
                 if "pipeline_pair" in ts:
                     pp = ts["pipeline_pair"]
                     lines += ["", f"405B interleaved / 1F1B: published {pp['published_ratio']:.3f}, predicted "
-                                  f"{pp['predicted_ratio']:.3f} (order {'reproduced' if pp['order_reproduced'] else 'not reproduced'})."]
+                                  f"{pp['predicted_ratio']:.3f} (order "
+                                  f"{'reproduced' if pp['order_reproduced'] else 'not reproduced'})."]
             lines += ["", "Assumptions:", ""] + [f"- {a}" for a in ASSUMPTIONS[assumption_key.get(study, study)]] + [""]
         elif study == "korthikanti_table4":
             lines += ["## Korthikanti et al. 2022, Table 4 (one 22B layer, tensor 8, microbatch 4, ms)", "",
-                      "| experiment | forward pub. | forward pred. | backward pub. | backward pred. | combined pub. | combined pred. |",
+                      "| experiment | forward pub. | forward pred. | backward pub. | backward pred. | combined pub. "
+                      "| combined pred. |",
                       "|---|---:|---:|---:|---:|---:|---:|"]
             for r in entry["rows"]:
-                lines.append(f"| {r['experiment']} | {r['forward_ms']['published']:.1f} | {r['forward_ms']['predicted']:.2f} | "
+                lines.append(f"| {r['experiment']} | {r['forward_ms']['published']:.1f} | "
+                             f"{r['forward_ms']['predicted']:.2f} | "
                              f"{r['backward_ms']['published']:.1f} | {r['backward_ms']['predicted']:.2f} | "
                              f"{r['combined_ms']['published']:.1f} | {r['combined_ms']['predicted']:.2f} |")
             lines += ["", "Predicted: the first block's row of the configuration's per-device table (compute at "
                           "the device efficiency plus its tensor-parallel collectives).", ""]
         elif study == "sc21_orderings":
             lines += ["## SC'21 §5: orderings stated in the text (numbers only in plots)", "",
-                      "| figure | stated | reproduced | predicted points (teraFLOP/s per GPU, Eq. 3) |", "|---|---|:---:|---|"]
+                      "| figure | stated | reproduced | predicted points (teraFLOP/s per GPU, Eq. 3) |",
+                      "|---|---|:---:|---|"]
             for o in entry["orderings"]:
                 pts = "; ".join(", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                           for k, v in p.items() if k != "why") for p in o["points"])
