@@ -49,6 +49,13 @@ _LAZY = {
     "MicrobatchSplit": "._knobs",
     "StageBalance": "._knobs",
     "Workload": "._knobs",
+    "Launch": "._export",
+    "megatron_args": "._export",
+    "megatron_layout": "._export",
+    "parse_megatron_layout": "._export",
+    "torchtitan_toml": "._export",
+    "PlanTable": "._plan",
+    "plan": "._plan",
     "OptimizeResult": "._optimize",
     "optimize": "._optimize",
     "Cluster": "._parallel",
@@ -83,6 +90,11 @@ if TYPE_CHECKING:
     from ._evaluate import AbstractAdjoint as AbstractAdjoint
     from ._evaluate import AutodiffAdjoint as AutodiffAdjoint
     from ._evaluate import SweepAdjoint as SweepAdjoint
+    from ._export import Launch as Launch
+    from ._export import megatron_args as megatron_args
+    from ._export import megatron_layout as megatron_layout
+    from ._export import parse_megatron_layout as parse_megatron_layout
+    from ._export import torchtitan_toml as torchtitan_toml
     from ._graph import Graph as Graph
     from ._graph import compile as compile
     from ._graph import stack_graphs as stack_graphs
@@ -96,6 +108,8 @@ if TYPE_CHECKING:
     from ._optimize import optimize as optimize
     from ._parallel import Cluster as Cluster
     from ._parallel import Parallelism as Parallelism
+    from ._plan import PlanTable as PlanTable
+    from ._plan import plan as plan
     from ._simulate import Result as Result
     from ._simulate import makespan as makespan
     from ._simulate import peak_memory as peak_memory

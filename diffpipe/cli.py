@@ -748,6 +748,66 @@ def _cmd_export(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+def _cmd_plan(args: argparse.Namespace) -> None:
+    import shlex
+
+    from . import _presets
+    from ._export import megatron_args, torchtitan_toml
+    from ._parallel import Cluster
+    from ._plan import DEFAULT_FAMILIES, DEFAULT_MICROBATCH_SIZES, RECOMPUTE, plan
+    from .schedules import to_torch_csv
+
+    if args.out and not args.export:
+        raise ConfigError("plan: --out needs --export")
+    _check_outputs(("--out", args.out, None))
+    model = _presets.model(args.model)
+    kwargs: dict[str, Any] = {}
+    if args.devices_per_node:
+        kwargs["devices_per_node"] = args.devices_per_node
+    cluster = Cluster(device=args.device, gpus=args.gpus, intra=args.intra, inter=args.inter, **kwargs)
+    recompute = tuple(_names(args.recompute, "--recompute")) if args.recompute else RECOMPUTE
+    table = plan(
+        model, cluster, args.global_batch, sequence=args.sequence,
+        families=tuple(_names(args.families, "--families")) if args.families else DEFAULT_FAMILIES,
+        tensor=_ints(args.tensor, "--tensor") if args.tensor else None,
+        pipeline=_ints(args.pipeline, "--pipeline") if args.pipeline else None,
+        microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes") if args.microbatch_sizes
+        else DEFAULT_MICROBATCH_SIZES,
+        recompute=recompute,
+        zero=tuple(int(z) for z in _names(args.zero, "--zero")) if args.zero else (0, 1, 2, 3),
+        headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None)
+    text, exported = None, None
+    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i))) + "\n",
+                 "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
+                 "csv": lambda i: to_torch_csv(table.configuration(i).schedule())}
+    if args.export:  # the fastest row the framework can run (e.g. Megatron-LM runs no zb-h1)
+        first = None
+        for i in range(len(table.rows)):
+            try:
+                text, exported = exporters[args.export](i), i
+                break
+            except (ConfigError, ScheduleError) as error:
+                first = first or error
+        if text is None:
+            raise ConfigError(f"plan: no evaluated configuration exports to {args.export} ({first})")
+    if args.out and text is not None:
+        _write_all([("--out", args.out, text)])
+    if args.json:
+        data = table.to_dict()
+        data["rows"] = data["rows"][: args.top]
+        if text is not None:
+            data["export"] = {"format": args.export, "row": exported, "text": text}
+        _print_json(data)
+        return
+    print(f"{args.model} on {args.gpus} x {cluster.device.name}, global batch {args.global_batch} x "
+          f"{table.model.sequence} tokens")
+    print(table.to_markdown(args.top), end="")
+    if text is not None:
+        which = "the best row" if exported == 0 else f"row {exported + 1}, the fastest it runs"
+        print(f"\n{args.export} ({which}): " + (f"wrote {args.out}" if args.out else f"\n{text}"),
+              end="\n" if args.out else "")
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from .calibrate import cli_calibrate
 
@@ -881,6 +941,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gantt", metavar="PNG|SVG", help="Gantt chart of the simulated step")
     p.add_argument("--trace", metavar="JSON", help="Chrome/Perfetto trace of the simulated step")
     p.set_defaults(run=_cmd_export)
+    p = command("plan", "search tensor x pipeline x data splits, schedules, microbatch sizes, recompute and ZeRO",
+                "diffpipe plan --model llama-3-70b --gpus 256 --global-batch 256 --export megatron", sizes=False)
+    p.add_argument("--model", required=True, help="model preset (diffpipe.presets.models())")
+    p.add_argument("--gpus", type=_count, required=True, help="GPUs of the cluster")
+    p.add_argument("--device", default="H100", help="device preset (default H100)")
+    p.add_argument("--intra", default="nvlink4", help="intra-node link preset (default nvlink4)")
+    p.add_argument("--inter", default="ib-ndr", help="inter-node link preset (default ib-ndr)")
+    p.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
+    p.add_argument("--global-batch", type=_count, required=True, dest="global_batch", help="samples per step")
+    p.add_argument("--sequence", type=_count, help="tokens per sample (default the model's)")
+    p.add_argument("--families", help="comma-separated families (default dp.plan's)")
+    p.add_argument("--tensor", help="comma-separated tensor sizes (default: every divisor of a node)")
+    p.add_argument("--pipeline", help="comma-separated pipeline sizes (default: every divisor)")
+    p.add_argument("--microbatch-sizes", dest="microbatch_sizes", help="comma-separated (default 1,2,4,8)")
+    p.add_argument("--recompute", help="comma-separated of none,selective,full (default all)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages (default 0,1,2,3)")
+    p.add_argument("--headroom", type=float, default=0.1, help="memory fraction kept free (default 0.1)")
+    p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
+                   help="balance the stages of the best N by gradient (default 3; 0: off)")
+    p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
+    p.add_argument("--export", choices=["megatron", "torchtitan", "csv"], help="export the best configuration")
+    p.add_argument("--out", metavar="PATH", help="write the export to PATH")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_cmd_plan)
     p = command("calibrate", "fit per-stage times, per-op overhead and p2p time from a torch.profiler trace",
                 "diffpipe calibrate rank0.json rank1.json --schedule 1f1b --out machine.toml", sizes=False)
     p.add_argument("trace", nargs="+", help="Chrome trace JSON of a pipelined step, one file per rank")

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_configuration",),
     ("_optimize", "_baselines"),
     ("sweep", "_sweep"),
-    ("_plan",),
+    ("_plan", "_export"),
     ("calibrate",),
     ("_compare",),
     ("viz",),

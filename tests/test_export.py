@@ -1,0 +1,228 @@
+"""Launch exports parse back with the frameworks' own argument names.
+
+The argument lists below were read from the frameworks' sources (not imported: Megatron-LM needs
+GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a past commit):
+
+- Megatron-LM, commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (Aug 2026):
+  ``megatron/core/model_parallel_config.py`` (``tensor_model_parallel_size``,
+  ``pipeline_model_parallel_size``, ``sequence_parallel``, ``expert_model_parallel_size``),
+  ``megatron/core/transformer/transformer_config.py`` (``num_layers``; ``recompute_granularity``
+  Literal['full', 'selective'], ``recompute_method`` Literal['uniform', 'block'], ``recompute_num_layers``),
+  ``megatron/training/config/training_config.py`` (``micro_batch_size``, ``global_batch_size``),
+  ``megatron/training/config/common_config.py`` (``use_megatron_fsdp``) -- turned into flags by
+  ``megatron/training/argument_utils.py`` ``ArgumentGroupFactory`` ("--" + name with "-" for "_"; a
+  False bool is store_true) -- and ``megatron/training/arguments.py`` (``--seq-length``,
+  ``--pipeline-model-parallel-layout``, ``--num-layers-per-virtual-pipeline-stage``,
+  ``--use-distributed-optimizer``, ``--data-parallel-sharding-strategy`` with choices no_shard, optim,
+  optim_grads, optim_grads_params). Layout grammar: ``megatron/core/transformer/pipeline_parallel_layer_layout.py``.
+- torchtitan, commit e347b1e5e6b6941d789d16d340145294d82dc71e (Feb 2026, the last that read TOML):
+  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism``, ``ActivationCheckpoint``.
+  Schedule names: torch's own ``get_schedule_class`` (imported: torch is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import tomllib
+
+import pytest
+
+import diffpipe as dp
+from diffpipe._export import Launch, megatron_layout, torchtitan_modules
+
+MEGATRON_FLAGS: dict[str, dict] = {
+    "--tensor-model-parallel-size": {"type": int},
+    "--pipeline-model-parallel-size": {"type": int},
+    "--expert-model-parallel-size": {"type": int},
+    "--sequence-parallel": {"action": "store_true"},
+    "--num-layers": {"type": int},
+    "--seq-length": {"type": int},
+    "--micro-batch-size": {"type": int},
+    "--global-batch-size": {"type": int},
+    "--pipeline-model-parallel-layout": {"type": str},
+    "--num-layers-per-virtual-pipeline-stage": {"type": int},
+    "--recompute-granularity": {"type": str, "choices": ["full", "selective"]},
+    "--recompute-method": {"type": str, "choices": ["uniform", "block"]},
+    "--recompute-num-layers": {"type": int},
+    "--use-distributed-optimizer": {"action": "store_true"},
+    "--use-megatron-fsdp": {"action": "store_true"},
+    "--data-parallel-sharding-strategy": {"type": str,
+                                          "choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"]},
+}
+
+TORCHTITAN_FIELDS = {
+    "training": {"local_batch_size": int, "global_batch_size": int, "seq_len": int},
+    "parallelism": {
+        "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int, "fsdp_reshard_after_forward": str,
+        "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "module_fqns_per_model_part": list,
+        "pipeline_parallel_layers_per_stage": int, "pipeline_parallel_schedule": str,
+        "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int,
+    },
+    "activation_checkpoint": {"mode": str, "selective_ac_option": str},
+}
+TORCHTITAN_CHOICES = {("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
+                      ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"}}
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for flag, kwargs in MEGATRON_FLAGS.items():
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def launch(**kw) -> Launch:
+    base = dict(family="interleaved-1f1b", tensor=8, pipeline=4, data=8, virtual=2, microbatch_size=1,
+                global_batch=256, sequence=8192, layers_per_stage=(10,) * 8, recompute="selective", zero=1,
+                sequence_parallel=True)
+    return Launch(**{**base, **kw})
+
+
+LAUNCHES = [
+    launch(),
+    launch(family="1f1b", virtual=1, layers_per_stage=(21, 20, 20, 19), recompute="full", zero=0),
+    launch(layers_per_stage=(9, 10, 10, 10, 10, 10, 10, 11), zero=3, expert=4),
+    launch(family="1f1b", pipeline=1, virtual=1, tensor=1, data=16, layers_per_stage=(32,), recompute="none",
+           zero=2, sequence_parallel=False, global_batch=64),
+]
+
+
+@pytest.mark.parametrize("cfg", LAUNCHES)
+def test_megatron_args_parse_back(cfg):
+    args = dp.megatron_args(cfg)
+    ns = megatron_parser().parse_args(shlex.split(shlex.join(args)))
+    assert ns.tensor_model_parallel_size == cfg.tensor
+    assert ns.pipeline_model_parallel_size == cfg.pipeline
+    assert ns.micro_batch_size == cfg.microbatch_size and ns.global_batch_size == cfg.global_batch
+    assert ns.num_layers == cfg.layers and ns.seq_length == cfg.sequence
+    assert ns.sequence_parallel == (cfg.sequence_parallel and cfg.tensor > 1)
+    assert (ns.expert_model_parallel_size or 1) == cfg.expert
+    # the split: one of the two stage flags, as Megatron requires (arguments.py: at most one)
+    if ns.pipeline_model_parallel_layout is not None:
+        assert ns.num_layers_per_virtual_pipeline_stage is None
+        stages = dp.parse_megatron_layout(ns.pipeline_model_parallel_layout, ns.pipeline_model_parallel_size)
+        assert stages == cfg.layers_per_stage
+        assert len(stages) // ns.pipeline_model_parallel_size == cfg.virtual
+    else:
+        assert cfg.uniform
+        per = ns.num_layers_per_virtual_pipeline_stage
+        virtual = 1 if per is None else ns.num_layers // ns.pipeline_model_parallel_size // per
+        assert virtual == cfg.virtual
+        assert ns.num_layers % (ns.pipeline_model_parallel_size * virtual) == 0
+    assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[cfg.recompute]
+    zero = 3 if ns.data_parallel_sharding_strategy == "optim_grads_params" else \
+        2 if ns.data_parallel_sharding_strategy == "optim_grads" else int(ns.use_distributed_optimizer)
+    assert zero == cfg.zero and ns.use_megatron_fsdp == (cfg.zero >= 2)
+
+
+@pytest.mark.parametrize("cfg", LAUNCHES)
+def test_torchtitan_toml_parses_back(cfg):
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    if cfg.zero == 1:
+        with pytest.raises(dp.ConfigError, match="ZeRO-1"):
+            dp.torchtitan_toml(cfg)
+        cfg = Launch(**{**cfg.to_dict(), "zero": 3, "layers_per_stage": cfg.layers_per_stage})
+    doc = tomllib.loads(dp.torchtitan_toml(cfg))
+    for section, fields in doc.items():
+        assert section in TORCHTITAN_FIELDS, section
+        for name, value in fields.items():
+            assert name in TORCHTITAN_FIELDS[section], (section, name)
+            assert isinstance(value, TORCHTITAN_FIELDS[section][name]), (section, name, value)
+            if (section, name) in TORCHTITAN_CHOICES:
+                assert value in TORCHTITAN_CHOICES[section, name]
+    par, training = doc["parallelism"], doc["training"]
+    degrees = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert degrees * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == cfg.gpus
+    assert training["global_batch_size"] == cfg.global_batch and training["seq_len"] == cfg.sequence
+    assert doc["activation_checkpoint"]["mode"] == cfg.recompute
+    if cfg.pipeline > 1:
+        get_schedule_class(par["pipeline_parallel_schedule"])  # torch's parser accepts the name
+        microbatches = training["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+        assert microbatches == cfg.microbatches
+        if "module_fqns_per_model_part" in par:
+            parts = par["module_fqns_per_model_part"]
+            assert tuple(sum(m.startswith("layers.") for m in p) for p in parts) == cfg.layers_per_stage
+        else:
+            assert par["pipeline_parallel_layers_per_stage"] * cfg.stages == cfg.layers
+    else:
+        steps = training["global_batch_size"] // (training["local_batch_size"] * degrees)
+        assert steps * cfg.microbatch_size * cfg.data == cfg.global_batch
+
+
+@pytest.mark.parametrize("family", ["gpipe", "zb-h1", "zb-v", "dualpipe-v", "looped-bfs"])
+def test_torchtitan_schedule_names_are_torchs(family):
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    virtual = 2 if family in ("zb-v", "dualpipe-v", "looped-bfs") else 1
+    cfg = launch(family=family, virtual=virtual, layers_per_stage=(10,) * (4 * virtual), zero=0)
+    par = tomllib.loads(dp.torchtitan_toml(cfg))["parallelism"]
+    get_schedule_class(par["pipeline_parallel_schedule"])
+
+
+def test_megatron_refuses_families_it_does_not_run():
+    with pytest.raises(dp.ConfigError, match="zb-h1") as info:
+        dp.megatron_args(launch(family="zb-h1", virtual=1, layers_per_stage=(20,) * 4))
+    assert "\n" not in str(info.value)
+
+
+def test_torchtitan_refuses_what_it_cannot_express():
+    with pytest.raises(dp.ConfigError, match="sequence parallelism"):
+        dp.torchtitan_toml(launch(zero=0, sequence_parallel=False))
+    with pytest.raises(dp.ConfigError, match="chimera"):
+        dp.torchtitan_toml(launch(family="chimera", virtual=1, layers_per_stage=(20,) * 4, zero=0))
+
+
+@pytest.mark.parametrize(("text", "stages"), [
+    ("Et*3|t*3|t*3|t*2L", (3, 3, 3, 2)),
+    ("E|(t*4|)*2,t*3L", (0, 4, 4, 3)),
+    ("Ettt|(tt|)*3tL", (3, 2, 2, 2, 1)),
+    ("E,t*2|t|tL", (2, 1, 1)),
+    ("E((t|)*2)*2tL", (1, 1, 1, 1, 1)),
+])
+def test_parse_megatron_layout(text, stages):
+    assert dp.parse_megatron_layout(text) == stages
+
+
+@pytest.mark.parametrize("counts", [(3, 3, 3, 2), (0, 5, 5, 0), (1,), (7, 1)])
+def test_layout_round_trip(counts):
+    assert dp.parse_megatron_layout(megatron_layout(counts)) == counts
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("Et*3|t*3m|L", "MTP"),
+    ("t*3|Et*3|L", "first stage"),
+    ("Et*3|L|t", "last stage"),
+    ("Et*3|x|L", "unexpected 'x'"),
+    ("E(t|*2L", "unmatched"),
+    ("Et|tL|EtL", "exactly one"),
+    ("E*2t|L", "exactly one"),
+    ("Et*3 |tL", "unexpected ' '"),
+])
+def test_parse_megatron_layout_refuses(text, match):
+    with pytest.raises(dp.ConfigError, match=match) as info:
+        dp.parse_megatron_layout(text)
+    assert "\n" not in str(info.value)
+
+
+def test_parse_megatron_layout_checks_pipeline():
+    assert dp.parse_megatron_layout("Et|t|t|tL", 2) == (1, 1, 1, 1)
+    with pytest.raises(dp.ConfigError, match="multiple of pipeline 3"):
+        dp.parse_megatron_layout("Et|t|t|tL", 3)
+
+
+def test_torchtitan_modules_cover_the_model_once():
+    parts = torchtitan_modules((2, 0, 3))
+    flat = [m for p in parts for m in p]
+    assert flat == ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "layers.4", "norm", "output"]
+    assert parts[1] == []
+
+
+def test_launch_checks():
+    with pytest.raises(dp.ConfigError, match="entries"):
+        launch(layers_per_stage=(10,) * 4)
+    with pytest.raises(dp.ConfigError, match="global_batch"):
+        launch(global_batch=100)
+    with pytest.raises(dp.ConfigError, match="recompute"):
+        launch(recompute="some")

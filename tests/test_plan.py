@@ -1,0 +1,162 @@
+"""``plan``: the chosen configuration fits, is never slower than anything evaluated, and every
+reported number is ``Configuration.evaluate()``'s; bounds are bounds; infeasible requests get one line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+
+import numpy as np
+import pytest
+
+import diffpipe as dp
+from diffpipe._plan import _closed_form, _Costs, _family_shape
+
+TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",
+                      norm="rmsnorm", positions="rotary", bias=False, dropout=False, kv_heads=4)
+#: A device small enough that memory decides (about 60 MB), with a preset-like memory bandwidth.
+SMALL = dp.Device(peak_flops=1e15, memory=6e7, efficiency=0.5, name="small")
+
+
+def cluster(device=SMALL, gpus=16):
+    return dp.Cluster(device=device, gpus=gpus, devices_per_node=8, memory_bandwidth=3e12)
+
+
+@pytest.fixture(scope="module")
+def table():
+    # few graph structures (each compiles once): two tensor and two pipeline sizes, Megatron's families
+    return dp.plan(TINY, cluster(), 64, tensor=(2, 4), pipeline=(2, 4), families=("1f1b", "interleaved-1f1b"),
+                   virtual=(2,), microbatch_sizes=(1, 2), balance=False, progress=False)
+
+
+def test_best_fits_and_is_never_slower(table):
+    best = table.best
+    assert best["memory_per_gpu"] <= best["capacity"] * 0.9
+    steps = [r["step_time"] for r in table.rows]
+    assert best["step_time"] == min(steps)
+    assert all(r["memory_per_gpu"] <= r["capacity"] * 0.9 for r in table.rows)
+    assert table.simulated >= len([r for r in table.rows if not r["balanced"]])
+    assert table.explored >= table.simulated + sum(v for k, v in table.rejected.items() if k != "memory (simulated)")
+    assert table.rejected.get("memory", 0) > 0  # the small device makes memory matter
+
+
+def test_rows_equal_configuration_evaluate(table):
+    for i in sorted({0, len(table.rows) - 1}):
+        row, result = table.rows[i], table.configuration(i).evaluate()
+        assert row["step_time"] == result.step_time
+        assert row["memory_per_gpu"] == result.memory_per_gpu
+        for name in ("tokens_per_second_per_gpu", "mfu", "bubble_ratio", "communication_share"):
+            assert row[name] == pytest.approx(getattr(result, name), rel=1e-6, abs=1e-7), name
+
+
+def test_bound_is_a_lower_bound(table):
+    for row in table.rows:
+        if not row["balanced"]:
+            assert row["bound"] <= row["step_time"] * (1 + 1e-5)
+
+
+@pytest.mark.parametrize(("family", "pipeline", "virtual"), [("1f1b", 4, 1), ("interleaved-1f1b", 2, 2),
+                                                              ("zb-h1", 4, 1)])
+def test_closed_form_memory_is_a_lower_bound(family, pipeline, virtual):
+    clu = cluster(dp.presets.device("H100"))
+    par = dp.Parallelism(tensor=2, pipeline=pipeline, data=16 // (2 * pipeline), virtual=virtual, zero=1,
+                         sequence_parallel=True)
+    cfg = dp.Configuration(TINY, par, clu, 64, schedule=family)
+    result = cfg.evaluate()
+    links = cfg.placement.links
+    k = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, links)
+    static, act, before, work, update = _closed_form(k, TINY, pipeline, virtual, _family_shape(family)[2], {})
+    peak = np.asarray(dp.schedules.peak_activations(cfg.schedule()), float)
+    assert np.all(static + act <= np.asarray(result.memory) * (1 + 1e-6))
+    assert np.all(static + peak * act <= np.asarray(result.memory) * (1 + 1e-6))
+    assert np.max(before + cfg.microbatches * work + update) <= result.step_time * (1 + 1e-5)
+
+
+def test_balanced_rows_are_verified():
+    heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: the uniform split is unbalanced
+    table = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, pipeline=4, tensor=1,
+                    families=("1f1b",), microbatch_sizes=(1,), recompute=("none",), zero=(1,),
+                    sequence_parallel=(False,), top_k=1, progress=False)
+    balanced = [i for i, r in enumerate(table.rows) if r["balanced"]]
+    assert balanced, "a heavy head should move layers off the last stage"
+    i = balanced[0]
+    row, result = table.rows[i], table.configuration(i).evaluate()
+    assert row["step_time"] == result.step_time
+    assert row["layers_per_stage"] != (2, 2, 2, 2) and sum(row["layers_per_stage"]) == heavy.layers
+    assert table.best["step_time"] <= min(r["step_time"] for r in table.rows if not r["balanced"])
+
+
+def test_best_exports_to_megatron(table):
+    launch = table.launch(0)
+    parser = argparse.ArgumentParser()
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers", "--micro-batch-size",
+                 "--global-batch-size", "--seq-length", "--num-layers-per-virtual-pipeline-stage"):
+        parser.add_argument(flag, type=int)
+    for flag in ("--pipeline-model-parallel-layout", "--recompute-granularity", "--recompute-method",
+                 "--data-parallel-sharding-strategy"):
+        parser.add_argument(flag)
+    parser.add_argument("--recompute-num-layers", type=int)
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp"):
+        parser.add_argument(flag, action="store_true")
+    ns = parser.parse_args(shlex.split(shlex.join(dp.megatron_args(launch))))
+    assert ns.tensor_model_parallel_size * ns.pipeline_model_parallel_size * table.best["data"] == 16
+    assert ns.global_batch_size == 64
+
+
+def test_infeasible_memory_is_one_line():
+    tiny_memory = dp.Device(peak_flops=1e15, memory=1e6, name="tiny")
+    with pytest.raises(dp.ConfigError, match="no configuration fits") as info:
+        dp.plan(TINY, cluster(tiny_memory), 64, recompute=("none",), microbatch_sizes=(1,), progress=False)
+    message = str(info.value)
+    assert "\n" not in message and "recompute='full'" in message
+
+
+def test_infeasible_batch_is_one_line():
+    with pytest.raises(dp.ConfigError, match="global batch") as info:
+        dp.plan(TINY, cluster(dp.presets.device("H100")), 7, pipeline=(1,), microbatch_sizes=(1,), progress=False)
+    assert "\n" not in str(info.value)
+
+
+def test_table_outputs(table):
+    data = table.to_dict()
+    assert data["rows"][0]["step_time"] == table.best["step_time"]
+    assert '"explored"' in table.to_json()
+    assert table.to_csv().splitlines()[0].startswith("family,tensor")
+    assert "configurations explored" in table.to_markdown(3)
+
+
+def test_bad_arguments():
+    with pytest.raises(dp.ConfigError, match="recompute"):
+        dp.plan(TINY, cluster(), 64, recompute=("sometimes",))
+    with pytest.raises(dp.ConfigError, match="headroom"):
+        dp.plan(TINY, cluster(), 64, headroom=1.5)
+    with pytest.raises(dp.ConfigError, match="nope"):
+        dp.plan(TINY, cluster(), 64, families=("nope",))
+
+
+def test_cli_plan_exports(tmp_path, capsys):
+    import json
+    import tomllib
+
+    from diffpipe.cli import main
+
+    out = tmp_path / "job.toml"
+    code = main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
+                 "--tensor", "4,8", "--pipeline", "1,2", "--microbatch-sizes", "1", "--recompute", "full",
+                 "--zero", "0", "--balance-top", "0", "--export", "torchtitan", "--out", str(out), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rows"] and data["explored"] >= len(data["rows"])
+    doc = tomllib.loads(out.read_text())
+    best = data["rows"][0]
+    assert doc["parallelism"]["tensor_parallel_degree"] == best["tensor"]
+
+
+def test_cli_plan_infeasible_is_one_line(capsys):
+    from diffpipe.cli import main
+
+    code = main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
+                 "--microbatch-sizes", "1", "--recompute", "none", "--zero", "0", "--balance-top", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "no configuration fits" in err
