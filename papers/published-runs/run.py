@@ -69,6 +69,8 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "nothing is calibrated to any published row.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
         "collectives sit on the critical path of their op (diffpipe._parallel).",
+        "The data-parallel gradient sync and optimizer step are part of the step only where diffpipe's compile "
+        "has gradient_sync (branch sync, API.md section 1): each row of results.json says so (gradient_sync).",
     ],
     "sc21_table1": [
         "GPT as in Megatron-LM 2021: learned positions, LayerNorm, GeLU, biases, tied embeddings, dropout, no "
@@ -91,7 +93,8 @@ ASSUMPTIONS: dict[str, list[str]] = {
     ],
     "llama3_table4": [
         "Llama 3.1 405B from its config.json (diffpipe preset) at sequence 8192, bf16, flash attention, no "
-        "recomputation ('without activation checkpointing', §3.3.2), microbatch size 1 (not given).",
+        "recomputation ('without activation checkpointing', §3.3.2), microbatch size 1 and sequence parallelism "
+        "(the paper cites Korthikanti et al. for its TP; neither is stated).",
         "Interleaved 1F1B with 4 chunks per pipeline rank and layers per stage [1, 2, ..., 2, 1] (V is not "
         "given; the text removes one layer from the first and the last stage; its 'the first model chunk on the "
         "first stage has only the embedding' reads as V = 8 with [0, 1, ..., 1, 0], which diffpipe's "
@@ -115,8 +118,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
     ],
     "megatron_h100": [
         "GPT as in sc21 (GeLU, learned positions, tied embeddings) with flash attention, bf16, vocabulary "
-        "131,072, sequence 4,096; microbatch size 1, no recomputation, 1F1B without virtual stages, the "
-        "distributed optimizer (zero=1): the README gives none of these.",
+        "131,072, sequence 4,096; microbatch size 1, selective recomputation, sequence parallelism where "
+        "tensor > 1, 1F1B without virtual stages, the distributed optimizer (zero=1): the README gives none of "
+        "these.",
         "The README's communication overlaps (DP, TP, PP) are stronger than diffpipe's: TP collectives are not "
         "overlapped here.",
     ],
@@ -280,7 +284,8 @@ def llama3_table4() -> list[Row]:
 
         def build(model=model, r=r, split=split):
             return configuration(model, META_H100, r["dp"] * r["batch_per_dp"], tensor=r["tp"], pipeline=r["pp"],
-                                 data=r["dp"], virtual=len(split) // r["pp"], zero=2, layers_per_stage=split)
+                                 data=r["dp"], virtual=len(split) // r["pp"], zero=2, sequence_parallel=True,
+                                 layers_per_stage=split)
 
         rows.append(Row("llama3_table4", r["name"], "TFLOPs/GPU (BF16 MFU x 989)", r["tflops"], build, _tflops_model,
                         extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -319,11 +324,11 @@ def megatron_h100() -> list[Row]:
     rows = []
     for r in DATA["megatron_h100"]["table"]:
         model = gpt(r["layers"], r["hidden"], r["heads"], sequence=4096, vocabulary=131072, microbatch_size=1,
-                    flash_attention=True)
+                    recompute="selective", flash_attention=True)
 
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
-                                 zero=1)
+                                 zero=1, sequence_parallel=r["tp"] > 1)
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -404,6 +409,54 @@ def sc21_orderings(quick: bool = False) -> list[dict[str, Any]]:
     best = {b: max((p for p in points if p["batch"] == b), key=lambda p: p["tflops"])["mbs"] for b in batches}
     out.append({"id": "fig16_microbatch", "stated": "the best microbatch size is 2", "points": points,
                 "best_mbs": best, "reproduced": all(v == 2 for v in best.values())})
+    return out
+
+
+# -- would plan have picked the published configuration? --------------------------------------------
+#: (label, model fields, cluster, gpus, global batch, the published configuration, plan's search axes).
+PLAN_CASES = (
+    ("Korthikanti Table 3/5: 175B on 64 A100s, 'present work'",
+     dict(layers=96, hidden=12288, heads=96, microbatch_size=1, recompute="selective"), SELENE, 64, 64,
+     dict(family="interleaved-1f1b", tensor=8, pipeline=8, data=1, virtual=3, microbatch_size=1,
+          recompute="selective", zero=0, sequence_parallel=True),
+     dict(families=("1f1b", "interleaved-1f1b"), microbatch_sizes=(1, 2), virtual=(2, 3, 4), zero=(0, 1))),
+    ("SC'21 Table 1: 39.1B on 512 A100s (2021 options: no SP, no selective, no ZeRO)",
+     dict(layers=48, hidden=8192, heads=64, microbatch_size=4, recompute="full"), SELENE, 512, 1536,
+     dict(family="1f1b", tensor=8, pipeline=2, data=32, virtual=1, microbatch_size=4, recompute="full", zero=0,
+          sequence_parallel=False),
+     dict(families=("1f1b", "interleaved-1f1b"), microbatch_sizes=(1, 2, 4, 8), recompute=("none", "full"),
+          zero=(0,), sequence_parallel=(False,), virtual=(2, 3, 4))),
+)
+_PLAN_KEYS = ("family", "tensor", "pipeline", "data", "virtual", "microbatch_size", "recompute", "zero",
+              "sequence_parallel")
+
+
+def plan_comparison() -> list[dict[str, Any]]:
+    """``dp.plan`` on the published request (model, cluster, global batch): its best configuration against
+    the published one, both by the simulator (the same cost model, so this says what the model would
+    change, not what a real run would gain)."""
+    out = []
+    for label, fields, cluster, gpus, batch, published, axes in PLAN_CASES:
+        t0 = time.perf_counter()
+        model = gpt(**fields)
+        clu = dp.Cluster(gpus=gpus, **cluster)
+        pub = configuration(model, cluster, batch, tensor=published["tensor"], pipeline=published["pipeline"],
+                            data=published["data"], virtual=published["virtual"], zero=published["zero"],
+                            sequence_parallel=published["sequence_parallel"]).evaluate()
+        table = dp.plan(model, clu, batch, top_k=1, progress=False, **axes)
+        best = table.best
+        ranked = [i for i, r in enumerate(table.rows) if all(r[k] == published[k] for k in _PLAN_KEYS)
+                  and not r["balanced"]]
+        out.append({
+            "case": label, "published": published, "published_step": pub.step_time,
+            "published_memory_gb": pub.memory_per_gpu / 1e9,
+            "best": {k: best[k] for k in (*_PLAN_KEYS, "balanced", "step_time", "memory_per_gpu", "mfu")},
+            "speedup": pub.step_time / best["step_time"],
+            "picked_published": bool(ranked) and ranked[0] == 0,
+            "published_rank": ranked[0] if ranked else None,
+            "explored": table.explored, "simulated": table.simulated, "rejected": dict(table.rejected),
+            "seconds": time.perf_counter() - t0,
+        })
     return out
 
 
@@ -509,6 +562,9 @@ def run(quick: bool = False, studies: tuple[str, ...] | None = None, log: Callab
         out["studies"]["korthikanti_table4"] = {"rows": korthikanti_table4()}
         log("sc21_orderings ...")
         out["studies"]["sc21_orderings"] = {"orderings": sc21_orderings(quick)}
+        if not quick:
+            log("plan ...")
+            out["studies"]["plan"] = {"cases": plan_comparison()}
     return out
 
 
@@ -574,6 +630,23 @@ def markdown(results: dict[str, Any]) -> str:
                              f"{r['combined_ms']['published']:.1f} | {r['combined_ms']['predicted']:.2f} |")
             lines += ["", "Predicted: the first block's row of the configuration's per-device table (compute at "
                           "the device efficiency plus its tensor-parallel collectives).", ""]
+        elif study == "plan":
+            lines += ["## Would `dp.plan` have picked the published configuration?", "",
+                      "| request | published config | predicted step | plan's best | predicted step | speedup "
+                      "(model) | published rank |", "|---|---|---:|---|---:|---:|---:|"]
+
+            def desc(c: dict) -> str:
+                return (f"{c['family']} t{c['tensor']} p{c['pipeline']} d{c['data']} v{c['virtual']} "
+                        f"mbs{c['microbatch_size']} {c['recompute']} zero{c['zero']}"
+                        f"{' SP' if c['sequence_parallel'] else ''}")
+
+            for c in entry["cases"]:
+                rank = "not simulated (pruned)" if c["published_rank"] is None else str(c["published_rank"] + 1)
+                lines.append(f"| {c['case']} | {desc(c['published'])} | {c['published_step']:.3g} s | "
+                             f"{desc(c['best'])}{' (balanced)' if c['best']['balanced'] else ''} | "
+                             f"{c['best']['step_time']:.3g} s | {c['speedup']:.3f} | {rank} |")
+            lines += ["", "Both steps are the simulator's (the same cost model): the speedup says what the model "
+                          "would change, not what a real run gains.", ""]
         elif study == "sc21_orderings":
             lines += ["## SC'21 §5: orderings stated in the text (numbers only in plots)", "",
                       "| figure | stated | reproduced | predicted points (teraFLOP/s per GPU, Eq. 3) |",
