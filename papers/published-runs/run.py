@@ -504,7 +504,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     tau = float(kendalltau(pred, pub).statistic) if len(rows) > 1 else math.nan
     return {"rows": len(rows), "mape": float(np.mean(np.abs(err))), "mean_error": float(np.mean(err)),
             "max_abs_error": float(np.max(np.abs(err))), "kendall_tau": tau, "pairs": pairs,
-            "pairs_ordered": int(agree), "order_reproduced": pairs > 0 and agree == pairs}
+            "pairs_ordered": int(agree), "order_reproduced": bool(pairs > 0 and agree == pairs)}
 
 
 def torchtitan_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
