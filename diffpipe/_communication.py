@@ -11,7 +11,10 @@ A mode is an ``AbstractCommunication``. It declares, once, everything the rest o
 - ``links(latency, bandwidth)`` (JAX arrays) and ``cost(seconds)`` (the reference): each
   transfer's cost as this mode sees the physical links;
 - ``busy_weight``: how many device lanes one transfer node keeps busy (0, or 2: sender and
-  receiver), for bubble ratios.
+  receiver), for bubble ratios;
+- ``tail_waits(schedule, device)``: what an op appended after the device's last op waits for
+  besides that op (``compile(gradient_sync=True)``'s optimizer steps): a blocking transfer the
+  last op sends holds the device until it ends.
 
 Strings stay accepted where users type them (``compile(communication="contention")``,
 ``Network(mode=...)``, ``Hardware.from_times(mode=...)``, the CLI); ``communication(x)`` is the one
@@ -96,6 +99,10 @@ class AbstractCommunication(abc.ABC):
 
     def waits(self, schedule: Schedule, devices_per_node: int | None) -> list[tuple[Node, Node]]:
         """``(waiter, waited)`` pairs beyond the dependencies: the waiter starts after the waited ends."""
+        return []
+
+    def tail_waits(self, schedule: Schedule, device: int) -> list[Node]:
+        """What an op appended after ``device``'s last op waits for besides that op (default: nothing)."""
         return []
 
     def links(self, latency: Float[Array, "d d"], bandwidth: Float[Array, "d d"]) -> tuple[Array, Array]:
@@ -207,6 +214,10 @@ class Blocking(AbstractCommunication):
             if i + 1 < len(orders[dep.src]):
                 pairs.append((orders[dep.src][i + 1], (producer, consumer)))
         return pairs
+
+    def tail_waits(self, schedule, device):
+        last = schedule.orders[device][-1]
+        return [(producer, consumer) for producer, consumer, _ in transfers(schedule) if producer == last]
 
 
 #: The built-in modes by name: the strings accepted at the API's edge.

@@ -29,7 +29,6 @@ them, and a configuration of the same structure with new values reuses the compi
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,14 +50,14 @@ from ._transformer import Transformer, stage_of_layers
 from .schedules import Schedule
 from .schedules._analysis import staleness as schedule_staleness
 
-#: Whether ``compile`` has the data-parallel gradient-sync lane (branch ``sync``, API.md section 1).
-#: Until it lands a configuration's step leaves the gradient sync and optimizer step out
-#: (``ConfigResult.gradient_sync`` says so).
-GRADIENT_SYNC = "gradient_sync" in inspect.signature(compile).parameters
-#: Whether ``Network`` chooses the link of the gradient sync (``data_parallel_link``, same branch).
-_SYNC_LINK = "data_parallel_link" in getattr(Network, "__dataclass_fields__", {})
 #: Kind index of ``ParallelCosts.collective_*`` rows.
 _F, _I, _W = range(3)
+
+
+def gradient_sync(schedule: Schedule) -> bool:
+    """Whether a configuration compiles ``schedule`` with the gradient-sync lane: unless it has its
+    own ``R`` or ``U`` ops (``compile`` refuses both at once)."""
+    return not any(op.kind in ("R", "U") for op in schedule.ops)
 
 
 @dataclass(frozen=True, init=False)
@@ -102,9 +101,6 @@ class Configuration:
         options = dict(options or {})
         if "chunks" in options:
             raise ConfigError("configuration: chunks comes from parallelism.virtual; do not pass it in options")
-        if parallelism.virtual > 1 and "chunks" not in fam.option_names:
-            raise ConfigError(f"configuration: virtual={parallelism.virtual} needs a family with chunks "
-                              f"(interleaved-1f1b, looped-bfs, zb-h1); {family} has none")
         parallelism.check(model, cluster.gpus)
         per_step = model.microbatch_size * parallelism.data
         if global_batch % per_step:
@@ -112,6 +108,10 @@ class Configuration:
                               f"data = {model.microbatch_size} x {parallelism.data} = {per_step}")
         if layers_per_stage is not None:
             layers_per_stage = tuple(int(c) for c in layers_per_stage)
+            if len(layers_per_stage) != parallelism.stages:
+                raise ConfigError(f"configuration: layers_per_stage has {len(layers_per_stage)} entries, the "
+                                  f"parallelism has pipeline x virtual = {parallelism.stages} stages")
+            stage_of_layers(model, layers_per_stage=layers_per_stage)  # sums to the model's blocks
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),
@@ -145,11 +145,12 @@ class Configuration:
         return s
 
     def graph(self, schedule: Schedule | None = None) -> Graph:
-        """``compile`` of the schedule, with the gradient-sync lane (where available)."""
+        """``compile`` of the schedule with the gradient-sync lane (``gradient_sync=True``), except
+        for schedules that bring their own ``R``/``U`` ops (chimera's sync, the asynchronous
+        families), which are compiled as they are."""
         schedule = self.schedule() if schedule is None else schedule
-        sync = {"gradient_sync": True} if GRADIENT_SYNC else {}
         return compile(schedule, communication=self.communication,
-                       devices_per_node=self.placement.stages_per_node, **sync)
+                       devices_per_node=self.placement.stages_per_node, gradient_sync=gradient_sync(schedule))
 
     # -- the cost side -------------------------------------------------------------------------------
     def costs(self) -> ParallelCosts:
@@ -171,10 +172,9 @@ class Configuration:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
         intra link, others the inter link; ``data_parallel = data`` over the data group's link."""
         c = self.cluster
-        extra = {"data_parallel_link": self.placement.links["data"]} if _SYNC_LINK else {}
         return Network(c.intra_latency, c.intra_bandwidth, c.inter_latency, c.inter_bandwidth,
                        mode=self.communication, devices_per_node=self.placement.stages_per_node,
-                       data_parallel=self.parallelism.data, **extra)
+                       data_parallel=self.parallelism.data, data_parallel_link=self.placement.links["data"])
 
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
@@ -243,7 +243,7 @@ class Configuration:
             memory_per_gpu=max(memory), memory=memory, capacity=capacity, fits=max(memory) <= capacity,
             bubble_ratio=float(result.bubble_ratio),
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
-            microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=GRADIENT_SYNC,
+            microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
             result=result,
         )
 
@@ -259,7 +259,8 @@ class ConfigResult:
         bubble_ratio, communication_share: idle share of the step, and the share spent in the
             collectives inside ops (mean over pipeline ranks).
         microbatches, gpus, family: the configuration's sizes.
-        gradient_sync: whether the step includes the data-parallel gradient sync and optimizer step.
+        gradient_sync: whether the step includes the gradient-sync lane (False for schedules with
+            their own ``R``/``U`` ops).
         result: the simulated step (``diffpipe.Result``, the schedule's ops).
     """
 
@@ -288,4 +289,4 @@ class ConfigResult:
         return json_text(self.to_dict(), path, indent)
 
 
-__all__ = ["GRADIENT_SYNC", "ConfigResult", "Configuration"]
+__all__ = ["ConfigResult", "Configuration", "gradient_sync"]

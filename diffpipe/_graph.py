@@ -7,6 +7,10 @@ node per cross-device data edge when communication is modelled as a resource (``
 dynamic slice instead of a scatter. Every ``[nodes]`` array has ``width`` scratch rows after the
 real nodes (a level's fixed-width write may spill into them) and one sentinel row at the end,
 which padded predecessors point to and which always holds ``-inf``.
+
+``compile(..., gradient_sync=True)`` adds the data-parallel gradient sync (API.md section 1):
+per stage an ``R`` node on a per-device *sync lane*, and per (pipeline, stage) a ``U`` node (the
+optimizer step) at the end of its device's compute lane; see ``_gradient_sync``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ._communication import communication as as_communication
 from ._errors import ConfigError, ScheduleError
 from .schedules import Op, Schedule
 from .schedules._analysis import weight_versions
+from .schedules._reference import as_duration_fn, evaluate
 from .schedules._rules import ACTIVATION, DATA, GRADIENT, LANE
 
 #: Node kind codes (``Graph.kind``); -1 marks padding.
@@ -54,8 +59,9 @@ class Graph(eqx.Module):
     ``base[row] + size[microbatch] * per_size[row]`` (``Hardware.tables``). Transfer edges likewise
     share ``edge_row`` rows described by ``edge_cost`` (src, dst, pipeline, boundary); row 0 is free.
     ``xfer_node``/``xfer_slot`` list the transfer edges (sentinel-padded) for the gradient.
-    Lanes: ``lane_nodes``/``lane_device`` list every device's ops in order (a collective once per
-    participant); ``release`` is
+    Lanes: ``lane_nodes``/``lane_device`` list every device's compute-lane ops in order (a
+    collective once per participant; gradient_sync's ``U`` nodes last; its sync-lane ``R`` nodes,
+    which keep no compute lane busy, are not listed); ``release`` is
     +1 where an op stores an activation (F), -1 where it frees one (B, or W when split), else 0;
     ``holder[p, s]`` is the device of stage s of pipeline p; ``versions[p, s]`` weight versions held.
     """
@@ -135,6 +141,7 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
     *,
     communication: str | AbstractCommunication = "overlap",
     devices_per_node: int | None = None,
+    gradient_sync: bool = False,
 ) -> Graph:
     """Compile ``schedule`` into dependency tensors.
 
@@ -145,6 +152,10 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
             ``contention`` and ``blocking`` make each transfer a node (structure differs).
         devices_per_node: devices sharing a node (default: all on one node). Under ``contention``
             inter-node transfers share their sending node's NIC.
+        gradient_sync: add the data-parallel gradient sync of every stage and the optimizer
+            steps (``_gradient_sync``); the step then ends when every sync and update has
+            ended. Schedules that already contain ``R`` or ``U`` ops (chimera's ``sync``
+            option, the asynchronous pipedream/amdp) are refused: they model their own.
 
     Returns:
         A ``Graph``. Use the same ``communication`` in the ``Hardware`` it is evaluated with.
@@ -180,9 +191,78 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
     wait = _EDGE_CODES[mode.wait_edge]
     for waiter, waited in mode.waits(schedule, per_node):
         nodes[node_of[waiter]].preds.append((node_of[waited], wait, -1, -1, -1))
+    if not isinstance(gradient_sync, bool):
+        raise ConfigError(f"compile: gradient_sync must be True or False, got {gradient_sync!r}")
+    if gradient_sync:
+        _gradient_sync(schedule, nodes, node_of, mode)
 
     level = _levels(nodes, mode=mode, ops=ops)
     return _arrays(schedule, nodes, level, mode, per_node)
+
+
+def sync_order(schedule: Schedule) -> tuple[dict[tuple[int, int], Op], list[int]]:
+    """The last backward op of every (pipeline, stage) -- its last ``B`` or ``W`` in its device's
+    order -- and the stages in the order their syncs are issued: by when their last backward
+    (the latest over pipeline replicas) ends at the default unit durations (F=1, B=2, I=W=1),
+    ties by stage. On one device that is the order of the last backwards in the device's order;
+    across devices it is one global order, so devices that sync a stage together agree on it."""
+    last: dict[tuple[int, int], Op] = {}
+    for order in schedule.orders:
+        for op in order:
+            if op.kind in ("B", "W"):
+                last[(op.pipeline, op.stage)] = op
+    _, unit = evaluate(schedule, as_duration_fn(None))
+    pipes = range(schedule.pipelines)
+    stages = sorted(range(schedule.stages), key=lambda s: (max(unit[last[(p, s)]] for p in pipes), s))
+    return last, stages
+
+
+def _gradient_sync(schedule: Schedule, nodes: list[_Node], node_of: dict, mode: AbstractCommunication) -> None:
+    """Append the gradient-sync nodes (API.md section 1) to ``nodes``.
+
+    - ``R`` of stage ``s``: the all-reduce of that stage's gradients over the devices holding it
+      (one, except for schedules with pipeline replicas: chimera, dualpipe) and the network's
+      data-parallel group. It runs on each holder's *sync lane* (a communication stream of its
+      own: it neither occupies the compute lane nor a link lane) once the last backward of every
+      replica of ``s`` and the previous sync on each holder's sync lane have ended. Syncs are
+      issued in ``sync_order``. Its cost row is an all-reduce row (``Hardware.tables``).
+    - ``U`` of (pipeline, stage): the optimizer step, on the holder's compute lane after the
+      device's last op (and whatever holds the device past it: ``mode.tail_waits``), the previous
+      ``U`` and that stage's ``R``; a device updates its stages in sync order.
+
+    Neither stores nor frees activations (peak memory is unchanged).
+    """
+    found = sorted({op.kind for op in schedule.ops} & {"R", "U"})
+    if found:
+        raise ConfigError(f"compile: gradient_sync=True, but the {schedule.family} schedule already has its own "
+                          f"{'/'.join(found)} ops; compile it with gradient_sync=False")
+    last, stages = sync_order(schedule)
+    placement = schedule.placement
+    sync_lane: dict[int, int] = {}  # device -> its latest R node
+    sync_node: dict[int, int] = {}  # stage -> its R node
+    for s in stages:
+        holders = sorted({placement.device(p, s) for p in range(schedule.pipelines)})
+        r = len(nodes)
+        nodes.append(_Node("R", s, 0, 0, holders[0], holders[-1], group=len(holders)))
+        for p in range(schedule.pipelines):
+            op = last[(p, s)]
+            nodes[r].preds.append((node_of[op], EDGE_DATA, -1, -1, -1))
+        for d in holders:
+            if d in sync_lane:
+                nodes[r].preds.append((sync_lane[d], EDGE_LANE, -1, -1, -1))
+            sync_lane[d] = r
+        sync_node[s] = r
+    rank = {s: i for i, s in enumerate(stages)}
+    block = _EDGE_CODES[mode.wait_edge]
+    for d, order in enumerate(schedule.orders):
+        held = sorted({(op.pipeline, op.stage) for op in order}, key=lambda ps: (rank[ps[1]], ps[0]))
+        previous = node_of[order[-1]]
+        tail = [(node_of[node], block, -1, -1, -1) for node in mode.tail_waits(schedule, d)]
+        for p, s in held:
+            u = len(nodes)
+            nodes.append(_Node("U", s, p, 0, d, d))
+            nodes[u].preds.extend([(previous, EDGE_LANE, -1, -1, -1), (sync_node[s], EDGE_DATA, -1, -1, -1), *tail])
+            previous, tail = u, []
 
 
 def _levels(nodes: list[_Node], *, mode: AbstractCommunication, ops: Sequence[Op]) -> list[int]:
@@ -204,7 +284,7 @@ def _levels(nodes: list[_Node], *, mode: AbstractCommunication, ops: Sequence[Op
             if waiting[j] == 0:
                 ready.append(j)
     if seen != len(nodes):
-        stuck = [i for i, w in enumerate(waiting) if w > 0 and nodes[i].kind != "T"]
+        stuck = [i for i, w in enumerate(waiting) if w > 0 and nodes[i].op_index >= 0]
         names = ", ".join(str(ops[nodes[i].op_index]) for i in stuck[:4])
         raise ScheduleError(
             f"the schedule deadlocks under {mode} communication ({mode.deadlock}); stuck ops include {names}; "
@@ -281,17 +361,23 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
     # The last op of each step (by topological level) marks when that step's work has finished.
     step_last = np.full(schedule.steps, sentinel, dtype=np.int32)
     for old, n in enumerate(nodes):
-        if n.op_index >= 0:
-            step = schedule.step_of(ops[n.op_index])
+        if n.op_index >= 0 or n.kind in ("R", "U"):  # gradient-sync nodes end the (one) step
+            step = schedule.step_of(ops[n.op_index]) if n.op_index >= 0 else schedule.steps - 1
             if step_last[step] == sentinel or level[old] >= level[order[step_last[step]]]:
                 step_last[step] = new[old]
     lane_nodes, lane_device = [], []
     op_node = {nodes[old].op_index: new[old] for old in range(count) if nodes[old].op_index >= 0}
     index = {op: i for i, op in enumerate(ops)}
+    updates: list[list[int]] = [[] for _ in schedule.orders]  # gradient_sync's optimizer steps, in order
+    for old, n in enumerate(nodes):
+        if n.kind == "U" and n.op_index < 0:
+            updates[n.device].append(new[old])
     for d, lane in enumerate(schedule.orders):
         for op in lane:
             lane_nodes.append(op_node[index[op]])
             lane_device.append(d)
+        lane_nodes.extend(updates[d])
+        lane_device.extend([d] * len(updates[d]))
 
     return Graph(
         kind=_int_array(kind), stage=_int_array(stage), pipeline=_int_array(pipe),

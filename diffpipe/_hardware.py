@@ -83,6 +83,10 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
                         f"{'' if allow_inf else ' and finite'}")
 
 
+#: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
+DATA_PARALLEL_LINKS = ("inter", "intra")
+
+
 class Network(eqx.Module):
     """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
 
@@ -90,7 +94,9 @@ class Network(eqx.Module):
     node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
     name (``none``, ``overlap``, ``contention``, ``blocking``); ``devices_per_node`` None means one
     node (``_communication.node_size``).
-    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``.
+    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
+    ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
+    other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
     """
 
     latency: Float[Array, ""]
@@ -102,6 +108,7 @@ class Network(eqx.Module):
     mode: AbstractCommunication = eqx.field(static=True, default="overlap", converter=network_mode)
     devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
+    data_parallel_link: str = eqx.field(static=True, default="inter")
 
     def __check_init__(self) -> None:
         if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
@@ -109,6 +116,9 @@ class Network(eqx.Module):
             raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
         if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
             raise ConfigError(f"network: data_parallel must be a positive int, got {self.data_parallel!r}")
+        if self.data_parallel_link not in DATA_PARALLEL_LINKS:
+            raise ConfigError(f"network: data_parallel_link must be one of {', '.join(DATA_PARALLEL_LINKS)}, "
+                              f"got {self.data_parallel_link!r}")
         _check_values("network latency", self.latency)
         _check_values("network inter_latency", self.inter_latency)
         _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
@@ -138,6 +148,13 @@ class Network(eqx.Module):
         latency = _traced_check("network latency", latency)
         bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
+
+    def data_parallel_links(self) -> tuple[Array, Array]:
+        """Latency and bandwidth of the data-parallel link (``data_parallel_link``), as the
+        communication mode charges them."""
+        if self.data_parallel_link == "intra":
+            return self.mode.links(self.latency, self.bandwidth)
+        return self.mode.links(self.inter_latency, self.inter_bandwidth)
 
     @staticmethod
     def _pairs(matrix: Array, devices: int, name: str) -> Array:
@@ -308,12 +325,16 @@ class Hardware(eqx.Module):
         cost = graph.node_cost
         kind, p, s = cost[:, 0], cost[:, 1], cost[:, 2]
         a1, a2, a3 = cost[:, 3], cost[:, 4], cost[:, 5]
-        # all-reduce rows: (participants, first device, last device); a ring over the slowest link
+        # all-reduce rows: (participants, first device, last device); a ring over the slowest link:
+        # the first-to-last participant link when the schedule has several, and the data-parallel link
         n = a1 * self.network.data_parallel
-        ring_lat, ring_bw = latency[a2, a3], bandwidth[a2, a3]
-        if self.network.data_parallel > 1:  # data-parallel replicas sit on other nodes
-            ring_lat = jnp.maximum(ring_lat, self.network.inter_latency)
-            ring_bw = jnp.minimum(ring_bw, self.network.inter_bandwidth)
+        several = a1 > 1
+        ring_lat = jnp.where(several, latency[a2, a3], 0.0)
+        ring_bw = jnp.where(several, bandwidth[a2, a3], jnp.inf)
+        if self.network.data_parallel > 1:
+            dp_lat, dp_bw = self.network.data_parallel_links()
+            ring_lat = jnp.maximum(ring_lat, dp_lat)
+            ring_bw = jnp.minimum(ring_bw, dp_bw)
         nf = n.astype(ring_bw.dtype)
         allreduce = jnp.where(n > 1, 2 * (nf - 1) / jnp.maximum(nf, 1.0) * grad_bytes[p, s] / ring_bw
                               + 2 * (nf - 1) * ring_lat, 0.0)

@@ -282,13 +282,17 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
     return finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish
 
 
-def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None) -> Result:
-    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``."""
+def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None,
+             gradient_sync: bool = False) -> Result:
+    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``;
+    ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and updates; the
+    per-op arrays stay those of the schedule's ops)."""
     if not isinstance(hw, Hardware):
         raise ConfigError(f"simulate expects a Hardware, got {type(hw).__name__}")
     ops = stale = None
     if isinstance(schedule, Schedule):
-        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node)
+        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
+                        gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
         graph = schedule

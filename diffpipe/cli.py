@@ -53,6 +53,8 @@ DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
 #: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking")
+#: ``Transformer.recompute`` modes (``_transformer.RECOMPUTE``), copied for the same reason (tested).
+RECOMPUTE_MODES = ("none", "selective", "full")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
 SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
@@ -157,6 +159,8 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
     "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
                 "a table of NAME = number, bool or string"),
+    "zero": (lambda v: is_int(v) and 0 <= v <= 3, "a ZeRO stage 0, 1, 2 or 3"),
+    "recompute": (lambda v: v in RECOMPUTE_MODES, f"one of {', '.join(RECOMPUTE_MODES)}"),
 }
 
 
@@ -179,8 +183,17 @@ SCHEMA: dict[str, dict[str, str]] = {
     "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
                 "latency": "seconds", "bandwidth": "bandwidth", "inter_latency": "seconds",
                 "inter_bandwidth": "bandwidth"},
+    # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
+    "training": {"model": "name", "hf_config": "name", "sequence": "count", "microbatch_size": "count",
+                 "global_batch": "count", "recompute": "recompute", "flash_attention": "bool"},
+    "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
+                    "zero": "zero", "sequence_parallel": "bool"},
+    "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
 }
 _MACHINE_SECTIONS = ("times", "model", "device", "network")
+#: The sections of a training configuration, and the commands that read them.
+_CONFIGURATION_SECTIONS = ("training", "parallelism", "cluster")
+_CONFIGURATION_COMMANDS = ("simulate", "compare")
 
 
 def _shown(value: Any) -> str:
@@ -205,11 +218,14 @@ class _Config:
         return f"{self.path}: [{section}]" + ("" if key is None else f" {key}")
 
 
-def _load_config(path: str | None, command: str, usable: Iterable[str] = SCHEMA) -> _Config:
+def _load_config(path: str | None, command: str, usable: Iterable[str] | None = None) -> _Config:
     """Read and check a TOML machine file: UTF-8, known sections and keys, typed values, and only
-    sections the command can use."""
+    sections the command can use (default: every section, the configuration ones only for
+    ``simulate`` and ``compare``)."""
     if path is None:
         return _Config()
+    if usable is None:
+        usable = [s for s in SCHEMA if command in _CONFIGURATION_COMMANDS or s not in _CONFIGURATION_SECTIONS]
     text = _io.read_text(path, "--config")
     try:
         data = tomllib.loads(text)
@@ -403,6 +419,215 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     return _Machine(m.name, m, model, device, network)
 
 
+# -- a training configuration (--model/--hf-config, --tp/--pp/--dp, ...) -----------------------------
+#: ``[training]`` / ``[parallelism]`` / ``[cluster]`` key -> its flag (the flag's dest is the key).
+_TRAINING_FLAGS = {"model": "--model", "hf_config": "--hf-config", "sequence": "--sequence",
+                   "microbatch_size": "--microbatch-size", "global_batch": "--global-batch",
+                   "recompute": "--recompute", "flash_attention": "--flash-attention"}
+_PARALLEL_FLAGS = {"tensor": "--tp", "pipeline": "--pp", "data": "--dp", "expert": "--ep", "virtual": "--vpp",
+                   "zero": "--zero", "sequence_parallel": "--sequence-parallel"}
+_CLUSTER_FLAGS = {"device": "--device", "gpus": "--gpus", "devices_per_node": "--devices-per-node",
+                  "intra": "--intra", "inter": "--inter"}
+_CLUSTER_SHAPE = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*([A-Za-z][\w.-]*)|([A-Za-z][\w.-]*?)\s*[xX]\s*(\d+))\s*$")
+
+
+def _wants_configuration(args: argparse.Namespace, config: _Config) -> bool:
+    """Whether the command describes a training configuration (a flag or section of one)."""
+    flags = [*_TRAINING_FLAGS, *_PARALLEL_FLAGS, "gpus", "cluster"]
+    return any(getattr(args, k, None) is not None for k in flags) or any(
+        config.get(s) for s in _CONFIGURATION_SECTIONS)
+
+
+@dataclass(frozen=True)
+class _Training:
+    """A checked training configuration: ``build(family, options)`` -> ``Configuration``."""
+
+    model: Any
+    parallelism: Any
+    cluster: Any
+    global_batch: int
+    communication: str
+    family: str | None
+    options: dict[str, Any]
+    label: str
+
+    def build(self, family: str | None = None, options: dict[str, Any] | None = None,
+              adapt: bool = False) -> Any:
+        """The ``Configuration`` of ``family`` (default the given one); ``adapt``: a family without
+        chunks keeps the stages it places (``virtual`` = its stages per device: compare)."""
+        import dataclasses as dc
+
+        from . import _configuration
+
+        family = family or self.family
+        options = self.options if options is None else options
+        par = self.parallelism
+
+        def make(par: Any) -> Any:
+            return _configuration.Configuration(self.model, par, self.cluster, self.global_batch, schedule=family,
+                                                options=options, communication=self.communication)
+
+        cfg = make(par)
+        if adapt and "chunks" not in schedules.family(cfg.family).option_names:
+            _guard_configuration(cfg, MAX_OPS)
+            stages = schedules.get(cfg.family, devices=par.pipeline, microbatches=cfg.microbatches,
+                                   **dict(cfg.options)).stages
+            cfg = make(dc.replace(par, virtual=max(1, stages // par.pipeline)))
+        return cfg
+
+
+def _training(args: argparse.Namespace, config: _Config) -> _Training:
+    """The training configuration of ``--model``/``--hf-config``, ``--tp``... and the sections
+    ``[training]``, ``[parallelism]``, ``[cluster]`` (flags override the file)."""
+    for flag in ("--forward", "--backward", "--weight", "--p2p"):
+        if getattr(args, flag.lstrip("-"), None) is not None:
+            raise ConfigError(f"{flag} (per-stage times) cannot be combined with a training configuration "
+                              "(--model/--hf-config, --tp, ...): the model gives the times")
+    for section in ("times", "model", "device"):
+        if config.get(section):
+            raise ConfigError(f"{config.where(section)} cannot be combined with a training configuration: give "
+                              "the model in [training] (model or hf_config) and the device in [cluster]")
+    network = config.get("network")
+    for key in network:
+        if key != "mode":
+            raise ConfigError(f"{config.where('network', key)} cannot be combined with a training configuration: "
+                              "give the links in [cluster] (intra, inter, devices_per_node)")
+    section = config.get("schedule")
+    for flag, given in (("--devices", args.devices), ("--microbatches", args.microbatches),
+                        (config.where("schedule", "devices"), section.get("devices")),
+                        (config.where("schedule", "microbatches"), section.get("microbatches"))):
+        if given is not None:
+            what = "--pp" if "devices" in flag else "--global-batch (with --microbatch-size and --dp)"
+            raise ConfigError(f"{flag} cannot be combined with a training configuration: {what} sets it")
+    train = {k: v for k, (v, _) in _merged(args, config, "training", _TRAINING_FLAGS).items()}
+    par = {k: v for k, (v, _) in _merged(args, config, "parallelism", _PARALLEL_FLAGS).items()}
+    clu = {k: v for k, (v, _) in _merged(args, config, "cluster", _CLUSTER_FLAGS).items()}
+    if getattr(args, "cluster", None) is not None:
+        found = _CLUSTER_SHAPE.match(args.cluster)
+        if not found:
+            raise ConfigError(f"--cluster {args.cluster!r}: expected GPUSxDEVICE, e.g. 64xH100")
+        gpus, device = (int(found[1]), found[2]) if found[1] else (int(found[4]), found[3])
+        for key, value in (("gpus", gpus), ("device", device)):
+            if key in clu and clu[key] != value:
+                raise ConfigError(f"--cluster {args.cluster!r} contradicts {_CLUSTER_FLAGS[key]} {clu[key]}")
+            clu[key] = value
+        check_int(f"--cluster {args.cluster!r}: gpus", gpus, 1)
+    if ("model" in train) == ("hf_config" in train):
+        raise ConfigError("a training configuration needs exactly one model: --model NAME (see "
+                          "diffpipe.presets.models()) or --hf-config PATH (a Hugging Face config.json)"
+                          + ("" if "model" not in train else ", not both"))
+    if "global_batch" not in train:
+        raise ConfigError("a training configuration needs --global-batch (samples per optimizer step)")
+    from . import _presets
+    from ._parallel import Cluster, Parallelism
+    from ._transformer import Transformer
+
+    fields = {k: train[k] for k in ("sequence", "microbatch_size", "recompute", "flash_attention") if k in train}
+    if "model" in train:
+        model = _presets.model(train["model"], **fields)
+        name = train["model"]
+    else:
+        model = Transformer.from_hf_config(train["hf_config"], **fields)
+        name = Path(train["hf_config"]).parent.name or train["hf_config"]
+    t, p = par.get("tensor", 1), par.get("pipeline", 1)
+    if "data" not in par:
+        if "gpus" in clu and clu["gpus"] % (t * p):
+            raise ConfigError(f"--gpus {clu['gpus']} is not a multiple of --tp x --pp = {t * p}")
+        par["data"] = clu["gpus"] // (t * p) if "gpus" in clu else 1
+    parallelism = Parallelism(**par)
+    cluster = Cluster(clu.get("device", "H100"), gpus=clu.get("gpus", parallelism.gpus),
+                      devices_per_node=clu.get("devices_per_node"), intra=clu.get("intra", "nvlink4"),
+                      inter=clu.get("inter", "ib-ndr"))
+    mode = args.mode or network.get("mode") or "overlap"
+    extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
+    label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
+             f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
+             f"TP{parallelism.tensor} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
+             f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
+    family = getattr(args, "family", None) or section.get("family")
+    options = {**section.get("options", {}), **_family_options(args.option)}
+    return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label)
+
+
+def _guard_configuration(cfg: Any, max_ops: int) -> None:
+    options = dict(cfg.options)
+    if "chunks" in schedules.family(cfg.family).option_names:
+        options["chunks"] = cfg.parallelism.virtual
+    _guard_schedule(cfg.family, cfg.parallelism.pipeline, cfg.microbatches, options, max_ops)
+
+
+def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> dict[str, Any]:
+    """What ``simulate --json`` prints for a training configuration (seconds, bytes)."""
+    par = cfg.parallelism
+    return {"family": schedule.family, "options": dict(schedule.options), "machine": label,
+            "tensor": par.tensor, "pipeline": par.pipeline, "data": par.data, "expert": par.expert,
+            "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
+            "global_batch": cfg.global_batch, **result.to_dict(),
+            "busy_s": [float(x) for x in result.result.busy]}
+
+
+def _simulate_configuration(args: argparse.Namespace, training: _Training,
+                            outputs: list[tuple[str, Path]]) -> None:
+    cfg = training.build()
+    _guard_configuration(cfg, args.max_ops)
+    result = cfg.evaluate()
+    schedule = cfg.schedule()
+    if outputs:
+        _write_all(_pictures(args, schedule, cfg.hardware(), result.result))
+    summary = _configuration_summary(cfg, schedule, result, training.label)
+    if args.json:
+        _print_json(summary)
+        return
+    gb = 1e9
+    r = result
+    print(f"{schedule.family} {dict(schedule.options) or ''}: {training.label}".replace("  ", " "))
+    print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
+                                                        f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
+    print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
+    print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
+    print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
+          f"{'fits' if r.fits else 'does NOT fit'}")
+    print(f"  bubble          {100 * r.bubble_ratio:.1f}%   blocking collectives {100 * r.communication_share:.1f}%"
+          f" of the step")
+    print(f"  microbatches    {r.microbatches} per pipeline ({cfg.global_batch} = {cfg.model.microbatch_size} x "
+          f"{r.microbatches} x {cfg.parallelism.data} data-parallel)")
+    print("  rank  busy(s)  peak memory(GB)  fits")
+    for d, mem in enumerate(r.memory):
+        print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.capacity else 'NO'}")
+
+
+def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
+    from ._compare import DEFAULT_SCHEDULES, compare
+
+    families = list(args.families) or ([training.family] if training.family else [])
+    items = [(f, training.options) for f in families] if families else list(DEFAULT_SCHEDULES.values())
+    configs = {}
+    for item in items:
+        name, opts = (item, {}) if isinstance(item, str) else item
+        cfg = training.build(name, dict(opts), adapt=True)
+        _guard_configuration(cfg, args.max_ops)
+        configs[cfg.schedule()] = cfg
+    def hardware(schedule: Any) -> Any:
+        return configs[schedule].hardware()
+
+    hardware.__name__ = training.label  # compare names the machine by it
+    comparison = compare(list(configs), hardware)
+    results = {entry.name: configs[s].evaluate() for entry, s in zip(comparison.entries, configs)}
+    if args.json:
+        data = json.loads(comparison.to_json())
+        data["configuration"] = {"machine": training.label,
+                                 "results": {name: r.to_dict() for name, r in results.items()}}
+        _print_json(data)
+        return
+    print(comparison.to_markdown() if args.markdown else comparison)
+    print(f"\nwhole step of each schedule: {training.label}")
+    width = max(len(n) for n in results)
+    print(f"  {'schedule':<{width}}  step(s)  tokens/s/GPU    MFU  memory/GPU(GB)  fits")
+    for name, r in results.items():
+        print(f"  {name:<{width}}  {r.step_time:7.3f}  {r.tokens_per_second_per_gpu:12,.0f}  {100 * r.mfu:4.1f}%"
+              f"  {r.memory_per_gpu / 1e9:14.1f}  {'yes' if r.fits else 'NO'}")
+
+
 # -- the schedule ------------------------------------------------------------------------------------
 def _schedule(args: argparse.Namespace, config: _Config) -> Any:
     section = config.get("schedule")
@@ -565,6 +790,11 @@ def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[s
 def _cmd_simulate(args: argparse.Namespace) -> None:
     outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)))
     config = _load_config(args.config, "simulate")
+    if _wants_configuration(args, config):
+        if args.torch_csv:
+            raise ConfigError("--torch-csv cannot be combined with a training configuration (--model, --tp, ...)")
+        _simulate_configuration(args, _training(args, config), outputs)
+        return
     schedule = _schedule(args, config)
     machine = _machine(args, config)
     from ._simulate import simulate
@@ -599,6 +829,9 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     from ._compare import DEFAULT_SCHEDULES, compare
 
     config = _load_config(args.config, "compare")
+    if _wants_configuration(args, config):
+        _compare_configuration(args, _training(args, config))
+        return
     section = config.get("schedule")
     families = list(args.families) or ([section["family"]] if "family" in section else [])
     options = {**section.get("options", {}), **_family_options(args.option)}
@@ -862,6 +1095,27 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
 
 
+def _add_training(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training configuration (flags override [training], [parallelism], [cluster]; "
+                             "see examples/llama3-70b.toml)")
+    g.add_argument("--model", help="model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())")
+    g.add_argument("--hf-config", dest="hf_config", metavar="PATH", help="a Hugging Face config.json")
+    g.add_argument("--sequence", type=_count, help="tokens per sample (default: the preset's)")
+    g.add_argument("--microbatch-size", type=_count, dest="microbatch_size", help="samples per microbatch")
+    g.add_argument("--global-batch", type=_count, dest="global_batch", help="samples per optimizer step")
+    g.add_argument("--recompute", choices=RECOMPUTE_MODES, help="activation recomputation")
+    g.add_argument("--flash-attention", action="store_true", default=None, dest="flash_attention")
+    g.add_argument("--tp", type=_count, dest="tensor", help="tensor-parallel size")
+    g.add_argument("--pp", type=_count, dest="pipeline", help="pipeline-parallel size")
+    g.add_argument("--dp", type=_count, dest="data", help="data-parallel size (default: --gpus / (tp x pp))")
+    g.add_argument("--ep", type=_count, dest="expert", help="expert-parallel size (divides --dp)")
+    g.add_argument("--vpp", type=_count, dest="virtual", help="model chunks per pipeline device")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (1: Megatron's distributed optimizer)")
+    g.add_argument("--sequence-parallel", action="store_true", default=None, dest="sequence_parallel")
+    g.add_argument("--gpus", type=_count, help="GPUs in the cluster (default tp x pp x dp)")
+    g.add_argument("--cluster", metavar="GPUSxDEVICE", help="GPUs and device preset at once, e.g. 64xH100")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="diffpipe",
                      description="Pipeline-parallel schedules: show, simulate, compare, optimize, sweep and "
@@ -891,6 +1145,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "diffpipe simulate 1f1b --devices 4 --microbatches 8 --forward 1e-3 --backward 2e-3 --p2p 1e-4")
     _add_schedule(p)
     _add_machine(p)
+    _add_training(p)
     p.add_argument("--gantt", metavar="PNG|SVG", help="also draw a Gantt chart")
     p.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -902,6 +1157,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="families (default: dp.compare's, gpipe 1f1b chimera(sync=True) hanayo)")
     _add_schedule(p, positional=False)
     _add_machine(p)
+    _add_training(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output")
     out.add_argument("--markdown", action="store_true", help="Markdown tables")

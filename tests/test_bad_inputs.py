@@ -75,6 +75,8 @@ BAD_VALUES = {
     "bool": ['1', '"yes"', '0', '[true]'],
     "mode": ['"fast"', '1', 'true', '""'],
     "options": ['3', '"chunks=2"', '[1]', '{ chunks = [1, 2] }', '{ chunks = { a = 1 } }'],
+    "zero": ['"1"', 'true', '-1', '4', '1.0'],
+    "recompute": ['true', '"some"', '1', '""'],
 }
 #: What each section needs besides the bad key to be otherwise complete.
 COMPANION = {"times": {"forward": "1", "backward": "2"}}

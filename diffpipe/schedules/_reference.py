@@ -133,3 +133,66 @@ def evaluate_network(
             if ready != start[op]:
                 start[op], finish[op], changed = ready, ready + duration(op), True
     return start, finish, xfer
+
+
+def evaluate_gradient_sync(
+    schedule: Schedule,
+    finish: Mapping[Op, float],
+    xfer: Mapping[tuple[Op, Op], tuple[float, float]],
+    sync: Callable[[int], float],
+    update: Callable[[int, int], float],
+    communication: Any,
+) -> tuple[dict[int, tuple[float, float]], dict[tuple[int, int], tuple[float, float]]]:
+    """Reference semantics of ``compile(..., gradient_sync=True)`` (API.md section 1).
+
+    Compute ops and transfers never wait for a sync or an update, so their times are those of
+    ``evaluate_network`` (``finish``, ``xfer``); this adds, in plain steps:
+
+    - the sync of stage ``s`` (``R``, lasting ``sync(s)``) starts when the last backward (the last
+      ``B`` or ``W`` in its device's order) of every pipeline's copy of ``s`` has ended and the
+      previous sync on the sync lane of every device holding ``s`` has ended. A device's syncs run
+      one at a time, stages ordered by when their last backward ends at the default unit durations
+      (``DEFAULT_DURATIONS``; on one device, its order), ties by stage;
+    - the update of (pipeline ``p``, stage ``s``) (``U``, lasting ``update(p, s)``) runs on the
+      compute lane of the device holding it, after the device's last op, anything that holds the
+      device past it (``communication.tail_waits``), the device's previous update, and the sync of
+      ``s``; a device updates its stages in sync order (then by pipeline).
+
+    **Returns:** ``(start, finish)`` of every sync keyed by stage, and of every update keyed by
+    ``(pipeline, stage)``. The step ends at the latest of these and of every op and transfer.
+    """
+    pipelines, stages = schedule.pipelines, schedule.stages
+    holder = schedule.placement.device
+    last_backward: dict[tuple[int, int], Op] = {}
+    for order in schedule.orders:
+        for op in order:
+            if op.kind in ("B", "W"):
+                last_backward[(op.pipeline, op.stage)] = op  # later ops overwrite earlier ones
+    _, unit_finish = evaluate(schedule, as_duration_fn(None))
+
+    def issue_key(s: int) -> tuple[float, int]:
+        return max(unit_finish[last_backward[(p, s)]] for p in range(pipelines)), s
+
+    sync_order = sorted(range(stages), key=issue_key)
+    sync_lane_free = [0.0] * schedule.devices
+    syncs: dict[int, tuple[float, float]] = {}
+    for s in sync_order:
+        devices = {holder(p, s) for p in range(pipelines)}
+        begin = max([finish[last_backward[(p, s)]] for p in range(pipelines)]
+                    + [sync_lane_free[d] for d in devices])
+        syncs[s] = (begin, begin + sync(s))
+        for d in devices:
+            sync_lane_free[d] = syncs[s][1]
+
+    def end(node: Any) -> float:
+        return xfer[node][1] if isinstance(node, tuple) else finish[node]
+
+    updates: dict[tuple[int, int], tuple[float, float]] = {}
+    for d, order in enumerate(schedule.orders):
+        free = max([finish[order[-1]], *map(end, communication.tail_waits(schedule, d))])
+        held = {(op.pipeline, op.stage) for op in order}
+        for p, s in sorted(held, key=lambda ps: (sync_order.index(ps[1]), ps[0])):
+            begin = max(free, syncs[s][1])
+            updates[(p, s)] = (begin, begin + update(p, s))
+            free = updates[(p, s)][1]
+    return syncs, updates
