@@ -121,10 +121,11 @@ def default_machine(mode: str = "contention") -> Machine:
 
     A GPT-3 6.7B-style model (Brown et al. 2020, Table 2.1: 32 layers, hidden 4096, 32 heads,
     sequence 2048; GPT-2 vocabulary 50257; microbatch 1, fp16, mixed-precision Adam) on one node
-    of 8 H100 SXM (989 dense BF16 TFLOP/s at 50% utilisation, 80 GB) joined by 4th-generation
-    NVLink through NVSwitch (450 GB/s per GPU and direction, 3 µs), with the transformer cost model
-    of ``diffpipe._transformer``. Under ``contention`` each GPU's sends share its NVLink bandwidth,
-    one at a time, whatever their destination (``devices_per_node=1``: every GPU's egress is a lane).
+    of 8 H100 SXM (the preset: 989 dense BF16 TFLOP/s, its fitted kernel-efficiency curve, 80 GB
+    at 3.35 TB/s) joined by 4th-generation NVLink through NVSwitch (450 GB/s per GPU and direction,
+    3 µs), with the transformer cost model of ``diffpipe._transformer``. Under ``contention`` each
+    GPU's sends share its NVLink bandwidth, one at a time, whatever their destination
+    (``devices_per_node=1``: every GPU's egress is a lane).
     """
     import jax.numpy as jnp
 

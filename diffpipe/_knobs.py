@@ -194,7 +194,7 @@ class Workload(eqx.Module):
 
         Layers are the rows of ``layer_costs(model)``: the embedding, every block, the LM head
         (``model.layers + 2``), so the uneven first and last layers are placed like any other.
-        Times are FLOPs over ``peak_flops x efficiency``; ``samples`` is ``model.microbatch_size``;
+        Times are the roofline ``costs.times(device)``; ``samples`` is ``model.microbatch_size``;
         ``capacity`` defaults to the device memory; ``update`` (seconds for the whole model) is
         spread over layers in proportion to their parameters. A tied embedding's copy in the head
         is dropped when one stage holds both (as ``Hardware.from_model`` does).
@@ -311,7 +311,7 @@ def hardware_from_model(
     boundaries, so a model reaches a ``Hardware`` by one path.
 
     Per stage (see ``stage_of_layers`` for the grouping: the embedding joins stage 0, the head the
-    last stage): times ``F, I, W`` are the stage's FLOPs over ``peak_flops x efficiency``;
+    last stage): times ``F, I, W`` sum its layers' roofline times (``LayerCosts.times``);
     ``static_bytes`` and ``gradient_bytes`` sum its layers' parameters (a tied embedding's copy is
     dropped when embedding and head share the stage); ``activation_bytes`` sums its layers' stored
     activations; ``message_bytes[k]`` is the boundary activation ``d s b h`` entering stage ``k``
@@ -321,7 +321,8 @@ def hardware_from_model(
         model, device, network: the workload, the accelerator and the links.
         stages, layers_per_stage: the split (exactly one; see ``stage_of_layers``).
         microbatches: when given, ``size`` is broadcast to ``[microbatches]``.
-        size: microbatch sizes relative to ``model.microbatch_size`` (every cost above is linear in it).
+        size: microbatch sizes relative to ``model.microbatch_size`` (every cost above scales linearly;
+            the kernel efficiency stays that of ``model.microbatch_size``).
         overhead: fixed seconds per compute op; update: seconds of every stage's optimizer step ``U``.
 
     Only array operations touch the float inputs (device, size, overhead, update), so the result

@@ -55,6 +55,11 @@ Sources and rules:
   ``s b h`` term with sequence parallelism), ``34`` (resp. ``10 + 24/t``, ``34/t``) with selective
   recomputation, and ``2 s b h`` (its input) with full recomputation. The same rule (every tensor a
   backward op reads is stored once) gives the variants: see ``activation_bytes``.
+- Op times (``LayerCosts.times``, ``Device``): the roofline of each layer and op, ``max(FLOPs /
+  (peak x efficiency(T)), bytes / memory_bandwidth)`` (Williams et al., "Roofline", CACM 2009),
+  with bytes by the per-matmul rule ``(M K + K N + M N) d`` (``memory_traffic``) and a kernel
+  efficiency that saturates in the matmuls' rows ``T`` (tokens per microbatch), fitted to
+  measured matmul throughput (``papers/kernel-efficiency``).
 - Static memory: ``16`` bytes per parameter for mixed-precision Adam (2 fp16 weights + 2 fp16
   gradients + 12 fp32 master weights, momentum, variance): Rajbhandari et al., "ZeRO: Memory
   Optimizations Toward Training Trillion Parameter Models" (SC'20), §3.1.
@@ -82,7 +87,8 @@ from ._partition import uniform_partition
 #: Default fraction of peak FLOP/s a training step sustains (model FLOPs utilisation). Narayanan
 #: et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
 #: (SC'21), report 52% of the A100's peak per GPU at scale (abstract, Table 1); large-scale
-#: reports since sit around 40-55%. One round figure, to be overridden with a measured one.
+#: reports since sit around 40-55%. One round figure, to be overridden with a measured one: the
+#: flat kernel-efficiency curve of ``Device`` and of the presets without matmul measurements.
 DEFAULT_EFFICIENCY = 0.5
 
 #: Bytes of one dropout-mask element (Korthikanti et al. 2022, §4.1).
@@ -676,10 +682,10 @@ class Device(eqx.Module):
         ``efficiency(T) = efficiency x (1 - exp(-T / saturation_tokens))``
 
     (``saturation_tokens`` 0: the flat curve ``efficiency``). The exponential fits the measured
-    matmul throughput of H100 and B200 better than ``e T / (T + T_half)`` (3% against 7% rms on
-    H100; ``papers/kernel-efficiency``). Presets (``diffpipe.presets.device("H100")``) carry the
-    datasheet bandwidth and, where there are measurements, the fitted curve;
-    ``diffpipe.calibrate.fit_kernel_efficiency`` fits it to your own.
+    matmul throughput of H100 and B200 better than ``e T / (T + T_half)`` (rms log error 0.033
+    against 0.071 on H100, 0.024 against 0.031 on B200; ``papers/kernel-efficiency``). Presets
+    (``diffpipe.presets.device("H100")``) carry the datasheet bandwidth and, where there are
+    measurements, the fitted curve; ``diffpipe.calibrate.fit_kernel_efficiency`` fits it to your own.
 
     Attributes:
         peak_flops: dense peak FLOP/s.

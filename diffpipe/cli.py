@@ -388,7 +388,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     else:
         device = base.device
         if "efficiency" in d:
-            device = Device(device.peak_flops, device.memory, d["efficiency"], name=device.name)
+            device = device.flat(d["efficiency"])
     if "peak_flops" in d or "memory" in d:
         device = Device(d.get("peak_flops", device.peak_flops), d.get("memory", device.memory),
                         d.get("efficiency", device.efficiency), name=f"{device.name} (custom)"

@@ -56,10 +56,12 @@ def slow():
 # -- the levels ---------------------------------------------------------------------------------------
 def test_without_communication_the_simulation_is_the_table(free):
     # Uniform stages with B = 2F (the transformer model's split): the table in units of a forward.
+    # Only the embedding departs from it (its gather in F and scatter-add in W move the same bytes
+    # at the memory roof, so its B = F): about 2e-5 on this machine, in makespan and bubble.
     forward = free.entries[0].simulation["makespan_s"] / free.entries[0].table["makespan"]
     for e in free.entries:
-        assert e.simulation["makespan_s"] == pytest.approx(forward * e.table["makespan"], rel=1e-5)
-        assert e.simulation["bubble_ratio"] == pytest.approx(e.table["bubble_ratio"], abs=1e-5)
+        assert e.simulation["makespan_s"] == pytest.approx(forward * e.table["makespan"], rel=1e-4)
+        assert e.simulation["bubble_ratio"] == pytest.approx(e.table["bubble_ratio"], abs=1e-4)
     pair = free.pair("table", "simulation")
     assert pair.kendall_tau == pytest.approx(1.0) and not pair.flips and not pair.ties_changed
     assert free.ranks["table"] == free.ranks["simulation"]

@@ -149,6 +149,8 @@ def test_presets_carry_datasheet_bandwidth_and_their_curve():
     flat = dp.presets.device("H100", efficiency=0.4)  # a constant efficiency: the flat curve, bandwidth kept
     assert float(flat.saturation_tokens) == 0.0 and float(flat.kernel_efficiency(8.0)) == pytest.approx(0.4)
     assert float(flat.memory_bandwidth) == pytest.approx(3.35e12)
+    same = dp.presets.device("H100").flat(0.4)  # the CLI's machine-file efficiency= on a base device
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(a == b), same, flat)) and same.name == flat.name
 
 
 def _fit_study():
