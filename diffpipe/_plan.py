@@ -116,7 +116,10 @@ class PlanTable:
             ``memory (simulated)``, ``bound``).
         explored: configurations enumerated (every combination of the search axes).
         simulated: configurations the exact simulator evaluated.
-        seconds: wall time per phase (``enumerate``, ``evaluate``, ``balance``, ``total``).
+        seconds: wall time per phase: ``enumerate`` (enumeration and closed forms), ``evaluate``
+            (of which ``graphs``: schedule compilation, ``hardware``: building each member's
+            ``Hardware``, ``simulate``: the batched exact simulation, its XLA compilation included),
+            ``balance``, ``total``.
         model, cluster, global_batch: the request.
     """
 
@@ -555,6 +558,7 @@ def plan(
         progress = sys.stderr.isatty() and len(lower) >= LONG_PLAN
     bar = Progress(len(lower), bool(progress))
     t1 = time.perf_counter()
+    t_graph = t_hardware = t_simulate = 0.0
     try:
         for key in order:
             members = [i for i in groups[key] if bound[i] < best * (1 + _BOUND_SLACK)]
@@ -584,10 +588,16 @@ def plan(
                     keep.append((i, cfg))
             if keep:
                 if key not in graphs:
+                    tg = time.perf_counter()
                     graphs[key] = cfgs[0].graph(schedule)
+                    t_graph += time.perf_counter() - tg
                 graph = graphs[key]
+                th = time.perf_counter()
                 hws = _stack([cfg.hardware() for _, cfg in keep])
+                ts = time.perf_counter()
                 steps, bubbles, memory = (np.asarray(x) for x in _batched(graph, hws))
+                t_hardware += ts - th
+                t_simulate += time.perf_counter() - ts
                 simulated += len(keep)
                 for j, (i, cfg) in enumerate(keep):
                     peak = float(np.max(memory[j]))
@@ -618,8 +628,8 @@ def plan(
                 rows_out.append(balanced)
         rows_out.sort(key=lambda r: r["step_time"])
     t_balance = time.perf_counter() - t2
-    seconds = {"enumerate": t_enumerate, "evaluate": t_evaluate, "balance": t_balance,
-               "total": time.perf_counter() - t0}
+    seconds = {"enumerate": t_enumerate, "evaluate": t_evaluate, "graphs": t_graph, "hardware": t_hardware,
+               "simulate": t_simulate, "balance": t_balance, "total": time.perf_counter() - t0}
     return PlanTable(tuple(rows_out), dict(rejected), explored, simulated, seconds, model, cluster, global_batch,
                      communication)
 
