@@ -97,14 +97,14 @@ def test_results_quote_the_data_file():
 
 # -- claim 1: SC'21 Table 1 ---------------------------------------------------------------------------------
 def test_claim_1_sc21_table1_within_a_quarter_but_not_superlinear():
-    """Every row within 25%, MAPE about 10%; too fast for the small models and too slow for the large
-    ones, so the published rise of teraFLOP/s with model size is not reproduced."""
+    """Every row within 25%, MAPE about 9%; above the paper for the smallest model and ever further below
+    it for the largest, so the published rise of teraFLOP/s with model size is not reproduced."""
     r, s = rows("sc21_table1"), summary("sc21_table1")
     assert s["max_abs_error"] < 0.25
-    assert s["mape"] < 0.12
-    assert r["1.7B"]["error"] > 0.05 and r["3.6B"]["error"] > 0.05
-    assert r["529.6B"]["error"] < -0.10 and r["1008.0B"]["error"] < -0.15
-    assert s["kendall_tau"] < 0.3 and not s["order_reproduced"]
+    assert s["mape"] < 0.10
+    assert r["1.7B"]["error"] > 0.0 and abs(r["3.6B"]["error"]) < 0.02
+    assert r["529.6B"]["error"] < -0.15 and r["1008.0B"]["error"] < -0.20
+    assert s["kendall_tau"] < 0.1 and not s["order_reproduced"]
     published = [x["published"] for x in r.values()]
     assert published[-1] > published[0]  # superlinear in the paper ...
     assert r["1008.0B"]["predicted"] < r["1.7B"]["predicted"]  # ... not in the model
@@ -126,12 +126,12 @@ def test_claim_2_sc21_table2_direction_reproduced_magnitude_not():
 
 # -- claim 3: Korthikanti Tables 4-5 ---------------------------------------------------------------------------
 def test_claim_3_selective_plus_sp_speedup_reproduced():
-    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 3%
-    of the published one for all four models (1.29-1.32 published)."""
+    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 3.5%
+    of the published one for all four models (1.29-1.32 published; 22B: 1.25 predicted)."""
     speed = RESULTS["studies"]["korthikanti_table5"]["speedup"]
     assert set(speed) == {"22B", "175B", "530B", "1T"}
     for model, v in speed.items():
-        assert v["predicted"] == pytest.approx(v["published"], rel=0.03), model
+        assert v["predicted"] == pytest.approx(v["published"], rel=0.035), model
 
 
 def test_claim_3_iteration_time_right_for_22b_too_slow_for_the_pipelined_models():
@@ -160,13 +160,16 @@ def test_claim_3_one_22b_layer():
 
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
-def test_claim_4_h100_predictions_too_fast():
-    """With the H100's GEMM-fitted efficiency curve every H100 row that runs bf16 is predicted too fast."""
-    for study in ("llama3_table4", "megatron_h100"):
-        for name, r in rows(study).items():
-            assert r["error"] > 0.05, (study, name)
+def test_claim_4_h100_predictions():
+    """Llama 3 405B and torchtitan's 8B FSDP are predicted too fast (the GEMM-fitted H100 curve);
+    Megatron-LM's H100 table lands within 20% (MAPE under 10%) but without its trend."""
+    for name, r in rows("llama3_table4").items():
+        assert r["error"] > 0.25, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
+    s = summary("megatron_h100")
+    assert s["max_abs_error"] < 0.20 and s["mape"] < 0.10
+    assert s["kendall_tau"] < 0.2
 
 
 def test_claim_4_orderings_on_h100():
@@ -182,12 +185,18 @@ def test_claim_4_orderings_on_h100():
 
 # -- claim 5: SC'21 §5 orderings ---------------------------------------------------------------------------
 def test_claim_5_sc21_stated_orderings():
-    """Figures 12, 13 (tensor <= 8) and 14: reproduced; Figure 16 (best microbatch 2): not (the A100 has a
-    flat efficiency, so a larger microbatch only adds bubble)."""
+    """Figures 12 and 13 (tensor <= 8): reproduced; Figure 14 only at batch 512 (at batch 32 the exposed
+    gradient all-reduce makes pipeline 8 the best); Figure 16 (best microbatch 2): not (the A100 has a flat
+    efficiency, so a larger microbatch only adds bubble)."""
     got = {o["id"]: o for o in RESULTS["studies"]["sc21_orderings"]["orderings"]}
     assert got["fig12_interleaved"]["reproduced"]
     assert got["fig13_tensor_vs_pipeline"]["reproduced"]
-    assert got["fig14_pipeline_vs_data"]["reproduced"]
+    fig14 = got["fig14_pipeline_vs_data"]
+    assert not fig14["reproduced"]
+    big = [p["tflops"] for p in fig14["points"] if p["batch"] == 512]
+    assert all(a > b for a, b in zip(big, big[1:]))
+    small = {p["pipeline"]: p["tflops"] for p in fig14["points"] if p["batch"] == 32}
+    assert max(small, key=small.get) == 8
     assert not got["fig16_microbatch"]["reproduced"]
     assert set(got["fig16_microbatch"]["best_mbs"].values()) == {1}
 
