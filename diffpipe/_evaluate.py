@@ -57,19 +57,48 @@ BATCH_CHUNK = 128
 
 
 # -- one level ---------------------------------------------------------------------------------
-def _level(graph: Graph, tables: CostTables, finish: Array, offset: Array):
+def _take(scratch: Array, x: Array, index: Array, zero: Array) -> tuple[Array, Array]:
+    """``x[index]`` (whole rows of ``x``) inside a level scan, written into the loop-carried
+    ``scratch`` (``[index.size + 1, B]``) first; returns the new scratch and the rows.
+
+    Why: XLA:CPU splits a fusion over threads when its *operands* are large (it counts a gather's
+    whole operand: the ``[nodes, chunk]`` finish times, or a ``[microbatches, chunk]`` table), so
+    a plain ``x[index]`` of a few rows ran as two tasks on two cores at every level once the graph
+    passed about 500 nodes: per-op cost grew with the graph (bench_simulator.py ``per_op``). A
+    fusion whose root updates a buffer in place is never split, and the gather fuses into it.
+    ``zero`` is a start index that is 0 at run time (clamped) but not a constant XLA could fold."""
+    flat = index.reshape(-1)
+    scratch = lax.dynamic_update_slice_in_dim(scratch, x[flat], zero, 0)
+    return scratch, lax.dynamic_slice_in_dim(scratch, zero, flat.shape[0]).reshape(*index.shape, *x.shape[1:])
+
+
+def _scratch(graph: Graph, like: Array, *rows: int) -> tuple[Array, ...]:
+    """Zeroed ``_take`` buffers ``[n + 1, B]`` for takes of ``n`` rows each."""
+    return tuple(jnp.zeros((n + 1, like.shape[-1]), like.dtype) for n in rows)
+
+
+def _level_scratch(graph: Graph, like: Array) -> tuple[Array, ...]:
+    """Buffers for ``_level``'s takes: the sizes of a level's rows and its predecessors' finishes."""
+    return _scratch(graph, like, graph.width, graph.width * graph.pred.shape[-1])
+
+
+def _level(graph: Graph, tables: CostTables, finish: Array, offset: Array, scratch: tuple[Array, ...]):
     """The rows of the level at ``offset``: predecessors, edge arguments ``x = finish[pred] +
-    delay`` ``[width, k, B]``, durations ``[width, B]`` and the cost-table rows they read."""
+    delay`` ``[width, k, B]``, durations ``[width, B]``, the cost-table rows they read, and the
+    updated ``_take`` buffers (``_level_scratch``)."""
 
     def cut(x):
         return lax.dynamic_slice_in_dim(x, offset, graph.width)
 
     pred, node_row, edge_row, microbatch = cut(graph.pred), cut(graph.node_row), cut(graph.edge_row), cut(
         graph.microbatch)
-    size = tables.size[microbatch]
+    zero = jnp.minimum(offset, 0)  # offsets are >= 0
+    s_size, s_pred = scratch
+    s_size, size = _take(s_size, tables.size, microbatch, zero)
+    s_pred, before = _take(s_pred, finish, pred, zero)
     dur = tables.base[node_row] + size * tables.per_size[node_row]
-    x = finish[pred] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
-    return pred, x, dur, (node_row, edge_row, microbatch, size)
+    x = before + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+    return pred, x, dur, (node_row, edge_row, microbatch, size, zero), (s_size, s_pred)
 
 
 def _soft(x: Array, tau: Array, exact: bool):
@@ -95,32 +124,39 @@ def _soft(x: Array, tau: Array, exact: bool):
 
 # -- the three sweeps (batch-last, one chunk) ----------------------------------------------------
 def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
-    def level(finish, offset):
-        _, x, dur, _ = _level(graph, tables, finish, offset)
+    def level(carry, offset):
+        finish, scratch = carry
+        _, x, dur, _, scratch = _level(graph, tables, finish, offset, scratch)
         rows = dur + _soft(x, tau, exact)[0]
-        return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
+        return (lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), scratch), None
 
-    finish0 = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
+    finish = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
+    (finish, _), _ = lax.scan(level, (finish, _level_scratch(graph, finish)), graph.offsets)
     # Rows that are not nodes hold -inf; masked here, inside the primitive, where the batch is last
     # (outside, under jax.vmap, a select would first move the vmapped axis to the front: a copy).
-    return jnp.where((graph.kind != PAD)[:, None], lax.scan(level, finish0, graph.offsets)[0], -jnp.inf)
+    return jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
 
 
 def _tangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, d_tables: CostTables, d_tau: Array,
              exact: bool) -> Array:
-    def level(d_finish, offset):
-        pred, x, _, (node_row, edge_row, microbatch, size) = _level(graph, tables, finish, offset)
+    def level(carry, offset):
+        d_finish, scratch, (s_size, s_pred) = carry
+        pred, x, _, (node_row, edge_row, microbatch, size, zero), scratch = _level(
+            graph, tables, finish, offset, scratch)
         _, w, s = _soft(x, tau, exact)
-        d_size = d_tables.size[microbatch]
+        s_size, d_size = _take(s_size, d_tables.size, microbatch, zero)
+        s_pred, d_before = _take(s_pred, d_finish, pred, zero)
         d_dur = d_tables.base[node_row] + d_size * tables.per_size[node_row] + size * d_tables.per_size[node_row]
         d_delay = (d_tables.edge_base[edge_row] + d_size[:, None, :] * tables.edge_per_size[edge_row]
                    + size[:, None, :] * d_tables.edge_per_size[edge_row])
-        rows = d_dur + jnp.sum(w * (d_finish[pred] + d_delay), axis=1)
+        rows = d_dur + jnp.sum(w * (d_before + d_delay), axis=1)
         if not exact:
             rows = rows + s * d_tau[None, :]
-        return lax.dynamic_update_slice_in_dim(d_finish, rows, offset, 0), None
+        return (lax.dynamic_update_slice_in_dim(d_finish, rows, offset, 0), scratch, (s_size, s_pred)), None
 
-    d_finish = lax.scan(level, jnp.zeros_like(finish), graph.offsets)[0]
+    d_finish = jnp.zeros_like(finish)
+    carry = (d_finish, _level_scratch(graph, finish), _level_scratch(graph, finish))
+    d_finish = lax.scan(level, carry, graph.offsets)[0][0]
     return jnp.where((graph.kind != PAD)[:, None], d_finish, 0.0)
 
 
@@ -132,16 +168,16 @@ def _cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, g_fi
     real = (graph.kind != PAD)[:, None]
 
     def level(carry, level_at):
-        g, g_tau = carry
+        g, g_tau, scratch = carry
         offset, count = level_at
-        pred, x, _, _ = _level(graph, tables, finish, offset)
+        pred, x, _, _, scratch = _level(graph, tables, finish, offset, scratch)
         _, w, s = _soft(x, tau, exact)
         gl = jnp.where(lanes < count, lax.dynamic_slice_in_dim(g, offset, graph.width), 0.0)
         g = g.at[pred].add(gl[:, None, :] * w)
-        return (g, g_tau + jnp.sum(gl * s, axis=0)), None
+        return (g, g_tau + jnp.sum(gl * s, axis=0), scratch), None
 
-    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros_like(tau))
-    (g, g_tau), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
+    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros_like(tau), _level_scratch(graph, finish))
+    (g, g_tau, _), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
     g = jnp.where(real, g, 0.0)  # the cotangent of every node's duration
     return _table_cotangent(graph, tables, tau, finish, g, exact), g_tau
 

@@ -81,11 +81,18 @@ class Sizes:
 
     @classmethod
     def of(cls, graph: Graph) -> Sizes:
+        held = _SIZES.get(id(graph))  # graphs are cached across sweeps (graph_of): so are their sizes
+        if held is not None and held[0] is graph:
+            return held[1]
         sizes = common_sizes([graph])
-        return cls(**{f.name: sizes[f.name] for f in dataclasses.fields(cls)})
+        out = cls(**{name: sizes[name] for name in _SIZE_FIELDS})
+        _SIZES[id(graph)] = (graph, out)
+        if len(_SIZES) > _SIZES_KEPT:
+            _SIZES.pop(next(iter(_SIZES)))
+        return out
 
     def join(self, other: Sizes) -> Sizes:
-        return Sizes(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        return Sizes(*(max(getattr(self, name), getattr(other, name)) for name in _SIZE_FIELDS))
 
     @property
     def rows(self) -> int:
@@ -95,6 +102,11 @@ class Sizes:
     def cells(self) -> int:
         """Evaluation work per point: the scan's level blocks plus the per-edge cost model."""
         return self.levels * self.width * self.k + self.rows * self.k
+
+
+_SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(Sizes))
+_SIZES: dict[int, tuple[Graph, Sizes]] = {}  # id(graph) -> (graph, its sizes), oldest first
+_SIZES_KEPT = 4096
 
 
 def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:
