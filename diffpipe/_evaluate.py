@@ -32,6 +32,17 @@ so ``jax.vmap`` over hardware, nested ``vmap``s and ``vmap`` of gradients run th
 batch-last scan as one batched call; a vmapped (stacked) graph is evaluated one graph after the
 other (``lax.map``), each with its batch last. ``AutodiffAdjoint`` lets JAX differentiate and batch
 a plain level scan instead (a reference; slower in reverse mode and under ``vmap``).
+
+Near the hardware (CPU): a level's reads of other rows (its predecessors' finish times, the sizes
+of its microbatches) go through small loop-carried buffers (``_take``), so that every per-level
+fusion either reads little or updates a buffer in place; XLA:CPU then runs the whole scan on one
+thread. A plain gather from the ``[nodes, chunk]`` carry made XLA split each level's gather over
+two threads (its cost model counts the whole operand), a thread hand-off per level that grew with
+the graph: at 512 / 4k / 32k ops, 0.70 / 0.39 / 0.18 of a single-threaded C loop's speed before,
+0.63 / 1.37 / 1.08 after (``benchmarks/bench_simulator.py``, ``per_op``). Chunks carry their
+buffers to the next chunk (``_forward_buffers``): no per-chunk fill.
+The reverse sweep's scatter to the predecessors is still split (XLA gives a scatter no in-place
+exemption): the reverse mode keeps a hand-off per level.
 """
 
 from __future__ import annotations
@@ -123,18 +134,39 @@ def _soft(x: Array, tau: Array, exact: bool):
 
 
 # -- the three sweeps (batch-last, one chunk) ----------------------------------------------------
-def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
+def _forward_buffers(graph: Graph, width: int, dtype) -> tuple:
+    """The forward's working buffers for ``width`` variants: finish times (``-inf``: the sentinel
+    row is never written), ``_level``'s takes and the sinks' take. Carried from one batch chunk to
+    the next (``_in_chunks``): every node's row is rewritten before it is read, so nothing is
+    refilled per chunk (a ``[nodes, chunk]`` fill was a multi-threaded op per chunk)."""
+    finish = jnp.full((graph.kind.shape[-1], width), -jnp.inf, dtype=dtype)
+    return finish, _level_scratch(graph, finish), _scratch(graph, finish, graph.sinks.shape[-1])[0]
+
+
+def _forward_chunk(graph: Graph, tables: CostTables, tau: Array, exact: bool, buffers: tuple,
+                   sinks: bool = False) -> tuple[Array, tuple]:
+    """Finish times of every row (or of the sinks) of one chunk, and the buffers for the next."""
     def level(carry, offset):
         finish, scratch = carry
         _, x, dur, _, scratch = _level(graph, tables, finish, offset, scratch)
         rows = dur + _soft(x, tau, exact)[0]
         return (lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), scratch), None
 
-    finish = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
-    (finish, _), _ = lax.scan(level, (finish, _level_scratch(graph, finish)), graph.offsets)
+    finish, scratch, at_sinks = buffers
+    (finish, scratch), _ = lax.scan(level, (finish, scratch), graph.offsets)
     # Rows that are not nodes hold -inf; masked here, inside the primitive, where the batch is last
     # (outside, under jax.vmap, a select would first move the vmapped axis to the front: a copy).
-    return jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
+    if sinks:  # only the sinks leave the chunk
+        at_sinks, out = _take(at_sinks, finish, graph.sinks, jnp.minimum(graph.offsets[0], 0))
+        out = jnp.where((graph.kind[graph.sinks] != PAD)[:, None], out, -jnp.inf)
+    else:
+        out = jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
+    return out, (finish, scratch, at_sinks)
+
+
+def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
+    """Finish times of every row of one chunk (rows that are not nodes: ``-inf``)."""
+    return _forward_chunk(graph, tables, tau, exact, _forward_buffers(graph, tau.shape[-1], tables.base.dtype))[0]
 
 
 def _tangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, d_tables: CostTables, d_tau: Array,
@@ -205,13 +237,26 @@ def _table_cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array
     )
 
 
-def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK):
+def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK, buffers=None):
     """``fn(graph, *operands)`` (every operand and output leaf batch-last) over chunks of ``chunk``
-    variants in sequence (``lax.map``); the last chunk is padded with copies of the last variant."""
+    variants in sequence (``lax.scan``); the last chunk is padded with copies of the last variant.
+    With ``buffers(graph, width, dtype)``, ``fn(graph, buffers, *operands) -> (out, buffers)``
+    instead: working buffers carried from one chunk to the next."""
     leaves = jax.tree.leaves(operands)
-    batch = leaves[0].shape[-1]
+    batch, dtype = leaves[0].shape[-1], leaves[0].dtype
+    if buffers is None:
+        def step(g, carry, *ops):
+            return fn(g, *ops), carry
+
+        def initial(width):
+            return ()
+    else:
+        step = fn
+
+        def initial(width):
+            return buffers(graph, width, dtype)
     if batch <= chunk:
-        return fn(graph, *operands)
+        return step(graph, initial(batch), *operands)[0]
     chunks = -(-batch // chunk)
     pad = chunks * chunk - batch
 
@@ -223,8 +268,11 @@ def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK):
         x = jnp.moveaxis(x, 0, -2)
         return x.reshape(*x.shape[:-2], chunks * chunk)[..., :batch]
 
-    out = lax.map(lambda ops: fn(graph, *ops), jax.tree.map(split, operands))
-    return jax.tree.map(merge, out)
+    def body(carry, ops):
+        out, carry = step(graph, carry, *ops)
+        return carry, out
+
+    return jax.tree.map(merge, lax.scan(body, initial(chunk), jax.tree.map(split, operands))[1])
 
 
 # -- the primitives --------------------------------------------------------------------------------
@@ -242,14 +290,21 @@ def _bind(prim: Primitive, graph: Graph, operands: tuple, exact: bool, sinks: bo
     return prim.bind(*flat, tree=tree, exact=exact, sinks=sinks)
 
 
-def _define(name: str, fn, out_avals) -> Primitive:
-    """A primitive running ``fn(graph, *operands, exact)`` in chunks; operands and outputs are
-    batch-last. Its batching rule folds a vmapped axis into the batch (see the module docstring)."""
+def _define(name: str, fn, out_avals, buffers=None) -> Primitive:
+    """A primitive running ``fn(graph, *operands, exact)`` in chunks (or, with ``buffers``,
+    ``fn(graph, *operands, exact, buffers, sinks) -> (out, buffers)``: see ``_in_chunks``); operands
+    and outputs are batch-last. Its batching rule folds a vmapped axis into the batch (see the
+    module docstring)."""
     prim = Primitive(f"diffpipe_{name}")
     prim.multiple_results = True
 
     def impl(*flat, tree, exact, sinks):
         graph, operands = _unpack(flat, tree)
+        if buffers is not None:
+            def step(g, carry, *ops):
+                return fn(g, *ops, exact, carry, sinks)
+
+            return jax.tree.leaves(_in_chunks(step, graph, operands, buffers=buffers))
 
         def chunk(g, *ops):
             out = fn(g, *ops, exact)
@@ -302,8 +357,8 @@ def _like(x) -> jax.core.ShapedArray:
     return jax.core.ShapedArray(x.shape, x.dtype)
 
 
-_forward_p = _define("forward", _forward, lambda graph, tables, tau: [
-    jax.core.ShapedArray((graph.kind.shape[-1], tau.shape[-1]), tables.base.dtype)])
+_forward_p = _define("forward", _forward_chunk, lambda graph, tables, tau: [
+    jax.core.ShapedArray((graph.kind.shape[-1], tau.shape[-1]), tables.base.dtype)], buffers=_forward_buffers)
 _tangent_p = _define("tangent", _tangent, lambda graph, tables, tau, finish, d_tables, d_tau: [_like(finish)])
 _cotangent_p = _define("cotangent", _cotangent, lambda graph, tables, tau, finish, g: [
     _like(x) for x in jax.tree.leaves((tables, tau))])

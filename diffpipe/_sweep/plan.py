@@ -21,9 +21,10 @@ from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
 
-#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring: measured
-#: with the earlier evaluator; it now prices a compilation below its cost, favouring warm sweeps).
-COMPILE_CELLS = 1.5e8
+#: One compilation of a stack's evaluator, in evaluated cells: compile seconds x evaluated cells per
+#: second of the same evaluator (``benchmarks/bench_sweep.py``, "compile in cells"; see the package
+#: docstring).
+COMPILE_CELLS = 1.9e9
 #: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
 #: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
 #: 256 MiB were 20-50% slower); accelerators run the level scan as one kernel launch per level
