@@ -48,6 +48,13 @@ def timeit(fn, *, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
+def _once(fn) -> float:
+    """Wall time of one ``fn()`` call (already warm)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def hardware_batch(stages: int, batch: int, seed: int = 0) -> dp.Hardware:
     rng = np.random.default_rng(seed)
     f = jnp.asarray(rng.uniform(0.5, 2.0, (batch, stages)), jnp.float32)
@@ -118,8 +125,11 @@ def bench_overhead(devices: int, microbatches: int) -> dict:
             "call_s": t_call, "user_jit_s": t_jit, "call_over_user_jit": t_call / t_jit}
 
 
-def bench_per_op(sizes: list[tuple[int, int]], batch: int) -> list[dict]:
-    """Exact batched evaluation per op per variant against the C yardstick, as the graph grows."""
+def bench_per_op(sizes: list[tuple[int, int]], batch: int, rounds: int = 7) -> list[dict]:
+    """Exact batched evaluation per op per variant against the C yardstick, as the graph grows.
+    diffpipe and C alternate for ``rounds`` rounds (the machine is shared: each round's ratio is
+    taken from back-to-back calls); reported: the median of the per-round ratios, and per-op costs
+    from the fastest round of each (the least disturbed, used for the flatness ratio)."""
     lib = yardstick.build() if yardstick.available() else None
     rows = []
     for devices, microbatches in sizes:
@@ -127,16 +137,29 @@ def bench_per_op(sizes: list[tuple[int, int]], batch: int) -> list[dict]:
         g = dp.compile(s)
         hws = hardware_batch(s.stages, batch)
         ops = len(s.ops)
-        ours = dp.makespan(g, hws, batched=True)
-        t_ours = timeit(lambda g=g, hws=hws: dp.makespan(g, hws, batched=True).block_until_ready(), repeat=3)
-        row = {"case": f"1f1b {devices}x{microbatches}", "ops": ops, "batch": batch,
-               "diffpipe_ns_per_op_variant": t_ours / (ops * batch) * 1e9}
+
+        def ours(g=g, hws=hws):
+            return dp.makespan(g, hws, batched=True).block_until_ready()
+
+        want = ours()
+        c = None
         if lib is not None:
             tables = jax.vmap(lambda h, g=g: h.tables(g))(hws).batch_last(batched=True)
             c = yardstick.Yardstick(lib, g, tables)
-            np.testing.assert_allclose(c(), np.asarray(ours), rtol=1e-5)  # same numbers
-            t_c = timeit(c, repeat=3)
-            row.update(yardstick_ns_per_op_variant=t_c / (ops * batch) * 1e9, fraction_of_yardstick=t_c / t_ours)
+            np.testing.assert_allclose(c(), np.asarray(want), rtol=1e-5)  # same numbers; C warm
+        t_ours, t_c = [], []
+        for _ in range(rounds):
+            t_ours.append(_once(ours))
+            if c is not None:
+                t_c.append(_once(c))
+        row = {"case": f"1f1b {devices}x{microbatches}", "ops": ops, "batch": batch, "rounds": rounds,
+               "diffpipe_ns_per_op_variant": min(t_ours) / (ops * batch) * 1e9,
+               "diffpipe_ns_per_op_variant_median": statistics.median(t_ours) / (ops * batch) * 1e9}
+        if c is not None:
+            row.update(yardstick_ns_per_op_variant=min(t_c) / (ops * batch) * 1e9,
+                       yardstick_ns_per_op_variant_median=statistics.median(t_c) / (ops * batch) * 1e9,
+                       fraction_of_yardstick=statistics.median(b / a for a, b in zip(t_ours, t_c)),
+                       fraction_of_yardstick_fastest=min(t_c) / min(t_ours))
         rows.append(row)
     return rows
 
@@ -248,12 +271,14 @@ def main() -> None:
     if "per_op" in only:
         sizes = [(8, 32), (8, 256)] if args.quick else [(8, 32), (8, 256), (8, 2048)]
         results["per_op"] = bench_per_op(sizes, batch)
-        print("\n| cost per op | ops | diffpipe ns/op/variant | C yardstick ns/op/variant | diffpipe speed / C |")
+        print("\n| cost per op (fastest of the rounds) | ops | diffpipe ns/op/variant | C yardstick ns/op/variant | "
+              "diffpipe speed / C (median of rounds; fastest rounds) |")
         print("|---|---|---|---|---|")
         for r in results["per_op"]:
             print(f"| {r['case']}, {r['batch']} variants | {r['ops']} | {r['diffpipe_ns_per_op_variant']:.3f} | "
                   f"{r.get('yardstick_ns_per_op_variant', math.nan):.3f} | "
-                  f"{r.get('fraction_of_yardstick', math.nan):.2f} |")
+                  f"{r.get('fraction_of_yardstick', math.nan):.2f}; "
+                  f"{r.get('fraction_of_yardstick_fastest', math.nan):.2f} |")
         first, last = results["per_op"][0], results["per_op"][-1]
         print(f"per-op cost {last['ops']} ops / {first['ops']} ops: "
               f"{last['diffpipe_ns_per_op_variant'] / first['diffpipe_ns_per_op_variant']:.2f}×")

@@ -182,6 +182,8 @@ def memory_check(points: int = 2048) -> list[dict]:
         fn = jax.jit(lambda d, static=static: sweep_evaluate.chunk_metrics(*eqx.combine(d, static)))
         compiled = fn.lower(dynamic).compile()
         compile_s = time.perf_counter() - t0
+        eval_s = min(_timed(lambda c=compiled, d=dynamic: jax.block_until_ready(c(d))) for _ in range(1 + WARM_RUNS))
+        cells_per_s = points * sizes.cells / eval_s
         stats = compiled.memory_analysis()
         xla = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
         per_point, per_graph = sweep_plan.bytes_per_point(sizes), sweep_plan.bytes_per_graph(sizes)
@@ -189,8 +191,15 @@ def memory_check(points: int = 2048) -> list[dict]:
         rows.append({"graph": f"{family} 4x{n} {mode}", "nodes": sizes.nodes, "k": sizes.k, "points": points,
                      "cells": sizes.cells, "xla_bytes": int(xla), "estimate_bytes": int(estimate),
                      "xla_per_point": xla / points, "estimate_per_point": estimate / points,
-                     "compile_s": compile_s})
+                     "compile_s": compile_s, "eval_s": eval_s, "cells_per_s": cells_per_s,
+                     "compile_cells": compile_s * cells_per_s})
     return rows
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -249,11 +258,16 @@ def main() -> None:
     if not memory:
         print("(memory check skipped)")
     print("\n| evaluator memory (2048 points, one graph) | nodes | k | XLA bytes/point | estimate bytes/point | "
-          "XLA total | estimate total | compile |")
-    print("|---|---|---|---|---|---|---|---|")
+          "XLA total | estimate total | compile | cells/s | compile in cells |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in memory:
         print(f"| {r['graph']} | {r['nodes']} | {r['k']} | {r['xla_per_point']:.0f} | {r['estimate_per_point']:.0f} | "
-              f"{r['xla_bytes'] / 2**20:.2f} MiB | {r['estimate_bytes'] / 2**20:.2f} MiB | {r['compile_s']:.1f} s |")
+              f"{r['xla_bytes'] / 2**20:.2f} MiB | {r['estimate_bytes'] / 2**20:.2f} MiB | {r['compile_s']:.1f} s | "
+              f"{r['cells_per_s']:.2e} | {r['compile_cells']:.2e} |")
+    if memory:
+        cells = sorted(r["compile_cells"] for r in memory)
+        print(f"one compilation in evaluated cells (median; sweep.COMPILE_CELLS = {sweep_plan.COMPILE_CELLS:.1e}): "
+              f"{cells[len(cells) // 2]:.2e}")
     out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, default=str))

@@ -32,6 +32,17 @@ so ``jax.vmap`` over hardware, nested ``vmap``s and ``vmap`` of gradients run th
 batch-last scan as one batched call; a vmapped (stacked) graph is evaluated one graph after the
 other (``lax.map``), each with its batch last. ``AutodiffAdjoint`` lets JAX differentiate and batch
 a plain level scan instead (a reference; slower in reverse mode and under ``vmap``).
+
+Near the hardware (CPU): a level's reads of other rows (its predecessors' finish times, the sizes
+of its microbatches) go through small loop-carried buffers (``_take``), so that every per-level
+fusion either reads little or updates a buffer in place; XLA:CPU then runs the whole scan on one
+thread. A plain gather from the ``[nodes, chunk]`` carry made XLA split each level's gather over
+two threads (its cost model counts the whole operand), a thread hand-off per level that grew with
+the graph: at 512 / 4k / 32k ops, 0.70 / 0.39 / 0.18 of a single-threaded C loop's speed before,
+0.63 / 1.37 / 1.08 after (``benchmarks/bench_simulator.py``, ``per_op``). Chunks carry their
+buffers to the next chunk (``_forward_buffers``): no per-chunk fill.
+The reverse sweep's scatter to the predecessors is still split (XLA gives a scatter no in-place
+exemption): the reverse mode keeps a hand-off per level.
 """
 
 from __future__ import annotations
@@ -57,19 +68,48 @@ BATCH_CHUNK = 128
 
 
 # -- one level ---------------------------------------------------------------------------------
-def _level(graph: Graph, tables: CostTables, finish: Array, offset: Array):
+def _take(scratch: Array, x: Array, index: Array, zero: Array) -> tuple[Array, Array]:
+    """``x[index]`` (whole rows of ``x``) inside a level scan, written into the loop-carried
+    ``scratch`` (``[index.size + 1, B]``) first; returns the new scratch and the rows.
+
+    Why: XLA:CPU splits a fusion over threads when its *operands* are large (it counts a gather's
+    whole operand: the ``[nodes, chunk]`` finish times, or a ``[microbatches, chunk]`` table), so
+    a plain ``x[index]`` of a few rows ran as two tasks on two cores at every level once the graph
+    passed about 500 nodes: per-op cost grew with the graph (bench_simulator.py ``per_op``). A
+    fusion whose root updates a buffer in place is never split, and the gather fuses into it.
+    ``zero`` is a start index that is 0 at run time (clamped) but not a constant XLA could fold."""
+    flat = index.reshape(-1)
+    scratch = lax.dynamic_update_slice_in_dim(scratch, x[flat], zero, 0)
+    return scratch, lax.dynamic_slice_in_dim(scratch, zero, flat.shape[0]).reshape(*index.shape, *x.shape[1:])
+
+
+def _scratch(graph: Graph, like: Array, *rows: int) -> tuple[Array, ...]:
+    """Zeroed ``_take`` buffers ``[n + 1, B]`` for takes of ``n`` rows each."""
+    return tuple(jnp.zeros((n + 1, like.shape[-1]), like.dtype) for n in rows)
+
+
+def _level_scratch(graph: Graph, like: Array) -> tuple[Array, ...]:
+    """Buffers for ``_level``'s takes: the sizes of a level's rows and its predecessors' finishes."""
+    return _scratch(graph, like, graph.width, graph.width * graph.pred.shape[-1])
+
+
+def _level(graph: Graph, tables: CostTables, finish: Array, offset: Array, scratch: tuple[Array, ...]):
     """The rows of the level at ``offset``: predecessors, edge arguments ``x = finish[pred] +
-    delay`` ``[width, k, B]``, durations ``[width, B]`` and the cost-table rows they read."""
+    delay`` ``[width, k, B]``, durations ``[width, B]``, the cost-table rows they read, and the
+    updated ``_take`` buffers (``_level_scratch``)."""
 
     def cut(x):
         return lax.dynamic_slice_in_dim(x, offset, graph.width)
 
     pred, node_row, edge_row, microbatch = cut(graph.pred), cut(graph.node_row), cut(graph.edge_row), cut(
         graph.microbatch)
-    size = tables.size[microbatch]
+    zero = jnp.minimum(offset, 0)  # offsets are >= 0
+    s_size, s_pred = scratch
+    s_size, size = _take(s_size, tables.size, microbatch, zero)
+    s_pred, before = _take(s_pred, finish, pred, zero)
     dur = tables.base[node_row] + size * tables.per_size[node_row]
-    x = finish[pred] + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
-    return pred, x, dur, (node_row, edge_row, microbatch, size)
+    x = before + tables.edge_base[edge_row] + size[:, None, :] * tables.edge_per_size[edge_row]
+    return pred, x, dur, (node_row, edge_row, microbatch, size, zero), (s_size, s_pred)
 
 
 def _soft(x: Array, tau: Array, exact: bool):
@@ -94,33 +134,61 @@ def _soft(x: Array, tau: Array, exact: bool):
 
 
 # -- the three sweeps (batch-last, one chunk) ----------------------------------------------------
-def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
-    def level(finish, offset):
-        _, x, dur, _ = _level(graph, tables, finish, offset)
-        rows = dur + _soft(x, tau, exact)[0]
-        return lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), None
+def _forward_buffers(graph: Graph, width: int, dtype) -> tuple:
+    """The forward's working buffers for ``width`` variants: finish times (``-inf``: the sentinel
+    row is never written), ``_level``'s takes and the sinks' take. Carried from one batch chunk to
+    the next (``_in_chunks``): every node's row is rewritten before it is read, so nothing is
+    refilled per chunk (a ``[nodes, chunk]`` fill was a multi-threaded op per chunk)."""
+    finish = jnp.full((graph.kind.shape[-1], width), -jnp.inf, dtype=dtype)
+    return finish, _level_scratch(graph, finish), _scratch(graph, finish, graph.sinks.shape[-1])[0]
 
-    finish0 = jnp.full((graph.kind.shape[-1], tau.shape[-1]), -jnp.inf, dtype=tables.base.dtype)
+
+def _forward_chunk(graph: Graph, tables: CostTables, tau: Array, exact: bool, buffers: tuple,
+                   sinks: bool = False) -> tuple[Array, tuple]:
+    """Finish times of every row (or of the sinks) of one chunk, and the buffers for the next."""
+    def level(carry, offset):
+        finish, scratch = carry
+        _, x, dur, _, scratch = _level(graph, tables, finish, offset, scratch)
+        rows = dur + _soft(x, tau, exact)[0]
+        return (lax.dynamic_update_slice_in_dim(finish, rows, offset, 0), scratch), None
+
+    finish, scratch, at_sinks = buffers
+    (finish, scratch), _ = lax.scan(level, (finish, scratch), graph.offsets)
     # Rows that are not nodes hold -inf; masked here, inside the primitive, where the batch is last
     # (outside, under jax.vmap, a select would first move the vmapped axis to the front: a copy).
-    return jnp.where((graph.kind != PAD)[:, None], lax.scan(level, finish0, graph.offsets)[0], -jnp.inf)
+    if sinks:  # only the sinks leave the chunk
+        at_sinks, out = _take(at_sinks, finish, graph.sinks, jnp.minimum(graph.offsets[0], 0))
+        out = jnp.where((graph.kind[graph.sinks] != PAD)[:, None], out, -jnp.inf)
+    else:
+        out = jnp.where((graph.kind != PAD)[:, None], finish, -jnp.inf)
+    return out, (finish, scratch, at_sinks)
+
+
+def _forward(graph: Graph, tables: CostTables, tau: Array, exact: bool) -> Array:
+    """Finish times of every row of one chunk (rows that are not nodes: ``-inf``)."""
+    return _forward_chunk(graph, tables, tau, exact, _forward_buffers(graph, tau.shape[-1], tables.base.dtype))[0]
 
 
 def _tangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, d_tables: CostTables, d_tau: Array,
              exact: bool) -> Array:
-    def level(d_finish, offset):
-        pred, x, _, (node_row, edge_row, microbatch, size) = _level(graph, tables, finish, offset)
+    def level(carry, offset):
+        d_finish, scratch, (s_size, s_pred) = carry
+        pred, x, _, (node_row, edge_row, microbatch, size, zero), scratch = _level(
+            graph, tables, finish, offset, scratch)
         _, w, s = _soft(x, tau, exact)
-        d_size = d_tables.size[microbatch]
+        s_size, d_size = _take(s_size, d_tables.size, microbatch, zero)
+        s_pred, d_before = _take(s_pred, d_finish, pred, zero)
         d_dur = d_tables.base[node_row] + d_size * tables.per_size[node_row] + size * d_tables.per_size[node_row]
         d_delay = (d_tables.edge_base[edge_row] + d_size[:, None, :] * tables.edge_per_size[edge_row]
                    + size[:, None, :] * d_tables.edge_per_size[edge_row])
-        rows = d_dur + jnp.sum(w * (d_finish[pred] + d_delay), axis=1)
+        rows = d_dur + jnp.sum(w * (d_before + d_delay), axis=1)
         if not exact:
             rows = rows + s * d_tau[None, :]
-        return lax.dynamic_update_slice_in_dim(d_finish, rows, offset, 0), None
+        return (lax.dynamic_update_slice_in_dim(d_finish, rows, offset, 0), scratch, (s_size, s_pred)), None
 
-    d_finish = lax.scan(level, jnp.zeros_like(finish), graph.offsets)[0]
+    d_finish = jnp.zeros_like(finish)
+    carry = (d_finish, _level_scratch(graph, finish), _level_scratch(graph, finish))
+    d_finish = lax.scan(level, carry, graph.offsets)[0][0]
     return jnp.where((graph.kind != PAD)[:, None], d_finish, 0.0)
 
 
@@ -132,16 +200,16 @@ def _cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array, g_fi
     real = (graph.kind != PAD)[:, None]
 
     def level(carry, level_at):
-        g, g_tau = carry
+        g, g_tau, scratch = carry
         offset, count = level_at
-        pred, x, _, _ = _level(graph, tables, finish, offset)
+        pred, x, _, _, scratch = _level(graph, tables, finish, offset, scratch)
         _, w, s = _soft(x, tau, exact)
         gl = jnp.where(lanes < count, lax.dynamic_slice_in_dim(g, offset, graph.width), 0.0)
         g = g.at[pred].add(gl[:, None, :] * w)
-        return (g, g_tau + jnp.sum(gl * s, axis=0)), None
+        return (g, g_tau + jnp.sum(gl * s, axis=0), scratch), None
 
-    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros_like(tau))
-    (g, g_tau), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
+    carry = (jnp.where(real, g_finish, 0.0), jnp.zeros_like(tau), _level_scratch(graph, finish))
+    (g, g_tau, _), _ = lax.scan(level, carry, (graph.offsets, graph.sizes), reverse=True)
     g = jnp.where(real, g, 0.0)  # the cotangent of every node's duration
     return _table_cotangent(graph, tables, tau, finish, g, exact), g_tau
 
@@ -169,13 +237,26 @@ def _table_cotangent(graph: Graph, tables: CostTables, tau: Array, finish: Array
     )
 
 
-def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK):
+def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK, buffers=None):
     """``fn(graph, *operands)`` (every operand and output leaf batch-last) over chunks of ``chunk``
-    variants in sequence (``lax.map``); the last chunk is padded with copies of the last variant."""
+    variants in sequence (``lax.scan``); the last chunk is padded with copies of the last variant.
+    With ``buffers(graph, width, dtype)``, ``fn(graph, buffers, *operands) -> (out, buffers)``
+    instead: working buffers carried from one chunk to the next."""
     leaves = jax.tree.leaves(operands)
-    batch = leaves[0].shape[-1]
+    batch, dtype = leaves[0].shape[-1], leaves[0].dtype
+    if buffers is None:
+        def step(g, carry, *ops):
+            return fn(g, *ops), carry
+
+        def initial(width):
+            return ()
+    else:
+        step = fn
+
+        def initial(width):
+            return buffers(graph, width, dtype)
     if batch <= chunk:
-        return fn(graph, *operands)
+        return step(graph, initial(batch), *operands)[0]
     chunks = -(-batch // chunk)
     pad = chunks * chunk - batch
 
@@ -187,8 +268,11 @@ def _in_chunks(fn, graph: Graph, operands: tuple, chunk: int = BATCH_CHUNK):
         x = jnp.moveaxis(x, 0, -2)
         return x.reshape(*x.shape[:-2], chunks * chunk)[..., :batch]
 
-    out = lax.map(lambda ops: fn(graph, *ops), jax.tree.map(split, operands))
-    return jax.tree.map(merge, out)
+    def body(carry, ops):
+        out, carry = step(graph, carry, *ops)
+        return carry, out
+
+    return jax.tree.map(merge, lax.scan(body, initial(chunk), jax.tree.map(split, operands))[1])
 
 
 # -- the primitives --------------------------------------------------------------------------------
@@ -206,14 +290,21 @@ def _bind(prim: Primitive, graph: Graph, operands: tuple, exact: bool, sinks: bo
     return prim.bind(*flat, tree=tree, exact=exact, sinks=sinks)
 
 
-def _define(name: str, fn, out_avals) -> Primitive:
-    """A primitive running ``fn(graph, *operands, exact)`` in chunks; operands and outputs are
-    batch-last. Its batching rule folds a vmapped axis into the batch (see the module docstring)."""
+def _define(name: str, fn, out_avals, buffers=None) -> Primitive:
+    """A primitive running ``fn(graph, *operands, exact)`` in chunks (or, with ``buffers``,
+    ``fn(graph, *operands, exact, buffers, sinks) -> (out, buffers)``: see ``_in_chunks``); operands
+    and outputs are batch-last. Its batching rule folds a vmapped axis into the batch (see the
+    module docstring)."""
     prim = Primitive(f"diffpipe_{name}")
     prim.multiple_results = True
 
     def impl(*flat, tree, exact, sinks):
         graph, operands = _unpack(flat, tree)
+        if buffers is not None:
+            def step(g, carry, *ops):
+                return fn(g, *ops, exact, carry, sinks)
+
+            return jax.tree.leaves(_in_chunks(step, graph, operands, buffers=buffers))
 
         def chunk(g, *ops):
             out = fn(g, *ops, exact)
@@ -266,8 +357,8 @@ def _like(x) -> jax.core.ShapedArray:
     return jax.core.ShapedArray(x.shape, x.dtype)
 
 
-_forward_p = _define("forward", _forward, lambda graph, tables, tau: [
-    jax.core.ShapedArray((graph.kind.shape[-1], tau.shape[-1]), tables.base.dtype)])
+_forward_p = _define("forward", _forward_chunk, lambda graph, tables, tau: [
+    jax.core.ShapedArray((graph.kind.shape[-1], tau.shape[-1]), tables.base.dtype)], buffers=_forward_buffers)
 _tangent_p = _define("tangent", _tangent, lambda graph, tables, tau, finish, d_tables, d_tau: [_like(finish)])
 _cotangent_p = _define("cotangent", _cotangent, lambda graph, tables, tau, finish, g: [
     _like(x) for x in jax.tree.leaves((tables, tau))])

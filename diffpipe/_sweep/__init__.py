@@ -66,12 +66,15 @@ devices, microbatches, options) (``grid.build``), graphs on (schedule, mode, dev
 their layout and shapes. A repeated sweep therefore normalises its hardware and evaluates, nothing
 else.
 
-Measured constants (2-core CPU shared with other jobs, jax 0.10, float32): ``COMPILE_CELLS = 1.5e8``
-was measured with the earlier evaluator (4-7 s per compilation at 2.5e7-1e8 cells per second). With
-the chunked batch-last evaluator a stack compiles in ~1-2 s and evaluates 2-4e9 padded cells per
-second, so 1.5e8 cells now prices a compilation at ~1/20 of its cost: the plan pads less than a
-single call's optimum, in favour of repeated (warm) sweeps; cold sweeps still compile a few stacks
-(``benchmarks/bench_sweep.py``: 2 stacks for 28 graphs at 200k points).
+Measured constants (2-core CPU shared with other jobs, jax 0.10, float32): ``COMPILE_CELLS = 1.9e9``
+is one compilation of a stack's evaluator (10-12 s at load ~15, ~1 s on an idle machine) times the
+cells per second the same evaluator then evaluates (``benchmarks/bench_sweep.py`` reports both and
+their product per representative graph; medians of 1.9e9 and 3.7e9 in two runs: the lower is
+used, since an overpriced compilation pads more and slows warm sweeps). The
+previous 1.5e8 dated from an earlier evaluator and priced a compilation at 1/13 of its cost; on
+the benchmark's 1M-point grid (28 graphs) the measured value plans 2 stacks instead of 4, the
+cold sweep took 26 s instead of 83 s and the warm one 1.56 s instead of 1.76 s (same run
+conditions, load ~15).
 """
 
 

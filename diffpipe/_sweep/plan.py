@@ -21,9 +21,10 @@ from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
 
-#: One compilation of a stack's evaluator, in evaluated cells (see the package docstring: measured
-#: with the earlier evaluator; it now prices a compilation below its cost, favouring warm sweeps).
-COMPILE_CELLS = 1.5e8
+#: One compilation of a stack's evaluator, in evaluated cells: compile seconds x evaluated cells per
+#: second of the same evaluator (``benchmarks/bench_sweep.py``, "compile in cells"; see the package
+#: docstring).
+COMPILE_CELLS = 1.9e9
 #: Default bound on the evaluator's working memory per device, bytes, by backend. On CPU small
 #: chunks stay in cache: 16-32 MiB chunks ran fastest on the 2-core benchmark machine (4 MiB and
 #: 256 MiB were 20-50% slower); accelerators run the level scan as one kernel launch per level
@@ -81,11 +82,18 @@ class Sizes:
 
     @classmethod
     def of(cls, graph: Graph) -> Sizes:
+        held = _SIZES.get(id(graph))  # graphs are cached across sweeps (graph_of): so are their sizes
+        if held is not None and held[0] is graph:
+            return held[1]
         sizes = common_sizes([graph])
-        return cls(**{f.name: sizes[f.name] for f in dataclasses.fields(cls)})
+        out = cls(**{name: sizes[name] for name in _SIZE_FIELDS})
+        _SIZES[id(graph)] = (graph, out)
+        if len(_SIZES) > _SIZES_KEPT:
+            _SIZES.pop(next(iter(_SIZES)))
+        return out
 
     def join(self, other: Sizes) -> Sizes:
-        return Sizes(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        return Sizes(*(max(getattr(self, name), getattr(other, name)) for name in _SIZE_FIELDS))
 
     @property
     def rows(self) -> int:
@@ -95,6 +103,11 @@ class Sizes:
     def cells(self) -> int:
         """Evaluation work per point: the scan's level blocks plus the per-edge cost model."""
         return self.levels * self.width * self.k + self.rows * self.k
+
+
+_SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(Sizes))
+_SIZES: dict[int, tuple[Graph, Sizes]] = {}  # id(graph) -> (graph, its sizes), oldest first
+_SIZES_KEPT = 4096
 
 
 def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:
