@@ -178,7 +178,8 @@ def test_trace_json(tmp_path, one_f_one_b, contended):
     forward = next(e for e in ops if e["name"] == "F0" and e["tid"] == 0)
     f_us = float(contended.forward[0]) * 1e6  # seconds to microseconds
     assert forward["ts"] == 0 and forward["dur"] == pytest.approx(f_us, rel=1e-5)
-    assert all(e["dur"] == pytest.approx(2 * f_us, rel=1e-5) for e in ops if e["cat"] == "B")
+    # B = 2F up to the embedding's gather and scatter-add (equal bytes at the memory roof): B/F = 1.9996
+    assert all(e["dur"] == pytest.approx(2 * f_us, rel=1e-3) for e in ops if e["cat"] == "B")
     link_events = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
     assert len(link_events) == 2 * (D - 1) * N
     assert all(e["dur"] == pytest.approx(transfer_time(contended) * 1e6, rel=1e-5) for e in link_events)
