@@ -200,8 +200,9 @@ class Cluster(eqx.Module):
     ``device`` is a ``Device`` or a device preset name; ``intra``/``inter`` link preset names
     (``diffpipe.presets.networks()``), ``LinkSpec``s or ``(bandwidth bytes/s, latency s)`` pairs;
     ``devices_per_node`` defaults to the intra link's switch domain (8 for NVLink, 72 for NVL72).
-    ``memory_bandwidth`` (bytes/s, for the optimizer step) defaults to the device preset's
-    datasheet figure (``DeviceSpec.memory_bandwidth``) or the ``Device``'s own, if it has one.
+    ``memory_bandwidth`` (bytes/s; it also times the optimizer step) lives on the ``Device``
+    (presets carry the datasheet figure); ``memory_bandwidth=`` replaces the device's. A device
+    without one (``inf``, a bare ``Device(peak, memory)``) is refused: the optimizer step would be free.
     """
 
     device: Device
@@ -209,7 +210,6 @@ class Cluster(eqx.Module):
     intra_latency: Float[Array, ""]
     inter_bandwidth: Float[Array, ""]
     inter_latency: Float[Array, ""]
-    memory_bandwidth: Float[Array, ""]
     gpus: int = eqx.field(static=True)
     devices_per_node: int = eqx.field(static=True)
     intra: str = eqx.field(static=True)
@@ -218,19 +218,13 @@ class Cluster(eqx.Module):
     def __init__(self, device: Any = "H100", gpus: int = 8, devices_per_node: int | None = None,
                  intra: Any = "nvlink4", inter: Any = "ib-ndr", *, memory_bandwidth: Any = None) -> None:
         if isinstance(device, str):
-            key = _presets._lookup(_presets.DEVICES, device, "device")
-            spec_bandwidth = _presets.DEVICES[key].memory_bandwidth
-            device = _presets.device(key)
-        elif isinstance(device, Device):
-            spec = _presets.DEVICES.get(device.name)
-            spec_bandwidth = getattr(device, "memory_bandwidth", None)
-            if spec_bandwidth is None and spec is not None:
-                spec_bandwidth = spec.memory_bandwidth
-        else:
+            device = _presets.device(_presets._lookup(_presets.DEVICES, device, "device"))
+        elif not isinstance(device, Device):
             raise ConfigError(f"cluster: device must be a Device or a device preset name, got {device!r}")
-        if memory_bandwidth is None:
-            memory_bandwidth = spec_bandwidth
-        if memory_bandwidth is None:
+        if memory_bandwidth is not None:
+            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, _float(memory_bandwidth))
+        bandwidth = _concrete(device.memory_bandwidth)
+        if bandwidth is not None and not np.all(np.isfinite(bandwidth)):
             raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
                               "(bytes/s)")
         self.device = device
@@ -246,11 +240,9 @@ class Cluster(eqx.Module):
                               "nodes")
         self.intra_bandwidth, self.intra_latency = _float(intra_bw), _float(intra_lat)
         self.inter_bandwidth, self.inter_latency = _float(inter_bw), _float(inter_lat)
-        self.memory_bandwidth = _float(memory_bandwidth)
 
     def __check_init__(self) -> None:
-        for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("memory_bandwidth", True),
-                               ("intra_latency", False), ("inter_latency", False)):
+        for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False), ("inter_latency", False)):
             x = _concrete(getattr(self, name))
             if x is None:
                 continue
@@ -258,6 +250,11 @@ class Cluster(eqx.Module):
             if np.any(bad):
                 want = "positive (inf allowed)" if positive else "non-negative and finite"
                 raise ConfigError(f"cluster: {name} must be {want}, got {x.ravel()[0]!r}")
+
+    @property
+    def memory_bandwidth(self) -> Array:
+        """The device's memory bandwidth (bytes/s)."""
+        return self.device.memory_bandwidth
 
     @property
     def nodes(self) -> int:

@@ -40,15 +40,18 @@ def config(model=None, par=None, clu=None, batch=16, **kw):
 def hand_stages(t=2, full=False):
     """Per-stage (forward, backward) seconds of ``gpt()`` split [embedding, block] | [block, head]
     under tensor parallelism ``t``, by hand: GPT FLOPs (Narayanan et al. SC'21 §5.1) over t, plus
-    the Megatron all-reduces of the d b s h activation on the intra link."""
+    the Megatron all-reduces of the d b s h activation on the intra link, plus the embedding's
+    memory-bound gather (``memory_traffic``: ``3 d b s h`` bytes with learned positions, in F and
+    again as the scatter-add in W) over the device's memory bandwidth, split by t."""
     thr = PEAK * EFF
     m, a = 24 * B * S * H * H, 4 * B * S * S * H  # block weight matmuls, attention core
     head = 2 * B * S * H * V
     x = 2 * B * S * H
     ring = 2 * (t - 1) / t * x / BW + 2 * (t - 1) * LAT
     block_f, block_b = (m + a) / t / thr, (2 * m + 2 * a + (m + a if full else 0)) / t / thr
-    f0 = block_f + (2 + 1) * ring  # the block's two all-reduces, the vocabulary-parallel embedding's one
-    b0 = block_b + (4 if full else 2) * ring
+    gather = 3 * x / t / MEMBW
+    f0 = block_f + (2 + 1) * ring + gather  # the block's two all-reduces, the vocabulary-parallel embedding's one
+    b0 = block_b + (4 if full else 2) * ring + gather
     f1 = block_f + head / t / thr + 2 * ring
     b1 = block_b + 2 * head / t / thr + (4 if full else 2) * ring + ring  # the head's input gradient
     return f0, b0, f1, b1
@@ -172,7 +175,7 @@ def test_does_not_fit():
 
 
 def _leaves(clu):
-    return [clu.intra_bandwidth, clu.intra_latency, clu.memory_bandwidth, clu.device.efficiency,
+    return [clu.intra_bandwidth, clu.intra_latency, clu.device.memory_bandwidth, clu.device.efficiency,
             clu.inter_bandwidth]
 
 
