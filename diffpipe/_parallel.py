@@ -242,7 +242,8 @@ class Cluster(eqx.Module):
         self.inter_bandwidth, self.inter_latency = _float(inter_bw), _float(inter_lat)
 
     def __check_init__(self) -> None:
-        for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False), ("inter_latency", False)):
+        for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False),
+                               ("inter_latency", False)):
             x = _concrete(getattr(self, name))
             if x is None:
                 continue

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -377,3 +378,26 @@ def test_a_second_identical_sweep_hits_the_caches_and_returns_identical_results(
     for column in (*COLUMNS, "_entry"):
         np.testing.assert_array_equal(second[column], first[column])
     assert second.skipped == first.skipped
+
+
+def test_optional_hardware_terms_are_carried_not_dropped():
+    """Every Hardware term reaches the sweep's evaluator: the data-parallel link, per-kind overheads,
+    a full-backward time, setup and wind-down (a sweep used to rebuild Hardware field by field)."""
+    base = dp.Hardware.from_times([1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2], weight=0.5, p2p_time=0.05,
+                                  kind_overhead={"F": 0.01, "B": 0.03, "I": 0.02, "W": 0.04},
+                                  full_backward=[2.3, 2.5, 2.2, 2.6], setup=0.2, wind_down=0.1,
+                                  mode="overlap")
+    hw = eqx.tree_at(lambda h: h.network, base, dp.Network(
+        base.network.latency, jnp.asarray(1e9), base.network.inter_latency, jnp.asarray(1e8),
+        data_parallel=4, data_parallel_link="intra"))
+    hw = eqx.tree_at(lambda h: h.gradient_bytes, hw, jnp.asarray(3e8))
+    chimera = dp.schedules.get("chimera", devices=4, microbatches=8, sync=True)  # R ops: the data-parallel link
+    out = dp.sweep(hw, families=["1f1b", "zb-h1"], devices=4, microbatches=8, schedules=[chimera])
+    rows = out.rows()
+    assert {r["family"] for r in rows} == {"1f1b", "zb-h1", "chimera"}
+    for row in rows:
+        schedule = chimera if row["family"] == "chimera" else dp.schedules.get(row["family"], devices=4,
+                                                                                 microbatches=8)
+        want = dp.simulate(schedule, hw)
+        assert row["makespan"] == pytest.approx(float(want.makespan), rel=1e-6)
+        assert row["bubble_ratio"] == pytest.approx(float(want.bubble_ratio), rel=1e-5, abs=1e-6)

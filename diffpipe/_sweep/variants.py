@@ -25,6 +25,8 @@ from ..schedules import Schedule
 PER_STAGE = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
              "activation_bytes")
 NETWORK_SCALARS = ("latency", "bandwidth", "inter_latency", "inter_bandwidth")
+#: Optional Hardware leaves (None unless given): carried when every variant gives them.
+OPTIONAL_SCALARS = ("setup", "wind_down")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Variants:
     data_parallel: int
     devices_per_node: int | None
     mode: str
+    data_parallel_link: str = "inter"
 
     @property
     def count(self) -> int:
@@ -91,18 +94,25 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
         if batch is not None and (x.ndim == 0 or x.shape[0] != batch):
             raise ConfigError(f"hardware: a batched leaf has shape {x.shape}, expected a leading axis of {batch}")
     leaves: dict[str, np.ndarray] = {}
-    for name, (method, *args) in _RULES.items():
+    rules = dict(_RULES)
+    if hw.full_backward is not None:
+        rules["full_backward"] = ("per_stage", "full_backward")
+    for name, (method, *args) in rules.items():
         def per(leaf: Array, graph: Any, name: str = name, method: str = method, args: list = args) -> Array:
             return getattr(eqx.tree_at(lambda h: getattr(h, name), hw, leaf), method)(*args, graph)
 
         leaves[name] = _broadcast(name, getattr(hw, name), batch, schedule, per, dtype)
     net = hw.network
-    scalars = {"overhead": hw.overhead, **{f"network {n}": getattr(net, n) for n in NETWORK_SCALARS}}
+    scalars = {"overhead": hw.overhead, **{f"network {n}": getattr(net, n) for n in NETWORK_SCALARS},
+               **{n: getattr(hw, n) for n in OPTIONAL_SCALARS if getattr(hw, n) is not None}}
     for name, value in scalars.items():
         x = np.asarray(value, dtype=dtype)
         if x.shape != (() if batch is None else (batch,)):
             raise ShapeMismatch(f"hardware: {name} has shape {x.shape[batch is not None:]}, a sweep needs a scalar")
         leaves[name.removeprefix("network ")] = x.reshape(-1)
+    if hw.kind_overhead is not None:
+        x = np.asarray(hw.kind_overhead, dtype=dtype)
+        leaves["kind_overhead"] = x[None] if batch is None else x
     d = schedule.devices
     for name in ("pair_latency", "pair_bandwidth"):
         value = getattr(net, name)
@@ -113,18 +123,21 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
                 raise ShapeMismatch(f"hardware: network {name} has shape {x.shape[1:]}, but the "
                                      f"{schedule.family} schedule has {d} devices")
             leaves[name] = x
-    return Variants(leaves, net.data_parallel, net.devices_per_node, net.mode)
+    return Variants(leaves, net.data_parallel, net.devices_per_node, net.mode, net.data_parallel_link)
 
 
 def _concatenate(variants: Sequence[Variants]) -> Variants:
     first = variants[0]
     for v in variants[1:]:
         if set(v.leaves) != set(first.leaves):
-            raise ConfigError("hardware variants differ in which network pair matrices they give")
-        if (v.data_parallel, v.devices_per_node) != (first.data_parallel, first.devices_per_node):
+            differ = sorted(set(v.leaves) ^ set(first.leaves))
+            raise ConfigError(f"hardware variants differ in which optional leaves they give: {', '.join(differ)}")
+        ours = (v.data_parallel, v.devices_per_node, v.data_parallel_link)
+        theirs = (first.data_parallel, first.devices_per_node, first.data_parallel_link)
+        if ours != theirs:
             raise ConfigError(
-                f"hardware variants differ in network data_parallel/devices_per_node: "
-                f"{(first.data_parallel, first.devices_per_node)} vs {(v.data_parallel, v.devices_per_node)}"
+                f"hardware variants differ in network data_parallel/devices_per_node/data_parallel_link: "
+                f"{theirs} vs {ours}"
             )
         if v.mode != first.mode:
             raise ConfigError(
@@ -134,7 +147,7 @@ def _concatenate(variants: Sequence[Variants]) -> Variants:
     if len(variants) == 1:
         return first
     leaves = {k: np.concatenate([v.leaves[k] for v in variants]) for k in first.leaves}
-    return Variants(leaves, first.data_parallel, first.devices_per_node, first.mode)
+    return Variants(leaves, first.data_parallel, first.devices_per_node, first.mode, first.data_parallel_link)
 
 
 class HardwareSource:
@@ -191,7 +204,7 @@ def pad_variants(v: Variants, index: np.ndarray, p: int, s: int, m: int, d: int)
     out = {}
     for name, x in v.leaves.items():
         x = x[index]
-        if name in PER_STAGE:
+        if name in PER_STAGE or name == "full_backward":
             target, fill = (p, s), 0.0
         elif name == "size":
             target, fill = (m,), 0.0
@@ -213,6 +226,8 @@ def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, mode: str, device
     stacked graph compiled with ``devices_per_node`` (the variants' own, or all on one node)."""
     network = Network(leaves["latency"], leaves["bandwidth"], leaves["inter_latency"], leaves["inter_bandwidth"],
                       leaves.get("pair_latency"), leaves.get("pair_bandwidth"), mode=mode,
-                      devices_per_node=devices_per_node, data_parallel=v.data_parallel)
-    fields = {name: leaves[name] for name in (*PER_STAGE, "overhead", "size", "capacity")}
+                      devices_per_node=devices_per_node, data_parallel=v.data_parallel,
+                      data_parallel_link=v.data_parallel_link)
+    names = (*PER_STAGE, "overhead", "size", "capacity", "kind_overhead", "full_backward", *OPTIONAL_SCALARS)
+    fields = {name: leaves[name] for name in names if name in leaves}
     return Hardware(**fields, network=network)
