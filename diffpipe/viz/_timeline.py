@@ -57,7 +57,9 @@ class Timeline:
     lanes in display order (transfers that overlap on one link are spread over numbered sub-lanes
     ``"link 0→1 #2"``); ``memory[d]`` is ``(times, values)`` of device d's step curve, in bytes
     when the hardware has activation sizes (``memory_unit == "bytes"``), else a count of stored
-    stage-microbatch activations (``"activations"``).
+    stage-microbatch activations (``"activations"``). ``step`` is the simulated step time, which
+    can end after the last drawn op (setup and wind-down, a data-parallel gradient sync and
+    optimizer step: ``compile(..., gradient_sync=True)``).
     """
 
     schedule: Schedule
@@ -68,6 +70,7 @@ class Timeline:
     memory: tuple[tuple[np.ndarray, np.ndarray], ...]
     memory_unit: str
     communication: str
+    step: float = 0.0
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -75,7 +78,7 @@ class Timeline:
 
     @property
     def makespan(self) -> float:
-        ends = [float(np.max(self.finish, initial=0.0))]
+        ends = [float(np.max(self.finish, initial=0.0)), self.step]
         ends += [t.finish for t in self.transfers if t.finish is not None]
         return max(ends)
 
@@ -156,7 +159,8 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
         transfers, mode = _timed_transfers(schedule, hw, start, finish)
         transfers, lanes = _spread(transfers)
     memory, unit = _memory(schedule, hw, result, start, finish)
-    return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode)
+    return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode,
+                    float(result.makespan))
 
 
 @functools.cache
