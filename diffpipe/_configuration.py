@@ -139,9 +139,10 @@ class Configuration:
         if s.stages != par.stages:
             raise ConfigError(f"configuration: {self.family} places {s.stages} stages on {par.pipeline} devices; "
                               f"set virtual={s.stages // par.pipeline} (parallelism has {par.stages} stages)")
-        if s.stages > self.model.layers:
+        if s.stages > self.model.layers and self.layers_per_stage is None:
             raise ConfigError(f"configuration: {self.family} needs {s.stages} stages, the model has "
-                              f"{self.model.layers} layers")
+                              f"{self.model.layers} layers (give layers_per_stage with the embedding or head "
+                              "alone on the first or last stage: 0 blocks there)")
         return s
 
     def graph(self, schedule: Schedule | None = None) -> Graph:

@@ -162,9 +162,10 @@ class Parallelism:
         elif self.expert > 1:
             raise ConfigError(f"parallelism: expert={self.expert} needs a mixture-of-experts model (this one "
                               "is dense)")
-        if self.stages > model.layers:
+        if self.stages > model.layers + 2:  # the first and last stage may hold the embedding or head alone
             raise ConfigError(f"parallelism: pipeline x virtual = {self.pipeline} x {self.virtual} = "
-                              f"{self.stages} stages exceed the model's {model.layers} layers")
+                              f"{self.stages} stages exceed the model's {model.layers} layers plus its "
+                              "embedding and head")
         if self.sequence_parallel and model.sequence % t:
             raise ConfigError(f"parallelism: tensor={t} must divide the sequence={model.sequence} with "
                               "sequence_parallel")

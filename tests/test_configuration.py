@@ -88,6 +88,16 @@ def test_configuration_rejects(kwargs, culprit):
     assert "\n" not in str(info.value)
 
 
+def test_embedding_and_head_alone_on_their_stages():
+    """A stage may hold the embedding or the head alone (0 blocks: Megatron's layout "E|t|t|L"), so a
+    pipeline can have up to blocks + 2 stages, as ``stage_of_layers`` allows."""
+    par = Parallelism(tensor=1, pipeline=4, data=2)
+    alone = config(gpt(layers=2), par, cluster(8), layers_per_stage=(0, 1, 1, 0)).evaluate()
+    assert alone.fits and alone.step_time > 0
+    with pytest.raises(dp.ConfigError, match="give layers_per_stage with the embedding or head alone"):
+        config(gpt(layers=2), par, cluster(8)).schedule()
+
+
 def test_layers_per_stage_moves_blocks():
     even = config(gpt(layers=4)).evaluate()
     uneven = config(gpt(layers=4), layers_per_stage=(3, 1)).evaluate()

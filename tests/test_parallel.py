@@ -54,8 +54,8 @@ def test_parallelism_rejects_bad_sizes(kwargs, culprit):
     (dict(tensor=4), small(kv_heads=2), None, "kv_heads=2"),
     (dict(tensor=8), small(heads=8, ffn_hidden=1004), None, "ffn_hidden=1004"),
     (dict(tensor=2, pipeline=2, data=2), small(), 16, "= 8, but the cluster has 16 GPUs"),
-    (dict(pipeline=5), small(), None, "5 stages exceed the model's 4 layers"),
-    (dict(pipeline=2, virtual=3), small(), None, "6 stages exceed"),
+    (dict(pipeline=7), small(), None, "7 stages exceed the model's 4 layers plus its embedding and head"),
+    (dict(pipeline=2, virtual=4), small(), None, "8 stages exceed"),
     (dict(data=2, expert=2), small(), None, "needs a mixture-of-experts model"),
     (dict(data=3, expert=3), moe(), None, "expert=3 must divide the model's experts=8"),
 ])
