@@ -259,5 +259,5 @@ def test_trace_and_timeline_take_a_synced_result():
     data = dp.viz.trace(result, hw, schedule=s)
     ops = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "transfer"]
     assert len(ops) >= len(s.ops)
-    assert data["otherData"]["makespan_us"] == pytest.approx(15.0e6)  # the last op; the step is 16 s
+    assert data["otherData"]["makespan_us"] == pytest.approx(16.0e6)  # the step; its last drawn op ends at 15 s
     assert float(result.makespan) == pytest.approx(16.0)
