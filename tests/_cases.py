@@ -6,8 +6,12 @@ fails to build fails here, loudly: a broken family must not lose its tests.
 """
 
 import itertools
+import os
 
 import diffpipe as dp
+
+#: ``DIFFPIPE_FULL_MATRIX=1`` makes ``covering`` return the full product (all families x all modes).
+FULL_MATRIX = os.environ.get("DIFFPIPE_FULL_MATRIX") == "1"
 
 #: (devices, microbatches, options) per built-in family.
 SIZES = {
@@ -50,3 +54,16 @@ def schedules():
         s = dp.schedules.get(name, devices=devices, microbatches=microbatches, **options)
         out.append((f"{name}-{devices}x{microbatches}", s))
     return out
+
+
+def covering(cases, modes, per_case=1):
+    """(*case, mode) rows in which every case meets ``per_case`` modes and every mode meets about
+    ``len(cases) * per_case / len(modes)`` cases, the modes rotating along the registry's order.
+
+    The simulator's family-specific code (orders, dependencies) and its mode-specific code (edge
+    costs, lanes) meet only in ``compile``, which the full product and this set exercise alike; the
+    full product is the cost of ``len(modes) / per_case`` times the compilations.
+    ``DIFFPIPE_FULL_MATRIX=1`` runs the full product instead."""
+    if FULL_MATRIX:
+        per_case = len(modes)
+    return [(*case, modes[(i + k) % len(modes)]) for i, case in enumerate(cases) for k in range(per_case)]

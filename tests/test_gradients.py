@@ -9,16 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import schedules
+from _cases import covering, schedules
 from test_simulator import build
 
 import diffpipe as dp
 
 SCHEDULES = schedules()
-#: Every family with edge delays and with link contention; the other two modes on every fourth
-#: family (each case compiles three gradient programmes; the machine running the tests is small).
-MATRIX = [(c, s, m) for c, s in SCHEDULES for m in ("overlap", "contention")] + [
-    (c, s, m) for c, s in SCHEDULES[::4] for m in ("none", "blocking")]
+#: Every family in one mode, every mode on a quarter of the families (``_cases.covering``; each
+#: case compiles three gradient programmes, and the machine running the tests is small).
+MATRIX = covering(SCHEDULES, ("overlap", "contention", "none", "blocking"))
 #: Temperatures as fractions of the exact makespan.
 RELATIVE_TAUS = (1e-2, 1e-4, 1e-6, 1e-8, 1e-9)
 
@@ -63,7 +62,10 @@ def test_reverse_mode_agrees_with_forward_mode_and_float64(case, s, mode):
             np.testing.assert_allclose(x, z, rtol=2e-3, atol=2e-3 * (1 + np.abs(z).max()), err_msg=f"tau {rel:g}")
 
 
-@pytest.mark.parametrize("case, s, mode", MATRIX[::2], ids=[f"{c}-{m}" for c, _, m in MATRIX[::2]])
+BOUND_MATRIX = covering(SCHEDULES[1::2], ("contention", "overlap", "blocking", "none"))
+
+
+@pytest.mark.parametrize("case, s, mode", BOUND_MATRIX, ids=[f"{c}-{m}" for c, _, m in BOUND_MATRIX])
 def test_stage_time_derivative_is_bounded_by_the_ops_using_it(case, s, mode):
     g, hw = _setup(case, s, mode)
     hw = eqx.tree_at(lambda h: h.size, hw, jnp.ones_like(hw.size))  # unit sizes: d op / d time = 1
@@ -92,8 +94,10 @@ def _fd(fun, x, eps):
     return out
 
 
-@pytest.mark.parametrize("mode", ["overlap", "contention", "blocking"])
-@pytest.mark.parametrize("case, s", SCHEDULES[::3], ids=[c for c, _ in SCHEDULES[::3]])
+FD_MATRIX = covering(SCHEDULES[::2], ("overlap", "contention", "blocking"))
+
+
+@pytest.mark.parametrize("case, s, mode", FD_MATRIX, ids=[f"{c}-{m}" for c, _, m in FD_MATRIX])
 def test_gradients_match_central_finite_differences_float64(case, s, mode):
     with jax.enable_x64(True):
         g, hw = _setup(case, s, mode, jnp.float64)
