@@ -50,7 +50,6 @@ from ._analysis import activation_delta
 from ._ops import Op, Placement, Schedule
 from ._registry import Family, Option, register
 from ._rules import data_predecessor
-from ._table import table
 from .zero_bubble import generate_zb_v
 
 #: Unit slots one microbatch occupies on a device: F, I and W of each of its two chunks.
@@ -170,7 +169,7 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
             slots[op] = current
 
 
-def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement, microbatches: int) -> None:
+def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement) -> None:
     """Replace the slots by the eager start times of the orders they imply, at unit pass times.
 
     The W passes were interchangeable while squeezing: the k-th W slot of a device becomes the W
@@ -181,9 +180,22 @@ def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placemen
         ws = [Op("W", op.stage, op.microbatch) for op in inputs]
         slots.update(zip(ws, w_slots))
         ops[:] = [op for op in ops if op.kind != "W"] + ws
-    orders = [sorted(ops, key=slots.__getitem__) for ops in by_device]
-    start = table(Schedule(placement, orders, microbatches), UNIT).start
-    slots.update({op: int(start[op]) for ops in by_device for op in ops})
+    slots.update(_eager(slots, placement))
+
+
+def _eager(slots: dict[Op, int], placement: Placement) -> dict[Op, int]:
+    """Eager start times at unit pass times of the device orders that ``slots`` imply (what
+    ``table`` gives their ``Schedule`` at ``UNIT``; slot order is a topological order, as every
+    pass sits after its input and its device's previous pass)."""
+    backward = {(0, op.stage, op.microbatch): "I" for op in slots}
+    start: dict[Op, int] = {}
+    free = [0] * placement.devices
+    for op in sorted(slots, key=slots.__getitem__):
+        device = placement.device(0, op.stage)
+        found = data_predecessor(op, backward, placement.stages)
+        start[op] = max(free[device], start[found[0]] + 1 if found else 0)
+        free[device] = start[op] + 1
+    return start
 
 
 def _drop_w(slots: dict[Op, int], by_device: list[list[Op]]) -> None:
@@ -210,13 +222,13 @@ def _block_schedule(name: str, devices: int, microbatches: int) -> Schedule:
         _fill_w(slots, ops, None)
         by_device.append(ops)
     _squeeze(slots, by_device, placement, warm_up=True)
-    _retime(slots, by_device, placement, microbatches)
+    _retime(slots, by_device, placement)
     # Squeeze the cool-down again with the W passes out of the way, then put them back.
     _drop_w(slots, by_device)
     _squeeze(slots, by_device, placement, warm_up=False)
     for ops in by_device:
         _fill_w(slots, ops, None)
-    _retime(slots, by_device, placement, microbatches)
+    _retime(slots, by_device, placement)
     _drop_w(slots, by_device)
     for i, ops in enumerate(by_device):
         _fill_w(slots, ops, 2 * devices - 1 - i)
