@@ -44,18 +44,27 @@ lifespans, and its zero-bubble block at half memory (which needs ``W + 2B >= 2F`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import functools
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
-from ._analysis import activation_delta
+from .._errors import ScheduleError
+from ._analysis import activation_delta, peak_activations
 from ._ops import Op, Placement, Schedule
 from ._registry import Family, Option, register
 from ._rules import data_predecessor
+from ._table import table
 from .zero_bubble import generate_zb_v
 
 #: Unit slots one microbatch occupies on a device: F, I and W of each of its two chunks.
 PASSES = 6
 #: The unit pass times the blocks are laid out in (a full B would be I + W).
 UNIT = {"F": 1, "I": 1, "W": 1, "B": 2}
+#: What each pass kind adds to a device's held activations (``_analysis.activation_delta``).
+_DELTA = {kind: activation_delta(Op(kind, 0, 0)) for kind in ("F", "I", "W")}
 
 
 def _v_min_offsets(devices: int, i: int) -> tuple[int, int, int, int]:
@@ -104,17 +113,25 @@ def _fill_w(slots: dict[Op, int], device_ops: list[Op], chunk1: int | None) -> N
 def _peak(device_ops: list[Op], slots: dict[Op, int]) -> int:
     """Peak held activations of a device's passes in slot order; when the list has no W passes,
     each idle slot runs one pending W (as ``_fill_w`` will place them)."""
-    implicit = not any(op.kind == "W" for op in device_ops)
+    return _timeline_peak(sorted((slots[op], op.kind) for op in device_ops))
+
+
+def _timeline_peak(timeline: list[tuple[int, str]], cap: float = math.inf) -> float:
+    """``_peak`` of a device's sorted (slot, kind) pairs; stops at the first count above ``cap``."""
+    implicit = all(kind != "W" for _, kind in timeline)
     total = peak = pending = 0
     last = -1
-    for op in sorted(device_ops, key=slots.__getitem__):
+    for slot, kind in timeline:
         if implicit:
-            freed = min(slots[op] - last - 1, pending)
+            freed = min(slot - last - 1, pending)
             total, pending = total - freed, pending - freed
-            pending += op.kind == "I"
-        total += activation_delta(op)
-        peak = max(peak, total)
-        last = slots[op]
+            pending += kind == "I"
+        total += _DELTA[kind]
+        last = slot
+        if total > peak:
+            peak = total
+            if peak > cap:
+                break
     return peak
 
 
@@ -126,6 +143,9 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
     backward = {(0, op.stage, op.microbatch): "I" for op in slots}
     cap = max(_peak(ops, slots) for ops in by_device)  # the block's peak, on its busiest device
     taken = [{slots[op] for op in ops} for ops in by_device]
+    explicit = [any(op.kind == "W" for op in ops) for ops in by_device]
+    lines = [sorted((slots[op], op.kind) for op in ops) for ops in by_device]
+    inputs = [sorted(slots[op] for op in ops if op.kind == "I") for ops in by_device]
     w_order = [sorted((op for op in ops if op.kind == "W"), key=slots.__getitem__) for ops in by_device]
     w_rank = {op: k for order in w_order for k, op in enumerate(order)}
     # On each device a microbatch's passes keep the block's order: F0, F1, I1, I0 (chunk 0, 1).
@@ -146,7 +166,7 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
             continue
         if op.kind == "W":  # W passes are interchangeable tokens here: the k-th follows the k-th I
             k = w_rank[op]
-            ready = sorted(slots[o] for o in by_device[device] if o.kind == "I")[k] + 1
+            ready = inputs[device][k] + 1
             if k:
                 ready = max(ready, slots[w_order[device][k - 1]] + 1)
         else:
@@ -158,15 +178,23 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
                 kind, stage = before[(op.kind, op.stage)]
                 ready = max(ready, slots[Op(kind, stage, op.microbatch)] + 1)
         current = slots[op]
+        # With the W passes listed, moving an I or a W earlier never raises the held activations.
+        check = op.kind == "F" or not explicit[device]
+        others = [item for item in lines[device] if item != (current, op.kind)]
         for slot in range(ready, current):
             if slot in taken[device]:
                 continue
-            slots[op] = slot
-            if _peak(by_device[device], slots) <= cap:
+            trial = others.copy()
+            bisect.insort(trial, (slot, op.kind))
+            if not check or _timeline_peak(trial, cap) <= cap:
+                slots[op] = slot
+                lines[device] = trial
                 taken[device].discard(current)
                 taken[device].add(slot)
+                if op.kind == "I":
+                    inputs[device].remove(current)
+                    bisect.insort(inputs[device], slot)
                 break
-            slots[op] = current
 
 
 def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement) -> None:
@@ -205,16 +233,19 @@ def _drop_w(slots: dict[Op, int], by_device: list[list[Op]]) -> None:
         ops[:] = [op for op in ops if op.kind != "W"]
 
 
-def _block_schedule(name: str, devices: int, microbatches: int) -> Schedule:
-    """Steps 1-3 of the module docstring for block ``name``."""
+Offsets = tuple[tuple[int, int, int, int], ...]
+
+
+def _block_orders(offsets: Offsets, devices: int, microbatches: int) -> tuple[dict[Op, int], list[list[Op]]]:
+    """Steps 1-3 of the module docstring for a block given as each device's offsets of F0, F1, I1,
+    I0: every pass's final slot (its start at unit pass times), and each device's passes."""
     placement = Placement.v(devices)
     slots: dict[Op, int] = {}
     by_device: list[list[Op]] = []
     for i in range(devices):
         chunk0, chunk1 = i, 2 * devices - 1 - i
         ops = []
-        for offset, (kind, stage) in zip(BLOCKS[name](devices, i), (("F", chunk0), ("F", chunk1),
-                                                                     ("I", chunk1), ("I", chunk0))):
+        for offset, (kind, stage) in zip(offsets[i], (("F", chunk0), ("F", chunk1), ("I", chunk1), ("I", chunk0))):
             for m in range(microbatches):
                 op = Op(kind, stage, m)
                 slots[op] = offset + PASSES * m
@@ -232,8 +263,15 @@ def _block_schedule(name: str, devices: int, microbatches: int) -> Schedule:
     _drop_w(slots, by_device)
     for i, ops in enumerate(by_device):
         _fill_w(slots, ops, 2 * devices - 1 - i)
+    slots.update(_eager(slots, placement))
+    return slots, by_device
+
+
+def _block_schedule(name: str, devices: int, microbatches: int) -> Schedule:
+    offsets = tuple(BLOCKS[name](devices, i) for i in range(devices))
+    slots, by_device = _block_orders(offsets, devices, microbatches)
     orders = [sorted(ops, key=slots.__getitem__) for ops in by_device]
-    return Schedule(placement, orders, microbatches, family=name)
+    return Schedule(Placement.v(devices), orders, microbatches, family=name)
 
 
 def generate_v_half(*, devices: int, microbatches: int) -> Schedule:
@@ -244,27 +282,119 @@ def generate_v_min(*, devices: int, microbatches: int) -> Schedule:
     return _block_schedule("v-min", devices, microbatches)
 
 
-def choose(devices: int, memory: float) -> str | None:
-    """The lowest-bubble block whose held activations fit ``memory`` x 1F1B's ``D``, or None."""
-    for name in ("zb-v", "v-half", "v-min"):
-        if held(name, devices) <= memory * devices:
-            return name
-    return None
+# -- a memory budget chooses the block ---------------------------------------------------------
+
+
+def strided_offsets(devices: int, strides: Sequence[int], gaps: tuple[int, int, int]) -> Offsets:
+    """A V block from its strides: device i+1 starts the chunk-0 forward ``strides[i]`` slots after
+    device i, and the chunk-1 input-gradient as many after; the chunk-1 forward and the chunk-0
+    input-gradient step back one slot a device (they travel the V's other arm). ``gaps`` (a, b, c)
+    are the idle slots at the three turns: before the chunk-1 forward of device D-1, the chunk-1
+    I of device 0 and the chunk-0 I of device D-1. V-Min is strides 1 with gaps (0, g, 0), V-Half
+    strides 2 with (0, g, 1) (g of ``_v_min_offsets``/``_v_half_offsets``)."""
+    f0 = [0]
+    for stride in strides:
+        f0.append(f0[-1] + stride)
+    last = devices - 1
+    f1 = [f0[last] + 1 + gaps[0] + last - i for i in range(devices)]
+    i1 = [f1[0] + 1 + gaps[1] + f0[i] for i in range(devices)]
+    i0 = [i1[last] + 1 + gaps[2] + last - i for i in range(devices)]
+    return tuple(zip(f0, f1, i1, i0))
+
+
+def _fits_period(offsets: Offsets) -> bool:
+    """Whether every device's four passes take distinct slots of the 6-slot period (the two W
+    passes then take the other two)."""
+    return all(len({offset % PASSES for offset in device}) == 4 for device in offsets)
+
+
+@functools.lru_cache(maxsize=64)
+def strided_blocks(devices: int) -> Mapping[str, Offsets]:
+    """The candidate blocks: the strides of the authors' search (``v_auto_schedule.py``: a stride
+    d0 in 1..5 for the first j hops of the V, then d1 <= d0), each with the smallest gaps (fewest
+    idle slots, then the earliest turns) that fit the period. Keyed ``"strides d0xj+d1xk"``
+    (``"strides none"`` on one device)."""
+    hops = devices - 1
+    gaps = sorted(itertools.product(range(PASSES), repeat=3), key=lambda g: (sum(g), g))
+    blocks: dict[str, Offsets] = {}
+    for d0 in range(1, PASSES):
+        for d1 in range(1, d0 + 1):
+            for j in range(hops + 1) if d1 < d0 else (hops,):
+                strides = (d0,) * j + (d1,) * (hops - j)
+                for gap in gaps:
+                    offsets = strided_offsets(devices, strides, gap)
+                    if _fits_period(offsets):
+                        name = "+".join(f"{d}x{n}" for d, n in ((d0, j), (d1, hops - j)) if n)
+                        if offsets not in blocks.values():
+                            blocks[f"strides {name or 'none'}"] = offsets
+                        break
+    return MappingProxyType(blocks)
+
+
+def _offsets(name: str, devices: int) -> Offsets:
+    if name in BLOCKS:
+        return tuple(BLOCKS[name](devices, i) for i in range(devices))
+    return strided_blocks(devices)[name]
+
+
+def _build(name: str, devices: int, microbatches: int) -> Schedule:
+    if name == "zb-v":
+        return generate_zb_v(devices=devices, microbatches=microbatches)
+    slots, by_device = _block_orders(_offsets(name, devices), devices, microbatches)
+    orders = [sorted(ops, key=slots.__getitem__) for ops in by_device]
+    return Schedule(Placement.v(devices), orders, microbatches, family=name if name in BLOCKS else "custom")
+
+
+def search_size(devices: int, microbatches: int) -> int:
+    """The microbatch count the candidates are ranked at: N, or 2D when N is larger (a block's
+    bubble beyond its 6N passes and its peak are the block's from about N = 2D on; measured)."""
+    return min(microbatches, 2 * devices)
+
+
+@functools.lru_cache(maxsize=64)
+def ranked(devices: int, microbatches: int) -> tuple[tuple[int, int, str], ...]:
+    """Every candidate as (bubble slots, peak chunk activations, name), best first: zb-v, v-half,
+    v-min and the ``strided_blocks``, measured on their orders at unit pass times (the bubble is
+    the makespan beyond the 6N passes each device runs); ties keep that order."""
+    blocks = ["v-half", "v-min"]
+    seen = {_offsets(name, devices) for name in blocks}
+    blocks += [name for name, offsets in strided_blocks(devices).items() if offsets not in seen]
+    zb_v = _build("zb-v", devices, microbatches)
+    scored = [(int(table(zb_v, UNIT).makespan) - PASSES * microbatches, max(peak_activations(zb_v)), "zb-v")]
+    for name in blocks:
+        slots, by_device = _block_orders(_offsets(name, devices), devices, microbatches)
+        peak = max(_peak(ops, slots) for ops in by_device)
+        scored.append((max(slots.values()) + 1 - PASSES * microbatches, peak, name))
+    rank = {name: k for k, (_, _, name) in enumerate(scored)}
+    return tuple(sorted(scored, key=lambda t: (t[0], t[1], rank[t[2]])))
+
+
+def cap(devices: int, memory: float) -> int:
+    """A budget of ``memory`` x 1F1B's activations in chunk-microbatches: 1F1B holds ``D``
+    full-stage microbatches, and a full-stage microbatch is two chunk-microbatches."""
+    return math.floor(2 * memory * devices + 1e-9)
 
 
 def _accepts_budget(*, devices: int, microbatches: int, memory: float) -> str | None:
-    if choose(devices, memory) is None:
-        need = held("v-min", devices)
+    candidates = ranked(devices, search_size(devices, microbatches))
+    if all(peak > cap(devices, memory) for _, peak, _ in candidates):
+        _, need, name = min(candidates, key=lambda t: t[1])
         return (f"memory={memory} of 1F1B's {devices} microbatches holds {memory * devices:g}; the smallest "
-                f"block (v-min) needs {need}, memory >= {need / devices:.4g}")
+                f"block ({name}) needs {need / 2:g}, memory >= {need / (2 * devices):.4g}")
     return None
 
 
 def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0) -> Schedule:
-    name = choose(devices, memory)
-    built = (generate_zb_v(devices=devices, microbatches=microbatches) if name == "zb-v"
-             else _block_schedule(str(name), devices, microbatches))
-    return built.replace(family="v-schedule", options={"memory": memory, "block": name})
+    """The lowest-bubble candidate (``ranked`` at ``search_size``) whose orders at N hold at most
+    ``cap(devices, memory)`` chunk-microbatches of activations on every device."""
+    budget = cap(devices, memory)
+    for _, peak, name in ranked(devices, search_size(devices, microbatches)):
+        if peak <= budget:
+            built = _build(name, devices, microbatches)
+            if max(peak_activations(built)) <= budget:
+                return built.replace(family="v-schedule", options={"memory": memory, "block": name})
+    raise ScheduleError(f"v-schedule: no block holds at most {budget / 2:g} microbatches at "
+                        f"{microbatches} microbatches (memory={memory})")
 
 
 def _positive(value: float) -> str | None:
