@@ -67,6 +67,16 @@ UNIT = {"F": 1, "I": 1, "W": 1, "B": 2}
 _DELTA = {kind: activation_delta(Op(kind, 0, 0)) for kind in ("F", "I", "W")}
 
 
+class _Split(dict):
+    """Every stage's input gradient is an I (the backward is split): ``data_predecessor``'s map."""
+
+    def __missing__(self, key: object) -> str:
+        return "I"
+
+
+_SPLIT = _Split()
+
+
 def _v_min_offsets(devices: int, i: int) -> tuple[int, int, int, int]:
     gap = 2 if devices % 3 == 0 else 0
     return i, 2 * devices - 1 - i, 2 * devices + gap + i, 4 * devices + gap - 1 - i
@@ -180,10 +190,12 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
         current = slots[op]
         # With the W passes listed, moving an I or a W earlier never raises the held activations.
         check = op.kind == "F" or not explicit[device]
-        others = [item for item in lines[device] if item != (current, op.kind)]
+        others = None
         for slot in range(ready, current):
             if slot in taken[device]:
                 continue
+            if others is None:
+                others = [item for item in lines[device] if item != (current, op.kind)]
             trial = others.copy()
             bisect.insort(trial, (slot, op.kind))
             if not check or _timeline_peak(trial, cap) <= cap:
@@ -197,7 +209,8 @@ def _squeeze(slots: dict[Op, int], by_device: list[list[Op]], placement: Placeme
                 break
 
 
-def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement) -> None:
+def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placement,
+            preds: dict[Op, Op | None]) -> None:
     """Replace the slots by the eager start times of the orders they imply, at unit pass times.
 
     The W passes were interchangeable while squeezing: the k-th W slot of a device becomes the W
@@ -208,20 +221,23 @@ def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placemen
         ws = [Op("W", op.stage, op.microbatch) for op in inputs]
         slots.update(zip(ws, w_slots))
         ops[:] = [op for op in ops if op.kind != "W"] + ws
-    slots.update(_eager(slots, placement))
+    slots.update(_eager(slots, placement, preds))
 
 
-def _eager(slots: dict[Op, int], placement: Placement) -> dict[Op, int]:
+def _eager(slots: dict[Op, int], placement: Placement, preds: dict[Op, Op | None]) -> dict[Op, int]:
     """Eager start times at unit pass times of the device orders that ``slots`` imply (what
     ``table`` gives their ``Schedule`` at ``UNIT``; slot order is a topological order, as every
-    pass sits after its input and its device's previous pass)."""
-    backward = {(0, op.stage, op.microbatch): "I" for op in slots}
+    pass sits after its input and its device's previous pass). ``preds`` memoizes each pass's
+    data predecessor."""
     start: dict[Op, int] = {}
     free = [0] * placement.devices
     for op in sorted(slots, key=slots.__getitem__):
+        if op not in preds:
+            found = data_predecessor(op, _SPLIT, placement.stages)
+            preds[op] = found[0] if found else None
         device = placement.device(0, op.stage)
-        found = data_predecessor(op, backward, placement.stages)
-        start[op] = max(free[device], start[found[0]] + 1 if found else 0)
+        before = preds[op]
+        start[op] = max(free[device], start[before] + 1 if before is not None else 0)
         free[device] = start[op] + 1
     return start
 
@@ -241,6 +257,7 @@ def _block_orders(offsets: Offsets, devices: int, microbatches: int) -> tuple[di
     I0: every pass's final slot (its start at unit pass times), and each device's passes."""
     placement = Placement.v(devices)
     slots: dict[Op, int] = {}
+    preds: dict[Op, Op | None] = {}
     by_device: list[list[Op]] = []
     for i in range(devices):
         chunk0, chunk1 = i, 2 * devices - 1 - i
@@ -253,17 +270,17 @@ def _block_orders(offsets: Offsets, devices: int, microbatches: int) -> tuple[di
         _fill_w(slots, ops, None)
         by_device.append(ops)
     _squeeze(slots, by_device, placement, warm_up=True)
-    _retime(slots, by_device, placement)
+    _retime(slots, by_device, placement, preds)
     # Squeeze the cool-down again with the W passes out of the way, then put them back.
     _drop_w(slots, by_device)
     _squeeze(slots, by_device, placement, warm_up=False)
     for ops in by_device:
         _fill_w(slots, ops, None)
-    _retime(slots, by_device, placement)
+    _retime(slots, by_device, placement, preds)
     _drop_w(slots, by_device)
     for i, ops in enumerate(by_device):
         _fill_w(slots, ops, 2 * devices - 1 - i)
-    slots.update(_eager(slots, placement))
+    slots.update(_eager(slots, placement, preds))
     return slots, by_device
 
 
