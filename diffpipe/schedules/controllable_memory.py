@@ -35,11 +35,32 @@ approaching those fractions as D grows (the paper's Table 1; measured in
 registered.
 
 ``v-schedule``: the paper's point that memory chooses the schedule. ``memory`` is the activation
-budget as a fraction of 1F1B's (``D`` full-stage microbatches held); the family builds the
-lowest-bubble block that fits: ZB-V (``D``), V-Half (``(D+2)//2``), V-Min (``(D+4)//3``). A budget
-below V-Min's is refused in one line. Not done here: the paper's general blocks for arbitrary
-lifespans, and its zero-bubble block at half memory (which needs ``W + 2B >= 2F`` and
-``W + 2F >= 2B``).
+budget as a fraction of 1F1B's (``D`` full-stage microbatches, ``2D`` chunk-microbatches held;
+``cap`` rounds it down to chunk-microbatches). The candidates are ZB-V, V-Half, V-Min and the
+*strided blocks* (``strided_blocks``): the authors' search space of ``v_auto_schedule.py``
+(stride d0 of 1..5 slots between neighbouring devices for the first j hops of the V, then
+d1 <= d0), each with the fewest idle slots at the V's three turns that give every device's passes
+distinct slots of the 6-slot period (``strided_offsets``; V-Min is stride 1, V-Half stride 2).
+Each goes through steps 2-3 above; a block's lifespans, so its memory, grow with its strides,
+and its bubble shrinks. ``ranked`` measures every candidate at unit pass times (bubble: the
+makespan beyond the 6N passes of each device; peak: read off the orders) at
+``search_size`` = min(N, 2D) microbatches; the family returns the lowest-bubble one whose orders
+at N hold at most the budget on every device. Because the feasible set only grows with the
+budget, the bubble never rises with it, and it is never above that of zb-v, v-half or v-min at a
+budget they fit. At D = 8, N = 32 (``tests/test_v_schedule.py``): 4, 5, 6, 7 and 8 full-stage
+microbatches give bubbles of 23, 17, 11, 9 and 7 slots (V-Min: 27 at 4, V-Half 17 at 5, ZB-V 7
+at 8). Two departures from ``v_auto_schedule.py``: it tries every first-device pattern (here:
+every gap), where the gaps here are the smallest (trying all gaps and d1 > d0 on D = 8 bettered
+one budget by one slot, 4.5 microbatches: 21 against 22); and its blocks go through its own
+warm-up and cool-down reordering, where these go through this module's squeeze (``zbv_greedy``'s).
+A budget below every candidate's peak is refused in one line. The ranking costs one construction
+per candidate (about 4D of them; seconds at D = 16), cached per size.
+
+*Zero bubble at half memory* (the paper, and the authors' README: necessary condition
+``W + 2B >= 2F`` and ``W + 2F >= 2B``, B the input gradient): V-Half's orders, built at unit
+times, run at any times; ``tests/test_v_schedule.py`` simulates them and finds no idle time in the
+steady state (defined there) exactly on the side of the condition where it holds, on the times
+tried, while V-Min's orders idle there at unequal times.
 """
 
 from __future__ import annotations
