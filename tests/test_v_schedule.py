@@ -7,6 +7,7 @@ chunk-microbatches: a full-stage microbatch is two).
 """
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import diffpipe as dp
 from diffpipe.schedules import get, peak_activations, table
 from diffpipe.schedules._ops import Op
 from diffpipe.schedules._reference import evaluate
-from diffpipe.schedules.controllable_memory import BLOCKS, cap, strided_blocks, strided_offsets
+from diffpipe.schedules.controllable_memory import BLOCKS, cap, choose, strided_blocks, strided_offsets
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 
@@ -87,7 +88,7 @@ def test_the_table_at_8_devices_and_32_microbatches():
     for k in range(4, 9):
         s = get("v-schedule", devices=d, microbatches=n, memory=k / d)
         assert max(peak_activations(s)) <= 2 * k
-        got[k] = (bubble(s), s.option("block"))
+        got[k] = (bubble(s), choose(d, n, k / d))
     assert {k: b for k, (b, _) in got.items()} == {4: 23, 5: 17, 6: 11, 7: 9, 8: 7}
     assert got[5][1] == "v-half" and got[8][1] == "zb-v"
     assert bubble(get("v-min", devices=d, microbatches=n)) == 27
@@ -95,10 +96,10 @@ def test_the_table_at_8_devices_and_32_microbatches():
 
 def test_named_blocks_are_chosen_with_their_own_orders():
     s = get("v-schedule", devices=8, microbatches=16, memory=5 / 8)
-    assert s.option("block") == "v-half" and s.option("memory") == 5 / 8
+    assert choose(8, 16, 5 / 8) == "v-half" and s.options == (("memory", 5 / 8),)
     assert s.orders == get("v-half", devices=8, microbatches=16).orders
     s = get("v-schedule", devices=4, microbatches=8)  # memory 1.0: ZB-V, 1F1B's activations
-    assert s.option("block") == "zb-v" and s.orders == get("zb-v", devices=4, microbatches=8).orders
+    assert choose(4, 8, 1.0) == "zb-v" and s.orders == get("zb-v", devices=4, microbatches=8).orders
 
 
 def test_cap_counts_chunk_microbatches():
@@ -123,7 +124,7 @@ def test_the_jax_simulator_equals_the_reference():
     communication mode in ``tests/test_simulator.py``.)"""
     d, n = 5, 10
     s = get("v-schedule", devices=d, microbatches=n, memory=0.7)
-    assert s.option("block").startswith("strides")
+    assert choose(d, n, 0.7).startswith("strides")
     rng = np.random.default_rng(d * 100 + n)
     f, i, w = (rng.uniform(0.5, 2.0, s.stages) for _ in range(3))
     p2p = 0.3
@@ -180,3 +181,17 @@ def test_less_memory_idles_and_full_memory_does_not_at_the_same_times():
     assert steady_idle(v_min, UNIT) == 0
     for f, i, w in ((2.0, 1.0, 0.5), (1.0, 2.0, 1.0)):
         assert steady_idle(zb_v, {"F": f, "I": i, "W": w, "B": i + w}) == 0
+
+
+def test_compare_ranks_budgets():
+    """``dp.compare`` takes v-schedule at several budgets (its options hold only ``memory``): more
+    memory, a lower table bubble, and the peak activations it reports fit each budget."""
+    hw = dp.Hardware.from_times(forward=1.0, input_grad=1.0, weight=1.0)
+    budgets = (0.5, 0.75, 1.0)
+    result = dp.compare([("v-schedule", {"memory": m}) for m in budgets], hw, devices=4, microbatches=8)
+    rows = json.loads(result.to_json())["schedules"]
+    assert [row["options"] for row in rows] == [{"memory": m} for m in budgets]
+    bubbles = [row["table"]["bubble_ratio"] for row in rows]
+    assert bubbles == sorted(bubbles, reverse=True) and bubbles[0] > bubbles[-1]
+    for m, row in zip(budgets, rows):  # the table's unit is a full-stage microbatch: two chunks
+        assert row["table"]["peak_activations"] <= m * 4

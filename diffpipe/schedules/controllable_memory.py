@@ -422,17 +422,28 @@ def _accepts_budget(*, devices: int, microbatches: int, memory: float) -> str | 
     return None
 
 
-def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0) -> Schedule:
-    """The lowest-bubble candidate (``ranked`` at ``search_size``) whose orders at N hold at most
-    ``cap(devices, memory)`` chunk-microbatches of activations on every device."""
+@functools.lru_cache(maxsize=64)
+def _select(devices: int, microbatches: int, memory: float) -> tuple[str, Schedule]:
     budget = cap(devices, memory)
     for _, peak, name in ranked(devices, search_size(devices, microbatches)):
         if peak <= budget:
             built = _build(name, devices, microbatches)
             if max(peak_activations(built)) <= budget:
-                return built.replace(family="v-schedule", options={"memory": memory, "block": name})
+                return name, built
     raise ScheduleError(f"v-schedule: no block holds at most {budget / 2:g} microbatches at "
                         f"{microbatches} microbatches (memory={memory})")
+
+
+def choose(devices: int, microbatches: int, memory: float) -> str:
+    """The block ``v-schedule`` builds for ``memory``: the lowest-bubble candidate (``ranked`` at
+    ``search_size``) whose orders at N hold at most ``cap(devices, memory)`` chunk-microbatches of
+    activations on every device ("zb-v", "v-half", "v-min" or a ``strided_blocks`` key)."""
+    return _select(devices, microbatches, memory)[0]
+
+
+def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0) -> Schedule:
+    """``choose``'s block as family ``v-schedule`` (its one option, ``memory``, recorded)."""
+    return _select(devices, microbatches, memory)[1].replace(family="v-schedule", options={"memory": memory})
 
 
 def _positive(value: float) -> str | None:
@@ -441,6 +452,7 @@ def _positive(value: float) -> str | None:
 
 _V = dict(ops_per_cell=3, placement=lambda *, devices, **_: Placement.v(devices))
 _SOURCE = "Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024, §4; sail-sg zbv_greedy"
+_BUDGET_SOURCE = _SOURCE + ", v_auto_schedule (the strides searched)"
 
 V_HALF = register(Family(
     name="v-half",
@@ -461,8 +473,8 @@ V_MIN = register(Family(
 V_SCHEDULE = register(Family(
     name="v-schedule",
     generate=generate_budget,
-    summary="a memory budget (fraction of 1F1B's activations) chooses the block: zb-v, v-half or v-min",
-    source=_SOURCE,
+    summary="a memory budget (fraction of 1F1B's activations) picks the lowest-bubble V block that fits it",
+    source=_BUDGET_SOURCE,
     options=(Option("memory", float, 1.0, _positive, "activation budget as a fraction of 1F1B's"),),
     accepts=_accepts_budget,
     **_V,
