@@ -95,7 +95,7 @@ def test_the_table_at_8_devices_and_32_microbatches():
 
 def test_named_blocks_are_chosen_with_their_own_orders():
     s = get("v-schedule", devices=8, microbatches=16, memory=5 / 8)
-    assert choose(8, 16, 5 / 8) == "v-half" and s.options == (("memory", 5 / 8),)
+    assert choose(8, 16, 5 / 8) == "v-half" and s.option("memory") == 5 / 8
     assert s.orders == get("v-half", devices=8, microbatches=16).orders
     s = get("v-schedule", devices=4, microbatches=8)  # memory 1.0: ZB-V, 1F1B's activations
     assert choose(4, 8, 1.0) == "zb-v" and s.orders == get("zb-v", devices=4, microbatches=8).orders
@@ -184,9 +184,26 @@ def test_less_memory_idles_and_full_memory_does_not_at_the_same_times():
 
 
 def test_its_options_rebuild_it():
-    """A schedule's options are its family's (``memory`` only), so ``compare`` and friends can look
-    the family up again with them (no closed form is registered)."""
+    """A schedule's options are its family's (the budget and the times it was ranked at), so
+    ``compare`` and friends can look the family up again with them (no closed form is registered)."""
     s = get("v-schedule", devices=4, microbatches=8, memory=0.75)
-    assert dict(s.options) == {"memory": 0.75}
+    assert dict(s.options) == {"memory": 0.75, "forward": 1.0, "input_grad": 1.0, "weight": 1.0}
     assert formula(s.family, devices=4, microbatches=8, **dict(s.options)) is None
     assert get(s.family, devices=4, microbatches=8, **dict(s.options)).orders == s.orders
+
+
+@pytest.mark.parametrize("times", [(1.5, 1.0, 1.0), (1.0, 1.0, 0.5), (2.0, 1.0, 3.0), (1.0, 2.0, 1.0),
+                                   (2.0, 1.0, 0.5), (0.5, 2.0, 2.0)])
+def test_a_half_budget_ranked_at_the_times_is_zero_bubble_when_the_condition_holds(times):
+    """v-schedule at V-Half's budget, ranked at the given (F, I, W): whichever block it picks, its
+    steady state is idle-free exactly when W + 2B >= 2F and W + 2F >= 2B (the first three
+    times satisfy it, the first on the boundary; the last three do not). At D = 4 the budget,
+    3 of 1F1B's 4 microbatches, is far from half, and a wider block idles at no times."""
+    d = 5
+    f, i, w = times
+    s = get("v-schedule", devices=d, microbatches=6 * d, memory=((d + 2) // 2) / d,
+            forward=f, input_grad=i, weight=w)
+    assert max(peak_activations(s)) <= 2 * ((d + 2) // 2)
+    holds = w + 2 * i >= 2 * f and w + 2 * f >= 2 * i
+    idle = steady_idle(s, {"F": f, "I": i, "W": w, "B": i + w})
+    assert (idle == pytest.approx(0.0, abs=1e-9)) == holds

@@ -71,6 +71,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from .._errors import ScheduleError
 from ._analysis import activation_delta, peak_activations
@@ -147,7 +148,7 @@ def _peak(device_ops: list[Op], slots: dict[Op, int]) -> int:
     return _timeline_peak(sorted((slots[op], op.kind) for op in device_ops))
 
 
-def _timeline_peak(timeline: list[tuple[int, str]], cap: float = math.inf) -> float:
+def _timeline_peak(timeline: list[tuple[int, str]], cap: float = math.inf) -> int:
     """``_peak`` of a device's sorted (slot, kind) pairs; stops at the first count above ``cap``."""
     implicit = all(kind != "W" for _, kind in timeline)
     total = peak = pending = 0
@@ -245,21 +246,22 @@ def _retime(slots: dict[Op, int], by_device: list[list[Op]], placement: Placemen
     slots.update(_eager(slots, placement, preds))
 
 
-def _eager(slots: dict[Op, int], placement: Placement, preds: dict[Op, Op | None]) -> dict[Op, int]:
-    """Eager start times at unit pass times of the device orders that ``slots`` imply (what
-    ``table`` gives their ``Schedule`` at ``UNIT``; slot order is a topological order, as every
-    pass sits after its input and its device's previous pass). ``preds`` memoizes each pass's
-    data predecessor."""
-    start: dict[Op, int] = {}
-    free = [0] * placement.devices
+def _eager(slots: dict[Op, int], placement: Placement, preds: dict[Op, Op | None],
+           durations: Mapping[str, float] = UNIT) -> dict[Op, Any]:
+    """Eager start times, at per-kind ``durations``, of the device orders that ``slots`` imply
+    (what ``table`` gives their ``Schedule``; slot order is a topological order, as every pass
+    sits after its input and its device's previous pass). ``preds`` memoizes each pass's data
+    predecessor. Integer durations (``UNIT``) give integer times: the slots."""
+    start: dict[Op, Any] = {}
+    free: list[Any] = [0] * placement.devices
     for op in sorted(slots, key=slots.__getitem__):
         if op not in preds:
             found = data_predecessor(op, _SPLIT, placement.stages)
             preds[op] = found[0] if found else None
         device = placement.device(0, op.stage)
         before = preds[op]
-        start[op] = max(free[device], start[before] + 1 if before is not None else 0)
-        free[device] = start[op] + 1
+        start[op] = max(free[device], start[before] + durations[before.kind] if before is not None else 0)
+        free[device] = start[op] + durations[op.kind]
     return start
 
 
@@ -353,7 +355,8 @@ def strided_blocks(devices: int) -> Mapping[str, Offsets]:
     idle slots, then the earliest turns) that fit the period. Keyed ``"strides d0xj+d1xk"``
     (``"strides none"`` on one device)."""
     hops = devices - 1
-    gaps = sorted(itertools.product(range(PASSES), repeat=3), key=lambda g: (sum(g), g))
+    period = range(PASSES)
+    gaps = sorted(itertools.product(period, period, period), key=lambda g: (sum(g), g))
     blocks: dict[str, Offsets] = {}
     for d0 in range(1, PASSES):
         for d1 in range(1, d0 + 1):
@@ -383,29 +386,39 @@ def _build(name: str, devices: int, microbatches: int) -> Schedule:
     return Schedule(Placement.v(devices), orders, microbatches, family=name if name in BLOCKS else "custom")
 
 
-def search_size(devices: int, microbatches: int) -> int:
-    """The microbatch count the candidates are ranked at: N, or 2D when N is larger. A block's
-    bubble beyond its 6N passes and its peak are the block's from about N = 2D on: of the 98
-    candidates of D = 3, 4, 6, 8, all but 3 measure the same at N = 2D, 3D+1 and 4D+3 (two of
-    those hold one more activation than 2D at larger N, one idles a slot less); ``_select``
-    re-checks the peak at N."""
-    return min(microbatches, 2 * devices)
+def search_size(devices: int, microbatches: int, times: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> int:
+    """The microbatch count the candidates are ranked at. At equal times: N, or 2D when N is
+    larger. A block's bubble beyond its 6N passes and its peak are the block's from about N = 2D
+    on: of the 98 candidates of D = 3, 4, 6, 8, all but 3 measure the same at N = 2D, 3D+1 and
+    4D+3 (two of those hold one more activation than 2D at larger N, one idles a slot less);
+    ``_select`` re-checks the peak at N. At other times a block's steady state may idle, so that
+    its bubble grows with N: they rank at N."""
+    return min(microbatches, 2 * devices) if times == (1.0, 1.0, 1.0) else microbatches
+
+
+#: Per-chunk (F, I, W) times of the paper's comparison, at which ``ranked`` defaults to rank.
+EQUAL = (1.0, 1.0, 1.0)
 
 
 @functools.lru_cache(maxsize=64)
-def ranked(devices: int, microbatches: int) -> tuple[tuple[int, int, str], ...]:
-    """Every candidate as (bubble slots, peak chunk activations, name), best first: zb-v, v-half,
-    v-min and the ``strided_blocks``, measured on their orders at unit pass times (the bubble is
-    the makespan beyond the 6N passes each device runs); ties keep that order."""
+def ranked(devices: int, microbatches: int, times: tuple[float, float, float] = EQUAL
+           ) -> tuple[tuple[float, int, str], ...]:
+    """Every candidate as (bubble, peak chunk activations, name), best first: zb-v, v-half, v-min
+    and the ``strided_blocks``. The bubble is the makespan of their orders at per-chunk pass
+    times ``times`` = (F, I, W) beyond the 2N(F+I+W) each device computes; ties keep that order."""
+    durations = {"F": times[0], "I": times[1], "W": times[2], "B": times[1] + times[2]}
+    work = 2 * microbatches * sum(times)
     blocks = ["v-half", "v-min"]
     seen = {_offsets(name, devices) for name in blocks}
     blocks += [name for name, offsets in strided_blocks(devices).items() if offsets not in seen]
     zb_v = _build("zb-v", devices, microbatches)
-    scored = [(int(table(zb_v, UNIT).makespan) - PASSES * microbatches, max(peak_activations(zb_v)), "zb-v")]
+    scored = [(table(zb_v, durations).makespan - work, max(peak_activations(zb_v)), "zb-v")]
     for name in blocks:
         slots, by_device = _block_orders(_offsets(name, devices), devices, microbatches)
         peak = max(_peak(ops, slots) for ops in by_device)
-        scored.append((max(slots.values()) + 1 - PASSES * microbatches, peak, name))
+        start = slots if times == EQUAL else _eager(slots, Placement.v(devices), {}, durations)
+        makespan = max(start[op] + durations[op.kind] for op in start)
+        scored.append((makespan - work, peak, name))
     rank = {name: k for k, (_, _, name) in enumerate(scored)}
     return tuple(sorted(scored, key=lambda t: (t[0], t[1], rank[t[2]])))
 
@@ -416,19 +429,20 @@ def cap(devices: int, memory: float) -> int:
     return math.floor(2 * memory * devices + 1e-9)
 
 
-def _accepts_budget(*, devices: int, microbatches: int, memory: float) -> str | None:
+def _accepts_budget(*, devices: int, microbatches: int, memory: float, **times: float) -> str | None:
     candidates = ranked(devices, search_size(devices, microbatches))
     if all(peak > cap(devices, memory) for _, peak, _ in candidates):
-        _, need, name = min(candidates, key=lambda t: t[1])
+        need, name = min((peak, name) for _, peak, name in candidates)
         return (f"memory={memory} of 1F1B's {devices} microbatches holds {memory * devices:g}; the smallest "
                 f"block ({name}) needs {need / 2:g}, memory >= {need / (2 * devices):.4g}")
     return None
 
 
 @functools.lru_cache(maxsize=64)
-def _select(devices: int, microbatches: int, memory: float) -> tuple[str, Schedule]:
+def _select(devices: int, microbatches: int, memory: float, times: tuple[float, float, float]
+            ) -> tuple[str, Schedule]:
     budget = cap(devices, memory)
-    for _, peak, name in ranked(devices, search_size(devices, microbatches)):
+    for _, peak, name in ranked(devices, search_size(devices, microbatches, times), times):
         if peak <= budget:
             built = _build(name, devices, microbatches)
             if max(peak_activations(built)) <= budget:
@@ -437,16 +451,21 @@ def _select(devices: int, microbatches: int, memory: float) -> tuple[str, Schedu
                         f"{microbatches} microbatches (memory={memory})")
 
 
-def choose(devices: int, microbatches: int, memory: float) -> str:
-    """The block ``v-schedule`` builds for ``memory``: the lowest-bubble candidate (``ranked`` at
-    ``search_size``) whose orders at N hold at most ``cap(devices, memory)`` chunk-microbatches of
-    activations on every device ("zb-v", "v-half", "v-min" or a ``strided_blocks`` key)."""
-    return _select(devices, microbatches, memory)[0]
+def choose(devices: int, microbatches: int, memory: float, times: tuple[float, float, float] = EQUAL) -> str:
+    """The block ``v-schedule`` builds for ``memory`` at per-chunk pass times ``times``: the
+    lowest-bubble candidate (``ranked`` at ``search_size``) whose orders at N hold at most
+    ``cap(devices, memory)`` chunk-microbatches of activations on every device ("zb-v", "v-half",
+    "v-min" or a ``strided_blocks`` key)."""
+    return _select(devices, microbatches, memory, tuple(map(float, times)))[0]
 
 
-def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0) -> Schedule:
-    """``choose``'s block as family ``v-schedule`` (its one option, ``memory``, recorded)."""
-    return _select(devices, microbatches, memory)[1].replace(family="v-schedule", options={"memory": memory})
+def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0, forward: float = 1.0,
+                    input_grad: float = 1.0, weight: float = 1.0) -> Schedule:
+    """``choose``'s block as family ``v-schedule``, its options recorded."""
+    times = (float(forward), float(input_grad), float(weight))
+    _, built = _select(devices, microbatches, memory, times)
+    options = {"memory": memory, "forward": forward, "input_grad": input_grad, "weight": weight}
+    return built.replace(family="v-schedule", options=options)
 
 
 def _positive(value: float) -> str | None:
@@ -478,7 +497,11 @@ V_SCHEDULE = register(Family(
     generate=generate_budget,
     summary="a memory budget (fraction of 1F1B's activations) picks the lowest-bubble V block that fits it",
     source=_BUDGET_SOURCE,
-    options=(Option("memory", float, 1.0, _positive, "activation budget as a fraction of 1F1B's"),),
+    options=(
+        Option("memory", float, 1.0, _positive, "activation budget as a fraction of 1F1B's"),
+        *(Option(name, float, 1.0, _positive, f"{kind} time of a chunk the blocks are ranked at")
+          for name, kind in (("forward", "F"), ("input_grad", "I"), ("weight", "W"))),
+    ),
     accepts=_accepts_budget,
     **_V,
 ))
