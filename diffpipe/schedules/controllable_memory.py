@@ -56,11 +56,19 @@ warm-up and cool-down reordering, where these go through this module's squeeze (
 A budget below every candidate's peak is refused in one line. The ranking costs one construction
 per candidate (about 4D of them; seconds at D = 16), cached per size.
 
-*Zero bubble at half memory* (the paper, and the authors' README: necessary condition
-``W + 2B >= 2F`` and ``W + 2F >= 2B``, B the input gradient): V-Half's orders, built at unit
-times, run at any times; ``tests/test_v_schedule.py`` simulates them and finds no idle time in the
-steady state (defined there) exactly on the side of the condition where it holds, on the times
-tried, while V-Min's orders idle there at unequal times.
+``forward``, ``input_grad`` and ``weight`` (per-chunk pass times, default 1 each) make the
+ranking that of the given times, as the authors' search ranks with its costs: each candidate's
+orders (built at unit slots, valid at any times) are timed eagerly at N microbatches.
+
+*Zero bubble at half memory* (the paper, and the authors' README: the necessary condition
+``W + 2B >= 2F`` and ``W + 2F >= 2B``, B the input gradient I). Simulated in
+``tests/test_v_schedule.py``: the steady-state idle (defined there: between the chunk-0 forwards
+of microbatches 2D and 4D of N = 6D) of V-Half's orders is zero exactly where the condition holds,
+on every point of a (F, I, W) grid of 0.5..3 at D = 5 and 8; so is that of ``v-schedule`` at
+V-Half's budget ranked at those times (every point of a 4^3 grid at D = 5, 6, 8, measured while
+writing; six points tested). V-Min's orders idle there at unequal times even where it holds; ZB-V's
+(1F1B's memory) do not idle where it fails. At D = 4 V-Half's budget is 3 of 1F1B's 4
+microbatches, far from half, and v-schedule then finds a wider block that idles at no time tried.
 """
 
 from __future__ import annotations
