@@ -52,7 +52,7 @@ class Schedule:
             that ``F`` except by lane order) form one *overlapped pair*: DualPipe's F&B chunk,
             torch's ``OVERLAP_F_B``. The orders keep both ops (memory, validation and the table
             read them as usual); evaluators run the pair as one interval that starts when both
-            members' inputs are ready and lasts the pair's time (``Hardware.overlap``; by default
+            members' inputs are ready and lasts the pair's time (``Hardware.pair_overlap``; by default
             F + B). Default empty: no pairs.
 
     Construction validates (see ``_validate.validate``) and raises ``ScheduleError`` naming the

@@ -6,7 +6,7 @@ communication mode by plain iteration (``evaluate_network``). No JAX, no arrays.
 Overlapped pairs (``Schedule.overlapped``: an ``F`` and the next op, a ``B`` or ``I``, run as one
 interval, DualPipe's F&B chunk): the pair starts when the inputs of both members are ready and
 lasts ``pair(F, B)`` (default: ``duration(F) + duration(B)``, no overlap; ``overlapped_time`` is
-the form ``Hardware.overlap`` uses). The forward is reported over the whole interval and the
+the form ``Hardware.pair_overlap`` uses). The forward is reported over the whole interval and the
 backward as a zero-length op at its end (the time both outputs, the forward's activation and the
 backward's gradient, are sent), so busy times and tables count the pair once.
 """

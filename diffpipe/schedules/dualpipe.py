@@ -11,7 +11,7 @@ with chunk 0 backward), and a cool-down whose second half splits backwards into 
 torch's compound action ``(aFb;cBd)OVERLAP_F_B`` keeps its two ops in the order, the forward then
 the full backward, and is marked as an overlapped pair (``Schedule.overlapped``): evaluators run
 it as one interval that starts when both members' inputs are ready and lasts the pair's time,
-``Hardware.overlap`` (the fraction of the shorter pass hidden under the longer one: DeepSeek's
+``Hardware.pair_overlap`` (the fraction of the shorter pass hidden under the longer one: DeepSeek's
 F&B chunk overlaps one pass's all-to-all communication with the other's compute). Without it a
 pair lasts F + B, as two consecutive ops would.
 
