@@ -11,7 +11,7 @@ import pytest
 import diffpipe as dp
 from diffpipe._graph import COST_PAIR
 from diffpipe.schedules import Op, from_torch, from_torch_csv, get, table, to_torch_csv
-from diffpipe.schedules._reference import evaluate, evaluate_network, overlapped_time
+from diffpipe.schedules._reference import evaluate_network, overlapped_time
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 LAT, BW = 0.05, 2.0

@@ -89,7 +89,8 @@ class Schedule:
         try:
             marks = frozenset(tuple(mark) for mark in self.overlapped)
         except TypeError:
-            raise ScheduleError(f"schedule: overlapped must be (device, index) pairs, got {self.overlapped!r}") from None
+            raise ScheduleError(f"schedule: overlapped must be (device, index) pairs, "
+                                f"got {self.overlapped!r}") from None
         for mark in sorted(marks, key=repr):
             if len(mark) != 2 or not all(is_int(x) for x in mark):
                 raise ScheduleError(f"schedule: overlapped must hold (device, index) pairs of ints, got {mark!r}")

@@ -5,9 +5,10 @@ one row per rank, one action per cell, each cell ``str(_Action)``: ``[stage][typ
 e.g. ``2F0``, ``1I3``, ``0W1``, ``0B2``; an empty cell is an idle step (torch writes its ``None``
 bubbles as empty strings). A compound cell ``(0F7;7B3)OVERLAP_F_B`` (DualPipe-V's overlapped pair)
 becomes its sub-actions, in order, marked as an overlapped pair (``Schedule.overlapped``) when they
-are a forward then a backward; the writer writes marked pairs back as compounds. Communication and bookkeeping actions (``SEND_F``, ``RECV_F``,
-``SEND_B``, ``RECV_B``, ``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD``) are skipped: diffpipe derives
-transfers from the placement and the data dependencies, and models collectives as ``R`` ops.
+are a forward then a backward; the writer writes marked pairs back as compounds. Communication and
+bookkeeping actions (``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``, ``UNSHARD``, ``RESHARD``,
+``REDUCE_GRAD``) are skipped: diffpipe derives transfers from the placement and the data
+dependencies, and models collectives as ``R`` ops.
 
 torch has no notion of concurrent pipelines (model replicas) and maps stages to ranks either
 loop-wise (``s mod D``) or V-wise (``s`` if ``s < D`` else ``2D-1-s``); the writer refuses other
