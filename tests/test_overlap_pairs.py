@@ -70,12 +70,13 @@ def test_families_without_pairs_are_unchanged():
     plain = dp.Hardware.from_times(1.0, 2.0, 0.5, 0.1)
     with_overlap = dp.Hardware.from_times(1.0, 2.0, 0.5, 0.1, pair_overlap=0.7)
     assert len(jax.tree.leaves(with_overlap)) == len(jax.tree.leaves(plain)) + 1
-    for name, opts in [("1f1b", {}), ("zb-v", {}), ("interleaved-1f1b", {"chunks": 2}), ("chimera", {})]:
-        s = get(name, devices=2, microbatches=4, **opts)
+    for name in ("1f1b", "zb-v", "chimera"):
+        s = get(name, devices=2, microbatches=4)
         assert s.overlapped == frozenset() and s.pairs == {}
         g = dp.compile(s)
         assert not np.any(np.asarray(g.node_cost)[:, 0] == COST_PAIR)
-        np.testing.assert_array_equal(plain.costs(g)[0], with_overlap.costs(g)[0])
+    costs = jax.jit(lambda h: h.costs(g)[0])  # chimera's: two pipelines
+    np.testing.assert_array_equal(costs(plain), costs(with_overlap))
 
 
 def _machine(s, mode, overlap, seed):
@@ -106,12 +107,13 @@ def _machine(s, mode, overlap, seed):
     return hw, duration, transfer, pair
 
 
-MODES = ["none", "overlap", "contention", "blocking", "rendezvous"]
-PAIRED = [("dualpipe-v", 2, 4), ("dualpipe-v", 3, 6), ("dualpipe", 4, 8)]
+#: The modes on dualpipe-v (none and overlap compile to one edge graph: overlap on dualpipe), and
+#: dualpipe (two pipelines) with transfer delays and with rendezvous waits.
+PAIRED = [(("dualpipe-v", 2, 4), mode) for mode in ("none", "contention", "blocking", "rendezvous")] + [
+    (("dualpipe", 4, 8), mode) for mode in ("overlap", "rendezvous")]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", PAIRED, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in PAIRED])
+@pytest.mark.parametrize("case, mode", PAIRED, ids=[f"{c[0]}-{c[1]}x{c[2]}-{m}" for c, m in PAIRED])
 def test_simulator_agrees_with_the_reference_in_every_mode(case, mode):
     with jax.enable_x64(True):
         name, d, n = case
@@ -147,7 +149,7 @@ def test_pair_time_and_its_gradient_against_finite_differences():
         eps = 1e-6
         fd = (span(ov + eps, fw) - span(ov - eps, fw)) / (2 * eps)
         assert float(grad_ov) == pytest.approx(float(fd), rel=1e-6) and float(grad_ov) < 0
-        for k in range(4):
+        for k in (0, 3):
             e = jnp.zeros(4).at[k].set(eps)
             assert float(grad_fw[k]) == pytest.approx(float((span(ov, fw + e) - span(ov, fw - e)) / (2 * eps)),
                                                       rel=1e-6, abs=1e-9)
