@@ -193,15 +193,19 @@ class Contention(AbstractLaneCommunication):
 
 def _meeting_waits(schedule: Schedule, *, sender_waits: bool) -> list[tuple[Node, Node]]:
     """Each transfer waits for the receiver's op before its consumer (the receive is posted then);
-    with ``sender_waits``, the sender's op after the producer also waits for the transfer."""
+    with ``sender_waits``, the sender's op after the producer also waits for the transfer. An
+    overlapped pair (``Schedule.overlapped``) is one op here: its receives are posted before it,
+    and the op after it is the one after its backward."""
     orders = schedule.orders
     position = {(d, op): i for d, order in enumerate(orders) for i, op in enumerate(order)}
+    opens = schedule.pairs
+    closes = set(opens.values())
     pairs: list[tuple[Node, Node]] = []
     for producer, consumer, dep in transfers(schedule):
-        i = position[(dep.dst, consumer)]
+        i = position[(dep.dst, consumer)] - (consumer in closes)
         if i > 0:
             pairs.append(((producer, consumer), orders[dep.dst][i - 1]))
-        i = position[(dep.src, producer)]
+        i = position[(dep.src, producer)] + (producer in opens)
         if sender_waits and i + 1 < len(orders[dep.src]):
             pairs.append((orders[dep.src][i + 1], (producer, consumer)))
     return pairs
@@ -223,7 +227,8 @@ class Blocking(AbstractCommunication):
 
     def tail_waits(self, schedule, device):
         last = schedule.orders[device][-1]
-        return [(producer, consumer) for producer, consumer, _ in transfers(schedule) if producer == last]
+        ends = {last, *(f for f, b in schedule.pairs.items() if b == last)}  # a pair sends at its end
+        return [(producer, consumer) for producer, consumer, _ in transfers(schedule) if producer in ends]
 
 
 class Rendezvous(AbstractCommunication):

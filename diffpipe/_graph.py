@@ -8,6 +8,13 @@ dynamic slice instead of a scatter. Every ``[nodes]`` array has ``width`` scratc
 real nodes (a level's fixed-width write may spill into them) and one sentinel row at the end,
 which padded predecessors point to and which always holds ``-inf``.
 
+Overlapped pairs (``Schedule.overlapped``, DualPipe's F&B): the pair's backward gets an *entry*
+node (kind ``B``, ``op_index`` -1, no lane) that carries the backward's incoming edges and waits
+and lasts 0; the forward waits for it and lasts the whole pair (a ``COST_PAIR`` row:
+``Hardware.tables``), and the backward's own node follows the forward with duration 0. So the
+pair starts when both members' inputs are ready, and both outputs leave at its end
+(``_reference``'s semantics). Schedules without pairs compile exactly as before.
+
 ``compile(..., gradient_sync=True)`` adds the data-parallel gradient sync (API.md section 1):
 per stage an ``R`` node on a per-device *sync lane*, and per (pipeline, stage) a ``U`` node (the
 optimizer step) at the end of its device's compute lane; see ``_gradient_sync``.
@@ -41,8 +48,10 @@ _EDGE_CODES = {LANE: EDGE_LANE, DATA: EDGE_DATA, ACTIVATION: EDGE_ACTIVATION, GR
                LINK: EDGE_LINK, BLOCK: EDGE_BLOCK}
 
 #: Cost-row types (``Graph.node_cost[:, 0]``): zero, the four compute kinds, optimizer step,
-#: all-reduce (args: participants, first and last device), transfer (args: src, dst, boundary).
-COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T = range(8)
+#: all-reduce (args: participants, first and last device), transfer (args: src, dst, boundary),
+#: overlapped pair (pipeline and stage of its forward; args: the cost row of its backward alone,
+#: the forward's and the backward's microbatch).
+COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T, COST_PAIR = range(9)
 #: Step-boundary roles (bits of ``Graph.node_cost[:, 6]``): a source (no predecessor) also lasts the
 #: step's ``setup``, a sink (no successor) its ``wind_down`` (``Hardware.tables``).
 ROLE_SOURCE, ROLE_SINK = 1, 2
@@ -137,6 +146,8 @@ class _Node:
     group: int = 1
     op_index: int = -1
     preds: list = field(default_factory=list)  # [(node id, edge code, src, dst, boundary)]
+    pair: tuple | None = None  # a pair's forward: (kind, pipeline, stage, microbatch) of its backward
+    free: bool = False  # lasts 0 (a pair's backward and its entry)
 
 
 def compile(  # noqa: A001 - the public name DESIGN.md fixes
@@ -177,23 +188,38 @@ def compile(  # noqa: A001 - the public name DESIGN.md fixes
         lanes = schedule.devices_of(op)
         nodes.append(_Node(op.kind, op.stage, op.pipeline, op.microbatch, lanes[0], lanes[-1],
                            group=len(lanes), op_index=i))
+    # A pair's backward receives its inputs (edges, waits) on its entry node (module docstring).
+    entry = dict(index)
+    for f, b in schedule.pairs.items():
+        e = len(nodes)
+        nodes.append(_Node("B", b.stage, b.pipeline, b.microbatch, nodes[index[b]].device, nodes[index[b]].dst,
+                           free=True))
+        entry[b] = e
+        nodes[index[b]].free = True
+        nodes[index[f]].pair = (b.kind, b.pipeline, b.stage, b.microbatch)
+        nodes[index[f]].preds.append((e, EDGE_LANE, -1, -1, -1))
+    partner = {b: f for f, b in schedule.pairs.items()}
     # Nodes: an op, or (its mode's ``transfer_nodes``) a transfer, keyed by (producer, consumer).
     node_of: dict[Op | tuple[Op, Op], int] = dict(index)
     for i, op in enumerate(ops):
         for dep in schedule.dependencies[op]:
             code = _EDGE_CODES[dep.edge]
+            if op in partner and dep.op == partner[op]:
+                nodes[i].preds.append((index[dep.op], code, dep.src, dep.dst, dep.boundary))  # after the pair
+                continue
+            to = entry[op]
             if mode.transfer_nodes and dep.is_transfer:
                 t = len(nodes)
                 nodes.append(_Node("T", op.stage, op.pipeline, op.microbatch, dep.src, dep.dst,
                                    boundary=dep.boundary))
                 nodes[t].preds.append((index[dep.op], EDGE_FEED, dep.src, dep.src, -1))
-                nodes[i].preds.append((t, EDGE_FEED, dep.dst, dep.dst, -1))
+                nodes[to].preds.append((t, EDGE_FEED, dep.dst, dep.dst, -1))
                 node_of[(dep.op, op)] = t
             else:
-                nodes[i].preds.append((index[dep.op], code, dep.src, dep.dst, dep.boundary))
+                nodes[to].preds.append((index[dep.op], code, dep.src, dep.dst, dep.boundary))
     wait = _EDGE_CODES[mode.wait_edge]
     for waiter, waited in mode.waits(schedule, per_node):
-        nodes[node_of[waiter]].preds.append((node_of[waited], wait, -1, -1, -1))
+        nodes[entry.get(waiter, node_of.get(waiter))].preds.append((node_of[waited], wait, -1, -1, -1))
     if not isinstance(gradient_sync, bool):
         raise ConfigError(f"compile: gradient_sync must be True or False, got {gradient_sync!r}")
     if gradient_sync:
@@ -311,6 +337,12 @@ def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
             key = (COST_R, n.pipeline, n.stage, n.group, n.device, n.dst)
         elif n.kind == "T":
             key = (COST_T, n.pipeline, n.stage, n.device, n.dst, n.boundary)
+        elif n.free:
+            key = (COST_ZERO, 0, 0, 0, 0, 0)
+        elif n.pair is not None:
+            kind, pipeline, stage, microbatch = n.pair
+            alone = node_rows.setdefault((kinds[kind], pipeline, stage, 0, 0, 0, 0), len(node_rows))
+            key = (COST_PAIR, n.pipeline, n.stage, alone, n.microbatch, microbatch)
         else:
             key = (kinds[n.kind], n.pipeline, n.stage, 0, 0, 0)
         role = (ROLE_SOURCE if not n.preds else 0) | (ROLE_SINK if old not in has_successor else 0)
@@ -358,6 +390,8 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
     ops = schedule.ops
     backward_split = {(op.pipeline, op.stage, op.microbatch) for op in ops if op.kind == "W"}
     for old, n in enumerate(nodes):
+        if n.op_index < 0:  # a pair's entry node: no activation (lane nodes only are read)
+            continue
         if n.kind == "W" or (n.kind == "B" and (n.pipeline, n.stage, n.microbatch) not in backward_split):
             rel[new[old]] = -1
     node_row, edge_row, node_cost, edge_cost = _cost_rows(nodes, new, rows, k)

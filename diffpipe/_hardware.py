@@ -11,6 +11,11 @@ Cost model (DESIGN.md, "Hardware and costs"):
   ``k`` in ``F, B, I, W`` *instead* (calibration measures a different framework gap before each
   kind); ``B`` costs ``I + W``, or ``full_backward[p, s]`` where given (torch's split backward
   costs more than its full one: issue 13); ``U`` costs ``overhead + update[p, s]``;
+- an overlapped pair (``Schedule.overlapped``: DualPipe's F&B) of a forward lasting ``f`` and a
+  backward lasting ``b`` (each as above, overheads included) lasts
+  ``f + b - pair_overlap[p, s] * min(f, b)`` (``schedules._reference.overlapped_time``; ``p, s`` the
+  forward's): ``pair_overlap`` is the fraction of the shorter pass hidden under the longer one, 0 (or
+  None, the default) no overlap (F + B), 1 the pair as long as its longer member;
 - the step: every op starts at least ``setup`` after the step begins, and the step ends
   ``wind_down`` after its last op. In max-plus terms a source node (no predecessor) also lasts
   ``setup`` (which shifts the whole timeline by ``setup``) and a sink (no successor) also lasts
@@ -37,7 +42,8 @@ from jaxtyping import Array, Float
 from ._checks import is_number
 from ._communication import AbstractCommunication, network_mode, topology
 from ._errors import ConfigError
-from ._graph import COST_F, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+from ._graph import COST_F, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+from .schedules._reference import overlapped_time
 
 
 def _numbers(value: Any) -> bool:
@@ -217,8 +223,10 @@ class Hardware(eqx.Module):
     (``backward``, the name of ``input_grad`` before 0.2, still reads it, with a deprecation warning.)
     ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
     ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
-    step (module docstring). All are float leaves, differentiable; their default, None (no leaf:
-    the pytree of a plain hardware is unchanged), is the plain model: overhead, I + W, 0, 0.
+    step (module docstring); ``pair_overlap`` (optional, in [0, 1], a scalar or per stage of the
+    pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring).
+    All are float leaves, differentiable; their default, None (no leaf: the pytree of a plain
+    hardware is unchanged), is the plain model: overhead, I + W, 0, 0, pairs lasting F + B.
     """
 
     forward: Float[Array, "..."]
@@ -237,6 +245,8 @@ class Hardware(eqx.Module):
     full_backward: Float[Array, "..."] | None = None
     setup: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "setup"))
     wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
+    pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
+                                                         converter=lambda v: _optional(v, "pair_overlap"))
 
     @property
     def backward(self) -> Array:
@@ -248,9 +258,13 @@ class Hardware(eqx.Module):
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
             _check_values(name, getattr(self, name))
-        for name in ("kind_overhead", "full_backward", "setup", "wind_down"):
+        for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
             if getattr(self, name) is not None:
                 _check_values(name, getattr(self, name))
+        fraction = None if self.pair_overlap is None else _concrete(self.pair_overlap)
+        if fraction is not None and np.any(fraction > 1):
+            raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
+                              f"pass), got {fraction.ravel()[np.argmax(fraction.ravel() > 1)]!r}")
         if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
             raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
                               f"per kind {', '.join(OVERHEAD_KINDS)}")
@@ -276,6 +290,7 @@ class Hardware(eqx.Module):
         full_backward: Any = None,
         setup: Any = None,
         wind_down: Any = None,
+        pair_overlap: Any = None,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -287,7 +302,7 @@ class Hardware(eqx.Module):
         ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
         a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
         values in that order. ``setup``/``wind_down``: seconds before the first op and after the
-        last op of the step.
+        last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
         """
         input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
         zero = _float(0.0)
@@ -301,7 +316,7 @@ class Hardware(eqx.Module):
                             _float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
-            setup=setup, wind_down=wind_down,
+            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap,
         )
 
     @classmethod
@@ -410,12 +425,23 @@ class Hardware(eqx.Module):
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
                           [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
         lead, tail = self._step_terms(cost[:, 6])
-        base = base + lead + tail
         per = jnp.select([compute, kind == COST_T],
                          [per_kind[jnp.clip(kind - COST_F, 0, 3), p, s], t_per], 0.0)
+        # An overlapped pair: its forward's time (kind F) and its backward's (the row a1 alone, at
+        # microbatch a3) combined; one row per pair, so both microbatch sizes are exact.
+        pair = kind == COST_PAIR
+        forward = op_overhead[0] + size[a2] * t["forward"][p, s]
+        backward = base[a1] + size[a3] * per[a1]
+        hidden = 0.0 if self.pair_overlap is None else self._checked_overlap(graph)[p, s]
+        base = jnp.where(pair, overlapped_time(forward, backward, hidden), base) + lead + tail
+        per = jnp.where(pair, 0.0, per)
         e = graph.edge_cost
         e_base, e_per = transfer(e[:, 0], e[:, 1], e[:, 2], e[:, 3])
         return CostTables(base, per, e_base, e_per, size)
+
+    def _checked_overlap(self, graph: Graph) -> Array:
+        x = _traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
+        return eqx.error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
 
     def _checked_kind_overhead(self) -> Array:
         if self.kind_overhead.shape != (len(OVERHEAD_KINDS),):

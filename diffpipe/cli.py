@@ -155,6 +155,8 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "positive": (lambda v: is_number(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
     "bandwidth": (lambda v: is_number(v) and v > 0, "a number > 0 (bytes/s; inf for free)"),
     "fraction": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "shares": (lambda v: all(is_number(x) and 0 <= x <= 1 for x in (v if isinstance(v, list) and v else [v])),
+               "a number or a list of numbers in [0, 1]"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
     "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
@@ -177,7 +179,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
               "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
               "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
-              "overhead_W": "seconds"},
+              "overhead_W": "seconds", "pair_overlap": "shares"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
               "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
@@ -371,10 +373,11 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
             return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
                                        update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
                                        kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
-                                       setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0))
+                                       setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
+                                       pair_overlap=t.get("pair_overlap"))
 
         label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
-                 f"({mode or 'overlap'})")
+                 + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
         return _Machine(label, from_times)
     if not model_cfg and not dev and not net:
         m = default_machine(**modes)

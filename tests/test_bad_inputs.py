@@ -72,6 +72,7 @@ BAD_VALUES = {
     "positive": ['"abc"', 'true', '0', '-1', 'nan', 'inf', '"1"'],
     "bandwidth": ['"abc"', 'true', '0', '-1', 'nan', '"fast"'],
     "fraction": ['"high"', 'true', '0', '1.5', '-0.1', 'nan'],
+    "shares": ['"high"', 'true', '1.5', 'nan', '[0.5, 2]', '[]'],
     "bool": ['1', '"yes"', '0', '[true]'],
     "mode": ['"fast"', '1', 'true', '""'],
     "options": ['3', '"chunks=2"', '[1]', '{ chunks = [1, 2] }', '{ chunks = { a = 1 } }'],

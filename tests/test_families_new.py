@@ -139,9 +139,9 @@ def test_dualpipe_table_of_the_authors(times, d, n):
     """The DualPipe README's table (PP = d stages): DualPipe on PP devices, DualPipe-V on PP/2, both
     with 2x parameters and PP + 1 activations per device; 1F1B holds PP on PP devices.
 
-    Bubble: with the F&B pair as F then B (no overlap; the pair's own cost is future work) each
-    device idles exactly as long as DualPipe-V's, and below the published ``(PP/2-1)(F&B+B-3W)``
-    with F&B = F + B (the published bound assumes the overlapped pair)."""
+    Bubble: with F&B = F + B (no overlap) each device idles exactly as long as DualPipe-V's, and
+    the busiest device idles the published ``(PP/2-1)(F&B+B-3W)`` exactly when t_F = t_I (more
+    when the forward is the longer pass, less when the input-gradient one is)."""
     f, i, w = times
     durations = {"F": f, "I": i, "W": w, "B": i + w}
     dual, half = get("dualpipe", devices=d, microbatches=n), get("dualpipe-v", devices=d // 2, microbatches=n // 2)
@@ -155,14 +155,15 @@ def test_dualpipe_table_of_the_authors(times, d, n):
     idle = a.makespan - max(a.busy)
     assert idle == b.makespan - max(b.busy)
     fb = f + i + w
-    assert 0 < idle < (d // 2 - 1) * (fb + (i + w) - 3 * w)
+    published = (d // 2 - 1) * (fb + (i + w) - 3 * w)
+    assert 0 < idle and (idle > published if f > i else idle < published if f < i else idle == published)
 
 
 @pytest.mark.parametrize("d, n", [(4, 8), (8, 32), (6, 24)])
 def test_dualpipe_closed_form_at_equal_times(d, n):
     closed = formula("dualpipe", devices=d, microbatches=n, durations=UNIT)
     t = table(get("dualpipe", devices=d, microbatches=n), UNIT)
-    assert closed.makespan == t.makespan == 3 * n + d // 2 - 1
+    assert closed.makespan == t.makespan == 3 * n + d - 2
     assert closed.peak_activations == peak_activations(get("dualpipe", devices=d, microbatches=n))
     assert formula("dualpipe", devices=d, microbatches=n, durations={"F": 1.0, "I": 2.0, "W": 1.0, "B": 3.0}) is None
 

@@ -16,7 +16,8 @@ sockets are bound to the loopback interface (``GLOO_SOCKET_IFNAME=lo``) where it
 
 Every form diffpipe can export runs on CPU: one stage per rank (GPipe, 1F1B), loop placements
 (interleaved 1F1B, looped BFS), the zero-bubble I/W split (torch's ``backward_weight_one_chunk``
-needs nothing beyond autograd), V placements (ZB-V, DualPipe-V, Hanayo with one wave) and a custom
+needs nothing beyond autograd), V placements (ZB-V, DualPipe-V with its overlapped pairs as torch's
+``OVERLAP_F_B`` compound cells, Hanayo with one wave) and a custom
 greedy order from ``list_schedule``. What cannot run is what the CSV cannot express, and
 ``to_torch_csv`` refuses it (checked at the end): several pipelines of model replicas (Chimera,
 AMDP), placements other than loop or V (Hanayo with two waves), and optimizer steps ``U`` of
@@ -74,7 +75,8 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
 
     with open(job["csv"], newline="") as handle:
         rows = list(csv.reader(handle))
-    mine = sorted({_Action.from_str(cell).stage_index for cell in rows[rank] if cell})
+    actions = [_Action.from_str(cell) for cell in rows[rank] if cell]  # compounds: their sub-actions' stages
+    mine = sorted({sub.stage_index for action in actions for sub in action.sub_actions or (action,)})
     model = _model(job["stages"])
     stages = [PipelineStage(model[i], i, job["stages"], torch.device("cpu")) for i in mine]
     runtime = _PipelineScheduleRuntime(stages, job["microbatches"], loss_fn=nn.functional.mse_loss)

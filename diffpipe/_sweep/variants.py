@@ -27,6 +27,8 @@ PER_STAGE = ("forward", "input_grad", "weight", "update", "message_bytes", "grad
 NETWORK_SCALARS = ("latency", "bandwidth", "inter_latency", "inter_bandwidth")
 #: Optional Hardware leaves (None unless given): carried when every variant gives them.
 OPTIONAL_SCALARS = ("setup", "wind_down")
+#: Optional per-stage Hardware leaves (None unless given), ``[pipelines, stages]`` when carried.
+OPTIONAL_PER_STAGE = ("full_backward", "pair_overlap")
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,9 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
             raise ConfigError(f"hardware: a batched leaf has shape {x.shape}, expected a leading axis of {batch}")
     leaves: dict[str, np.ndarray] = {}
     rules = dict(_RULES)
-    if hw.full_backward is not None:
-        rules["full_backward"] = ("per_stage", "full_backward")
+    for name in OPTIONAL_PER_STAGE:
+        if getattr(hw, name) is not None:
+            rules[name] = ("per_stage", name)
     for name, (method, *args) in rules.items():
         def per(leaf: Array, graph: Any, name: str = name, method: str = method, args: list = args) -> Array:
             return getattr(eqx.tree_at(lambda h: getattr(h, name), hw, leaf), method)(*args, graph)
@@ -204,7 +207,7 @@ def pad_variants(v: Variants, index: np.ndarray, p: int, s: int, m: int, d: int)
     out = {}
     for name, x in v.leaves.items():
         x = x[index]
-        if name in PER_STAGE or name == "full_backward":
+        if name in PER_STAGE or name in OPTIONAL_PER_STAGE:
             target, fill = (p, s), 0.0
         elif name == "size":
             target, fill = (m,), 0.0
@@ -228,6 +231,6 @@ def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, mode: str, device
                       leaves.get("pair_latency"), leaves.get("pair_bandwidth"), mode=mode,
                       devices_per_node=devices_per_node, data_parallel=v.data_parallel,
                       data_parallel_link=v.data_parallel_link)
-    names = (*PER_STAGE, "overhead", "size", "capacity", "kind_overhead", "full_backward", *OPTIONAL_SCALARS)
+    names = (*PER_STAGE, "overhead", "size", "capacity", "kind_overhead", *OPTIONAL_PER_STAGE, *OPTIONAL_SCALARS)
     fields = {name: leaves[name] for name in names if name in leaves}
     return Hardware(**fields, network=network)

@@ -19,6 +19,7 @@ from ._ir import KINDS as KINDS
 from ._ir import Op as Op
 from ._ir import Placement as Placement
 from ._ir import rows
+from ._reference import pair_order
 from ._table import table
 from ._validate import validate
 
@@ -46,6 +47,13 @@ class Schedule:
         stashing: whether each in-flight microbatch keeps the weight version its forward used
             (PipeDream weight stashing, PipeDream-2BW's second version): memory then holds
             ``1 + max staleness`` versions of a stage (``_analysis.weight_versions``).
+        overlapped: ``(device, index)`` positions where ``orders[device][index]`` (an ``F``) and
+            the next op (a ``B`` or ``I`` of another stage or microbatch, which must not depend on
+            that ``F`` except by lane order) form one *overlapped pair*: DualPipe's F&B chunk,
+            torch's ``OVERLAP_F_B``. The orders keep both ops (memory, validation and the table
+            read them as usual); evaluators run the pair as one interval that starts when both
+            members' inputs are ready and lasts the pair's time (``Hardware.pair_overlap``; by default
+            F + B). Default empty: no pairs.
 
     Construction validates (see ``_validate.validate``) and raises ``ScheduleError`` naming the
     first problem; a ``Schedule`` object is therefore always valid and deadlock-free.
@@ -59,7 +67,9 @@ class Schedule:
     options: tuple[tuple[str, Any], ...] = ()
     asynchronous: bool = False
     stashing: bool = False
+    overlapped: frozenset[tuple[int, int]] = field(default=frozenset(), repr=False)
     _derived: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
+    _pairs: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.placement, Placement):
@@ -70,6 +80,39 @@ class Schedule:
         object.__setattr__(self, "orders", rows(self.orders, "schedule: orders"))
         object.__setattr__(self, "options", _freeze(self.options))
         object.__setattr__(self, "_derived", validate(self))
+        object.__setattr__(self, "overlapped", self._check_overlapped())
+        if self.overlapped:
+            object.__setattr__(self, "_pairs", pair_order(self))
+
+    def _check_overlapped(self) -> frozenset[tuple[int, int]]:
+        """``overlapped`` as a frozenset of ``(device, index)``, each naming a valid pair."""
+        try:
+            marks = frozenset(tuple(mark) for mark in self.overlapped)
+        except TypeError:
+            raise ScheduleError(f"schedule: overlapped must be (device, index) pairs, "
+                                f"got {self.overlapped!r}") from None
+        for mark in sorted(marks, key=repr):
+            if len(mark) != 2 or not all(is_int(x) for x in mark):
+                raise ScheduleError(f"schedule: overlapped must hold (device, index) pairs of ints, got {mark!r}")
+            d, i = mark
+            if not (0 <= d < self.devices and 0 <= i < len(self.orders[d]) - 1):
+                raise ScheduleError(f"schedule: overlapped pair {mark} is outside the orders (device {d}, "
+                                    f"index {i}: needs an op and the next one)")
+            f, b = self.orders[d][i], self.orders[d][i + 1]
+            if f.kind != "F" or b.kind not in ("B", "I"):
+                raise ScheduleError(f"schedule: overlapped pair {mark} is {f} then {b}; a pair is an F "
+                                    "followed by a B or I")
+            if (d, i + 1) in marks or (d, i - 1) in marks:
+                raise ScheduleError(f"schedule: overlapped pairs {mark} and its neighbour share an op")
+            if any(dep.op == f and dep.edge != "lane" for dep in self.dependencies[b]):
+                raise ScheduleError(f"schedule: overlapped pair {mark}: {b} needs the output of {f}, so "
+                                    "they cannot overlap")
+        return marks
+
+    @property
+    def pairs(self) -> Mapping[Op, Op]:
+        """The overlapped pairs, forward -> backward (empty when ``overlapped`` is)."""
+        return {} if self._pairs is None else self._pairs[0]
 
     # -- sizes --------------------------------------------------------------------------------
     @property

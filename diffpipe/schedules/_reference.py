@@ -2,11 +2,19 @@
 
 Deliberately plain: visit ops in topological order (``evaluate``), or solve the equations of a
 communication mode by plain iteration (``evaluate_network``). No JAX, no arrays.
+
+Overlapped pairs (``Schedule.overlapped``: an ``F`` and the next op, a ``B`` or ``I``, run as one
+interval, DualPipe's F&B chunk): the pair starts when the inputs of both members are ready and
+lasts ``pair(F, B)`` (default: ``duration(F) + duration(B)``, no overlap; ``overlapped_time`` is
+the form ``Hardware.pair_overlap`` uses). The forward is reported over the whole interval and the
+backward as a zero-length op at its end (the time both outputs, the forward's activation and the
+backward's gradient, are sent), so busy times and tables count the pair once.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +27,67 @@ if TYPE_CHECKING:  # annotations only: _ops builds on this module
 
 #: Default unit durations of the tabular view and of the contention issue order (B = I + W).
 DEFAULT_DURATIONS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "U": 0.0, "R": 0.0}
+#: The ``durations`` key of an overlapped pair's time (DeepSeek's notation); absent: F + B.
+PAIR = "F&B"
 
 Durations = Mapping[str, float] | Callable[[Op], float]
+PairDuration = Callable[[Op, Op], float]
+
+
+def overlapped_time(forward: Any, backward: Any, overlap: Any) -> Any:
+    """Time of an overlapped pair whose members alone last ``forward`` and ``backward``: the
+    fraction ``overlap`` (in [0, 1]) of the shorter one is hidden under the longer one,
+    ``forward + backward - overlap * min(forward, backward)``; 0 is F + B, 1 is max(F, B).
+    Plain arithmetic (``min`` as ``(a + b - |a - b|) / 2``), so floats and JAX arrays alike."""
+    shorter = (forward + backward - abs(forward - backward)) / 2
+    return forward + backward - overlap * shorter
+
+
+def as_pair_fn(durations: Durations | None) -> PairDuration | None:
+    """The pair time of a ``{kind: time}`` mapping: its ``"F&B"`` entry (a finite non-negative
+    number, every pair alike), else None (each pair lasts F + B)."""
+    if durations is None or callable(durations) or PAIR not in durations:
+        return None
+    value = durations[PAIR]
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ScheduleError(f"durations: {PAIR} must be a finite non-negative number, got {value!r}")
+    return lambda f, b: float(value)
+
+
+def _pair_fn(duration: Callable[[Op], float], pair: PairDuration | None) -> PairDuration:
+    return pair if pair is not None else (lambda f, b: duration(f) + duration(b))
+
+
+def pair_order(schedule: Schedule) -> tuple[dict[Op, Op], tuple[Op, ...]]:
+    """The pairs of ``schedule`` (forward -> backward) and a topological order of its ops in which
+    each pair's two members are adjacent and come after every input of either (Kahn over units:
+    a pair or a single op). Raises ``ScheduleError`` when merging a pair closes a cycle."""
+    pairs = {schedule.orders[d][i]: schedule.orders[d][i + 1] for d, i in schedule.overlapped}
+    unit = {op: op for op in schedule.ops}
+    for f, b in pairs.items():
+        unit[b] = f
+    waiting: dict[Op, int] = dict.fromkeys(set(unit.values()), 0)
+    after: dict[Op, list[Op]] = {}
+    for op in schedule.ops:
+        for dep in schedule.dependencies[op]:
+            a, b = unit[dep.op], unit[op]
+            if a != b:
+                waiting[b] += 1
+                after.setdefault(a, []).append(b)
+    ready = deque(u for u in schedule.ops if unit[u] == u and waiting[u] == 0)
+    order: list[Op] = []
+    while ready:
+        u = ready.popleft()
+        order.extend((u, pairs[u]) if u in pairs else (u,))
+        for v in after.get(u, ()):
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                ready.append(v)
+    if len(order) != len(schedule.ops):
+        stuck = next(f for f in pairs if f not in set(order))
+        raise ScheduleError(f"schedule: overlapped pair {stuck} + {pairs[stuck]} deadlocks: an input of one "
+                            "member waits for the other")
+    return pairs, tuple(order)
 
 
 def as_duration_fn(durations: Durations | None) -> Callable[[Op], float]:
@@ -29,7 +96,7 @@ def as_duration_fn(durations: Durations | None) -> Callable[[Op], float]:
         durations = {}
     if callable(durations):
         return durations
-    unknown = set(durations) - set(KINDS)
+    unknown = set(durations) - set(KINDS) - {PAIR}  # the pair's time: ``as_pair_fn``
     if unknown:
         raise ScheduleError(f"durations: unknown op kind(s) {sorted(unknown)}; kinds are {', '.join(KINDS)}")
     table = {**DEFAULT_DURATIONS, **durations}
@@ -43,21 +110,41 @@ def evaluate(
     schedule: Schedule,
     duration: Callable[[Op], float],
     delay: Callable[[Op, Dep], float] | None = None,
+    pair: PairDuration | None = None,
 ) -> tuple[dict[Op, float], dict[Op, float]]:
     """Start and finish time of every op: ``start = max(0, max over edges (finish[pred] + delay))``.
 
     **Arguments:** ``duration(op)``; ``delay(op, dep)`` the extra time on the edge ``dep -> op``
-    (a transfer, say; default 0). **Returns:** ``(start, finish)`` keyed by op.
+    (a transfer, say; default 0); ``pair(f, b)`` the time of an overlapped pair (module
+    docstring; default ``duration(f) + duration(b)``). **Returns:** ``(start, finish)`` keyed by op.
     """
     start: dict[Op, float] = {}
     finish: dict[Op, float] = {}
-    for op in schedule.ops:  # topological order
-        ready = 0.0
+    pairs, ops = (schedule._pairs if schedule.overlapped else ({}, schedule.ops))
+    partner = {b: f for f, b in pairs.items()}
+    together = _pair_fn(duration, pair)
+
+    def ready(op: Op) -> float:
+        at = 0.0
         for dep in schedule.dependencies[op]:
+            if op in partner and dep.op == partner[op]:
+                continue  # the pair's own lane edge
             extra = delay(op, dep) if delay is not None else 0.0
-            ready = max(ready, finish[dep.op] + extra)
-        start[op] = ready
-        finish[op] = ready + duration(op)
+            at = max(at, finish[dep.op] + extra)
+        return at
+
+    for op in ops:  # topological order (pairs adjacent, after both members' inputs)
+        if op in partner:
+            continue
+        begin = ready(op)
+        if op in pairs:
+            b = pairs[op]
+            begin = max(begin, ready(b))
+            end = begin + together(op, b)
+            start[op], finish[op], start[b], finish[b] = begin, end, end, end
+            continue
+        start[op] = begin
+        finish[op] = begin + duration(op)
     return start, finish
 
 
@@ -68,6 +155,7 @@ def evaluate_network(
     communication: Any,
     devices_per_node: int | None = None,
     setup: float = 0.0,
+    pair: PairDuration | None = None,
 ) -> tuple[dict[Op, float], dict[Op, float], dict[tuple[Op, Op], tuple[float, float]]]:
     """Reference semantics of a communication mode, as equations solved by plain iteration.
 
@@ -81,7 +169,8 @@ def evaluate_network(
       (a transfer is its ``(producer, consumer)`` pair): the waiter starts after the waited ends.
 
     Every op starts when all it waits for has finished (``max``, at least ``setup``: the step's
-    fixed time before its first op, ``Hardware.setup``). The equations are
+    fixed time before its first op, ``Hardware.setup``); an overlapped pair starts when everything
+    either member waits for has finished and lasts ``pair(f, b)`` (``evaluate``). The equations are
     re-evaluated until nothing changes (a longest-path fixed point, reached within as many rounds
     as the graph has nodes; raises ``ScheduleError`` if the waits form a cycle and it never is).
 
@@ -92,6 +181,9 @@ def evaluate_network(
     """
     deps = schedule.dependencies
     as_node = communication.transfer_nodes
+    pairs = schedule.pairs
+    partner = {b: f for f, b in pairs.items()}
+    together = _pair_fn(duration, pair)
     start = {op: setup for op in schedule.ops}
     finish = {op: setup + duration(op) for op in schedule.ops}
     xfer: dict[tuple[Op, Op], tuple[float, float]] = {}
@@ -121,19 +213,33 @@ def evaluate_network(
             new = (ready, ready + cost[key])
             if new != old:
                 xfer[key], changed = new, True
-        for op in schedule.ops:
+        def ready_of(op: Op) -> float:
             ready = setup
             for dep in deps[op]:
                 if dep.is_transfer and as_node:
                     ready = max(ready, xfer[(dep.op, op)][1])
                 elif dep.is_transfer:
                     ready = max(ready, finish[dep.op] + cost[(dep.op, op)])
-                else:
+                elif partner.get(op) != dep.op:  # not a pair's own lane edge
                     ready = max(ready, finish[dep.op])
             for node in waits.get(op, ()):
                 ready = max(ready, end(node))
-            if ready != start[op]:
-                start[op], finish[op], changed = ready, ready + duration(op), True
+            return ready
+
+        for op in schedule.ops:
+            if op in partner:
+                continue
+            ready = ready_of(op)
+            if op in pairs:
+                b = pairs[op]
+                ready = max(ready, ready_of(b))
+                new = {op: (ready, ready + together(op, b))}
+                new[b] = (new[op][1], new[op][1])
+            else:
+                new = {op: (ready, ready + duration(op))}
+            for x, (begin, stop) in new.items():
+                if (begin, stop) != (start[x], finish[x]):
+                    start[x], finish[x], changed = begin, stop, True
     return start, finish, xfer
 
 

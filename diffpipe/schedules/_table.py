@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import ScheduleError
 from ._ir import Op
-from ._reference import Durations, as_duration_fn, evaluate
+from ._reference import Durations, as_duration_fn, as_pair_fn, evaluate
 
 if TYPE_CHECKING:  # annotations only: _ops builds on this module (Schedule.__str__ is a table)
     from ._ops import Schedule
@@ -86,8 +86,10 @@ class Table:
 
 
 def table(schedule: Schedule, durations: Durations | None = None) -> Table:
-    """Lay ``schedule`` out with per-kind durations (default F=1, B=2, I=W=1, U=R=0), no communication."""
+    """Lay ``schedule`` out with per-kind durations (default F=1, B=2, I=W=1, U=R=0), no communication;
+    ``durations["F&B"]`` is the time of an overlapped pair (default F + B)."""
     if not all(hasattr(schedule, a) for a in ("orders", "placement", "ops")):  # Schedule builds on this module
         raise ScheduleError(f"table: expected a Schedule, got {schedule!r}")
-    start, finish = evaluate(schedule, as_duration_fn(durations))
+    duration = as_duration_fn(durations)
+    start, finish = evaluate(schedule, duration, pair=as_pair_fn(durations))
     return Table(schedule, start, finish)

@@ -4,9 +4,11 @@ The CSV is what ``PipelineScheduleMulti._dump_csv`` writes and ``_load_csv`` rea
 one row per rank, one action per cell, each cell ``str(_Action)``: ``[stage][type][microbatch]``,
 e.g. ``2F0``, ``1I3``, ``0W1``, ``0B2``; an empty cell is an idle step (torch writes its ``None``
 bubbles as empty strings). A compound cell ``(0F7;7B3)OVERLAP_F_B`` (DualPipe-V's overlapped pair)
-becomes its sub-actions, in order. Communication and bookkeeping actions (``SEND_F``, ``RECV_F``,
-``SEND_B``, ``RECV_B``, ``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD``) are skipped: diffpipe derives
-transfers from the placement and the data dependencies, and models collectives as ``R`` ops.
+becomes its sub-actions, in order, marked as an overlapped pair (``Schedule.overlapped``) when they
+are a forward then a backward; the writer writes marked pairs back as compounds. Communication and
+bookkeeping actions (``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``, ``UNSHARD``, ``RESHARD``,
+``REDUCE_GRAD``) are skipped: diffpipe derives transfers from the placement and the data
+dependencies, and models collectives as ``R`` ops.
 
 torch has no notion of concurrent pipelines (model replicas) and maps stages to ranks either
 loop-wise (``s mod D``) or V-wise (``s`` if ``s < D`` else ``2D-1-s``); the writer refuses other
@@ -178,6 +180,7 @@ def from_torch_csv(path: str | os.PathLike[str], *, placement: None | str | Plac
         raise ScheduleError(f"{name}: no actions (expected one row per rank)")
 
     cells: list[tuple[int, int, str, Op]] = []
+    compounds: list[tuple[Op, Op]] = []  # (forward, backward) of each OVERLAP_F_B pair
     seen: dict[Op, tuple[int, int]] = {}
     for r, row in enumerate(rows):
         for c, raw in enumerate(row):
@@ -200,6 +203,8 @@ def from_torch_csv(path: str | os.PathLike[str], *, placement: None | str | Plac
                     )
                 seen[op] = (r, c)
                 cells.append((r, c, raw, op))
+            if len(parsed) == 2 and parsed[0][0] == "F" and parsed[1][0] in ("B", "I"):
+                compounds.append((Op(*parsed[0]), Op(*parsed[1])))
     if not cells:
         raise ScheduleError(f"{name}: no compute actions (F, I, W, B)")
 
@@ -211,9 +216,15 @@ def from_torch_csv(path: str | os.PathLike[str], *, placement: None | str | Plac
     for r, _, _, op in cells:
         orders[r].append(op)
     try:
-        return Schedule(chosen, orders, microbatches)
+        return Schedule(chosen, orders, microbatches, overlapped=_marks(orders, compounds))
     except ScheduleError as error:
         raise ScheduleError(f"{name}: {error}") from None
+
+
+def _marks(orders: Sequence[Sequence[Op]], pairs: Sequence[tuple[Op, Op]]) -> frozenset[tuple[int, int]]:
+    """``Schedule.overlapped`` of compound pairs: the (device, index) of each pair's forward."""
+    where = {op: (d, i) for d, order in enumerate(orders) for i, op in enumerate(order)}
+    return frozenset(where[f] for f, _ in pairs)
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -232,7 +243,8 @@ def _torch_style(placement: Placement) -> str | None:
 
 
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str] | None = None) -> str:
-    """``schedule`` as torch's compute-only CSV: one row per device, one op per cell (no idle cells).
+    """``schedule`` as torch's compute-only CSV: one row per device, one op per cell (no idle cells);
+    an overlapped pair (``Schedule.overlapped``) is one compound cell ``(aFb;cBd)OVERLAP_F_B``.
 
     Returns the text; with ``path`` also writes it there atomically (``diffpipe._io.write_atomic``:
     a failure leaves any existing file unchanged and no temporary file behind).
@@ -263,8 +275,16 @@ def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str] | None = None)
                 )
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
-    for order in schedule.orders:
-        writer.writerow([str(op) for op in order])
+    for d, order in enumerate(schedule.orders):
+        row, i = [], 0
+        while i < len(order):
+            if (d, i) in schedule.overlapped:
+                row.append(f"({order[i]};{order[i + 1]})OVERLAP_F_B")
+                i += 2
+            else:
+                row.append(str(order[i]))
+                i += 1
+        writer.writerow(row)
     text = buffer.getvalue()
     if path is not None:
         write_atomic(path, text, "to_torch_csv")
@@ -319,6 +339,7 @@ def from_torch(name: str, devices: int, microbatches: int, stages_per_rank: int 
     naming the op (torch 2.13's 1F1B order, for one, is wrong on the last rank).
     ZBVZeroBubble and DualPipeV use a V placement (2 stages per rank; ``stages_per_rank=1`` is
     read as 2 for them), the others a loop of ``stages_per_rank`` chunks (linear for 1).
+    DualPipeV's ``OVERLAP_F_B`` actions become marked overlapped pairs (``Schedule.overlapped``).
     """
     for label, value in (
         ("devices", devices),
@@ -344,15 +365,17 @@ def from_torch(name: str, devices: int, microbatches: int, stages_per_rank: int 
         raise ScheduleError(f"{where}: torch refuses: {first}") from None
 
     orders: list[list[Op]] = []
+    compounds: list[tuple[Op, Op]] = []
     for rank_actions in actions:
         order = []
         for action in rank_actions:
             if action is None:
                 continue
-            for sub in action.sub_actions or (action,):
-                kind = sub.computation_type.value
-                if kind in _COMPUTE:
-                    order.append(Op(_COMPUTE[kind], sub.stage_index, sub.microbatch_index))
+            ops = [Op(_COMPUTE[sub.computation_type.value], sub.stage_index, sub.microbatch_index)
+                   for sub in action.sub_actions or (action,) if sub.computation_type.value in _COMPUTE]
+            if action.sub_actions and len(ops) == 2 and ops[0].kind == "F" and ops[1].kind in ("B", "I"):
+                compounds.append((ops[0], ops[1]))
+            order.extend(ops)
         orders.append(order)
     if v_style:
         placement = Placement.v(devices)
@@ -361,6 +384,7 @@ def from_torch(name: str, devices: int, microbatches: int, stages_per_rank: int 
             Placement.linear(devices) if stages_per_rank == 1 else Placement.loop(devices, stages_per_rank)
         )
     try:
-        return Schedule(placement, orders, microbatches, options={"torch": torch_schedule})
+        return Schedule(placement, orders, microbatches, options={"torch": torch_schedule},
+                        overlapped=_marks(orders, compounds))
     except ScheduleError as error:
         raise ScheduleError(f"{where}: {error}") from None
