@@ -61,7 +61,7 @@ def _runtime_step(t: float) -> tuple[list[dict], list[dict]]:
     r0 = [_x("PP:0UNSHARD", t, t + 10), _x("PP:0F0", t + 100, t + 200), *_send("PP:0SEND_F0", t + 210),
           _x("PP:0F1", t + 230, t + 330), *_send("PP:0SEND_F1", t + 340),
           *_recv("PP:0RECV_B0", t + 360, t + 940), _x("PP:0B0", t + 380, t + 1140),
-          *_recv("PP:0RECV_B1", t + 1150, t + 1270), _x("PP:0B1", t + 1170, t + 1470),
+          *_recv("PP:0RECV_B1", t + 1150, t + 1270), _x("PP:0B1", t + 1160, t + 1470),
           _x("PP:0REDUCE_GRAD", t + 1480, t + 1500)]
     r1 = [*_recv("PP:1RECV_F0", t + 100, t + 240), _x("PP:1F0", t + 120, t + 390),
           *_recv("PP:1RECV_F1", t + 400, t + 420), _x("PP:1F1", t + 430, t + 580),  # posted late: no transfer

@@ -35,6 +35,7 @@ from .._hardware import Hardware, Network
 from .._io import dumps_json, write_atomic
 from .._knobs import Workload
 from .._simulate import simulate
+from ._runtime import TorchRuntime
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead", "setup", "wind_down")
@@ -170,13 +171,22 @@ class Calibration:
                 "wind_down": self.wind_down}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
-                 mode: str = "overlap") -> Any:
-        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode``."""
+                 mode: Any = "overlap") -> Any:
+        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode`` (a
+        communication mode or its name; ``"torch-runtime"`` is ``TorchRuntime``, the mode of
+        torch's pipelining runtime over gloo)."""
 
         t = self.times(schedule, weight_fraction=weight_fraction)
+        # Every term given explicitly, at the value the cost model would default it to (a kind's
+        # overhead: ``overhead``; a full B: I + W), so every Hardware has one array structure and
+        # JAX compiles the simulator once per graph shape, not once per calibration.
+        kinds = t["kind_overhead"] or {}
+        kind_overhead = {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD}
+        full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
-                                   overhead=t["overhead"], mode=mode, kind_overhead=t["kind_overhead"],
-                                   full_backward=t["full_backward"], setup=t["setup"], wind_down=t["wind_down"])
+                                   overhead=t["overhead"], mode=communication_mode(mode),
+                                   kind_overhead=kind_overhead, full_backward=full, setup=t["setup"],
+                                   wind_down=t["wind_down"])
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
                  weight_fraction: float | None = None, mode: str = "overlap") -> Any:
@@ -195,11 +205,11 @@ class Calibration:
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
 
+        network = Network.uniform(t["p2p"], mode=communication_mode(mode))
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
-                                   overhead=t["overhead"], network=Network.uniform(t["p2p"], mode=mode),
-                                   layers_per_stage=counts)
+                                   overhead=t["overhead"], network=network, layers_per_stage=counts)
 
-    def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
+    def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
         included: they are ``hardware``'s terms)."""
 
@@ -245,6 +255,12 @@ class Calibration:
                 weight_fraction: float | None = None) -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
         write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction), "machine file")
+
+
+def communication_mode(mode: Any) -> Any:
+    """``mode`` as ``Hardware.from_times`` takes it: ``"torch-runtime"`` becomes ``TorchRuntime()``
+    (a mode of this package, not a built-in name); anything else passes through."""
+    return TorchRuntime() if mode == TorchRuntime.name else mode
 
 
 def _toml_value(value: Any) -> str:

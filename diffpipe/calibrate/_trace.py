@@ -47,6 +47,11 @@ _RECV = re.compile(r"^(c10d::recv_\w*|\w+:recv)$")
 _SEND = re.compile(r"^(c10d::send|\w+:send)$")
 _POST = ("c10d::recv_", "c10d::send")
 _US = 1e-6
+#: Seconds within which a receive's completion after its consumer's label start means the data was
+#: there before: the backend's span (``gloo:recv``) ends when ``wait()`` returns, not when the data
+#: arrived, so a receive whose data came early ends a few tens of microseconds into its consumer's
+#: label (the wait call). Only a later end is a wait, and only a wait times the transfer.
+WAIT_CALL_S = 1e-4
 
 
 @dataclass
@@ -144,7 +149,8 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
             elif kind in ("F", "B", "I", "W"):
                 recv = step.recvs.get(("F" if kind == "F" else "B", stage, mb)) if kind != "W" else None
                 begin = max(start, recv.end) if recv else start
-                step.computes.append(_Compute(kind, stage, mb, start, end, min(begin, end), begin > start))
+                waited = recv is not None and recv.end > start + WAIT_CALL_S
+                step.computes.append(_Compute(kind, stage, mb, start, end, min(begin, end), waited))
             continue
         overlap = _OVERLAP.match(name)
         if overlap:
@@ -297,11 +303,14 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         produced = {(c.kind, c.stage, c.mb): c.end for steps in ranks.values() for c in [*steps[k].computes]
                     if not c.overlapped}
         for steps in ranks.values():
+            waited = {(c.kind, c.stage, c.mb) for c in steps[k].computes if c.waited}
             for (direction, stage, mb), recv in steps[k].recvs.items():
                 source = stage - 1 if direction == "F" else stage + 1
                 kinds = ("F",) if direction == "F" else ("B", "I")
                 end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
-                if end is not None and recv.post <= end:
+                # timed only where the receive was posted before the data was sent and the consumer
+                # waited for it (else the span's end is the wait call, not the arrival)
+                if end is not None and recv.post <= end and any((kind, stage, mb) in waited for kind in kinds):
                     transfers.append(recv.end - end)
     transfer = _median(transfers) if one_clock else None
     p2p = max((transfer or 0.0) - overhead, 0.0)
