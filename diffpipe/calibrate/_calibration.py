@@ -10,7 +10,7 @@ Terms (seconds):
   than a full ``B`` (and on stage 0 torch runs the whole backward in ``W``: its ``I`` is empty).
 - ``overhead``: the framework time between two consecutive compute ops of a rank when the second
   does not wait for data (the schedule loop, building and posting the P2P ops); diffpipe adds it
-  to every op. ``overhead_by_kind`` is the same median by the kind of the second op (``F``, ``B``,
+  to every op. ``overhead_by_kind`` is the same mean by the kind of the second op (``F``, ``B``,
   ``I``, ``W``): ``hardware`` gives it as ``Hardware.kind_overhead`` (kinds without a sample take
   ``overhead``).
 - ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
@@ -67,7 +67,7 @@ class Calibration:
 
     ``orders`` (from a trace): the compute ops each rank ran in one step, as op strings
     (``"1F0"``); ``stage_ranks[s]`` the rank that held stage ``s``; ``samples`` the number of ops
-    behind each median (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
+    behind each mean (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
     ``residual`` how well the fit explains the trace: ``durations`` the median relative deviation
     of op times from their stage's median, ``step`` the relative error of ``predict`` on the traced
     schedule itself. ``source`` names where the numbers came from.

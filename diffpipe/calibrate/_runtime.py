@@ -51,6 +51,7 @@ def receive_posts(schedule: Schedule) -> dict[Op, Op | None]:
                for rank, order in enumerate(computes)}
     lowered = _add_send_recv(actions, stage_to_rank=lambda s: rank_of[s], num_stages=schedule.stages)
     posts: dict[Op, Op | None] = {}
+    ops = set(schedule.ops)
     for order in lowered.values():
         last = None
         for action in order:
@@ -59,9 +60,10 @@ def receive_posts(schedule: Schedule) -> dict[Op, Op | None]:
                 sub = (action.sub_actions or (action,))[-1]
                 last = Op(sub.computation_type.value, sub.stage_index, sub.microbatch_index)
             elif kind in ("RECV_F", "RECV_B"):
-                consumers = ("F",) if kind == "RECV_F" else ("B", "I")
-                for consumer in consumers:
-                    posts[Op(consumer, action.stage_index, action.microbatch_index)] = last
+                for consumer in ("F",) if kind == "RECV_F" else ("B", "I"):
+                    op = Op(consumer, action.stage_index, action.microbatch_index)
+                    if op in ops:
+                        posts[op] = last
     return posts
 
 

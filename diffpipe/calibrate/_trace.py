@@ -182,6 +182,23 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def robust_mean(values: Sequence[float]) -> float | None:
+    """The mean of ``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``).
+
+    A step is a sum of op times, so what predicts it is their mean, not their median: op times
+    are skewed to the right (a gloo thread or another process taking the core for a while), and a
+    sum of medians under-predicts (``papers/validation/replay.py`` measures by how much). The
+    fences drop only gross outliers (a preempted op), not the skew.
+    """
+    if not values:
+        return None
+    if len(values) < 4:
+        return statistics.fmean(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+    return statistics.fmean([v for v in values if low <= v <= high])
+
+
 def _ops(step: _Step) -> tuple[str, ...]:
     out = []
     for c in step.computes:
@@ -259,11 +276,13 @@ def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[in
 def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None) -> Calibration:
     """A ``Calibration`` from ``torch.profiler`` Chrome traces of pipelined steps (one file per rank).
 
-    Per stage and kind, the median compute time over microbatches and steps; the overhead is the
-    median gap between consecutive compute ops of a rank where the second did not wait for data;
-    the transfer delay is the median time from a producing op's end to its data's arrival at a
-    receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps
-    (``setup``: from the step's start to its first compute, less that op's kind's overhead).
+    Per stage and kind, the mean compute time over microbatches and steps (``robust_mean``: gross
+    outliers dropped); the overhead is the mean gap between consecutive compute ops of a rank where
+    the second did not wait for data (per kind of the second op: ``overhead_by_kind``); the
+    transfer delay is the mean time from a producing op's end to its data's arrival at a receiver
+    that had posted its receive before and was waiting for it (``WAIT_CALL_S``);
+    ``setup``/``wind_down`` the medians over steps (``setup``: from the step's start to its first
+    compute, less that op's kind's overhead).
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
 
@@ -295,7 +314,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                     gaps.append(c.begin - previous.end)
                     gaps_by_kind[c.kind].append(c.begin - previous.end)
                 previous = c
-    overhead = max(_median(gaps) or 0.0, 0.0)
+    overhead = max(robust_mean(gaps) or 0.0, 0.0)
 
     transfers: list[float] = []
     n_steps = len(next(iter(ranks.values())))
@@ -312,10 +331,10 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                 # waited for it (else the span's end is the wait call, not the arrival)
                 if end is not None and recv.post <= end and any((kind, stage, mb) in waited for kind in kinds):
                     transfers.append(recv.end - end)
-    transfer = _median(transfers) if one_clock else None
+    transfer = robust_mean(transfers) if one_clock else None
     p2p = max((transfer or 0.0) - overhead, 0.0)
 
-    overhead_by_kind = {kind: max(statistics.median(v), 0.0) for kind, v in sorted(gaps_by_kind.items())}
+    overhead_by_kind = {kind: max(robust_mean(v) or 0.0, 0.0) for kind, v in sorted(gaps_by_kind.items())}
     setups, winds, spans = [], [], []
     for k in range(n_steps):
         steps = [s[k] for s in ranks.values()]
@@ -328,7 +347,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         spans.append(end - start)
 
     def per_stage(kind: str) -> tuple[float | None, ...] | None:
-        values = tuple(_median(durations.get((kind, s), [])) for s in range(n_stages))
+        values = tuple(robust_mean(durations.get((kind, s), [])) for s in range(n_stages))
         return None if all(v is None for v in values) else values
 
     forward = per_stage("F")
