@@ -26,6 +26,7 @@ from typing import Any
 from .._communication import BLOCK, AbstractCommunication, transfers
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
+from ..schedules._torch import _torch_actions
 
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -75,8 +76,6 @@ def _torch_compute_actions(schedule: Schedule) -> list[list[Any]]:
     mine = [[op for op in order if op.kind in _COMPUTE] for order in schedule.orders]
     name = dict(schedule.options).get("torch")
     if name is not None:
-        from ..schedules._torch import _torch_actions
-
         theirs = [[a for a in rank if a is not None] for rank in _torch_actions(
             name, schedule.devices, schedule.microbatches, schedule.stages // schedule.devices)]
         flat = [[Op(sub.computation_type.value, sub.stage_index, sub.microbatch_index)
