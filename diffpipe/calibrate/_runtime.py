@@ -76,7 +76,8 @@ def _torch_compute_actions(schedule: Schedule) -> list[list[Any]]:
     mine = [[op for op in order if op.kind in _COMPUTE] for order in schedule.orders]
     name = dict(schedule.options).get("torch")
     if name is not None:
-        theirs = [[a for a in rank if a is not None] for rank in _torch_actions(
+        theirs = [[a for a in rank if a is not None and (a.sub_actions or a.computation_type.value in _COMPUTE)]
+                  for rank in _torch_actions(
             name, schedule.devices, schedule.microbatches, schedule.stages // schedule.devices)]
         flat = [[Op(sub.computation_type.value, sub.stage_index, sub.microbatch_index)
                  for a in rank for sub in (a.sub_actions or (a,))] for rank in theirs]
