@@ -101,6 +101,21 @@ def test_runtime_labels_give_every_term(tmp_path):
     assert [[str(op) for op in order] for order in schedule.orders] == [list(o) for o in cal.orders]
 
 
+def test_a_step_label_bounds_setup_wind_down_and_the_step(tmp_path):
+    from diffpipe.calibrate._trace import STEP_LABEL
+
+    ranks: list[list[dict]] = [[], []]
+    for k in range(2):
+        t = 10_000.0 * k
+        for rank, events in enumerate(_runtime_step(t)):
+            # step() begins 50 us before the first label (splitting the batch) and ends 70 us after the last
+            ranks[rank] += [_x(STEP_LABEL, t - 50, t + 1570), *events]
+    files = [_trace(tmp_path / f"rank{r}.json", r, events) for r, events in enumerate(ranks)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.setup == pytest.approx((65 + 50) * US) and cal.wind_down == pytest.approx((30 + 70) * US)
+    assert cal.step_time == pytest.approx(1620 * US)
+
+
 def test_ranks_on_different_hosts_have_no_transfer_delay(tmp_path):
     files = _runtime_files(tmp_path)
     data = json.loads(files[1].read_text())

@@ -52,6 +52,11 @@ _US = 1e-6
 #: arrived, so a receive whose data came early ends a few tens of microseconds into its consumer's
 #: label (the wait call). Only a later end is a wait, and only a wait times the transfer.
 WAIT_CALL_S = 1e-4
+#: A ``record_function`` label around a whole ``step()`` call (optional): where a trace has one, a
+#: step's setup, wind-down and time run from its bounds (the part of ``step()`` before the first
+#: action label, splitting the batch into microbatches, and after the last, waiting for the sends,
+#: included); else from the first action label's start to the last one's end.
+STEP_LABEL = "diffpipe.step"
 
 
 @dataclass
@@ -175,6 +180,11 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
         begin = max([start, *recv_ends])
         finish = min([end, *[p for p in send_posts if p >= begin]])
         step.computes.append(_Compute(kind, rank, mb, start, finish, min(begin, finish), begin > start))
+    bounds = [(start, end) for start, end, name, _ in spans if name == STEP_LABEL]
+    for step in steps:  # a step label around the step: its bounds are the step's
+        around = [b for b in bounds if b[0] <= step.start and step.end <= b[1]]
+        if around:
+            step.start, step.end = min(around, key=lambda b: b[1] - b[0])
     return steps
 
 
