@@ -177,7 +177,7 @@ def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_pat
 
 
 def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
-    from diffpipe.calibrate._trace import robust_mean
+    from diffpipe.calibrate._calibration import robust_mean
 
     skewed = [1.0, 1.0, 1.0, 1.0, 1.2, 1.4]
     assert robust_mean(skewed) == pytest.approx(sum(skewed) / 6)  # above the median (1.0): the skew counts

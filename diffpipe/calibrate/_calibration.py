@@ -25,6 +25,7 @@ A schedule that splits its backward gets the measured full backward, where measu
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -255,6 +256,23 @@ class Calibration:
                 weight_fraction: float | None = None) -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
         write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction), "machine file")
+
+
+def robust_mean(values: Sequence[float]) -> float | None:
+    """The mean of ``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``).
+
+    A step is a sum of op times, so what predicts it is their mean, not their median: op times
+    are skewed to the right (a gloo thread or another process taking the core for a while), and a
+    sum of medians under-predicts (``papers/validation/replay.py`` measures by how much). The
+    fences drop only gross outliers (a preempted op), not the skew.
+    """
+    if not values:
+        return None
+    if len(values) < 4:
+        return statistics.fmean(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+    return statistics.fmean([v for v in values if low <= v <= high])
 
 
 def communication_mode(mode: Any) -> Any:

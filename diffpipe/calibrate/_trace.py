@@ -36,7 +36,7 @@ from typing import Any
 from .._errors import ConfigError, ScheduleError
 from .._io import read_text
 from ..schedules import Op, Placement, Schedule
-from ._calibration import Calibration
+from ._calibration import Calibration, robust_mean
 
 _RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
 _OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
@@ -190,23 +190,6 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
-
-
-def robust_mean(values: Sequence[float]) -> float | None:
-    """The mean of ``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``).
-
-    A step is a sum of op times, so what predicts it is their mean, not their median: op times
-    are skewed to the right (a gloo thread or another process taking the core for a while), and a
-    sum of medians under-predicts (``papers/validation/replay.py`` measures by how much). The
-    fences drop only gross outliers (a preempted op), not the skew.
-    """
-    if not values:
-        return None
-    if len(values) < 4:
-        return statistics.fmean(values)
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
-    return statistics.fmean([v for v in values if low <= v <= high])
 
 
 def _ops(step: _Step) -> tuple[str, ...]:
