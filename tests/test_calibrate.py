@@ -22,6 +22,7 @@ import pytest
 import diffpipe as dp
 from diffpipe import calibrate, cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
+from diffpipe.schedules._reference import evaluate_network
 
 US = 1e-6
 
@@ -61,7 +62,7 @@ def _runtime_step(t: float) -> tuple[list[dict], list[dict]]:
     r0 = [_x("PP:0UNSHARD", t, t + 10), _x("PP:0F0", t + 100, t + 200), *_send("PP:0SEND_F0", t + 210),
           _x("PP:0F1", t + 230, t + 330), *_send("PP:0SEND_F1", t + 340),
           *_recv("PP:0RECV_B0", t + 360, t + 940), _x("PP:0B0", t + 380, t + 1140),
-          *_recv("PP:0RECV_B1", t + 1150, t + 1270), _x("PP:0B1", t + 1170, t + 1470),
+          *_recv("PP:0RECV_B1", t + 1150, t + 1270), _x("PP:0B1", t + 1160, t + 1470),
           _x("PP:0REDUCE_GRAD", t + 1480, t + 1500)]
     r1 = [*_recv("PP:1RECV_F0", t + 100, t + 240), _x("PP:1F0", t + 120, t + 390),
           *_recv("PP:1RECV_F1", t + 400, t + 420), _x("PP:1F1", t + 430, t + 580),  # posted late: no transfer
@@ -98,6 +99,21 @@ def test_runtime_labels_give_every_term(tmp_path):
     # The traced schedule replayed on the calibrated hardware: ops back to back on each rank.
     schedule = calibrate.traced_schedule(dict(enumerate(cal.orders)), cal.stage_ranks)
     assert [[str(op) for op in order] for order in schedule.orders] == [list(o) for o in cal.orders]
+
+
+def test_a_step_label_bounds_setup_wind_down_and_the_step(tmp_path):
+    from diffpipe.calibrate._trace import STEP_LABEL
+
+    ranks: list[list[dict]] = [[], []]
+    for k in range(2):
+        t = 10_000.0 * k
+        for rank, events in enumerate(_runtime_step(t)):
+            # step() begins 50 us before the first label (splitting the batch) and ends 70 us after the last
+            ranks[rank] += [_x(STEP_LABEL, t - 50, t + 1570), *events]
+    files = [_trace(tmp_path / f"rank{r}.json", r, events) for r, events in enumerate(ranks)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.setup == pytest.approx((65 + 50) * US) and cal.wind_down == pytest.approx((30 + 70) * US)
+    assert cal.step_time == pytest.approx(1620 * US)
 
 
 def test_ranks_on_different_hosts_have_no_transfer_delay(tmp_path):
@@ -144,6 +160,56 @@ def test_zero_bubble_split_and_overlapped_actions(tmp_path):
     assert cal.backward is None
     assert "F1" in cal.samples and cal.samples["F1"] == 1  # the overlapped F is not timed
     assert cal.residual["step"] is None  # not a whole schedule: nothing to replay
+
+
+def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_path):
+    # gloo's recv span ends when wait() returns: 1F1's data came before its label (the span ends 20 us
+    # into it, the wait call), so 1F1 did not wait: its gap (40 us) is an overhead sample and the
+    # receive, though posted before its producer ended, gives no transfer sample (its arrival is unknown).
+    r0 = [_x("PP:0F0", 0, 100), *_send("PP:0SEND_F0", 110), _x("PP:0F1", 130, 230), *_send("PP:0SEND_F1", 240)]
+    r1 = [*_recv("PP:1RECV_F0", 0, 150), *_recv("PP:1RECV_F1", 20, 430), _x("PP:1F0", 40, 390),
+          _x("PP:1F1", 410, 600), _x("PP:1B0", 620, 700), _x("PP:1B1", 720, 800)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.transfer == pytest.approx(50 * US)  # only 1F0's: it waited (label at 40, data at 150)
+    assert cal.forward == pytest.approx((100 * US, 205 * US))  # 1F0 from 150 to 390, 1F1 from 430 to 600
+    assert cal.overhead_by_kind["F"] == pytest.approx(35 * US)  # 0F1 after 30 us, 1F1 after 40 us
+
+
+def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
+    from diffpipe.calibrate._calibration import robust_mean
+
+    skewed = [1.0, 1.0, 1.0, 1.0, 1.2, 1.4]
+    assert robust_mean(skewed) == pytest.approx(sum(skewed) / 6)  # above the median (1.0): the skew counts
+    assert robust_mean([*skewed, 1.1, 50.0]) == pytest.approx((sum(skewed) + 1.1) / 7)  # a preempted op does not
+    assert robust_mean([2.0, 4.0]) == pytest.approx(3.0) and robust_mean([]) is None
+
+
+def test_torch_runtime_mode_sits_between_overlap_and_rendezvous():
+    pytest.importorskip("torch.distributed.pipelining")
+    cal = calibrate.from_measurements([1.0, 1.2, 0.9, 1.1], input_grad=[1.0, 1.3, 1.0, 1.2],
+                                      weight=[0.8, 0.8, 0.9, 0.7], overhead=0.05, p2p=0.4)
+    for name in ("LoopedBFS", "DualPipeV"):  # receives posted early; overlapped F;B pairs
+        schedule = from_torch(name, 2, 4, 2)
+        posts = calibrate.receive_posts(schedule)
+        # every receive is posted before its consumer, after an op of the receiving rank
+        for order in schedule.orders:
+            for i, op in enumerate(order):
+                if op in posts and posts[op] is not None:
+                    assert posts[op] in order[:i], (name, op)
+        # torch-runtime's meeting points are at or before rendezvous's (the op before the consumer),
+        # on the reference evaluator (fast: no simulator compile per mode)
+        hw = cal.times(schedule)
+        op_time = {"F": hw["forward"], "I": hw["input_grad"], "W": hw["weight"],
+                   "B": [i + w for i, w in zip(hw["input_grad"], hw["weight"], strict=True)]}
+        spans = []
+        for mode in (dp.communication("overlap"), calibrate.TorchRuntime(), dp.communication("rendezvous")):
+            _, finish, _ = evaluate_network(schedule, lambda op, t=op_time: t[op.kind][op.stage],
+                                            lambda op, dep: 0.4, mode)
+            spans.append(max(finish.values()))
+        assert spans[0] <= spans[1] <= spans[2] and spans[0] < spans[2], (name, spans)
+    assert cal.predict(schedule, mode="torch-runtime") > cal.predict(schedule, mode="overlap")  # by name
+    assert isinstance(calibrate.TorchRuntime(), dp.AbstractCommunication)
 
 
 @pytest.mark.parametrize(
@@ -322,7 +388,7 @@ def real_run(tmp_path_factory):
     jobs = [
         run.job("gpipe", "GPipe", microbatches=4),
         run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
-        run.job("zbv", "ZBVZeroBubble", microbatches=4),
+        run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -358,14 +424,51 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     assert measured and all(v is not None and v > 0 and math.isfinite(v) for v in measured)
     assert cal.overhead > 0 and cal.step_time > 0 and math.isfinite(cal.residual["step"])
     assert cal.transfer is not None and cal.transfer > 0 and 0 <= cal.p2p < math.inf
-    # A prediction for every schedule with the same stage count.
+    # A prediction for every schedule with the same stage count (in the study's headline mode;
+    # the residual above replayed the traced schedule in the default overlap mode).
     for other in PREDICT[name]():
-        predicted = cal.predict(other, weight_fraction=0.5)
+        predicted = cal.predict(other, weight_fraction=0.5, mode="torch-runtime")
         assert math.isfinite(predicted) and predicted > 0, other
+    # torch posted every receive where TorchRuntime says it does (ScheduleGPipe labels no receives).
+    if name != "gpipe":
+        posts = calibrate.receive_posts(schedule)
+        traced = {}
+        for f in files:
+            traced.update(_traced_receive_posts(f))
+        assert traced == {op: posts[op] for op in traced} and len(traced) == len(posts)
     # Memory: diffpipe's peak stored activations equal what torch held, on every rank.
     peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
     result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
     assert [int(x) for x in result.peak_activations] == peaks
+
+
+def _traced_receive_posts(path: Path) -> dict:
+    """From one rank's trace (its first step): per consumer op, the compute op after which that
+    rank's ``PP:<stage>RECV_<F|B><mb>`` label ran (None: before its first compute)."""
+    import re
+
+    from diffpipe.schedules import Op
+
+    labels = sorted((e for e in json.loads(path.read_text())["traceEvents"]
+                     if e.get("ph") == "X" and str(e.get("name", "")).startswith("PP:")), key=lambda e: e["ts"])
+    names = [e["name"][3:] for e in labels]
+    names = names[:names.index(names[0], 1)] if names.count(names[0]) > 1 else names
+    ops = [re.fullmatch(r"(\d+)([FBIW])(\d+)", n) for n in names]
+    split = {int(m[1]) for m in ops if m and m[2] == "I"}
+    posts, last = {}, None
+    for text, m in zip(names, ops, strict=True):
+        sub = re.fullmatch(r"\((.*)\)OVERLAP_F_B", text)
+        if sub:
+            m = re.fullmatch(r"(\d+)([FBIW])(\d+)", sub[1].split(";")[-1])
+        if m:
+            last = Op(m[2], int(m[1]), int(m[3]))
+            continue
+        recv = re.fullmatch(r"(\d+)RECV_([FB])(\d+)", text)
+        if recv:
+            stage = int(recv[1])
+            kind = "F" if recv[2] == "F" else ("I" if stage in split else "B")
+            posts[Op(kind, stage, int(recv[3]))] = last
+    return posts
 
 
 def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys):

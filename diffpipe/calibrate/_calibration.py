@@ -10,7 +10,7 @@ Terms (seconds):
   than a full ``B`` (and on stage 0 torch runs the whole backward in ``W``: its ``I`` is empty).
 - ``overhead``: the framework time between two consecutive compute ops of a rank when the second
   does not wait for data (the schedule loop, building and posting the P2P ops); diffpipe adds it
-  to every op. ``overhead_by_kind`` is the same median by the kind of the second op (``F``, ``B``,
+  to every op. ``overhead_by_kind`` is the same mean by the kind of the second op (``F``, ``B``,
   ``I``, ``W``): ``hardware`` gives it as ``Hardware.kind_overhead`` (kinds without a sample take
   ``overhead``).
 - ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
@@ -25,6 +25,7 @@ A schedule that splits its backward gets the measured full backward, where measu
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from .._hardware import Hardware, Network
 from .._io import dumps_json, write_atomic
 from .._knobs import Workload
 from .._simulate import simulate
+from ._runtime import TorchRuntime
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead", "setup", "wind_down")
@@ -66,7 +68,7 @@ class Calibration:
 
     ``orders`` (from a trace): the compute ops each rank ran in one step, as op strings
     (``"1F0"``); ``stage_ranks[s]`` the rank that held stage ``s``; ``samples`` the number of ops
-    behind each median (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
+    behind each mean (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
     ``residual`` how well the fit explains the trace: ``durations`` the median relative deviation
     of op times from their stage's median, ``step`` the relative error of ``predict`` on the traced
     schedule itself. ``source`` names where the numbers came from.
@@ -170,13 +172,22 @@ class Calibration:
                 "wind_down": self.wind_down}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
-                 mode: str = "overlap") -> Any:
-        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode``."""
+                 mode: Any = "overlap") -> Any:
+        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode`` (a
+        communication mode or its name; ``"torch-runtime"`` is ``TorchRuntime``, the mode of
+        torch's pipelining runtime over gloo)."""
 
         t = self.times(schedule, weight_fraction=weight_fraction)
+        # Every term given explicitly, at the value the cost model would default it to (a kind's
+        # overhead: ``overhead``; a full B: I + W), so every Hardware has one array structure and
+        # JAX compiles the simulator once per graph shape, not once per calibration.
+        kinds = t["kind_overhead"] or {}
+        kind_overhead = {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD}
+        full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
-                                   overhead=t["overhead"], mode=mode, kind_overhead=t["kind_overhead"],
-                                   full_backward=t["full_backward"], setup=t["setup"], wind_down=t["wind_down"])
+                                   overhead=t["overhead"], mode=communication_mode(mode),
+                                   kind_overhead=kind_overhead, full_backward=full, setup=t["setup"],
+                                   wind_down=t["wind_down"])
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
                  weight_fraction: float | None = None, mode: str = "overlap") -> Any:
@@ -195,11 +206,11 @@ class Calibration:
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
 
+        network = Network.uniform(t["p2p"], mode=communication_mode(mode))
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
-                                   overhead=t["overhead"], network=Network.uniform(t["p2p"], mode=mode),
-                                   layers_per_stage=counts)
+                                   overhead=t["overhead"], network=network, layers_per_stage=counts)
 
-    def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: str = "overlap") -> float:
+    def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
         included: they are ``hardware``'s terms)."""
 
@@ -245,6 +256,29 @@ class Calibration:
                 weight_fraction: float | None = None) -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
         write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction), "machine file")
+
+
+def robust_mean(values: Sequence[float]) -> float | None:
+    """The mean of ``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``).
+
+    A step is a sum of op times, so what predicts it is their mean, not their median: op times
+    are skewed to the right (a gloo thread or another process taking the core for a while), and a
+    sum of medians under-predicts (``papers/validation/replay.py`` measures by how much). The
+    fences drop only gross outliers (a preempted op), not the skew.
+    """
+    if not values:
+        return None
+    if len(values) < 4:
+        return statistics.fmean(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+    return statistics.fmean([v for v in values if low <= v <= high])
+
+
+def communication_mode(mode: Any) -> Any:
+    """``mode`` as ``Hardware.from_times`` takes it: ``"torch-runtime"`` becomes ``TorchRuntime()``
+    (a mode of this package, not a built-in name); anything else passes through."""
+    return TorchRuntime() if mode == TorchRuntime.name else mode
 
 
 def _toml_value(value: Any) -> str:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._calibration import Calibration
+from ._calibration import Calibration, robust_mean
 
 
 def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int = 9, warmup: int = 3,
                    loss_fn: Callable[[Any], Any] | None = None, overhead: float = 0.0, p2p: float = 0.0,
                    clock: Callable[[], float] = time.perf_counter) -> Calibration:
-    """Median forward, full backward, input-gradient and weight-gradient times of torch ``stages``.
+    """Mean forward, full backward, input-gradient and weight-gradient times of torch ``stages``.
 
     Stage ``s`` runs on the (detached) output of stage ``s - 1``; stage 0 on ``example_inputs`` (a
     tensor or a tuple of tensors). The conditions are a pipelined step's: every backward
@@ -25,7 +24,7 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
     backward). The last stage backpropagates ``loss_fn(output)`` when given,
     otherwise a fixed random output gradient, like every other stage. ``overhead`` and ``p2p`` (the
     framework cost per op and per transfer, which only a run of the schedule shows: see
-    ``from_torch_trace``) are passed through. Returns a ``Calibration`` (medians of ``repeats``).
+    ``from_torch_trace``) are passed through. Returns a ``Calibration`` (``robust_mean`` of ``repeats``).
     """
     import torch
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -80,10 +79,10 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
             if k >= warmup:
                 for kind, dt in (("F", t1 - t0), ("B", t2 - t1), ("I", t4 - t3), ("W", t5 - t4)):
                     times[kind].append(dt)
-        forward.append(statistics.median(times["F"]))
-        backward.append(statistics.median(times["B"]))
-        input_grad.append(statistics.median(times["I"]))
-        weight.append(statistics.median(times["W"]))
+        forward.append(robust_mean(times["F"]))
+        backward.append(robust_mean(times["B"]))
+        input_grad.append(robust_mean(times["I"]))
+        weight.append(robust_mean(times["W"]))
         with torch.no_grad():
             inputs = run()
     return Calibration(tuple(forward), tuple(backward), tuple(input_grad), tuple(weight), overhead=overhead,

@@ -36,7 +36,7 @@ from typing import Any
 from .._errors import ConfigError, ScheduleError
 from .._io import read_text
 from ..schedules import Op, Placement, Schedule
-from ._calibration import Calibration
+from ._calibration import Calibration, robust_mean
 
 _RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
 _OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
@@ -47,6 +47,16 @@ _RECV = re.compile(r"^(c10d::recv_\w*|\w+:recv)$")
 _SEND = re.compile(r"^(c10d::send|\w+:send)$")
 _POST = ("c10d::recv_", "c10d::send")
 _US = 1e-6
+#: Seconds within which a receive's completion after its consumer's label start means the data was
+#: there before: the backend's span (``gloo:recv``) ends when ``wait()`` returns, not when the data
+#: arrived, so a receive whose data came early ends a few tens of microseconds into its consumer's
+#: label (the wait call). Only a later end is a wait, and only a wait times the transfer.
+WAIT_CALL_S = 1e-4
+#: A ``record_function`` label around a whole ``step()`` call (optional): where a trace has one, a
+#: step's setup, wind-down and time run from its bounds (the part of ``step()`` before the first
+#: action label, splitting the batch into microbatches, and after the last, waiting for the sends,
+#: included); else from the first action label's start to the last one's end.
+STEP_LABEL = "diffpipe.step"
 
 
 @dataclass
@@ -144,7 +154,8 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
             elif kind in ("F", "B", "I", "W"):
                 recv = step.recvs.get(("F" if kind == "F" else "B", stage, mb)) if kind != "W" else None
                 begin = max(start, recv.end) if recv else start
-                step.computes.append(_Compute(kind, stage, mb, start, end, min(begin, end), begin > start))
+                waited = recv is not None and recv.end > start + WAIT_CALL_S
+                step.computes.append(_Compute(kind, stage, mb, start, end, min(begin, end), waited))
             continue
         overlap = _OVERLAP.match(name)
         if overlap:
@@ -169,6 +180,11 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
         begin = max([start, *recv_ends])
         finish = min([end, *[p for p in send_posts if p >= begin]])
         step.computes.append(_Compute(kind, rank, mb, start, finish, min(begin, finish), begin > start))
+    bounds = [(start, end) for start, end, name, _ in spans if name == STEP_LABEL]
+    for step in steps:  # a step label around the step: its bounds are the step's
+        around = [b for b in bounds if b[0] <= step.start and step.end <= b[1]]
+        if around:
+            step.start, step.end = min(around, key=lambda b: b[1] - b[0])
     return steps
 
 
@@ -253,11 +269,13 @@ def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[in
 def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None) -> Calibration:
     """A ``Calibration`` from ``torch.profiler`` Chrome traces of pipelined steps (one file per rank).
 
-    Per stage and kind, the median compute time over microbatches and steps; the overhead is the
-    median gap between consecutive compute ops of a rank where the second did not wait for data;
-    the transfer delay is the median time from a producing op's end to its data's arrival at a
-    receiver that had posted its receive before; ``setup``/``wind_down`` the medians over steps
-    (``setup``: from the step's start to its first compute, less that op's kind's overhead).
+    Per stage and kind, the mean compute time over microbatches and steps (``robust_mean``: gross
+    outliers dropped); the overhead is the mean gap between consecutive compute ops of a rank where
+    the second did not wait for data (per kind of the second op: ``overhead_by_kind``); the
+    transfer delay is the mean time from a producing op's end to its data's arrival at a receiver
+    that had posted its receive before and was waiting for it (``WAIT_CALL_S``);
+    ``setup``/``wind_down`` the medians over steps (``setup``: from the step's start to its first
+    compute, less that op's kind's overhead).
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
 
@@ -289,7 +307,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                     gaps.append(c.begin - previous.end)
                     gaps_by_kind[c.kind].append(c.begin - previous.end)
                 previous = c
-    overhead = max(_median(gaps) or 0.0, 0.0)
+    overhead = max(robust_mean(gaps) or 0.0, 0.0)
 
     transfers: list[float] = []
     n_steps = len(next(iter(ranks.values())))
@@ -297,16 +315,19 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         produced = {(c.kind, c.stage, c.mb): c.end for steps in ranks.values() for c in [*steps[k].computes]
                     if not c.overlapped}
         for steps in ranks.values():
+            waited = {(c.kind, c.stage, c.mb) for c in steps[k].computes if c.waited}
             for (direction, stage, mb), recv in steps[k].recvs.items():
                 source = stage - 1 if direction == "F" else stage + 1
                 kinds = ("F",) if direction == "F" else ("B", "I")
                 end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
-                if end is not None and recv.post <= end:
+                # timed only where the receive was posted before the data was sent and the consumer
+                # waited for it (else the span's end is the wait call, not the arrival)
+                if end is not None and recv.post <= end and any((kind, stage, mb) in waited for kind in kinds):
                     transfers.append(recv.end - end)
-    transfer = _median(transfers) if one_clock else None
+    transfer = robust_mean(transfers) if one_clock else None
     p2p = max((transfer or 0.0) - overhead, 0.0)
 
-    overhead_by_kind = {kind: max(statistics.median(v), 0.0) for kind, v in sorted(gaps_by_kind.items())}
+    overhead_by_kind = {kind: max(robust_mean(v) or 0.0, 0.0) for kind, v in sorted(gaps_by_kind.items())}
     setups, winds, spans = [], [], []
     for k in range(n_steps):
         steps = [s[k] for s in ranks.values()]
@@ -319,7 +340,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         spans.append(end - start)
 
     def per_stage(kind: str) -> tuple[float | None, ...] | None:
-        values = tuple(_median(durations.get((kind, s), [])) for s in range(n_stages))
+        values = tuple(robust_mean(durations.get((kind, s), [])) for s in range(n_stages))
         return None if all(v is None for v in values) else values
 
     forward = per_stage("F")

@@ -1,0 +1,107 @@
+"""Replay traced steps: how much of a prediction's error is the model's structure, how much its statistics.
+
+For each case whose traces a study left in ``--work`` (``run.py --work DIR``), each traced step is
+replayed on diffpipe's reference evaluator (``schedules._reference.evaluate_network``) twice per
+communication mode: once with *that step's own* op times (each op's compute as traced, plus the gap
+before it where it did not wait for data, else its kind's calibrated overhead; the step's own setup),
+and once with the calibration's per-stage times (what ``Calibration.predict`` uses). Transfers cost the
+calibrated ``p2p`` in both. The replay with the step's own times isolates the model's structure
+(dependencies, the communication mode): with the right structure it reproduces the traced step up
+to the transfer costs. Its difference from the calibrated replay is what the statistic (one time
+per stage and kind: ``robust_mean``) costs.
+
+Usage::
+
+    python papers/validation/run.py --quick --work /tmp/v       # leaves traces in /tmp/v
+    python papers/validation/replay.py /tmp/v                    # one line per case and mode
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from diffpipe.calibrate import _trace  # noqa: E402
+from diffpipe.calibrate._calibration import communication_mode  # noqa: E402
+from diffpipe.schedules import Op  # noqa: E402
+from diffpipe.schedules._reference import evaluate_network  # noqa: E402
+
+MODES = ("torch-runtime", "overlap", "rendezvous")
+
+
+def replay(paths: list[Path], modes=MODES) -> dict:
+    """Per mode, the mean over traced steps of (replayed - traced) / traced with the steps' own op
+    times (``own``) and with the calibration's per-stage times (``means``)."""
+    ranks, _ = _trace.parse(paths)
+    cal = _trace.from_torch_trace(paths)
+    schedule = _trace.traced_schedule({r: _trace._ops(s[0]) for r, s in ranks.items()}, cal.stage_ranks)
+    times = cal.times(schedule)
+    kinds = {**{k: cal.overhead for k in "FBIW"}, **cal.overhead_by_kind}
+    per_stage = {}
+    for s in range(cal.stages):
+        per_stage[("F", s)] = times["forward"][s]
+        per_stage[("I", s)] = times["input_grad"][s]
+        per_stage[("W", s)] = times["weight"][s]
+        full = times["full_backward"]
+        per_stage[("B", s)] = full[s] if full else times["input_grad"][s] + times["weight"][s]
+    out: dict = {mode: {"own": [], "means": []} for mode in modes}
+    n_steps = len(next(iter(ranks.values())))
+    for k in range(n_steps):
+        steps = [s[k] for s in ranks.values()]
+        start = min(s.start for s in steps)
+        span = max(s.end for s in steps) - start
+        own = {}
+        for step in steps:
+            previous = None
+            for c in step.computes:
+                if c.overlapped:
+                    break
+                gap = c.begin - previous.end if previous is not None and not c.waited else kinds[c.kind]
+                own[Op(c.kind, c.stage, c.mb)] = gap + (c.end - c.begin)
+                previous = c
+        if len(own) != len(schedule.ops):
+            continue  # overlapped actions: no per-op times
+        first = min((c for s in steps for c in s.computes), key=lambda c: c.begin)
+        setup = max(first.begin - start - kinds[first.kind], 0.0)
+        for mode in modes:
+            comm = communication_mode(mode)
+            comm = comm if not isinstance(comm, str) else _named(comm)
+            for label, duration, first_setup in (("own", own.__getitem__, setup),
+                                                 ("means", lambda op: kinds[op.kind] + per_stage[(op.kind, op.stage)],
+                                                  cal.setup)):
+                _, finish, _ = evaluate_network(schedule, duration, lambda op, dep: cal.p2p, comm, setup=first_setup)
+                predicted = max(finish.values()) + cal.wind_down
+                out[mode][label].append((predicted - span) / span)
+    return {mode: {label: statistics.mean(v) if v else None for label, v in d.items()} for mode, d in out.items()}
+
+
+def _named(mode: str):
+    from diffpipe import communication
+
+    return communication(mode)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: replay.py WORK_DIR")
+    work = Path(args[0])
+    print("| case | mode | replay error, own op times | replay error, calibrated means |")
+    print("|---|---|---|---|")
+    for first in sorted(work.glob("*.r0.rank0.json")):
+        key = first.name[: -len(".rank0.json")]
+        try:
+            result = replay([first, work / f"{key}.rank1.json"])
+        except Exception as error:  # noqa: BLE001  (e.g. Schedule1F1B: no labels)
+            print(f"| {key} | - | {str(error)[:60]} | |")
+            continue
+        for mode, r in result.items():
+            cells = ["n/a" if v is None else f"{100 * v:+.1f}%" for v in (r["own"], r["means"])]
+            print(f"| {key} | {mode} | {cells[0]} | {cells[1]} |")
+
+
+if __name__ == "__main__":
+    main()
