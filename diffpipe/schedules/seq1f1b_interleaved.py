@@ -45,6 +45,9 @@ sample, the bubble ``(D-1)/(k m v + D - 1)`` is interleaved 1F1B's at ``m`` micr
 the warm-up plus the steady state's forward before its first backward; each is ``1/k`` of a
 sample's activations for ``1/(v D)`` of the model (equal lengths).
 
+Communication: like ``interleaved-1f1b``, the order deadlocks under ``blocking`` sends (send and
+receive orders disagree); ``overlap``, ``contention`` and ``rendezvous`` simulate it.
+
 torch. ``to_torch_csv`` exports the order (a loop placement, as interleaved 1F1B), but torch's
 runtime cannot run it as Seq1F1B-I, for the reason given in ``seq1f1b``: its microbatches are
 independent autograd graphs, while a segment needs its stage's keys and values of the earlier
