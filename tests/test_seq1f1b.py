@@ -317,7 +317,7 @@ def test_unit_sizes_and_per_unit_hardware():
 def test_compare_prices_equal_work():
     """``microbatches`` counts samples: seq1f1b at segments=1 is 1f1b at every level; at k segments
     each unit costs 1/k and the makespan is the closed form with unit times t/k."""
-    d, m, k, f, b = 4, 4, 4, 1.0, 2.0
+    d, m, k, f, b = 4, 4, 2, 1.0, 2.0  # the sizes of test_simulates_with_segment_sizes: compiled once
     hw = dp.Hardware.from_times(f, b)
     c = dp.compare(["1f1b", ("seq1f1b", {"segments": 1}), ("seq1f1b", {"segments": k}),
                     ("seq1f1b-i", {"segments": k, "chunks": 1})], hw, devices=d, microbatches=m)
@@ -332,7 +332,7 @@ def test_compare_prices_equal_work():
     assert seq.simulation["makespan_s"] == pytest.approx(closed, rel=1e-6)
     assert seq.table["peak_activations"] == pytest.approx((d + k - 1) / k)  # a sample's activations
     assert inter.simulation["makespan_s"] == pytest.approx(closed, rel=1e-6)  # chunks=1: no interleaving
-    assert c.to_dict()["schedules"][2]["units_per_sample"] == k and "4 units per sample" in str(c)
+    assert c.to_dict()["schedules"][2]["units_per_sample"] == k and "2 units per sample" in str(c)
     with pytest.raises(dp.ConfigError, match="seq1f1b has 4 devices and 2 microbatches \\(samples of 4 units\\), "
                                              "the comparison 4 and 4"):
         dp.compare([get("seq1f1b", devices=4, microbatches=8, segments=4)], hw, devices=4, microbatches=4)
