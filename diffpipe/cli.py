@@ -272,6 +272,16 @@ def estimated_ops(family: str, devices: int, microbatches: int, options: dict[st
     return fam.estimate_ops(devices, microbatches, resolved)
 
 
+def units_per_sample(family: str, options: dict[str, Any] | None = None) -> int:
+    """Microbatch ids per sample of ``family`` at ``options`` (those it declares; Seq1F1B's
+    ``segments``), 1 where they are invalid: ``compare`` and ``sweep`` count samples."""
+    fam = schedules.family(family)
+    try:
+        return fam.units({k: v for k, v in (options or {}).items() if k in fam.option_names})
+    except ScheduleError:
+        return 1
+
+
 def _guard(detail: str, ops: int, max_ops: int) -> None:
     if ops > max_ops:
         raise ConfigError(f"{detail} is about {ops:,} ops, past the limit of {max_ops:,} (--max-ops); "
@@ -862,7 +872,7 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     items: Any = _compare_items(families, options) if families else DEFAULT_SCHEDULES
     for item in (items if families else DEFAULT_SCHEDULES.values()):
         name, opts = (item, {}) if isinstance(item, str) else item
-        units = schedules.family(name).units(dict(opts))  # --microbatches counts samples
+        units = units_per_sample(name, dict(opts))  # --microbatches counts samples
         _guard_schedule(name, COMPARE_DEVICES if devices is None else devices,
                         (COMPARE_MICROBATCHES if microbatches is None else microbatches) * units, dict(opts),
                         args.max_ops)
@@ -955,7 +965,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     grid_micro = sizes.get("microbatches", [DEFAULT_MICROBATCHES])
     largest = {k: max((v for v in vs if is_int(v)), default=1) for k, vs in options.items()}
     variants = math.prod(len(vs) for vs in options.values()) * len(modes or [None])
-    total = sum(estimated_ops(f, d, n, largest) for f in (families or schedules.names())
+    total = sum(estimated_ops(f, d, n * units_per_sample(f, largest), largest) for f in (families or schedules.names())
                 for d in grid_devices for n in grid_micro) * variants
     _guard(f"sweep: the grid ({len(families or schedules.names())} families x {len(grid_devices)} device "
            f"counts x {len(grid_micro)} microbatch counts x {variants} option/mode variants)",
