@@ -22,19 +22,20 @@ Sizes. The fork requires the samples to be a multiple of D (so ``r = D``); diffp
 torch's flexible rounds over units, as ``interleaved-1f1b`` does (``max(1, N // D)`` rounds of
 ``r = N // rounds`` units), so that ``segments=1`` is exactly ``interleaved-1f1b`` at every size it
 accepts. Read literally, the rule is causal only when every round holds whole samples, ``k`` divides
-``r`` (the fork's runs: 8 devices, 2 or 4 segments): otherwise a chunk's queue pops a segment whose
-later segments have not run forward there yet, which breaks the causal-attention order (the fork
-would pair a gradient with the wrong segment; here the devices disagree and the order deadlocks:
-checked over many sizes in ``tests/test_seq1f1b_interleaved.py``). Such sizes are refused, except
+``r`` (the fork's ``exp.sh``: 8 stages, 4 splits, virtual sizes 2 and 4): otherwise a chunk's queue
+pops a segment whose later segments have not yet run forward on that chunk, the devices disagree
+about which unit a backward step is, and the literal replay deadlocks or breaks the causal order
+(the fork itself was not run at such sizes); ``tests/test_seq1f1b_interleaved.py`` replays the fork
+over several hundred sizes and finds this refusal exact. Such sizes are refused, except
 with one chunk (no rounds to cross: the order is then causal at every size). Deviation: like
 Megatron-LM, the fork runs every forward first when the samples equal D; ``interleaved-1f1b`` does
 not take that branch (torch's order), and neither does this family, so that ``segments=1`` stays
 ``interleaved-1f1b``.
 
-The fork's figure (thunlp/Seq1F1B ``picture/seq1f1b-I.png``, 4 devices, 2 segments) draws rounds of
-D *samples* (``D k`` units) instead, with ``(v-1) D k`` in the warm-up: a different, also causal
-order that holds ``k`` times more of the first chunks' segments; the code is what the paper's runs
-executed and what is reproduced here.
+The fork's figure (thunlp/Seq1F1B ``picture/seq1f1b-I.png``, 4 devices, 2 chunks, 2 segments) draws
+rounds of D *samples* (``D k`` units) instead, device 0 running 16 forwards before its first backward
+where the code's rule runs 12: a different order; the code is what the paper's runs executed and
+what is reproduced here.
 
 Closed form (derived, not quoted; tested against ``table``): at equal per-unit times f, b the
 makespan is interleaved 1F1B's over ``N`` units, ``max(N v + D - 1, v D + N - 1)(f + b)``: the extra
