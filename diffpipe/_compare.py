@@ -327,8 +327,8 @@ class Comparison:
         durations = ", ".join(f"{k}={v:g}" for k, v in self.durations.items() if k in _COMPUTE)
         notes.append(f"formula and table at {durations} per device share, no communication; ranks: formula by "
                      "bubble ratio, table and simulation by makespan; '=' marks a tie (rtol "
-                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch through "
-                     "1/D of the model.")
+                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch (a sample) "
+                     "through 1/D of the model.")
         for e in self.entries:
             if e.units_per_sample > 1:
                 k = e.units_per_sample

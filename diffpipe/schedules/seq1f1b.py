@@ -46,10 +46,10 @@ of the real torch run for that reason.
 
 Interleaved variant: ``seq1f1b_interleaved`` (Seq1F1B-I, ``chunks`` model chunks per device).
 
-Equal work. ``Family.units`` (``units_per_sample``) says a sample is ``segments`` units: ``compare``
-and the CLI's ``compare`` count ``--microbatches`` in samples and price each unit at its segment's
-share of a sample (``diffpipe._segments.unit_sizes``), so a Seq1F1B is compared with a 1F1B on the
-same data; ``get`` itself keeps taking units.
+Equal work. ``Family.units`` (``units_per_sample``) says a sample is ``segments`` units: ``compare``,
+``sweep`` and their CLI commands count ``microbatches`` in samples and price each unit at its
+segment's share of a sample (``diffpipe._segments.unit_sizes``), so a Seq1F1B is compared with a
+1F1B on the same data; ``get`` itself keeps taking units.
 """
 
 from __future__ import annotations
