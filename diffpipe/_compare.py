@@ -23,6 +23,15 @@ activations for ``1/D`` of the model: a stage-microbatch count times ``D/S``) fo
 the table, in bytes for the simulation (peak stored activations; ``peak_memory`` adds the static
 bytes: weights, gradients, optimizer state).
 
+Equal work. ``microbatches`` counts *samples* (microbatches of the global batch) for every family.
+A sequence-level family cuts a sample into ``k`` units (``schedules.units_per_sample``: Seq1F1B's and
+Seq1F1B-I's ``segments``), so it is generated at ``microbatches * k`` microbatch ids and each unit is
+priced at its segment's share of a sample: at the formula and table levels ``1/k`` (the closed
+forms' equal per-segment times, a compute-balanced split), at the simulation level the Hardware's
+``size`` per unit from ``diffpipe._segments.per_unit_hardware`` under ``segment_split`` (balanced:
+``1/k`` each; equal lengths: later segments costlier by the model's attention share, which needs a
+``Machine``). A Seq1F1B at ``segments=1`` is then exactly a 1F1B, and activation units are a sample's.
+
 Ranks are competition ranks ("1224"): two values within ``rtol`` of each other tie. For each pair
 of levels, Kendall's tau-b over the schedules ranked at both (tau-b corrects for ties; it is
 undefined, ``None``, when fewer than two schedules are shared or one level ties them all) and the
@@ -41,7 +50,8 @@ from typing import Any
 
 from ._errors import ConfigError, ScheduleError
 from ._results import csv_text, json_text, markdown_table
-from .schedules import Schedule
+from .schedules import Schedule, units_per_sample
+from .schedules import family as family_of
 from .schedules import formula as family_formula
 from .schedules import get as get_schedule
 from .schedules import names as family_names
@@ -162,6 +172,7 @@ class Entry:
     formula_missing: str | None
     table: Mapping[str, Any]
     simulation: Mapping[str, Any]
+    units_per_sample: int = 1
 
 
 @dataclass(frozen=True)
@@ -194,6 +205,7 @@ class Comparison:
     ranks: Mapping[str, tuple[int | None, ...]]
     pairs: tuple[LevelPair, ...]
     communication: str = field(default="")
+    segment_split: str = field(default="balanced")
 
     # -- lookups --------------------------------------------------------------------------------
     @property
@@ -231,10 +243,10 @@ class Comparison:
 
     # -- output ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain data. Keys: ``devices``, ``microbatches``, ``machine``, ``communication``,
-        ``durations``, ``rtol``, ``levels`` (level -> metric ranked, lower better), ``schedules``
-        (list of ``{name, family, options, stages, pipelines, formula, formula_missing, table,
-        simulation, rank: {level: int|null}}``) and ``pairs`` (list of ``{levels, compared,
+        """Plain data. Keys: ``devices``, ``microbatches`` (samples), ``machine``, ``communication``,
+        ``durations``, ``rtol``, ``segment_split``, ``levels`` (level -> metric ranked, lower better),
+        ``schedules`` (list of ``{name, family, options, stages, pipelines, units_per_sample, formula,
+        formula_missing, table, simulation, rank: {level: int|null}}``) and ``pairs`` (list of ``{levels, compared,
         kendall_tau, flips, ties_changed}``). Seconds and bytes are SI; ``null`` marks a missing value."""
         return {
             "devices": self.devices,
@@ -243,11 +255,12 @@ class Comparison:
             "communication": self.communication,
             "durations": dict(self.durations),
             "rtol": self.rtol,
+            "segment_split": self.segment_split,
             "levels": dict(RANKED_BY),
             "schedules": [
                 {
                     "name": e.name, "family": e.family, "options": dict(e.options), "stages": e.stages,
-                    "pipelines": e.pipelines,
+                    "pipelines": e.pipelines, "units_per_sample": e.units_per_sample,
                     "formula": None if e.formula is None else dict(e.formula),
                     "formula_missing": e.formula_missing,
                     "table": dict(e.table), "simulation": dict(e.simulation),
@@ -314,9 +327,14 @@ class Comparison:
         durations = ", ".join(f"{k}={v:g}" for k, v in self.durations.items() if k in _COMPUTE)
         notes.append(f"formula and table at {durations} per device share, no communication; ranks: formula by "
                      "bubble ratio, table and simulation by makespan; '=' marks a tie (rtol "
-                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch through "
-                     "1/D of the model.")
+                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch (a sample) "
+                     "through 1/D of the model.")
         for e in self.entries:
+            if e.units_per_sample > 1:
+                k = e.units_per_sample
+                notes.append(f"{e.name}: {k} units per sample ({self.microbatches * k} microbatch ids), each 1/{k} "
+                             f"of a sample at the formula and table levels, its segment's share "
+                             f"({self.segment_split} split) in the simulation.")
             if e.formula is None:
                 notes.append(f"{e.name}: no formula ({e.formula_missing}).")
             elif e.formula["makespan"] is None:
@@ -418,21 +436,28 @@ def _share(schedule: Schedule) -> float:
     return schedule.devices / schedule.stages
 
 
+def _per_unit(durations: Mapping[str, float], units: int) -> dict[str, float]:
+    """Compute durations of one unit, ``1/units`` of a sample's (equal per-segment times)."""
+    return {kind: value / units if kind in _COMPUTE else value for kind, value in durations.items()}
+
+
 def _formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[dict | None, str | None]:
     if schedule.family not in family_names():
         return None, f"custom schedule, family {schedule.family!r} is not registered"
+    units = units_per_sample(schedule)
+    durations = _per_unit(durations, units)
     options = dict(schedule.options)
     sizes = dict(devices=schedule.devices, microbatches=schedule.microbatches)
     result = family_formula(schedule.family, **sizes, durations=durations, **options)
     assumption_only = False
     if result is None:
-        result = family_formula(schedule.family, **sizes, durations=_EQUAL_FB, **options)
+        result = family_formula(schedule.family, **sizes, durations=_per_unit(_EQUAL_FB, units), **options)
         assumption_only = result is not None
     if result is None:
         return None, "no closed form in the registry"
     peak = None
     if result.peak_activations is not None:
-        peak = max(result.peak_activations) * _share(schedule)
+        peak = max(result.peak_activations) * _share(schedule) / units
     return {
         "bubble_ratio": float(result.bubble_ratio),
         "makespan": None if assumption_only else float(result.makespan),
@@ -442,6 +467,8 @@ def _formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[
 
 
 def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
+    units = units_per_sample(schedule)
+    durations = _per_unit(durations, units)
     share = _share(schedule)
 
     def duration(op: Any) -> float:
@@ -451,7 +478,7 @@ def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
     return {
         "makespan": float(t.makespan),
         "bubble_ratio": float(t.bubble_ratio),
-        "peak_activations": max(schedule_peak_activations(schedule)) * share,
+        "peak_activations": max(schedule_peak_activations(schedule)) * share / units,
     }
 
 
@@ -481,15 +508,13 @@ def _schedule_label(schedule: Schedule) -> str:
     """The family name, with the options that differ from the family's defaults."""
     if schedule.family not in family_names():
         return schedule.family
-    try:
-        default = dict(get_schedule(schedule.family, devices=schedule.devices,
-                                    microbatches=schedule.microbatches).options)
-    except ScheduleError:
-        default = {}
+    default = family_of(schedule.family).resolve({})
     return _label(schedule.family, {k: v for k, v in schedule.options if default.get(k, object()) != v})
 
 
 def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[tuple[str, Schedule]]:
+    """(label, schedule) pairs, every schedule at ``devices`` and ``microbatches`` samples (a
+    sequence-level family at ``microbatches x units_per_sample`` microbatch ids)."""
     if isinstance(items, (str, Schedule)):
         items = [items]
     labels: list[str | None]
@@ -509,22 +534,29 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
     if devices is None:
         devices = given[0].devices if given else DEFAULT_DEVICES
     if microbatches is None:
-        microbatches = given[0].microbatches if given else DEFAULT_MICROBATCHES
+        microbatches = given[0].microbatches // units_per_sample(given[0]) if given else DEFAULT_MICROBATCHES
+
+    def generate(name: str, options: Mapping[str, Any]) -> Schedule:
+        units = family_of(name).units(options)
+        return get_schedule(name, devices=devices, microbatches=microbatches * units, **options)
+
     out: list[tuple[str, Schedule]] = []
     for given_label, item in zip(labels, items):
         if isinstance(item, Schedule):
             schedule, label = item, _schedule_label(item)
         elif isinstance(item, str):
-            schedule, label = get_schedule(item, devices=devices, microbatches=microbatches), item
+            schedule, label = generate(item, {}), item
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
-            schedule = get_schedule(item[0], devices=devices, microbatches=microbatches, **item[1])
+            schedule = generate(item[0], item[1])
             label = _label(item[0], item[1])
         else:
             raise ConfigError(f"compare: cannot compare {item!r}: give a family name, (name, options) or a Schedule")
-        if schedule.devices != devices or schedule.microbatches != microbatches:
+        units = units_per_sample(schedule)
+        if schedule.devices != devices or schedule.microbatches != microbatches * units:
+            per = f" (samples of {units} units)" if units > 1 else ""
             raise ConfigError(
-                f"compare: {schedule.family} has {schedule.devices} devices and {schedule.microbatches} "
-                f"microbatches, the comparison {devices} and {microbatches}"
+                f"compare: {schedule.family} has {schedule.devices} devices and {schedule.microbatches // units} "
+                f"microbatches{per}, the comparison {devices} and {microbatches}"
             )
         out.append((given_label or label, schedule))
     seen: dict[str, int] = {}
@@ -567,6 +599,7 @@ def compare(
     microbatches: int | None = None,
     durations: Mapping[str, float] | None = None,
     rtol: float = DEFAULT_RTOL,
+    segment_split: str = "balanced",
 ) -> Comparison:
     """Rank schedules at the formula, table and simulation levels and show where rankings flip.
 
@@ -582,9 +615,14 @@ def compare(
             ``Hardware`` (only when every schedule has the same number of stages, or its per-stage
             leaves are arrays that fit them all).
         devices, microbatches: sizes of generated schedules (default: those of the first given
-            ``Schedule``, else 8 and 8). Every schedule must have these sizes.
+            ``Schedule``, else 8 and 8). Every schedule must have these sizes. ``microbatches``
+            counts samples: a family with several units per sample (``segments``) is generated at
+            ``microbatches x units`` microbatch ids and each unit priced at its segment's share.
         durations: per-kind durations of the formula and table levels (default F=1, B=2, I=W=1).
         rtol: relative tolerance under which two values tie.
+        segment_split: the segment lengths a sequence-level family's simulation is priced at:
+            ``"balanced"`` (compute-balanced, every unit ``1/k`` of a sample) or ``"equal"`` (equal
+            lengths, the model's attention share making later segments costlier; needs a ``Machine``).
 
     Returns:
         A ``Comparison`` (see its ``to_markdown``, ``to_json`` and ``str``).
@@ -604,9 +642,18 @@ def compare(
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ConfigError(f"compare: duration of {kind} must be a finite non-negative number, got {value!r}")
     from ._hardware import Hardware
+    from ._segments import SPLITS, attention_share, per_unit_hardware
 
+    if segment_split not in SPLITS:
+        raise ConfigError(f"compare: segment_split must be one of {', '.join(SPLITS)}, got {segment_split!r}")
     schedules = _resolve(schedules_or_names, devices, microbatches)
     hw_of, machine, mode = _hardware_for(hardware, schedules)
+    share = None
+    if segment_split == "equal" and any(units_per_sample(s) > 1 for _, s in schedules):
+        if hardware is not None and not isinstance(hardware, Machine):
+            raise ConfigError("compare: segment_split='equal' prices segments by the model's attention share: "
+                              "pass a Machine (or no hardware: the default machine)")
+        share = attention_share((hardware or default_machine()).model)
 
     entries = []
     for name, schedule in schedules:
@@ -616,10 +663,12 @@ def compare(
             raise ConfigError(f"compare: the hardware function returned {type(hw).__name__} for {name}, "
                               "expected a Hardware")
         mode = mode or hw.network.mode
+        hw = per_unit_hardware(hw, schedule, segment_split, share)
         entries.append(Entry(
             name=name, family=schedule.family, options=schedule.options, stages=schedule.stages,
             pipelines=schedule.pipelines, formula=formula, formula_missing=missing,
             table=_table_level(schedule, merged), simulation=_simulation_level(schedule, hw),
+            units_per_sample=units_per_sample(schedule),
         ))
     values = {
         "formula": [None if e.formula is None else e.formula["bubble_ratio"] for e in entries],
@@ -628,9 +677,10 @@ def compare(
     }
     names = [e.name for e in entries]
     return Comparison(
-        devices=schedules[0][1].devices, microbatches=schedules[0][1].microbatches, machine=machine,
+        devices=schedules[0][1].devices, microbatches=schedules[0][1].microbatches // units_per_sample(schedules[0][1]),
+        machine=machine,
         durations=merged, rtol=float(rtol), entries=tuple(entries),
         ranks={level: ranks(values[level], rtol) for level in LEVELS},
         pairs=tuple(_level_pair(a, b, names, values, rtol) for a, b in combinations(LEVELS, 2)),
-        communication=str(mode),
+        communication=str(mode), segment_split=segment_split,
     )

@@ -23,6 +23,13 @@ attention, no selective recomputation: ``B = 2F`` per block); the embedding's an
 costs and the ``W`` pass (no attention) are scaled by the same factor, and stored activations and
 boundary messages, really proportional to ``L_j``, are scaled by ``c_j`` too. Exact per-kind,
 per-stage costs would need a per-(stage, microbatch) size in ``Hardware``.
+
+Equal work (``unit_sizes``, ``per_unit_hardware``): a schedule whose family cuts a sample into ``k``
+units (``schedules.units_per_sample``) does a sample's work in ``k`` microbatch ids, so to price it
+against a schedule of whole samples each unit's ``size`` is its segment's ``c_j`` times the sample's
+size. Under the compute-balanced split (the authors' default) every ``c_j`` is ``1/k`` whatever the
+model; under equal lengths (their ``average``) later segments cost more, by the model's attention
+share. ``compare`` prices sequence-level families this way.
 """
 
 from __future__ import annotations
@@ -31,12 +38,18 @@ import dataclasses
 import math
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._errors import ConfigError
+from ._hardware import Hardware
 from ._transformer import Transformer, layer_costs
+from .schedules import Schedule, units_per_sample
+
+#: Segment splits ``unit_sizes`` knows: the compute-balanced one and equal lengths.
+SPLITS = ("balanced", "equal")
 
 
 def _sample_flops(model: Transformer, sequence: int) -> float:
@@ -103,4 +116,43 @@ def check_lengths(lengths: Any, sequence: int) -> np.ndarray:
     return x
 
 
-__all__ = ["attention_share", "balanced_fractions", "check_lengths", "segment_costs"]
+def unit_sizes(segments: int, samples: int, split: str = "balanced", share: float | None = None) -> np.ndarray:
+    """``Hardware.size`` of ``samples`` samples of ``segments`` units each (unit ``u`` is segment
+    ``u % segments``): each unit's share ``c_j`` of its sample's cost under ``split``.
+
+    ``"balanced"``: the compute-balanced lengths, every ``c_j = 1/k`` (any share); ``"equal"``: equal
+    lengths, ``c_j = (1-a)/k + a (2j+1)/k^2`` by the attention share ``a`` (``share``, required).
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"segments: split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if split == "equal" and share is None:
+        raise ConfigError("segments: the equal split's costs depend on the attention share: give share= "
+                          "(attention_share(model))")
+    a = 0.0 if share is None else _check_share(share)
+    fractions = balanced_fractions(segments, a) if split == "balanced" else np.full(segments, 1.0 / segments)
+    costs = np.asarray(segment_costs(fractions, a), dtype=np.float64)
+    return np.tile(costs, samples)
+
+
+def per_unit_hardware(hw: Hardware, schedule: Schedule, split: str = "balanced",
+                      share: float | None = None) -> Hardware:
+    """``hw`` with ``size`` per unit of ``schedule``: each sample's size (``hw.size``, a scalar or one
+    per sample) times its segments' ``unit_sizes``. Unchanged when the family has one unit per sample,
+    or when ``hw.size`` already has one entry per unit (taken as priced)."""
+    k = units_per_sample(schedule)
+    units = schedule.microbatches
+    size = jnp.asarray(hw.size)
+    if k == 1 or size.shape == (units,):
+        return hw
+    samples = units // k
+    if size.ndim == 0:
+        size = jnp.broadcast_to(size, (samples,))
+    elif size.shape != (samples,):
+        raise ConfigError(f"segments: hardware size has shape {size.shape}; {schedule.family} has {samples} samples "
+                          f"of {k} units (give a scalar, [{samples}] or [{units}])")
+    per_unit = jnp.repeat(size, k) * jnp.asarray(unit_sizes(k, samples, split, share), size.dtype)
+    return eqx.tree_at(lambda h: h.size, hw, per_unit)
+
+
+__all__ = ["attention_share", "balanced_fractions", "check_lengths", "per_unit_hardware", "segment_costs",
+           "unit_sizes"]

@@ -274,6 +274,16 @@ def estimated_ops(family: str, devices: int, microbatches: int, options: dict[st
     return fam.estimate_ops(devices, microbatches, resolved)
 
 
+def units_per_sample(family: str, options: dict[str, Any] | None = None) -> int:
+    """Microbatch ids per sample of ``family`` at ``options`` (those it declares; Seq1F1B's
+    ``segments``), 1 where they are invalid: ``compare`` and ``sweep`` count samples."""
+    fam = schedules.family(family)
+    try:
+        return fam.units({k: v for k, v in (options or {}).items() if k in fam.option_names})
+    except ScheduleError:
+        return 1
+
+
 def _guard(detail: str, ops: int, max_ops: int) -> None:
     if ops > max_ops:
         raise ConfigError(f"{detail} is about {ops:,} ops, past the limit of {max_ops:,} (--max-ops); "
@@ -831,6 +841,20 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
 
 
+def _compare_items(families: Sequence[str], options: dict[str, Any]) -> list[Any]:
+    """Each named family with the given options it declares (``--option segments=4`` reaches
+    seq1f1b, not 1f1b); an option no named family declares is an error."""
+    declared = {f: schedules.family(f).option_names for f in families}
+    unused = sorted(set(options) - {o for names in declared.values() for o in names})
+    if unused:
+        raise ConfigError(f"compare: --option {unused[0]} is not an option of {', '.join(families)}")
+    items: list[Any] = []
+    for f in families:
+        mine = {k: v for k, v in options.items() if k in declared[f]}
+        items.append((f, mine) if mine else f)
+    return items
+
+
 def _cmd_compare(args: argparse.Namespace) -> None:
     from ._compare import DEFAULT_DEVICES as COMPARE_DEVICES
     from ._compare import DEFAULT_MICROBATCHES as COMPARE_MICROBATCHES
@@ -848,11 +872,13 @@ def _cmd_compare(args: argparse.Namespace) -> None:
                           "command line; the default set has its own options")
     devices = args.devices if args.devices is not None else section.get("devices")
     microbatches = args.microbatches if args.microbatches is not None else section.get("microbatches")
-    items: Any = [(f, options) if options else f for f in families] if families else DEFAULT_SCHEDULES
+    items: Any = _compare_items(families, options) if families else DEFAULT_SCHEDULES
     for item in (items if families else DEFAULT_SCHEDULES.values()):
         name, opts = (item, {}) if isinstance(item, str) else item
+        units = units_per_sample(name, dict(opts))  # --microbatches counts samples
         _guard_schedule(name, COMPARE_DEVICES if devices is None else devices,
-                        COMPARE_MICROBATCHES if microbatches is None else microbatches, dict(opts), args.max_ops)
+                        (COMPARE_MICROBATCHES if microbatches is None else microbatches) * units, dict(opts),
+                        args.max_ops)
     machine = _machine(args, config)
     comparison = compare(items, machine.hardware if machine.given else None,
                          devices=devices, microbatches=microbatches)
@@ -942,7 +968,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     grid_micro = sizes.get("microbatches", [DEFAULT_MICROBATCHES])
     largest = {k: max((v for v in vs if is_int(v)), default=1) for k, vs in options.items()}
     variants = math.prod(len(vs) for vs in options.values()) * len(modes or [None])
-    total = sum(estimated_ops(f, d, n, largest) for f in (families or schedules.names())
+    total = sum(estimated_ops(f, d, n * units_per_sample(f, largest), largest) for f in (families or schedules.names())
                 for d in grid_devices for n in grid_micro) * variants
     _guard(f"sweep: the grid ({len(families or schedules.names())} families x {len(grid_devices)} device "
            f"counts x {len(grid_micro)} microbatch counts x {variants} option/mode variants)",
@@ -1159,8 +1185,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_simulate)
 
-    p = command("compare", "rank schedules at the formula, table and simulation levels",
-                "diffpipe compare gpipe 1f1b chimera hanayo --devices 8 --microbatches 8")
+    p = command("compare", "rank schedules at the formula, table and simulation levels; --microbatches counts "
+                "samples for every family (seq1f1b and seq1f1b-i run --option segments=k units per sample, each "
+                "priced at its segment's share), and each --option reaches the named families that declare it",
+                "diffpipe compare 1f1b seq1f1b seq1f1b-i --devices 8 --microbatches 8 --option segments=4")
     p.add_argument("families", nargs="*",
                    help="families (default: dp.compare's, gpipe 1f1b chimera(sync=True) hanayo)")
     _add_schedule(p, positional=False)

@@ -51,7 +51,8 @@ LAZY = {"diffpipe", "diffpipe.cli"}
 PENDING: dict[str, set[str]] = {
     # compare's formula and table levels and its defaults need no JAX: the CLI's size guard reads
     # them before anything heavy loads, so the simulation level's imports stay inside functions.
-    "diffpipe._compare": {"diffpipe._hardware", "diffpipe._presets", "diffpipe._simulate", "diffpipe._transformer"},
+    "diffpipe._compare": {"diffpipe._hardware", "diffpipe._presets", "diffpipe._segments", "diffpipe._simulate",
+                          "diffpipe._transformer"},
     # ``Hardware.from_model`` is the public classmethod DESIGN.md names; the transformer path it
     # delegates to (``Workload``) builds a ``Hardware`` and so sits below it.
     "diffpipe._hardware": {"diffpipe._knobs"},

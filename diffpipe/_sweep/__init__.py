@@ -80,6 +80,7 @@ conditions, load ~15).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -94,7 +95,8 @@ from .._communication import communication as as_communication
 from .._errors import ConfigError, ScheduleError
 from .._graph import compile
 from .._hardware import Hardware
-from ..schedules import Schedule
+from .._segments import unit_sizes
+from ..schedules import Schedule, units_per_sample
 from .evaluate import Progress, evaluate_stack
 from .grid import CACHE_SIZE, Choice, values
 from .grid import PLACEMENTS as PLACEMENTS
@@ -103,7 +105,7 @@ from .plan import COMPILE_CELLS as COMPILE_CELLS
 from .plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES_ACCELERATOR, Entry, plan_stacks
 from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
-from .variants import HardwareSource, ShapeMismatch
+from .variants import HardwareSource, ShapeMismatch, Variants
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
@@ -115,6 +117,20 @@ def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
 
 #: Points from which a sweep shows a progress bar by default (when stderr is a terminal).
 LONG_RUN = 100_000
+
+
+def _per_unit(variants: Variants, schedule: Schedule) -> Variants:
+    """``variants`` with a sequence-level schedule's unit sizes: each variant's per-sample size (one
+    value) times the segments' shares of the compute-balanced split (``_segments.unit_sizes``)."""
+    k = units_per_sample(schedule)
+    if k == 1:
+        return variants
+    size = variants.leaves["size"]
+    if np.any(size != size[:, :1]):
+        raise ShapeMismatch(f"hardware: {schedule.family} prices its {k} units per sample itself: give one "
+                            "size per variant (a sample's), not one per microbatch")
+    shares = unit_sizes(k, schedule.microbatches // k).astype(size.dtype)
+    return dataclasses.replace(variants, leaves={**variants.leaves, "size": size * shares})
 
 
 def sweep(
@@ -144,7 +160,12 @@ def sweep(
             Every schedule must get the same number of variants: ``hardware`` indexes them. A
             variant whose shapes do not fit a schedule is skipped with the reason.
         families: schedule family names (``diffpipe.schedules.names()``; default all of them).
-        devices, microbatches: ints or sequences of ints (the grid axes).
+        devices, microbatches: ints or sequences of ints (the grid axes). ``microbatches`` counts
+            samples (microbatches of the global batch) for every family: a sequence-level family
+            (``Family.units``: Seq1F1B's ``segments``) runs ``microbatches x units`` microbatch ids,
+            each priced at its segment's share (``1/units``, the compute-balanced split) of the
+            variant's size, so that rows compare equal work; ``throughput`` is then samples per
+            second and the ``microbatches`` column samples.
         options: the family-option grid. ``{"chunks": [1, 2, 4]}`` applies to every selected family
             (and placement) declaring ``chunks``; ``{"hanayo": {"waves": [1, 2]}}`` to one family.
             Values are a scalar or a sequence. Families without the option use their default.
@@ -197,7 +218,7 @@ def sweep(
             skip(c, None, error)
             continue
         try:
-            variants = source.variants(schedule)
+            variants = _per_unit(source.variants(schedule), schedule)
         except ShapeMismatch as error:
             skip(c, None, error)
             continue
@@ -247,7 +268,8 @@ def sweep(
         "family": np.asarray([choices[e.choice].family for e in entries], dtype=object),
         "options": np.asarray([choices[e.choice].label for e in entries], dtype=object),
         "devices": np.asarray([e.schedule.devices for e in entries], dtype=np.int32),
-        "microbatches": np.asarray([e.schedule.microbatches for e in entries], dtype=np.int32),
+        "microbatches": np.asarray([e.schedule.microbatches // units_per_sample(e.schedule) for e in entries],
+                                   dtype=np.int32),
         "stages": np.asarray([e.schedule.stages for e in entries], dtype=np.int32),
         "communication": np.asarray([e.mode for e in entries], dtype=object),
         "_entry": np.arange(len(entries), dtype=np.int32),

@@ -157,8 +157,9 @@ def choices(families, devices, microbatches, options, placements, priorities, sc
     for name in families:
         fam = family(name)
         for opts, d, n in itertools.product(grids[name], device_values, microbatch_values):
+            # n counts samples: a sequence-level family runs n x units_per_sample microbatch ids
             out.append(Choice(name, tuple(sorted(opts.items())), d, n,
-                              lambda fam=fam, d=d, n=n, opts=opts: build(fam, d, n, opts)))
+                              lambda fam=fam, d=d, n=n, opts=opts: build(fam, d, n * fam.units(opts), opts)))
     for p in placements:
         for opts, prio, d, n in itertools.product(grids[f"list:{p}"], priorities, device_values, microbatch_values):
             fam = _list_family(p, prio)

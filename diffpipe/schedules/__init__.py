@@ -20,6 +20,7 @@ from ._registry import formula as formula
 from ._registry import get as get
 from ._registry import names as names
 from ._registry import register as register
+from ._registry import units_per_sample as units_per_sample
 from ._registry import unregister as unregister
 from ._rules import Dep as Dep
 from ._table import Table as Table
@@ -31,4 +32,4 @@ from ._torch import to_torch_csv as to_torch_csv
 # The built-in families register themselves on import, in this order (``names()``: synchronous first).
 from . import gpipe, one_f_one_b, interleaved, chimera, hanayo, zero_bubble, dualpipe  # noqa: E402, F401, I001  isort: skip
 from . import controllable_memory, pipedream, amdp  # noqa: E402, F401, I001  isort: skip
-from . import seq1f1b  # noqa: E402, F401, I001  isort: skip
+from . import seq1f1b, seq1f1b_interleaved  # noqa: E402, F401, I001  isort: skip

@@ -113,6 +113,10 @@ class Family:
     - ``ops``: ``(devices=, microbatches=, **options) -> int``, an estimate of the op count; default
       ``stages * microbatches * ops_per_cell``, the stages from ``placement`` (else ``devices``).
     - ``asynchronous``: whether its schedules update weights while microbatches are in flight.
+    - ``units_per_sample``: ``(**options) -> int``, how many schedule microbatch ids make up one
+      sample (one microbatch of the global batch); default 1. Sequence-level families (Seq1F1B,
+      ``segments``) cut a sample into that many units, so equal work is ``units(options)`` times as
+      many microbatch ids, each a share of a sample's cost (``compare``, ``sweep``).
     """
 
     name: str
@@ -126,6 +130,7 @@ class Family:
     ops_per_cell: int = 2
     ops: Callable[..., int] | None = None
     asynchronous: bool = False
+    units_per_sample: Callable[..., int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or self.name != self.name.strip():
@@ -145,6 +150,13 @@ class Family:
     @property
     def option_names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.options)
+
+    def units(self, options: Mapping[str, Any]) -> int:
+        """Schedule microbatch ids per sample at ``options`` (resolved here): 1 unless the family
+        declares ``units_per_sample``."""
+        if self.units_per_sample is None:
+            return 1
+        return int(self.units_per_sample(**self.resolve(options)))
 
     def resolve(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Every option's value: the given ones checked, the others at their defaults."""
@@ -233,6 +245,14 @@ def get(name: str, *, devices: int, microbatches: int, max_ops: int | None = Non
     op count exceeds ``max_ops`` (default ``MAX_OPS``) is refused before anything is generated.
     """
     return family(name).build(devices=devices, microbatches=microbatches, max_ops=max_ops, **options)
+
+
+def units_per_sample(schedule: Schedule) -> int:
+    """How many of ``schedule``'s microbatch ids make up one sample: its registered family's
+    ``Family.units`` at its options (Seq1F1B: ``segments``), 1 for an unregistered family."""
+    if schedule.family not in _FAMILIES:
+        return 1
+    return _FAMILIES[schedule.family].units(dict(schedule.options))
 
 
 def formula(

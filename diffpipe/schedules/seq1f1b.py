@@ -44,10 +44,12 @@ segments ``< j`` (state kept across microbatches) and its backward must add into
 Run in torch, the CSV trains on independent chunks, not on segments of one sequence; it is left out
 of the real torch run for that reason.
 
-Not done: the interleaved variant of the authors' fork (Seq1F1B-I, ``chunks`` model chunks per
-device). Read literally, its order (Megatron's interleaved warm-up plus ``k - 1``, the fork's
-``get_model_chunk_id`` and ``sp_queue``) deadlocks here when the segments do not divide the devices
-(e.g. 3 devices, 2 segments), so it needs checking against a run of the fork first.
+Interleaved variant: ``seq1f1b_interleaved`` (Seq1F1B-I, ``chunks`` model chunks per device).
+
+Equal work. ``Family.units`` (``units_per_sample``) says a sample is ``segments`` units: ``compare``,
+``sweep`` and their CLI commands count ``microbatches`` in samples and price each unit at its
+segment's share of a sample (``diffpipe._segments.unit_sizes``), so a Seq1F1B is compared with a
+1F1B on the same data; ``get`` itself keeps taking units.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ from ._registry import Family, Formula, Option, at_least, register
 
 #: Default segments per sample (the paper's experiments split into 2-8; 4 is a middle value).
 DEFAULT_SEGMENTS = 4
+SEGMENTS = Option("segments", int, DEFAULT_SEGMENTS, at_least(1),
+                  "segments per sample (microbatches must be a multiple)")
 
 
 def unit(sample: int, segment: int, segments: int) -> int:
@@ -133,7 +137,8 @@ def formula(*, devices: int, microbatches: int, durations: Mapping[str, float],
     )
 
 
-def _accepts(*, devices: int, microbatches: int, segments: int) -> str | None:
+def accepts_segments(*, devices: int, microbatches: int, segments: int) -> str | None:
+    """None when the microbatches are whole samples of ``segments`` units, else the reason."""
     if microbatches % segments:
         return (f"microbatches count segments (samples x segments): {microbatches} is not a multiple of "
                 f"segments={segments}")
@@ -145,9 +150,9 @@ SEQ1F1B = register(Family(
     generate=generate,
     summary="1F1B over sequence segments: microbatch ids are segments (samples x segments), causal order",
     source="Sun et al., Seq1F1B, NAACL 2025 (arXiv 2406.03488), §3; thunlp/Seq1F1B schedules.py",
-    options=(Option("segments", int, DEFAULT_SEGMENTS, at_least(1),
-                    "segments per sample (microbatches must be a multiple)"),),
-    accepts=_accepts,
+    options=(SEGMENTS,),
+    accepts=accepts_segments,
     formula=formula,
     placement=lambda *, devices, **_: Placement.linear(devices),
+    units_per_sample=lambda *, segments: segments,
 ))
