@@ -142,19 +142,20 @@ class PlanTable:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
         row = self.rows[i]
         model = dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
-        par = Parallelism(tensor=row["tensor"], pipeline=row["pipeline"], data=row["data"], virtual=row["virtual"],
-                          expert=row["expert"], zero=row["zero"], sequence_parallel=row["sequence_parallel"])
-        return Configuration(model, par, self.cluster, self.global_batch, schedule=row["family"],
+        return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
                              communication=self.communication, layers_per_stage=row["layers_per_stage"])
+
+    def parallelism(self, i: int = 0) -> Parallelism:
+        """The ``Parallelism`` of row ``i``."""
+        row = self.rows[i]
+        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism)})
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
         row = self.rows[i]
-        return Launch(family=row["family"], tensor=row["tensor"], pipeline=row["pipeline"], data=row["data"],
-                      virtual=row["virtual"], expert=row["expert"], microbatch_size=row["microbatch_size"],
+        return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
                       global_batch=self.global_batch, sequence=self.model.sequence,
-                      layers_per_stage=row["layers_per_stage"], recompute=row["recompute"], zero=row["zero"],
-                      sequence_parallel=row["sequence_parallel"])
+                      layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "gpus": self.cluster.gpus, "explored": self.explored,
