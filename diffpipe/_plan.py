@@ -62,7 +62,7 @@ from ._knobs import StageBalance
 from ._optimize import optimize
 from ._parallel import ZERO_STAGES, Cluster, Parallelism, parallel_costs, placement
 from ._results import csv_text, json_text, markdown_table
-from ._simulate import _simulate
+from ._simulate import simulate_graph
 from ._sweep.evaluate import Progress
 from ._transformer import Transformer, stage_of_layers
 from .schedules._analysis import peak_activations
@@ -303,8 +303,8 @@ def _batched(graph, hws):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
     (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last layout)."""
     def one(hw):
-        out = _simulate(graph, hw, None)
-        return out[2], out[4], out[5]
+        out = simulate_graph(graph, hw)
+        return out.makespan, out.bubble_ratio, out.peak_memory
 
     return jax.vmap(one)(hws)
 

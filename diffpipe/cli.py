@@ -577,7 +577,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     result = cfg.evaluate()
     schedule = cfg.schedule()
     if outputs:
-        _write_all(_pictures(args, schedule, cfg.hardware(), result.result))
+        _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     if args.json:
         _print_json(summary)
@@ -694,21 +694,24 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> 
     return checked
 
 
-def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any) -> list[tuple[str, str, Any]]:
-    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet)."""
+def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
+              gradient_sync: bool = False) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
+    ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's)."""
     subject = schedule if result is None else result
     out: list[tuple[str, str, Any]] = []
     if getattr(args, "gantt", None):
         from .viz import gantt
         from .viz.gantt import DEFAULT_DPI
 
-        fig = gantt(subject, hw, schedule=schedule)
+        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
         fmt = Path(args.gantt).suffix.lower().lstrip(".")
         out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
     if getattr(args, "trace", None):
         from .viz import trace
 
-        out.append(("--trace", args.trace, _io.dumps_json(trace(subject, hw, schedule=schedule), indent=None)))
+        data = trace(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        out.append(("--trace", args.trace, _io.dumps_json(data, indent=None)))
     return out
 
 
