@@ -184,7 +184,7 @@ class Configuration:
         forward, input_grad, weight = costs.costs.times(device)
         dtype = forward.dtype
         comm = self.collective_seconds(costs)
-        rows = tuple(np.bincount(self._stage_rows()).tolist())
+        rows = tuple(np.bincount(self.stage_rows()).tolist())
         return Workload.from_table(
             forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
             update=jnp.asarray(costs.update_bytes, dtype) / self.cluster.memory_bandwidth,
@@ -197,7 +197,9 @@ class Configuration:
             shared_gradient_bytes=costs.shared_gradient_bytes,
         )
 
-    def _stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
+    def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
+        """The model stage of every ``workload()`` row (embedding, blocks, head), for blocks per stage
+        ``layers_per_stage`` (default the configuration's, else as even as possible)."""
         split = self.layers_per_stage if layers_per_stage is None else tuple(layers_per_stage)
         stages = None if split is not None else self.parallelism.stages
         return stage_of_layers(self.model, stages, split)
@@ -206,7 +208,7 @@ class Configuration:
         """``Hardware`` of ``schedule()`` (blocks per stage: ``layers_per_stage``, else the
         configuration's, else as even as possible)."""
         workload = self.workload()
-        rows = tuple(np.bincount(self._stage_rows(layers_per_stage)).tolist())
+        rows = tuple(np.bincount(self.stage_rows(layers_per_stage)).tolist())
         return workload.hardware(workload.boundaries(rows))
 
     def makespan(self, temperature: Any = None) -> Array:
@@ -225,7 +227,7 @@ class Configuration:
         gpus = par.gpus
         comm = np.asarray(self.collective_seconds())
         per_stage = np.zeros((3, par.stages))
-        for row, stage in enumerate(self._stage_rows()):
+        for row, stage in enumerate(self.stage_rows()):
             per_stage[:, stage] += comm[:, row]
         per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I], "W": per_stage[_W]}
         busy = np.zeros(schedule.devices)

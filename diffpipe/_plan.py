@@ -317,7 +317,7 @@ def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memo
     """The figures ``Configuration.evaluate`` reports, from a simulated step (its formulas)."""
     par, model, device = cfg.parallelism, cfg.model, cfg.cluster.device
     comm = np.asarray(cfg.collective_seconds(), np.float64)
-    rows = cfg._stage_rows()
+    rows = cfg.stage_rows()
     per_stage = comm.sum(axis=0)
     per_stage = np.bincount(rows, weights=per_stage, minlength=par.stages)
     busy = np.zeros(schedule.devices)
@@ -557,7 +557,7 @@ def plan(
     graphs: dict[tuple, Any] = {}
     if progress is None:
         progress = sys.stderr.isatty() and len(lower) >= LONG_PLAN
-    bar = Progress(len(lower), bool(progress))
+    bar = Progress(len(lower), bool(progress), label="plan")
     t1 = time.perf_counter()
     t_graph = t_hardware = t_simulate = 0.0
     try:
@@ -609,7 +609,7 @@ def plan(
                     step = float(steps[j])
                     best = min(best, step)
                     c = candidates[i]
-                    counts = _blocks(np.bincount(cfg._stage_rows()))
+                    counts = _blocks(np.bincount(cfg.stage_rows()))
                     figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j]) | {"bound": bound[i]}
                     rows_out.append(_row(c, cfg, counts, False, figures))
             bar.update(len(groups[key]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -160,3 +161,12 @@ def test_cli_plan_infeasible_is_one_line(capsys):
                  "--microbatch-sizes", "1", "--recompute", "none", "--zero", "0", "--balance-top", "0"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "no configuration fits" in err
+
+
+def test_progress_says_plan(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # the plain stderr line, whether tqdm is installed or not
+    dp.plan(TINY, cluster(dp.presets.device("H100")), 64, tensor=2, pipeline=2, families=("1f1b",),
+            microbatch_sizes=(1,), recompute=("none",), zero=(0,), sequence_parallel=(False,), balance=False,
+            progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("\rplan: ") and "sweep" not in err
