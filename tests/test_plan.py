@@ -143,15 +143,39 @@ def test_cli_plan_exports(tmp_path, capsys):
     from diffpipe.cli import main
 
     out = tmp_path / "job.toml"
-    code = main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
-                 "--tensor", "4,8", "--pipeline", "1,2", "--microbatch-sizes", "1", "--recompute", "full",
-                 "--zero", "0", "--balance-top", "0", "--export", "torchtitan", "--out", str(out), "--json"])
+    code = main(["plan", "--model", "llama-3-8b", "--cluster", "8xH100", "--global-batch", "8", "--families", "1f1b",
+                 "--tp", "4,8", "--pp", "1,2", "--microbatch-size", "1", "--recompute", "full",
+                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan",
+                 "--out", str(out), "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["rows"] and data["explored"] >= len(data["rows"])
     doc = tomllib.loads(out.read_text())
     best = data["rows"][0]
     assert doc["parallelism"]["tensor_parallel_degree"] == best["tensor"]
+    assert {(r["tensor"], r["pipeline"]) for r in data["rows"]} <= {(4, 1), (4, 2), (8, 1)}
+    assert all(r["sequence_parallel"] and r["recompute"] == "full" and r["zero"] == 0 for r in data["rows"])
+
+
+def test_cli_plan_flags_are_the_configuration_s():
+    """plan parses the simulate/compare configuration flags (one definition, lists where it
+    searches) and still reads its older names."""
+    from diffpipe.cli import build_parser
+
+    parser = build_parser()
+    new = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tp", "2,4", "--pp", "1",
+                             "--microbatch-size", "1,2", "--recompute", "none,full", "--zero", "1,3", "--vpp", "2",
+                             "--ep", "1", "--no-sequence-parallel", "--flash-attention", "--families", "1f1b,zb-h1"])
+    old = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tensor", "2,4",
+                             "--pipeline", "1", "--microbatch-sizes", "1,2", "--recompute", "none,full", "--zero",
+                             "1,3", "--vpp", "2", "--ep", "1", "--no-sequence-parallel", "--flash-attention",
+                             "--families", "1f1b,zb-h1"])
+    assert vars(new) == vars(old)
+    assert (new.tensor, new.pipeline, new.microbatch_size, new.recompute, new.zero) == (
+        [2, 4], [1], [1, 2], ["none", "full"], [1, 3])
+    assert new.sequence_parallel is False and new.flash_attention is True and new.families == ["1f1b", "zb-h1"]
+    one = parser.parse_args(["simulate", "--model", "m", "--global-batch", "8", "--tp", "2", "--zero", "1"])
+    assert (one.tensor, one.zero, one.model, one.global_batch) == (2, 1, "m", 8)
 
 
 def test_cli_plan_infeasible_is_one_line(capsys):
