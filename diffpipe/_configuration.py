@@ -219,10 +219,15 @@ class Configuration:
     def evaluate(self) -> ConfigResult:
         """Simulate one step exactly (see the module docstring for every figure)."""
         schedule = self.schedule()
-        hw = self.hardware()
-        result = simulate(self.graph(schedule), hw)
+        result = simulate(self.graph(schedule), self.hardware())
         result = dataclasses.replace(result, ops=schedule.ops, staleness=schedule_staleness(schedule))
-        step = float(result.makespan)
+        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory)
+        return ConfigResult(**figures, result=result)
+
+    def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any) -> dict[str, Any]:
+        """Every ``ConfigResult`` figure but ``result``, from a simulated step of ``schedule`` (its
+        ``step`` time, ``bubble_ratio`` and per-rank peak ``memory``): the one place of the
+        formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
         par, model, device = self.parallelism, self.model, self.cluster.device
         gpus = par.gpus
         comm = np.asarray(self.collective_seconds())
@@ -235,19 +240,18 @@ class Configuration:
             for op in order:
                 if op.kind in per_kind:
                     busy[device_index] += per_kind[op.kind][op.stage]
-        memory = tuple(float(x) for x in np.asarray(result.peak_memory))
+        memory = tuple(float(x) for x in np.asarray(memory))
         capacity = float(device.memory)
         peak = float(device.peak_flops)
         flops = model.model_flops() * self.microbatches * par.data
-        return ConfigResult(
+        return dict(
             step_time=step,
             tokens_per_second_per_gpu=self.global_batch * model.sequence / step / gpus if step > 0 else math.nan,
             mfu=flops / (step * gpus * peak) if step > 0 else math.nan,
             memory_per_gpu=max(memory), memory=memory, capacity=capacity, fits=max(memory) <= capacity,
-            bubble_ratio=float(result.bubble_ratio),
+            bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
-            result=result,
         )
 
 

@@ -313,26 +313,15 @@ def _stack(hws: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *x: jnp.stack(x), *hws)
 
 
+#: The ``ConfigResult`` figures a plan row reports.
+FIGURES = ("step_time", "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
+           "communication_share")
+
+
 def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memory: np.ndarray) -> dict[str, Any]:
-    """The figures ``Configuration.evaluate`` reports, from a simulated step (its formulas)."""
-    par, model, device = cfg.parallelism, cfg.model, cfg.cluster.device
-    comm = np.asarray(cfg.collective_seconds(), np.float64)
-    rows = cfg.stage_rows()
-    per_stage = comm.sum(axis=0)
-    per_stage = np.bincount(rows, weights=per_stage, minlength=par.stages)
-    busy = np.zeros(schedule.devices)
-    for s in range(par.stages):
-        busy[schedule.placement.device(0, s)] += per_stage[s] * cfg.microbatches
-    flops = model.model_flops() * cfg.microbatches * par.data
-    return {
-        "step_time": step,
-        "tokens_per_second_per_gpu": cfg.global_batch * model.sequence / step / par.gpus,
-        "mfu": flops / (step * par.gpus * float(device.peak_flops)),
-        "memory_per_gpu": float(np.max(memory)),
-        "capacity": float(device.memory),
-        "bubble_ratio": bubble,
-        "communication_share": float(np.mean(busy)) / step,
-    }
+    """The figures ``Configuration.evaluate`` reports, from a simulated step (``Configuration.figures``)."""
+    figures = cfg.figures(schedule, step, bubble, memory)
+    return {name: figures[name] for name in FIGURES}
 
 
 def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
@@ -663,9 +652,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
         return None
     if result.step_time >= row["step_time"] or result.memory_per_gpu > capacity:
         return None
-    figures = {name: getattr(result, name) for name in ("step_time", "tokens_per_second_per_gpu", "mfu",
-                                                        "memory_per_gpu", "capacity", "bubble_ratio",
-                                                        "communication_share")} | {"bound": row["bound"]}
+    figures = {name: getattr(result, name) for name in FIGURES} | {"bound": row["bound"]}
     return _row(c, balanced, counts, True, figures)
 
 

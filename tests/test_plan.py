@@ -45,10 +45,10 @@ def test_best_fits_and_is_never_slower(table):
 def test_rows_equal_configuration_evaluate(table):
     for i in sorted({0, len(table.rows) - 1}):
         row, result = table.rows[i], table.configuration(i).evaluate()
-        assert row["step_time"] == result.step_time
-        assert row["memory_per_gpu"] == result.memory_per_gpu
-        for name in ("tokens_per_second_per_gpu", "mfu", "bubble_ratio", "communication_share"):
-            assert row[name] == pytest.approx(getattr(result, name), rel=1e-6, abs=1e-7), name
+        # the batched simulation gives evaluate's step and memory; the figures are its formulas
+        for name in ("step_time", "memory_per_gpu", "tokens_per_second_per_gpu", "mfu", "communication_share"):
+            assert row[name] == getattr(result, name), name
+        assert row["bubble_ratio"] == pytest.approx(result.bubble_ratio, rel=1e-6, abs=1e-7)
 
 
 def test_bound_is_a_lower_bound(table):
