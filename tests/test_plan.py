@@ -194,3 +194,21 @@ def test_progress_says_plan(capsys, monkeypatch):
             progress=True)
     err = capsys.readouterr().err
     assert err.startswith("\rplan: ") and "sweep" not in err
+
+
+def test_cli_plan_reads_a_hf_config(tmp_path, capsys):
+    import json
+
+    from diffpipe.cli import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
+                                      num_key_value_heads=4, intermediate_size=1024, vocab_size=4096,
+                                      max_position_embeddings=1024, hidden_act="silu", tie_word_embeddings=False)))
+    code = main(["plan", "--hf-config", str(config), "--cluster", "8xH100", "--global-batch", "16", "--families",
+                 "1f1b", "--tp", "1,2", "--pp", "2", "--microbatch-size", "1", "--recompute", "none", "--zero", "1",
+                 "--no-sequence-parallel", "--balance-top", "0", "--sequence", "512", "--export", "megatron", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert all(not r["sequence_parallel"] and r["pipeline"] == 2 for r in data["rows"])
+    assert "--seq-length 512" in data["export"]["text"] and "--num-layers 8" in data["export"]["text"]
