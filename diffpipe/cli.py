@@ -473,8 +473,7 @@ _CONFIG_FLAGS = (
           default="every divisor up to the layers", alias="--pipeline"),
     _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x pp))", _count, search=None),
     _Flag("--ep", "expert", "parallelism", "expert-parallel size (divides the data-parallel size)", _count,
-          search="list",
-          default="every divisor of dp and the experts"),
+          search="list", default="every divisor of dp and the experts"),
     _Flag("--vpp", "virtual", "parallelism", "model chunks per pipeline device", _count, search="list",
           default="2,4 for families with chunks"),
     _Flag("--zero", "zero", "parallelism", "ZeRO stage (1: Megatron's distributed optimizer)", _zero,
@@ -487,9 +486,8 @@ _CONFIG_FLAGS = (
     _Flag("--device", "device", "cluster", "device preset (default H100)", machine=True),
     _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4)", machine=True),
     _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr)", machine=True),
-    _Flag("--devices-per-node", "devices_per_node", "cluster", "GPUs per node (default: the intra link's "
-          "switch domain, 8 for NVLink)", _count,
-          machine=True),
+    _Flag("--devices-per-node", "devices_per_node", "cluster",
+          "GPUs per node (default: the intra link's switch domain, 8 for NVLink)", _count, machine=True),
 )
 
 

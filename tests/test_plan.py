@@ -176,6 +176,13 @@ def test_cli_plan_flags_are_the_configuration_s():
     assert new.sequence_parallel is False and new.flash_attention is True and new.families == ["1f1b", "zb-h1"]
     one = parser.parse_args(["simulate", "--model", "m", "--global-batch", "8", "--tp", "2", "--zero", "1"])
     assert (one.tensor, one.zero, one.model, one.global_batch) == (2, 1, "m", 8)
+    # the help states dp.plan's defaults (the CLI parses without importing JAX, so it cannot read them)
+    from diffpipe import _plan
+    from diffpipe.cli import _CONFIG_FLAGS
+
+    defaults = {f.flag: f.default for f in _CONFIG_FLAGS}
+    assert defaults["--microbatch-size"] == ",".join(map(str, _plan.DEFAULT_MICROBATCH_SIZES))
+    assert defaults["--vpp"].startswith(",".join(map(str, _plan.DEFAULT_VIRTUAL)) + " ")
 
 
 def test_cli_plan_infeasible_is_one_line(capsys):
