@@ -184,7 +184,7 @@ class Configuration:
         forward, input_grad, weight = costs.costs.times(device)
         dtype = forward.dtype
         comm = self.collective_seconds(costs)
-        rows = tuple(np.bincount(self._stage_rows()).tolist())
+        rows = tuple(np.bincount(self.stage_rows()).tolist())
         return Workload.from_table(
             forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
             update=jnp.asarray(costs.update_bytes, dtype) / self.cluster.memory_bandwidth,
@@ -197,7 +197,9 @@ class Configuration:
             shared_gradient_bytes=costs.shared_gradient_bytes,
         )
 
-    def _stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
+    def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
+        """The model stage of every ``workload()`` row (embedding, blocks, head), for blocks per stage
+        ``layers_per_stage`` (default the configuration's, else as even as possible)."""
         split = self.layers_per_stage if layers_per_stage is None else tuple(layers_per_stage)
         stages = None if split is not None else self.parallelism.stages
         return stage_of_layers(self.model, stages, split)
@@ -206,7 +208,7 @@ class Configuration:
         """``Hardware`` of ``schedule()`` (blocks per stage: ``layers_per_stage``, else the
         configuration's, else as even as possible)."""
         workload = self.workload()
-        rows = tuple(np.bincount(self._stage_rows(layers_per_stage)).tolist())
+        rows = tuple(np.bincount(self.stage_rows(layers_per_stage)).tolist())
         return workload.hardware(workload.boundaries(rows))
 
     def makespan(self, temperature: Any = None) -> Array:
@@ -217,15 +219,20 @@ class Configuration:
     def evaluate(self) -> ConfigResult:
         """Simulate one step exactly (see the module docstring for every figure)."""
         schedule = self.schedule()
-        hw = self.hardware()
-        result = simulate(self.graph(schedule), hw)
+        result = simulate(self.graph(schedule), self.hardware())
         result = dataclasses.replace(result, ops=schedule.ops, staleness=schedule_staleness(schedule))
-        step = float(result.makespan)
+        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory)
+        return ConfigResult(**figures, result=result)
+
+    def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any) -> dict[str, Any]:
+        """Every ``ConfigResult`` figure but ``result``, from a simulated step of ``schedule`` (its
+        ``step`` time, ``bubble_ratio`` and per-rank peak ``memory``): the one place of the
+        formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
         par, model, device = self.parallelism, self.model, self.cluster.device
         gpus = par.gpus
         comm = np.asarray(self.collective_seconds())
         per_stage = np.zeros((3, par.stages))
-        for row, stage in enumerate(self._stage_rows()):
+        for row, stage in enumerate(self.stage_rows()):
             per_stage[:, stage] += comm[:, row]
         per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I], "W": per_stage[_W]}
         busy = np.zeros(schedule.devices)
@@ -233,19 +240,18 @@ class Configuration:
             for op in order:
                 if op.kind in per_kind:
                     busy[device_index] += per_kind[op.kind][op.stage]
-        memory = tuple(float(x) for x in np.asarray(result.peak_memory))
+        memory = tuple(float(x) for x in np.asarray(memory))
         capacity = float(device.memory)
         peak = float(device.peak_flops)
         flops = model.model_flops() * self.microbatches * par.data
-        return ConfigResult(
+        return dict(
             step_time=step,
             tokens_per_second_per_gpu=self.global_batch * model.sequence / step / gpus if step > 0 else math.nan,
             mfu=flops / (step * gpus * peak) if step > 0 else math.nan,
             memory_per_gpu=max(memory), memory=memory, capacity=capacity, fits=max(memory) <= capacity,
-            bubble_ratio=float(result.bubble_ratio),
+            bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
-            result=result,
         )
 
 

@@ -1,8 +1,8 @@
 """Launch exports: a chosen whole configuration as Megatron-LM arguments or a torchtitan TOML fragment.
 
 ``Launch`` is the small frozen record ``plan`` hands back for its best rows (and that a user can
-write by hand): the parallel degrees, the batch, the schedule family and the layers of every
-pipeline stage. ``megatron_args`` / ``torchtitan_toml`` turn it into what those frameworks read;
+write by hand): a ``Parallelism`` (the parallel degrees), the batch, the schedule family and the
+layers of every pipeline stage. ``megatron_args`` / ``torchtitan_toml`` turn it into what those frameworks read;
 ``parse_megatron_layout`` reads Megatron-Core's ``--pipeline-model-parallel-layout`` notation back
 into layers per stage, so a hand-written layout can be evaluated with diffpipe. The torch
 compute-only CSV of the chosen schedule is ``diffpipe.schedules.to_torch_csv``.
@@ -23,18 +23,19 @@ keeps the list, citing file and commit):
   Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
   field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
   names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
-
-No JAX here.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ._checks import check_int
 from ._errors import ConfigError
+from ._parallel import Parallelism
 from .schedules._torch import TORCH_NAMES
 
 RECOMPUTE = ("none", "selective", "full")
@@ -51,67 +52,87 @@ _MEGATRON_ZERO = {
 }
 
 
-@dataclass(frozen=True)
+#: The ``Parallelism`` fields ``Launch`` took as keywords of its own before 0.3 (still accepted,
+#: with a ``DeprecationWarning``; also readable as deprecated attributes).
+_PARALLEL_FIELDS = tuple(f.name for f in fields(Parallelism))
+_PARALLEL_VIEWS = (*_PARALLEL_FIELDS, "gpus", "stages")
+
+
+@dataclass(frozen=True, init=False)
 class Launch:
     """One whole training configuration, as a framework launches it.
 
+    ``Launch(family, parallelism, microbatch_size=..., global_batch=..., sequence=...,
+    layers_per_stage=..., recompute=...)``. The parallel sizes, their checks and the derived counts
+    (``gpus``, ``stages``) are the ``Parallelism``'s; the old spelling with the sizes as keywords of
+    their own (``Launch(family, tensor=8, pipeline=4, data=8, virtual=2, ...)``) still works, with a
+    ``DeprecationWarning``, and so do the attributes ``launch.tensor`` ... ``launch.stages``.
+
     Attributes:
         family: the pipeline schedule family (``diffpipe.schedules.names()``).
-        tensor, pipeline, data, expert: parallel degrees (``expert`` is carved out of ``data``);
-            ``tensor * pipeline * data`` GPUs.
-        virtual: model chunks per pipeline rank (interleaved / V schedules); stages = pipeline x virtual.
+        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, ZeRO stage,
+            sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
         microbatch_size: samples per microbatch.
         global_batch: samples per optimizer step, over all data-parallel ranks.
         sequence: tokens per sample.
-        layers_per_stage: transformer layers of every stage in model order (``pipeline * virtual``
+        layers_per_stage: transformer layers of every stage in model order (``parallelism.stages``
             entries; the embedding sits on the first stage, the head and loss on the last).
         recompute: ``"none"``, ``"selective"`` or ``"full"``.
-        zero: ZeRO stage 0-3 (1: optimizer state sharded over the data-parallel group, 2: and
-            gradients, 3: and weights).
-        sequence_parallel: Megatron-style sequence parallelism inside the tensor group.
     """
 
     family: str
-    tensor: int
-    pipeline: int
-    data: int
+    parallelism: Parallelism
     microbatch_size: int
     global_batch: int
     sequence: int
     layers_per_stage: tuple[int, ...]
-    virtual: int = 1
-    expert: int = 1
-    recompute: str = "none"
-    zero: int = 0
-    sequence_parallel: bool = False
+    recompute: str
 
-    def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data", "virtual", "expert", "microbatch_size", "global_batch",
-                     "sequence"):
-            check_int(f"launch: {name}", getattr(self, name))
-        check_int("launch: zero", self.zero, 0, 3)
-        if self.recompute not in RECOMPUTE:
-            raise ConfigError(f"launch: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        counts = tuple(check_int("launch: layers_per_stage entry", c, 0) for c in self.layers_per_stage)
-        object.__setattr__(self, "layers_per_stage", counts)
-        if len(counts) != self.stages:
+    def __init__(self, family: str, parallelism: Parallelism | Mapping[str, Any] | None = None, *,
+                 microbatch_size: int, global_batch: int, sequence: int, layers_per_stage: Any,
+                 recompute: str = "none", **sizes: Any) -> None:
+        unknown = sorted(set(sizes) - set(_PARALLEL_FIELDS))
+        if unknown:
+            raise ConfigError(f"launch: unknown field(s) {', '.join(unknown)}")
+        if sizes:
+            if parallelism is not None:
+                raise ConfigError(f"launch: give the sizes in parallelism, not also as {', '.join(sorted(sizes))}=")
+            warnings.warn(f"Launch({', '.join(f'{k}=' for k in sizes)}...) is deprecated: pass "
+                          "parallelism=diffpipe.Parallelism(...)", DeprecationWarning, stacklevel=2)
+            parallelism = sizes
+        if isinstance(parallelism, Mapping):
+            parallelism = Parallelism(**parallelism)
+        if not isinstance(parallelism, Parallelism):
+            raise ConfigError(f"launch: parallelism must be a Parallelism, got {type(parallelism).__name__}")
+        if not isinstance(family, str):
+            raise ConfigError(f"launch: family must be a schedule family name, got {family!r}")
+        for name, value in (("microbatch_size", microbatch_size), ("global_batch", global_batch),
+                            ("sequence", sequence)):
+            check_int(f"launch: {name}", value)
+        if recompute not in RECOMPUTE:
+            raise ConfigError(f"launch: recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        counts = tuple(check_int("launch: layers_per_stage entry", c, 0) for c in layers_per_stage)
+        if len(counts) != parallelism.stages:
             raise ConfigError(f"launch: layers_per_stage has {len(counts)} entries, pipeline x virtual is "
-                              f"{self.stages}")
+                              f"{parallelism.stages}")
         if sum(counts) < 1:
             raise ConfigError("launch: layers_per_stage holds no layer")
-        if self.global_batch % (self.microbatch_size * self.data):
-            raise ConfigError(f"launch: global_batch {self.global_batch} is not a multiple of microbatch_size "
-                              f"x data = {self.microbatch_size * self.data}")
-        if self.data % self.expert:
-            raise ConfigError(f"launch: expert {self.expert} does not divide data {self.data}")
+        per_step = microbatch_size * parallelism.data
+        if global_batch % per_step:
+            raise ConfigError(f"launch: global_batch {global_batch} is not a multiple of microbatch_size "
+                              f"x data = {per_step}")
+        for name, value in (("family", family), ("parallelism", parallelism),
+                            ("microbatch_size", int(microbatch_size)), ("global_batch", int(global_batch)),
+                            ("sequence", int(sequence)), ("layers_per_stage", counts), ("recompute", recompute)):
+            object.__setattr__(self, name, value)
 
-    @property
-    def gpus(self) -> int:
-        return self.tensor * self.pipeline * self.data
-
-    @property
-    def stages(self) -> int:
-        return self.pipeline * self.virtual
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the instance lacks: the sizes Launch held itself before 0.3.
+        if name in _PARALLEL_VIEWS:
+            warnings.warn(f"Launch.{name} is deprecated: use Launch.parallelism.{name}", DeprecationWarning,
+                          stacklevel=2)
+            return getattr(self.parallelism, name)
+        raise AttributeError(f"'Launch' object has no attribute {name!r}")
 
     @property
     def layers(self) -> int:
@@ -120,16 +141,18 @@ class Launch:
     @property
     def microbatches(self) -> int:
         """Microbatches per data-parallel rank and step (the pipeline's microbatch count)."""
-        return self.global_batch // (self.microbatch_size * self.data)
+        return self.global_batch // (self.microbatch_size * self.parallelism.data)
 
     @property
     def uniform(self) -> bool:
         return len(set(self.layers_per_stage)) == 1
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["layers_per_stage"] = list(self.layers_per_stage)
-        return out
+        """Plain data; ``Launch(**launch.to_dict())`` is ``launch``."""
+        return {"family": self.family, "parallelism": asdict(self.parallelism),
+                "microbatch_size": self.microbatch_size, "global_batch": self.global_batch,
+                "sequence": self.sequence, "layers_per_stage": list(self.layers_per_stage),
+                "recompute": self.recompute}
 
 
 # -- Megatron-LM --------------------------------------------------------------------------------------
@@ -242,18 +265,19 @@ def megatron_args(launch: Launch) -> list[str]:
         ConfigError: for a schedule family Megatron-LM does not run (only ``1f1b`` and, with virtual
             stages, ``interleaved-1f1b``), or a V placement.
     """
-    if launch.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
+    par = launch.parallelism
+    if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
         raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
                           f"{' and '.join(MEGATRON_FAMILIES)})")
-    if launch.family == "1f1b" and launch.virtual > 1:
-        raise ConfigError(f"megatron export: 1f1b with virtual={launch.virtual}: use interleaved-1f1b")
+    if launch.family == "1f1b" and par.virtual > 1:
+        raise ConfigError(f"megatron export: 1f1b with virtual={par.virtual}: use interleaved-1f1b")
     args = [
-        "--tensor-model-parallel-size", str(launch.tensor),
-        "--pipeline-model-parallel-size", str(launch.pipeline),
+        "--tensor-model-parallel-size", str(par.tensor),
+        "--pipeline-model-parallel-size", str(par.pipeline),
     ]
-    if launch.expert > 1:
-        args += ["--expert-model-parallel-size", str(launch.expert)]
-    if launch.sequence_parallel and launch.tensor > 1:
+    if par.expert > 1:
+        args += ["--expert-model-parallel-size", str(par.expert)]
+    if par.sequence_parallel and par.tensor > 1:
         args.append("--sequence-parallel")
     args += [
         "--num-layers", str(launch.layers),
@@ -263,13 +287,13 @@ def megatron_args(launch: Launch) -> list[str]:
     ]
     if not launch.uniform:
         args += ["--pipeline-model-parallel-layout", megatron_layout(launch.layers_per_stage)]
-    elif launch.virtual > 1:
+    elif par.virtual > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(launch.layers_per_stage[0])]
     if launch.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif launch.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    args += _MEGATRON_ZERO[launch.zero]
+    args += _MEGATRON_ZERO[par.zero]
     return args
 
 
@@ -319,24 +343,25 @@ def torchtitan_toml(launch: Launch) -> str:
             sequence parallelism (torchtitan applies it with every tensor-parallel plan), or a
             family torch's pipelining has no schedule for.
     """
-    if launch.zero == 1:
+    par = launch.parallelism
+    if par.zero == 1:
         raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")
-    if launch.tensor > 1 and not launch.sequence_parallel:
+    if par.tensor > 1 and not par.sequence_parallel:
         raise ConfigError("torchtitan export: torchtitan's tensor parallelism always uses sequence parallelism: "
                           "plan with sequence_parallel=True")
     lines = ["[training]"]
-    pipelined = launch.pipeline > 1
-    local = launch.global_batch // launch.data if pipelined else launch.microbatch_size
+    pipelined = par.pipeline > 1
+    local = launch.global_batch // par.data if pipelined else launch.microbatch_size
     lines += [f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch}",
               f"seq_len = {launch.sequence}", "", "[parallelism]"]
-    replicate, shard = (launch.data, 1) if launch.zero == 0 else (1, launch.data)
+    replicate, shard = (par.data, 1) if par.zero == 0 else (1, par.data)
     values: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": launch.tensor,
-        "pipeline_parallel_degree": launch.pipeline,
+        "tensor_parallel_degree": par.tensor,
+        "pipeline_parallel_degree": par.pipeline,
     }
-    if launch.zero == 2:
+    if par.zero == 2:
         values["fsdp_reshard_after_forward"] = "never"
     if pipelined:
         if launch.family not in TORCH_NAMES:
@@ -348,8 +373,8 @@ def torchtitan_toml(launch: Launch) -> str:
             values["pipeline_parallel_layers_per_stage"] = launch.layers_per_stage[0]
         else:
             values["module_fqns_per_model_part"] = torchtitan_modules(launch.layers_per_stage)
-    if launch.expert > 1:
-        values["expert_parallel_degree"] = launch.expert
+    if par.expert > 1:
+        values["expert_parallel_degree"] = par.expert
     lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
     lines += ["", "[activation_checkpoint]", f"mode = {_toml_value(launch.recompute)}"]
     if launch.recompute == "selective":

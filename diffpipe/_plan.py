@@ -62,7 +62,7 @@ from ._knobs import StageBalance
 from ._optimize import optimize
 from ._parallel import ZERO_STAGES, Cluster, Parallelism, parallel_costs, placement
 from ._results import csv_text, json_text, markdown_table
-from ._simulate import _simulate
+from ._simulate import simulate_graph
 from ._sweep.evaluate import Progress
 from ._transformer import Transformer, stage_of_layers
 from .schedules._analysis import peak_activations
@@ -142,19 +142,20 @@ class PlanTable:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
         row = self.rows[i]
         model = dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
-        par = Parallelism(tensor=row["tensor"], pipeline=row["pipeline"], data=row["data"], virtual=row["virtual"],
-                          expert=row["expert"], zero=row["zero"], sequence_parallel=row["sequence_parallel"])
-        return Configuration(model, par, self.cluster, self.global_batch, schedule=row["family"],
+        return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
                              communication=self.communication, layers_per_stage=row["layers_per_stage"])
+
+    def parallelism(self, i: int = 0) -> Parallelism:
+        """The ``Parallelism`` of row ``i``."""
+        row = self.rows[i]
+        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism)})
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
         row = self.rows[i]
-        return Launch(family=row["family"], tensor=row["tensor"], pipeline=row["pipeline"], data=row["data"],
-                      virtual=row["virtual"], expert=row["expert"], microbatch_size=row["microbatch_size"],
+        return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
                       global_batch=self.global_batch, sequence=self.model.sequence,
-                      layers_per_stage=row["layers_per_stage"], recompute=row["recompute"], zero=row["zero"],
-                      sequence_parallel=row["sequence_parallel"])
+                      layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "gpus": self.cluster.gpus, "explored": self.explored,
@@ -302,8 +303,8 @@ def _batched(graph, hws):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
     (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last layout)."""
     def one(hw):
-        out = _simulate(graph, hw, None)
-        return out[2], out[4], out[5]
+        out = simulate_graph(graph, hw)
+        return out.makespan, out.bubble_ratio, out.peak_memory
 
     return jax.vmap(one)(hws)
 
@@ -312,26 +313,15 @@ def _stack(hws: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *x: jnp.stack(x), *hws)
 
 
+#: The ``ConfigResult`` figures a plan row reports.
+FIGURES = ("step_time", "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
+           "communication_share")
+
+
 def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memory: np.ndarray) -> dict[str, Any]:
-    """The figures ``Configuration.evaluate`` reports, from a simulated step (its formulas)."""
-    par, model, device = cfg.parallelism, cfg.model, cfg.cluster.device
-    comm = np.asarray(cfg.collective_seconds(), np.float64)
-    rows = cfg._stage_rows()
-    per_stage = comm.sum(axis=0)
-    per_stage = np.bincount(rows, weights=per_stage, minlength=par.stages)
-    busy = np.zeros(schedule.devices)
-    for s in range(par.stages):
-        busy[schedule.placement.device(0, s)] += per_stage[s] * cfg.microbatches
-    flops = model.model_flops() * cfg.microbatches * par.data
-    return {
-        "step_time": step,
-        "tokens_per_second_per_gpu": cfg.global_batch * model.sequence / step / par.gpus,
-        "mfu": flops / (step * par.gpus * float(device.peak_flops)),
-        "memory_per_gpu": float(np.max(memory)),
-        "capacity": float(device.memory),
-        "bubble_ratio": bubble,
-        "communication_share": float(np.mean(busy)) / step,
-    }
+    """The figures ``Configuration.evaluate`` reports, from a simulated step (``Configuration.figures``)."""
+    figures = cfg.figures(schedule, step, bubble, memory)
+    return {name: figures[name] for name in FIGURES}
 
 
 def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
@@ -556,7 +546,7 @@ def plan(
     graphs: dict[tuple, Any] = {}
     if progress is None:
         progress = sys.stderr.isatty() and len(lower) >= LONG_PLAN
-    bar = Progress(len(lower), bool(progress))
+    bar = Progress(len(lower), bool(progress), label="plan")
     t1 = time.perf_counter()
     t_graph = t_hardware = t_simulate = 0.0
     try:
@@ -608,7 +598,7 @@ def plan(
                     step = float(steps[j])
                     best = min(best, step)
                     c = candidates[i]
-                    counts = _blocks(np.bincount(cfg._stage_rows()))
+                    counts = _blocks(np.bincount(cfg.stage_rows()))
                     figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j]) | {"bound": bound[i]}
                     rows_out.append(_row(c, cfg, counts, False, figures))
             bar.update(len(groups[key]))
@@ -662,9 +652,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
         return None
     if result.step_time >= row["step_time"] or result.memory_per_gpu > capacity:
         return None
-    figures = {name: getattr(result, name) for name in ("step_time", "tokens_per_second_per_gpu", "mfu",
-                                                        "memory_per_gpu", "capacity", "bubble_ratio",
-                                                        "communication_share")} | {"bound": row["bound"]}
+    figures = {name: getattr(result, name) for name in FIGURES} | {"bound": row["bound"]}
     return _row(c, balanced, counts, True, figures)
 
 

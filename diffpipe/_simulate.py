@@ -15,7 +15,7 @@ import math
 import re
 from collections import OrderedDict
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -254,8 +254,31 @@ class Result(eqx.Module):
         return json_text(self.to_dict(), path, indent)
 
 
+class GraphTimes(NamedTuple):
+    """What ``simulate_graph`` computes: per graph node (``Graph`` row order; padding and scratch
+    rows included, ``op_index`` maps rows to ops), per device and per step."""
+
+    start: Float[Array, " nodes"]
+    finish: Float[Array, " nodes"]
+    makespan: Float[Array, ""]
+    busy: Float[Array, " devices"]
+    bubble_ratio: Float[Array, ""]
+    peak_memory: Float[Array, " devices"]
+    peak_activations: Float[Array, " devices"]
+    communication_bytes: Float[Array, ""]
+    step_finish: Float[Array, " steps"]
+
+
+def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None) -> GraphTimes:
+    """One step of ``graph`` on ``hw``, every node of it: the jitted core of ``simulate``, for
+    callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
+    ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
+    arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
+    return _checked(_simulate_graph, hw, graph, hw, temperature)
+
+
 @eqx.filter_jit
-def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
+def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
     tables = _tables(graph, hw, False)
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
@@ -281,7 +304,7 @@ def _simulate(graph: Graph, hw: Hardware, temperature: Array | None):
         graph.pipeline, jnp.maximum(graph.boundary, 0)]
     volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
         jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
-    return finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish
+    return GraphTimes(finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish)
 
 
 def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None,
@@ -303,8 +326,8 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
-    start, finish, total, busy, bubble, memory, count, volume, step_finish = _checked(
-        _simulate, hw, graph, hw, _temperature(temperature, hw.forward.dtype))
+    start, finish, total, busy, bubble, memory, count, volume, step_finish = simulate_graph(
+        graph, hw, _temperature(temperature, hw.forward.dtype))
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]

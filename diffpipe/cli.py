@@ -439,15 +439,122 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
 
 
 # -- a training configuration (--model/--hf-config, --tp/--pp/--dp, ...) -----------------------------
-#: ``[training]`` / ``[parallelism]`` / ``[cluster]`` key -> its flag (the flag's dest is the key).
-_TRAINING_FLAGS = {"model": "--model", "hf_config": "--hf-config", "sequence": "--sequence",
-                   "microbatch_size": "--microbatch-size", "global_batch": "--global-batch",
-                   "recompute": "--recompute", "flash_attention": "--flash-attention"}
-_PARALLEL_FLAGS = {"tensor": "--tp", "pipeline": "--pp", "data": "--dp", "expert": "--ep", "virtual": "--vpp",
-                   "zero": "--zero", "sequence_parallel": "--sequence-parallel"}
-_CLUSTER_FLAGS = {"device": "--device", "gpus": "--gpus", "devices_per_node": "--devices-per-node",
-                  "intra": "--intra", "inter": "--inter"}
+@dataclass(frozen=True)
+class _Flag:
+    """One flag of a training configuration, for every command that takes it: ``simulate`` and
+    ``compare`` (one value, also the TOML key ``key`` of ``[section]``) and ``plan`` (``search``:
+    ``"one"`` value, a comma-separated ``"list"`` of values to search, ``"both"`` for a switch
+    searched on and off; None: not a plan flag). ``parse`` and ``choices`` check one value in
+    both; ``default`` is what plan searches when the flag is absent; ``alias`` plan's older name;
+    ``machine``: simulate and compare take it from their machine group (``_add_machine``)."""
+
+    flag: str
+    key: str
+    section: str | None
+    help: str
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    switch: bool = False
+    metavar: str | None = None
+    search: str | None = "one"
+    default: str = ""
+    alias: str | None = None
+    machine: bool = False
+
+
+def _zero(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a ZeRO stage 0, 1, 2 or 3, got {text!r}") from None
+
+
+_CONFIG_FLAGS = (
+    _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())"),
+    _Flag("--hf-config", "hf_config", "training", "a Hugging Face config.json", metavar="PATH"),
+    _Flag("--sequence", "sequence", "training", "tokens per sample (default: the model's)", _count),
+    _Flag("--microbatch-size", "microbatch_size", "training", "samples per microbatch", _count, search="list",
+          default="1,2,4,8", alias="--microbatch-sizes"),
+    _Flag("--global-batch", "global_batch", "training", "samples per optimizer step", _count),
+    _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE_MODES,
+          search="list", default="all"),
+    _Flag("--flash-attention", "flash_attention", "training", "fused attention (no s x s tensors stored)",
+          switch=True),
+    _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",
+          default="every divisor of a node", alias="--tensor"),
+    _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",
+          default="every divisor up to the layers", alias="--pipeline"),
+    _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x pp))", _count, search=None),
+    _Flag("--ep", "expert", "parallelism", "expert-parallel size (divides the data-parallel size)", _count,
+          search="list", default="every divisor of dp and the experts"),
+    _Flag("--vpp", "virtual", "parallelism", "model chunks per pipeline device", _count, search="list",
+          default="2,4 for families with chunks"),
+    _Flag("--zero", "zero", "parallelism", "ZeRO stage (1: Megatron's distributed optimizer)", _zero,
+          choices=(0, 1, 2, 3), search="list", default="all"),
+    _Flag("--sequence-parallel", "sequence_parallel", "parallelism",
+          "Megatron's sequence parallelism in the tensor group", switch=True, search="both"),
+    _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x pp x dp; plan: "
+          "required, or --cluster)", _count),
+    _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100", metavar="GPUSxDEVICE"),
+    _Flag("--device", "device", "cluster", "device preset (default H100)", machine=True),
+    _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4)", machine=True),
+    _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr)", machine=True),
+    _Flag("--devices-per-node", "devices_per_node", "cluster",
+          "GPUs per node (default: the intra link's switch domain, 8 for NVLink)", _count, machine=True),
+)
+
+
+def _keys(section: str) -> dict[str, str]:
+    """``[section]`` key -> its flag (the flag's dest is the key)."""
+    return {f.key: f.flag for f in _CONFIG_FLAGS if f.section == section}
+
+
+_TRAINING_FLAGS = _keys("training")
+_PARALLEL_FLAGS = _keys("parallelism")
+_CLUSTER_FLAGS = _keys("cluster")
 _CLUSTER_SHAPE = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*([A-Za-z][\w.-]*)|([A-Za-z][\w.-]*?)\s*[xX]\s*(\d+))\s*$")
+
+
+def _listed(parse: Callable[[str], Any] | None = None,
+            choices: Sequence[Any] | None = None) -> Callable[[str], list[Any]]:
+    """An argparse type for comma-separated values, each checked as one value is (``parse``,
+    ``choices``): how plan takes a flag that simulate takes once."""
+    def values(text: str) -> list[Any]:
+        items = [x.strip() for x in text.split(",")]
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"expected comma-separated values, none empty, got {text!r}")
+        out = [parse(x) if parse else x for x in items]
+        for raw, value in zip(items, out):
+            if choices is not None and value not in choices:
+                raise argparse.ArgumentTypeError(f"{raw!r} is not one of {', '.join(map(str, choices))}")
+        return out
+
+    return values
+
+
+def _add_training(p: argparse.ArgumentParser, plan: bool = False) -> None:
+    """The training-configuration flags of ``simulate``/``compare`` (one value each), or of ``plan``
+    (lists where it searches; ``_Flag``)."""
+    if plan:
+        g = p.add_argument_group("training configuration (lists: comma-separated values to search)")
+    else:
+        g = p.add_argument_group("training configuration (flags override [training], [parallelism], [cluster]; "
+                                 "see examples/llama3-70b.toml)")
+    for f in _CONFIG_FLAGS:
+        if (f.machine and not plan) or (plan and f.search is None):
+            continue
+        names = [f.flag] + ([f.alias] if plan and f.alias else [])
+        if plan and f.search == "both":
+            g.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{f.help}: only with it, or only without (default: search both)")
+        elif f.switch:
+            g.add_argument(*names, dest=f.key, action="store_true", default=None, help=f.help)
+        elif plan and f.search == "list":
+            g.add_argument(*names, dest=f.key, type=_listed(f.parse, f.choices),
+                           metavar=f.metavar or ("N[,N...]" if f.parse else "NAME[,NAME...]"),
+                           help=f"{f.help}: comma-separated values to search (default: {f.default})")
+        else:
+            g.add_argument(*names, dest=f.key, type=f.parse, choices=f.choices, metavar=f.metavar, help=f.help)
 
 
 def _wants_configuration(args: argparse.Namespace, config: _Config) -> bool:
@@ -517,6 +624,31 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
         if given is not None:
             what = "--pp" if "devices" in flag else "--global-batch (with --microbatch-size and --dp)"
             raise ConfigError(f"{flag} cannot be combined with a training configuration: {what} sets it")
+    train, par, clu = _configuration_values(args, config)
+    from ._parallel import Parallelism
+
+    model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
+    t, p = par.get("tensor", 1), par.get("pipeline", 1)
+    if "data" not in par:
+        if "gpus" in clu and clu["gpus"] % (t * p):
+            raise ConfigError(f"--gpus {clu['gpus']} is not a multiple of --tp x --pp = {t * p}")
+        par["data"] = clu["gpus"] // (t * p) if "gpus" in clu else 1
+    parallelism = Parallelism(**par)
+    cluster = _cluster(clu, parallelism.gpus)
+    mode = args.mode or network.get("mode") or "overlap"
+    extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
+    label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
+             f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
+             f"TP{parallelism.tensor} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
+             f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
+    family = getattr(args, "family", None) or section.get("family")
+    options = {**section.get("options", {}), **_family_options(args.option)}
+    return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label)
+
+
+def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict]:
+    """``[training]``, ``[parallelism]`` and ``[cluster]`` values, flags over the file, with
+    ``--cluster GPUSxDEVICE`` folded in; exactly one model and a global batch are required."""
     train = {k: v for k, (v, _) in _merged(args, config, "training", _TRAINING_FLAGS).items()}
     par = {k: v for k, (v, _) in _merged(args, config, "parallelism", _PARALLEL_FLAGS).items()}
     clu = {k: v for k, (v, _) in _merged(args, config, "cluster", _CLUSTER_FLAGS).items()}
@@ -536,35 +668,28 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
                           + ("" if "model" not in train else ", not both"))
     if "global_batch" not in train:
         raise ConfigError("a training configuration needs --global-batch (samples per optimizer step)")
+    return train, par, clu
+
+
+def _model(train: dict[str, Any], fields: Sequence[str]) -> tuple[Any, str]:
+    """The ``Transformer`` of ``--model`` or ``--hf-config`` with the ``fields`` of ``train`` that
+    are given, and a name for it."""
     from . import _presets
-    from ._parallel import Cluster, Parallelism
     from ._transformer import Transformer
 
-    fields = {k: train[k] for k in ("sequence", "microbatch_size", "recompute", "flash_attention") if k in train}
+    given = {k: train[k] for k in fields if k in train}
     if "model" in train:
-        model = _presets.model(train["model"], **fields)
-        name = train["model"]
-    else:
-        model = Transformer.from_hf_config(train["hf_config"], **fields)
-        name = Path(train["hf_config"]).parent.name or train["hf_config"]
-    t, p = par.get("tensor", 1), par.get("pipeline", 1)
-    if "data" not in par:
-        if "gpus" in clu and clu["gpus"] % (t * p):
-            raise ConfigError(f"--gpus {clu['gpus']} is not a multiple of --tp x --pp = {t * p}")
-        par["data"] = clu["gpus"] // (t * p) if "gpus" in clu else 1
-    parallelism = Parallelism(**par)
-    cluster = Cluster(clu.get("device", "H100"), gpus=clu.get("gpus", parallelism.gpus),
-                      devices_per_node=clu.get("devices_per_node"), intra=clu.get("intra", "nvlink4"),
-                      inter=clu.get("inter", "ib-ndr"))
-    mode = args.mode or network.get("mode") or "overlap"
-    extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
-    label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
-             f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
-             f"TP{parallelism.tensor} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
-             f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
-    family = getattr(args, "family", None) or section.get("family")
-    options = {**section.get("options", {}), **_family_options(args.option)}
-    return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label)
+        return _presets.model(train["model"], **given), train["model"]
+    return (Transformer.from_hf_config(train["hf_config"], **given),
+            Path(train["hf_config"]).parent.name or train["hf_config"])
+
+
+def _cluster(clu: dict[str, Any], gpus: int) -> Any:
+    """The ``Cluster`` of ``[cluster]`` values (``gpus`` when they give none)."""
+    from ._parallel import Cluster
+
+    return Cluster(clu.get("device", "H100"), gpus=clu.get("gpus", gpus), devices_per_node=clu.get("devices_per_node"),
+                   intra=clu.get("intra", "nvlink4"), inter=clu.get("inter", "ib-ndr"))
 
 
 def _guard_configuration(cfg: Any, max_ops: int) -> None:
@@ -590,7 +715,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     result = cfg.evaluate()
     schedule = cfg.schedule()
     if outputs:
-        _write_all(_pictures(args, schedule, cfg.hardware(), result.result))
+        _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     if args.json:
         _print_json(summary)
@@ -707,21 +832,24 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> 
     return checked
 
 
-def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any) -> list[tuple[str, str, Any]]:
-    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet)."""
+def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
+              gradient_sync: bool = False) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
+    ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's)."""
     subject = schedule if result is None else result
     out: list[tuple[str, str, Any]] = []
     if getattr(args, "gantt", None):
         from .viz import gantt
         from .viz.gantt import DEFAULT_DPI
 
-        fig = gantt(subject, hw, schedule=schedule)
+        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
         fmt = Path(args.gantt).suffix.lower().lstrip(".")
         out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
     if getattr(args, "trace", None):
         from .viz import trace
 
-        out.append(("--trace", args.trace, _io.dumps_json(trace(subject, hw, schedule=schedule), indent=None)))
+        data = trace(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        out.append(("--trace", args.trace, _io.dumps_json(data, indent=None)))
     return out
 
 
@@ -1018,31 +1146,26 @@ def _cmd_export(args: argparse.Namespace) -> None:
 def _cmd_plan(args: argparse.Namespace) -> None:
     import shlex
 
-    from . import _presets
     from ._export import megatron_args, torchtitan_toml
-    from ._parallel import Cluster
-    from ._plan import DEFAULT_FAMILIES, DEFAULT_MICROBATCH_SIZES, RECOMPUTE, plan
+    from ._plan import plan
     from .schedules import to_torch_csv
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
     _check_outputs(("--out", args.out, None))
-    model = _presets.model(args.model)
-    kwargs: dict[str, Any] = {}
-    if args.devices_per_node:
-        kwargs["devices_per_node"] = args.devices_per_node
-    cluster = Cluster(device=args.device, gpus=args.gpus, intra=args.intra, inter=args.inter, **kwargs)
-    recompute = tuple(_names(args.recompute, "--recompute")) if args.recompute else RECOMPUTE
-    table = plan(
-        model, cluster, args.global_batch, sequence=args.sequence,
-        families=tuple(_names(args.families, "--families")) if args.families else DEFAULT_FAMILIES,
-        tensor=_ints(args.tensor, "--tensor") if args.tensor else None,
-        pipeline=_ints(args.pipeline, "--pipeline") if args.pipeline else None,
-        microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes") if args.microbatch_sizes
-        else DEFAULT_MICROBATCH_SIZES,
-        recompute=recompute,
-        zero=tuple(int(z) for z in _names(args.zero, "--zero")) if args.zero else (0, 1, 2, 3),
-        headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None)
+    train, par, clu = _configuration_values(args, _Config())
+    if "gpus" not in clu:
+        raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
+    model, name = _model(train, ("flash_attention",))
+    cluster = _cluster(clu, clu["gpus"])
+    # dp.plan's axes, where a flag narrows them (else dp.plan's defaults)
+    axes = {"families": args.families, "tensor": par.get("tensor"), "pipeline": par.get("pipeline"),
+            "expert": par.get("expert"), "virtual": par.get("virtual"),
+            "microbatch_sizes": train.get("microbatch_size"), "recompute": train.get("recompute"),
+            "zero": par.get("zero"), "sequence_parallel": par.get("sequence_parallel")}
+    table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
+                 **{k: tuple(v) if isinstance(v, list) else v for k, v in axes.items() if v is not None},
+                 headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None)
     text, exported = None, None
     exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i))) + "\n",
                  "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
@@ -1066,7 +1189,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
         _print_json(data)
         return
-    print(f"{args.model} on {args.gpus} x {cluster.device.name}, global batch {args.global_batch} x "
+    print(f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
           f"{table.model.sequence} tokens")
     print(table.to_markdown(args.top), end="")
     if text is not None:
@@ -1127,27 +1250,6 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter", help="inter-node network preset")
     g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
     g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
-
-
-def _add_training(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("training configuration (flags override [training], [parallelism], [cluster]; "
-                             "see examples/llama3-70b.toml)")
-    g.add_argument("--model", help="model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())")
-    g.add_argument("--hf-config", dest="hf_config", metavar="PATH", help="a Hugging Face config.json")
-    g.add_argument("--sequence", type=_count, help="tokens per sample (default: the preset's)")
-    g.add_argument("--microbatch-size", type=_count, dest="microbatch_size", help="samples per microbatch")
-    g.add_argument("--global-batch", type=_count, dest="global_batch", help="samples per optimizer step")
-    g.add_argument("--recompute", choices=RECOMPUTE_MODES, help="activation recomputation")
-    g.add_argument("--flash-attention", action="store_true", default=None, dest="flash_attention")
-    g.add_argument("--tp", type=_count, dest="tensor", help="tensor-parallel size")
-    g.add_argument("--pp", type=_count, dest="pipeline", help="pipeline-parallel size")
-    g.add_argument("--dp", type=_count, dest="data", help="data-parallel size (default: --gpus / (tp x pp))")
-    g.add_argument("--ep", type=_count, dest="expert", help="expert-parallel size (divides --dp)")
-    g.add_argument("--vpp", type=_count, dest="virtual", help="model chunks per pipeline device")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (1: Megatron's distributed optimizer)")
-    g.add_argument("--sequence-parallel", action="store_true", default=None, dest="sequence_parallel")
-    g.add_argument("--gpus", type=_count, help="GPUs in the cluster (default tp x pp x dp)")
-    g.add_argument("--cluster", metavar="GPUSxDEVICE", help="GPUs and device preset at once, e.g. 64xH100")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1235,20 +1337,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_export)
     p = command("plan", "search tensor x pipeline x data splits, schedules, microbatch sizes, recompute and ZeRO",
                 "diffpipe plan --model llama-3-70b --gpus 256 --global-batch 256 --export megatron", sizes=False)
-    p.add_argument("--model", required=True, help="model preset (diffpipe.presets.models())")
-    p.add_argument("--gpus", type=_count, required=True, help="GPUs of the cluster")
-    p.add_argument("--device", default="H100", help="device preset (default H100)")
-    p.add_argument("--intra", default="nvlink4", help="intra-node link preset (default nvlink4)")
-    p.add_argument("--inter", default="ib-ndr", help="inter-node link preset (default ib-ndr)")
-    p.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
-    p.add_argument("--global-batch", type=_count, required=True, dest="global_batch", help="samples per step")
-    p.add_argument("--sequence", type=_count, help="tokens per sample (default the model's)")
-    p.add_argument("--families", help="comma-separated families (default dp.plan's)")
-    p.add_argument("--tensor", help="comma-separated tensor sizes (default: every divisor of a node)")
-    p.add_argument("--pipeline", help="comma-separated pipeline sizes (default: every divisor)")
-    p.add_argument("--microbatch-sizes", dest="microbatch_sizes", help="comma-separated (default 1,2,4,8)")
-    p.add_argument("--recompute", help="comma-separated of none,selective,full (default all)")
-    p.add_argument("--zero", help="comma-separated ZeRO stages (default 0,1,2,3)")
+    _add_training(p, plan=True)
+    p.add_argument("--families", type=_listed(), metavar="NAME[,NAME...]",
+                   help="schedule families to search, comma-separated (default: dp.plan's)")
     p.add_argument("--headroom", type=float, default=0.1, help="memory fraction kept free (default 0.1)")
     p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
                    help="balance the stages of the best N by gradient (default 3; 0: off)")

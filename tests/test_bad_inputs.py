@@ -305,6 +305,41 @@ def flag_cases() -> list[Case]:
         ("times-and-intra", ("--forward", "1", "--backward", "1", "--intra", "nvlink3"), "--intra"),
     ]
     cases += [Case(f"flag-sweep-{n}", sweep + e, c) for n, e, c in sweeps]
+    # plan takes the configuration flags of simulate (lists where it searches): refused before any search
+    plan = ("plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8")
+    plans = [
+        ("tp-word", ("--tp", "2,x"), "--tp"),
+        ("tp-hole", ("--tp", "2,,4"), "--tp"),
+        ("tensor-zero", ("--tensor", "0"), "--tensor"),
+        ("pp-empty", ("--pp", ""), "--pp"),
+        ("microbatch-size-zero", ("--microbatch-size", "1,0"), "--microbatch-size"),
+        ("vpp-negative", ("--vpp", "-2"), "--vpp"),
+        ("ep-word", ("--ep", "two"), "--ep"),
+        ("zero-five", ("--zero", "0,5"), "--zero"),
+        ("zero-word", ("--zero", "x"), "--zero"),
+        ("recompute-unknown", ("--recompute", "none,sometimes"), "sometimes"),
+        ("families-hole", ("--families", "1f1b,,gpipe"), "--families"),
+        ("families-unknown", ("--families", "nope"), "nope"),
+        ("dp", ("--dp", "2"), "--dp"),
+        ("sequence-parallel-value", ("--sequence-parallel=yes",), "--sequence-parallel"),
+        ("sequence-zero", ("--sequence", "0"), "--sequence"),
+        ("cluster-shape", ("--cluster", "H100"), "GPUSxDEVICE"),
+        ("cluster-contradicts", ("--cluster", "16xH100"), "contradicts --gpus 8"),
+        ("two-models", ("--hf-config", "ok.csv"), "not both"),
+        ("unknown-device", ("--device", "Z80"), "Z80"),
+        ("headroom", ("--headroom", "1.5"), "headroom"),
+        ("out-without-export", ("--out", "keep.csv"), "--out needs --export"),
+        ("export-unknown", ("--export", "deepspeed"), "--export"),
+    ]
+    cases += [Case(f"flag-plan-{n}", plan + e, c, (("ok.csv", GOOD_CSV.encode()),)) for n, e, c in plans]
+    cases += [
+        Case("flag-plan-no-model", ("plan", "--gpus", "8", "--global-batch", "8"), "--model NAME"),
+        Case("flag-plan-no-gpus", ("plan", "--model", "llama-3-8b", "--global-batch", "8"), "--gpus N"),
+        Case("flag-plan-no-batch", ("plan", "--model", "llama-3-8b", "--cluster", "8xH100"), "--global-batch"),
+        Case("flag-plan-unknown-model", ("plan", "--model", "gpt-5", "--gpus", "8", "--global-batch", "8"), "gpt-5"),
+        Case("flag-simulate-config-zero-word", ("simulate", "--model", "llama-3-8b", "--global-batch", "8", "--zero",
+                                                "x"), "--zero"),
+    ]
     return cases
 
 

@@ -23,6 +23,7 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import tomllib
 
@@ -72,11 +73,17 @@ def megatron_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PARALLEL = {f.name for f in dataclasses.fields(dp.Parallelism)}
+
+
 def launch(**kw) -> Launch:
+    """A Llama-70B-like launch; keywords override (the parallel sizes go into its ``Parallelism``)."""
     base = dict(family="interleaved-1f1b", tensor=8, pipeline=4, data=8, virtual=2, microbatch_size=1,
                 global_batch=256, sequence=8192, layers_per_stage=(10,) * 8, recompute="selective", zero=1,
                 sequence_parallel=True)
-    return Launch(**{**base, **kw})
+    given = {**base, **kw}
+    par = dp.Parallelism(**{k: v for k, v in given.items() if k in PARALLEL})
+    return Launch(parallelism=par, **{k: v for k, v in given.items() if k not in PARALLEL})
 
 
 LAUNCHES = [
@@ -92,38 +99,38 @@ LAUNCHES = [
 def test_megatron_args_parse_back(cfg):
     args = dp.megatron_args(cfg)
     ns = megatron_parser().parse_args(shlex.split(shlex.join(args)))
-    assert ns.tensor_model_parallel_size == cfg.tensor
-    assert ns.pipeline_model_parallel_size == cfg.pipeline
+    assert ns.tensor_model_parallel_size == cfg.parallelism.tensor
+    assert ns.pipeline_model_parallel_size == cfg.parallelism.pipeline
     assert ns.micro_batch_size == cfg.microbatch_size and ns.global_batch_size == cfg.global_batch
     assert ns.num_layers == cfg.layers and ns.seq_length == cfg.sequence
-    assert ns.sequence_parallel == (cfg.sequence_parallel and cfg.tensor > 1)
-    assert (ns.expert_model_parallel_size or 1) == cfg.expert
+    assert ns.sequence_parallel == (cfg.parallelism.sequence_parallel and cfg.parallelism.tensor > 1)
+    assert (ns.expert_model_parallel_size or 1) == cfg.parallelism.expert
     # the split: one of the two stage flags, as Megatron requires (arguments.py: at most one)
     if ns.pipeline_model_parallel_layout is not None:
         assert ns.num_layers_per_virtual_pipeline_stage is None
         stages = dp.parse_megatron_layout(ns.pipeline_model_parallel_layout, ns.pipeline_model_parallel_size)
         assert stages == cfg.layers_per_stage
-        assert len(stages) // ns.pipeline_model_parallel_size == cfg.virtual
+        assert len(stages) // ns.pipeline_model_parallel_size == cfg.parallelism.virtual
     else:
         assert cfg.uniform
         per = ns.num_layers_per_virtual_pipeline_stage
         virtual = 1 if per is None else ns.num_layers // ns.pipeline_model_parallel_size // per
-        assert virtual == cfg.virtual
+        assert virtual == cfg.parallelism.virtual
         assert ns.num_layers % (ns.pipeline_model_parallel_size * virtual) == 0
     assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[cfg.recompute]
     zero = 3 if ns.data_parallel_sharding_strategy == "optim_grads_params" else \
         2 if ns.data_parallel_sharding_strategy == "optim_grads" else int(ns.use_distributed_optimizer)
-    assert zero == cfg.zero and ns.use_megatron_fsdp == (cfg.zero >= 2)
+    assert zero == cfg.parallelism.zero and ns.use_megatron_fsdp == (cfg.parallelism.zero >= 2)
 
 
 @pytest.mark.parametrize("cfg", LAUNCHES)
 def test_torchtitan_toml_parses_back(cfg):
     from torch.distributed.pipelining.schedules import get_schedule_class
 
-    if cfg.zero == 1:
+    if cfg.parallelism.zero == 1:
         with pytest.raises(dp.ConfigError, match="ZeRO-1"):
             dp.torchtitan_toml(cfg)
-        cfg = Launch(**{**cfg.to_dict(), "zero": 3, "layers_per_stage": cfg.layers_per_stage})
+        cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, zero=3))
     doc = tomllib.loads(dp.torchtitan_toml(cfg))
     for section, fields in doc.items():
         assert section in TORCHTITAN_FIELDS, section
@@ -134,10 +141,10 @@ def test_torchtitan_toml_parses_back(cfg):
                 assert value in TORCHTITAN_CHOICES[section, name]
     par, training = doc["parallelism"], doc["training"]
     degrees = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    assert degrees * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == cfg.gpus
+    assert degrees * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == cfg.parallelism.gpus
     assert training["global_batch_size"] == cfg.global_batch and training["seq_len"] == cfg.sequence
     assert doc["activation_checkpoint"]["mode"] == cfg.recompute
-    if cfg.pipeline > 1:
+    if cfg.parallelism.pipeline > 1:
         get_schedule_class(par["pipeline_parallel_schedule"])  # torch's parser accepts the name
         microbatches = training["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
         assert microbatches == cfg.microbatches
@@ -145,10 +152,10 @@ def test_torchtitan_toml_parses_back(cfg):
             parts = par["module_fqns_per_model_part"]
             assert tuple(sum(m.startswith("layers.") for m in p) for p in parts) == cfg.layers_per_stage
         else:
-            assert par["pipeline_parallel_layers_per_stage"] * cfg.stages == cfg.layers
+            assert par["pipeline_parallel_layers_per_stage"] * cfg.parallelism.stages == cfg.layers
     else:
         steps = training["global_batch_size"] // (training["local_batch_size"] * degrees)
-        assert steps * cfg.microbatch_size * cfg.data == cfg.global_batch
+        assert steps * cfg.microbatch_size * cfg.parallelism.data == cfg.global_batch
 
 
 @pytest.mark.parametrize("family", ["gpipe", "zb-h1", "zb-v", "dualpipe-v", "looped-bfs"])
@@ -236,3 +243,64 @@ def test_hand_written_layout_is_evaluated():
     result = dp.Configuration(model, par, cluster, 8, layers_per_stage=counts).evaluate()
     uniform = dp.Configuration(model, par, cluster, 8).evaluate()
     assert result.step_time > 0 and result.step_time != uniform.step_time
+
+
+# The exported text, byte for byte, as diffpipe wrote it before Launch held a Parallelism.
+MEGATRON_TEXT = {
+    1: "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel --num-layers 80 "
+       "--seq-length 8192 --micro-batch-size 1 --global-batch-size 256 --pipeline-model-parallel-layout "
+       "'Et*21|t*20|t*20|t*19L' --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    2: "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --expert-model-parallel-size 4 "
+       "--sequence-parallel --num-layers 80 --seq-length 8192 --micro-batch-size 1 --global-batch-size 256 "
+       "--pipeline-model-parallel-layout 'Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L' --recompute-granularity "
+       "selective --use-distributed-optimizer --use-megatron-fsdp --data-parallel-sharding-strategy "
+       "optim_grads_params",
+}
+TORCHTITAN_TEXT = {
+    3: '[training]\nlocal_batch_size = 1\nglobal_batch_size = 64\nseq_len = 8192\n\n[parallelism]\n'
+       'data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = 16\ntensor_parallel_degree = 1\n'
+       'pipeline_parallel_degree = 1\nfsdp_reshard_after_forward = "never"\n\n[activation_checkpoint]\n'
+       'mode = "none"\n',
+}
+
+
+@pytest.mark.parametrize("i", sorted(MEGATRON_TEXT))
+def test_megatron_text_is_unchanged(i):
+    assert shlex.join(dp.megatron_args(LAUNCHES[i])) == MEGATRON_TEXT[i]
+
+
+@pytest.mark.parametrize("i", sorted(TORCHTITAN_TEXT))
+def test_torchtitan_text_is_unchanged(i):
+    assert dp.torchtitan_toml(LAUNCHES[i]) == TORCHTITAN_TEXT[i]
+
+
+@pytest.mark.parametrize("cfg", LAUNCHES)
+def test_launch_old_keywords_still_work(cfg):
+    par = cfg.parallelism
+    old = {"family": cfg.family, "microbatch_size": cfg.microbatch_size, "global_batch": cfg.global_batch,
+           "sequence": cfg.sequence, "layers_per_stage": cfg.layers_per_stage, "recompute": cfg.recompute,
+           **dataclasses.asdict(par)}
+    with pytest.warns(DeprecationWarning, match="parallelism="):
+        again = Launch(**old)
+    assert again == cfg and dp.megatron_args(again) == dp.megatron_args(cfg)
+    with pytest.warns(DeprecationWarning, match="Launch.parallelism.gpus"):
+        assert cfg.gpus == par.gpus == par.tensor * par.pipeline * par.data
+    with pytest.warns(DeprecationWarning, match="Launch.parallelism.tensor"):
+        assert cfg.tensor == par.tensor
+    assert Launch(**cfg.to_dict()) == cfg  # to_dict round-trips
+
+
+def test_launch_sizes_are_the_parallelism_s():
+    # One home for the size checks: Parallelism's own messages.
+    with pytest.raises(dp.ConfigError, match="parallelism: expert=3 must divide data=8"):
+        launch(expert=3)
+    with pytest.raises(dp.ConfigError, match="give the sizes in parallelism, not also as tensor="):
+        Launch("1f1b", dp.Parallelism(pipeline=2), tensor=2, microbatch_size=1, global_batch=8, sequence=8,
+               layers_per_stage=(1, 1))
+    with pytest.raises(dp.ConfigError, match="parallelism must be a Parallelism, got int"):
+        Launch("1f1b", 2, microbatch_size=1, global_batch=8, sequence=8, layers_per_stage=(1, 1))
+    with pytest.raises(dp.ConfigError, match="unknown field"):
+        Launch("1f1b", dp.Parallelism(), tensors=2, microbatch_size=1, global_batch=8, sequence=8,
+               layers_per_stage=(1,))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        launch().nothing  # noqa: B018

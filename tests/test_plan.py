@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -44,10 +45,10 @@ def test_best_fits_and_is_never_slower(table):
 def test_rows_equal_configuration_evaluate(table):
     for i in sorted({0, len(table.rows) - 1}):
         row, result = table.rows[i], table.configuration(i).evaluate()
-        assert row["step_time"] == result.step_time
-        assert row["memory_per_gpu"] == result.memory_per_gpu
-        for name in ("tokens_per_second_per_gpu", "mfu", "bubble_ratio", "communication_share"):
-            assert row[name] == pytest.approx(getattr(result, name), rel=1e-6, abs=1e-7), name
+        # the batched simulation gives evaluate's step and memory; the figures are its formulas
+        for name in ("step_time", "memory_per_gpu", "tokens_per_second_per_gpu", "mfu", "communication_share"):
+            assert row[name] == getattr(result, name), name
+        assert row["bubble_ratio"] == pytest.approx(result.bubble_ratio, rel=1e-6, abs=1e-7)
 
 
 def test_bound_is_a_lower_bound(table):
@@ -142,15 +143,46 @@ def test_cli_plan_exports(tmp_path, capsys):
     from diffpipe.cli import main
 
     out = tmp_path / "job.toml"
-    code = main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
-                 "--tensor", "4,8", "--pipeline", "1,2", "--microbatch-sizes", "1", "--recompute", "full",
-                 "--zero", "0", "--balance-top", "0", "--export", "torchtitan", "--out", str(out), "--json"])
+    code = main(["plan", "--model", "llama-3-8b", "--cluster", "8xH100", "--global-batch", "8", "--families", "1f1b",
+                 "--tp", "4,8", "--pp", "1,2", "--microbatch-size", "1", "--recompute", "full",
+                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan",
+                 "--out", str(out), "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["rows"] and data["explored"] >= len(data["rows"])
     doc = tomllib.loads(out.read_text())
     best = data["rows"][0]
     assert doc["parallelism"]["tensor_parallel_degree"] == best["tensor"]
+    assert {(r["tensor"], r["pipeline"]) for r in data["rows"]} <= {(4, 1), (4, 2), (8, 1)}
+    assert all(r["sequence_parallel"] and r["recompute"] == "full" and r["zero"] == 0 for r in data["rows"])
+
+
+def test_cli_plan_flags_are_the_configuration_s():
+    """plan parses the simulate/compare configuration flags (one definition, lists where it
+    searches) and still reads its older names."""
+    from diffpipe.cli import build_parser
+
+    parser = build_parser()
+    new = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tp", "2,4", "--pp", "1",
+                             "--microbatch-size", "1,2", "--recompute", "none,full", "--zero", "1,3", "--vpp", "2",
+                             "--ep", "1", "--no-sequence-parallel", "--flash-attention", "--families", "1f1b,zb-h1"])
+    old = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tensor", "2,4",
+                             "--pipeline", "1", "--microbatch-sizes", "1,2", "--recompute", "none,full", "--zero",
+                             "1,3", "--vpp", "2", "--ep", "1", "--no-sequence-parallel", "--flash-attention",
+                             "--families", "1f1b,zb-h1"])
+    assert vars(new) == vars(old)
+    assert (new.tensor, new.pipeline, new.microbatch_size, new.recompute, new.zero) == (
+        [2, 4], [1], [1, 2], ["none", "full"], [1, 3])
+    assert new.sequence_parallel is False and new.flash_attention is True and new.families == ["1f1b", "zb-h1"]
+    one = parser.parse_args(["simulate", "--model", "m", "--global-batch", "8", "--tp", "2", "--zero", "1"])
+    assert (one.tensor, one.zero, one.model, one.global_batch) == (2, 1, "m", 8)
+    # the help states dp.plan's defaults (the CLI parses without importing JAX, so it cannot read them)
+    from diffpipe import _plan
+    from diffpipe.cli import _CONFIG_FLAGS
+
+    defaults = {f.flag: f.default for f in _CONFIG_FLAGS}
+    assert defaults["--microbatch-size"] == ",".join(map(str, _plan.DEFAULT_MICROBATCH_SIZES))
+    assert defaults["--vpp"].startswith(",".join(map(str, _plan.DEFAULT_VIRTUAL)) + " ")
 
 
 def test_cli_plan_infeasible_is_one_line(capsys):
@@ -160,3 +192,30 @@ def test_cli_plan_infeasible_is_one_line(capsys):
                  "--microbatch-sizes", "1", "--recompute", "none", "--zero", "0", "--balance-top", "0"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "no configuration fits" in err
+
+
+def test_progress_says_plan(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # the plain stderr line, whether tqdm is installed or not
+    dp.plan(TINY, cluster(dp.presets.device("H100")), 64, tensor=2, pipeline=2, families=("1f1b",),
+            microbatch_sizes=(1,), recompute=("none",), zero=(0,), sequence_parallel=(False,), balance=False,
+            progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("\rplan: ") and "sweep" not in err
+
+
+def test_cli_plan_reads_a_hf_config(tmp_path, capsys):
+    import json
+
+    from diffpipe.cli import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
+                                      num_key_value_heads=4, intermediate_size=1024, vocab_size=4096,
+                                      max_position_embeddings=1024, hidden_act="silu", tie_word_embeddings=False)))
+    code = main(["plan", "--hf-config", str(config), "--cluster", "8xH100", "--global-batch", "16", "--families",
+                 "1f1b", "--tp", "1,2", "--pp", "2", "--microbatch-size", "1", "--recompute", "none", "--zero", "1",
+                 "--no-sequence-parallel", "--balance-top", "0", "--sequence", "512", "--export", "megatron", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert all(not r["sequence_parallel"] and r["pipeline"] == 2 for r in data["rows"])
+    assert "--seq-length 512" in data["export"]["text"] and "--num-layers 8" in data["export"]["text"]

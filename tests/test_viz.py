@@ -212,3 +212,133 @@ def test_trace_of_a_collective_spans_its_devices(tmp_path, chimera_sync):
     with pytest.raises(dp.ConfigError, match="suffix must be one of .json"):
         trace(s, path=tmp_path / "t.txt")
     assert files(tmp_path) == []
+
+
+# -- the data-parallel gradient sync (compile(..., gradient_sync=True), Configuration.evaluate) -----
+@pytest.fixture(scope="module")
+def synced():
+    """A whole configuration (2 pipeline ranks x 2 chunks, 2 data-parallel replicas): its evaluated
+    step has an all-reduce R per stage on a sync lane and an optimizer step U per stage."""
+    model = dp.Transformer(layers=8, hidden=256, heads=4, sequence=256, vocabulary=2048)
+    cfg = dp.Configuration(model, dp.Parallelism(pipeline=2, data=2, virtual=2), dp.Cluster(device="H100", gpus=4), 16)
+    result = cfg.evaluate()
+    assert result.gradient_sync
+    return cfg.schedule(), cfg.hardware(), result, cfg.graph()
+
+
+def sync_reference(graph, hw):
+    """Start and finish of every R (by stage) and U (by (pipeline, stage)) from the evaluator's own
+    finish times (``finish_times``, not the simulate path viz uses) and the cost tables."""
+    from diffpipe._evaluate import finish_times
+    from diffpipe._graph import KIND_CODES
+
+    tables = hw.tables(graph).batch_last()  # no setup or wind-down here: durations are the ops' own
+    finish = np.asarray(finish_times(graph, tables)[:, 0], np.float64)
+    duration = np.asarray(tables.expand(graph)[0][:, 0], np.float64)
+    kind, op_index = np.asarray(graph.kind), np.asarray(graph.op_index)
+    stage, pipe = np.asarray(graph.stage), np.asarray(graph.pipeline)
+    out = {}
+    for i in np.flatnonzero(op_index < 0):
+        if kind[i] in (KIND_CODES["R"], KIND_CODES["U"]):
+            key = ("R", int(stage[i])) if kind[i] == KIND_CODES["R"] else ("U", int(pipe[i]), int(stage[i]))
+            out[key] = (finish[i] - duration[i], finish[i])
+    return out
+
+
+def test_trace_draws_the_gradient_sync_lane(tmp_path, synced):
+    s, hw, result, graph = synced
+    trace(result.result, hw, schedule=s, path=tmp_path / "sync.json", gradient_sync=True)
+    data = json.loads((tmp_path / "sync.json").read_text())  # the file, as Perfetto reads it
+    events = data["traceEvents"]
+    assert data["otherData"]["gradient_sync"] is True
+    assert all({"name", "ph", "pid", "tid"} <= set(e) for e in events)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    order = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
+    devices = s.devices
+    for d in range(devices):
+        assert names[(0, d)] == f"device {d}" and names[(0, devices + d)] == f"device {d} sync"
+        assert order[(0, devices + d)] == order[(0, d)] + 1  # right under its device
+    reference = sync_reference(graph, hw)
+    reduces = [e for e in events if e["ph"] == "X" and e["cat"] == "R"]
+    updates = [e for e in events if e["ph"] == "X" and e["cat"] == "U"]
+    assert sorted(e["args"]["stage"] for e in reduces) == list(range(s.stages))
+    assert len(updates) == s.stages and len(reduces) + len(updates) == len(reference)
+    for e in reduces + updates:
+        stage = e["args"]["stage"]
+        holder = s.placement.device(0, stage)
+        key = ("R", stage) if e["cat"] == "R" else ("U", e["args"]["pipeline"], stage)
+        start, finish = reference[key]
+        assert e["ts"] == pytest.approx(start * 1e6, rel=1e-5)
+        assert e["ts"] + e["dur"] == pytest.approx(finish * 1e6, rel=1e-5)
+        assert e["tid"] == (devices + holder if e["cat"] == "R" else holder)
+        assert e["dur"] > 0
+    # An R starts once its stage's last backward op has ended and the sync lane is free.
+    backward = [e for e in events if e["ph"] == "X" and e["cat"] in ("B", "I", "W")]
+    for e in reduces:
+        last_b = max(o["ts"] + o["dur"] for o in backward if o["args"]["stage"] == e["args"]["stage"])
+        before = [r["ts"] + r["dur"] for r in reduces if r["tid"] == e["tid"] and r["ts"] < e["ts"]]
+        assert e["ts"] == pytest.approx(max([last_b, *before]), rel=1e-5)
+    end = max(e["ts"] + e["dur"] for e in events if e["ph"] == "X")
+    assert end == pytest.approx(result.step_time * 1e6, rel=1e-6)  # the last U ends the step
+    for track in Counter((e["pid"], e["tid"]) for e in events if e["ph"] == "X"):
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                       if e["ph"] == "X" and (e["pid"], e["tid"]) == track)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    without = trace(result.result, hw, schedule=s)  # off by default: the old trace
+    assert not [e for e in without["traceEvents"] if e.get("cat") in ("R", "U")]
+
+
+def test_gantt_draws_the_gradient_sync_lane(tmp_path, synced):
+    from matplotlib.colors import to_hex
+
+    from diffpipe.viz.gantt import COLORS
+
+    s, hw, result, _ = synced
+    written = gantt(result.result, hw, schedule=s, path=tmp_path / "sync.png", gradient_sync=True)
+    png = written[0].read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    fig = gantt(s, hw, gradient_sync=True)  # from the schedule: simulated with the sync here
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[: 2 * s.devices] == [f"d{d}" for d in range(s.devices)] + [f"d{d} sync" for d in range(s.devices)]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "gradient all-reduce R (sync row)" in legend and "optimizer step U" in legend
+    boxes = [(to_hex(p.get_facecolor()), p.get_y() + 0.4, p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+    tl = timeline(s, hw, gradient_sync=True)
+    scale = 1e6  # the chart's axis is in microseconds at this step length
+    assert fig.axes[1].get_xlabel() == "time (µs)"
+    for op in tl.syncs:
+        row = s.devices + op.devices[0] if op.kind == "R" else op.devices[0]
+        assert any(c == COLORS[op.kind].lower() and y == pytest.approx(row) and x0 == pytest.approx(op.start * scale)
+                   and x1 == pytest.approx(op.finish * scale) for c, y, x0, x1 in boxes), op
+    assert tl.makespan == pytest.approx(result.step_time, rel=1e-6)
+
+
+def test_gradient_sync_refusals(synced):
+    s, hw, result, _ = synced
+    with pytest.raises(dp.ConfigError, match="needs its hardware"):
+        timeline(result.result, schedule=s, gradient_sync=True)
+    plain = dp.simulate(s, hw)  # simulated without the sync: its step is not the synced one
+    with pytest.raises(dp.ConfigError, match="simulate it with gradient_sync=True"):
+        trace(plain, hw, schedule=s, gradient_sync=True)
+    own = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
+    with pytest.raises(dp.ConfigError, match="already has its own"):
+        gantt(own, gradient_sync=True)
+    with pytest.raises(dp.ConfigError, match="gradient_sync must be True or False"):
+        timeline(s, hw, gradient_sync="yes")
+
+
+def test_cli_simulate_of_a_configuration_traces_its_sync(tmp_path):
+    from diffpipe import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=4, hidden_size=256,
+                                      num_attention_heads=4, intermediate_size=512, vocab_size=2048,
+                                      max_position_embeddings=512, hidden_act="silu")))
+    out = tmp_path / "step.json"
+    code = cli.main(["simulate", "1f1b", "--hf-config", str(config), "--pp", "2", "--dp", "2", "--global-batch", "8",
+                     "--cluster", "4xH100", "--sequence", "256", "--trace", str(out), "--json"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    kinds = Counter(e["cat"] for e in data["traceEvents"] if e["ph"] == "X")
+    assert kinds["R"] == 2 and kinds["U"] == 2 and data["otherData"]["gradient_sync"] is True

@@ -208,17 +208,18 @@ def _fetch(x: jax.Array) -> np.ndarray:
 
 
 class Progress:
-    """tqdm when installed, else one rewritten stderr line; silent when disabled."""
+    """tqdm when installed, else one rewritten stderr line; silent when disabled. ``label`` names
+    the command it counts for (``sweep``, ``plan``)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.bar, self.enabled = total, 0, None, enabled
+    def __init__(self, total: int, enabled: bool, label: str = "sweep"):
+        self.total, self.done, self.bar, self.enabled, self.label = total, 0, None, enabled, label
         if not enabled:
             return
         try:
             from tqdm.auto import tqdm
         except ImportError:
             return
-        self.bar = tqdm(total=total, unit="pt", unit_scale=True, desc="sweep", file=sys.stderr)
+        self.bar = tqdm(total=total, unit="pt", unit_scale=True, desc=label, file=sys.stderr)
 
     def update(self, n: int) -> None:
         if not self.enabled:
@@ -227,7 +228,7 @@ class Progress:
         if self.bar is not None:
             self.bar.update(n)
         else:
-            sys.stderr.write(f"\rsweep: {self.done}/{self.total} points ({100 * self.done / self.total:.0f}%)")
+            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total} points ({100 * self.done / self.total:.0f}%)")
             sys.stderr.flush()
 
     def close(self) -> None:

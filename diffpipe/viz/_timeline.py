@@ -1,7 +1,11 @@
 """A simulated step laid out for drawing: op intervals per device, transfers per link, memory.
 
 Shared by ``gantt`` and ``trace``. Op times come from ``diffpipe.simulate`` (or the ``Result``
-given); transfer times from the same hardware: under ``none``/``overlap`` a transfer starts when
+given); with ``gradient_sync=True`` also the data-parallel gradient sync that
+``compile(..., gradient_sync=True)`` adds (and ``Configuration.evaluate`` simulates): each stage's
+``R`` on the *sync lane* of the devices holding it, each (pipeline, stage)'s optimizer step ``U``
+at the end of its device's compute lane, timed by ``simulate_graph`` on the same hardware; transfer
+times from the same hardware: under ``none``/``overlap`` a transfer starts when
 its producer ends and lasts the edge's delay; under ``contention``/``blocking`` each transfer is a
 node of the compiled graph and starts when everything it waits for (its producer, the previous
 transfer on its link, the receiver's previous op) has finished.
@@ -24,7 +28,7 @@ from .._errors import ConfigError
 from .._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._graph import compile as compile_graph
 from .._hardware import Hardware
-from .._simulate import Result, simulate
+from .._simulate import Result, simulate, simulate_graph
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
 
@@ -50,6 +54,23 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class SyncOp:
+    """A node of the data-parallel gradient sync (``compile(..., gradient_sync=True)``).
+
+    ``kind`` is ``"R"`` (the all-reduce of ``stage``'s gradients, on the sync lane of every device
+    in ``devices``: those holding a replica of the stage) or ``"U"`` (the optimizer step of
+    (``pipeline``, ``stage``), on the compute lane of ``devices[0]``); ``start``/``finish`` are seconds.
+    """
+
+    kind: str
+    stage: int
+    pipeline: int
+    devices: tuple[int, ...]
+    start: float
+    finish: float
+
+
+@dataclass(frozen=True)
 class Timeline:
     """Everything a picture of one step needs, in seconds and bytes (numpy, float64).
 
@@ -59,7 +80,8 @@ class Timeline:
     when the hardware has activation sizes (``memory_unit == "bytes"``), else a count of stored
     stage-microbatch activations (``"activations"``). ``step`` is the simulated step time, which
     can end after the last drawn op (setup and wind-down, a data-parallel gradient sync and
-    optimizer step: ``compile(..., gradient_sync=True)``).
+    optimizer step: ``compile(..., gradient_sync=True)``). ``syncs`` holds that sync's ``R`` and
+    ``U`` nodes when asked for (``timeline(..., gradient_sync=True)``), else nothing.
     """
 
     schedule: Schedule
@@ -71,6 +93,7 @@ class Timeline:
     memory_unit: str
     communication: str
     step: float = 0.0
+    syncs: tuple[SyncOp, ...] = ()
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -80,7 +103,13 @@ class Timeline:
     def makespan(self) -> float:
         ends = [float(np.max(self.finish, initial=0.0)), self.step]
         ends += [t.finish for t in self.transfers if t.finish is not None]
+        ends += [op.finish for op in self.syncs]
         return max(ends)
+
+    @property
+    def sync_devices(self) -> tuple[int, ...]:
+        """Devices with a sync lane (those running an ``R``), in order."""
+        return tuple(sorted({d for op in self.syncs if op.kind == "R" for d in op.devices}))
 
 
 def _lane_name(src: int, dst: int, per_node: int, mode: str) -> str:
@@ -117,22 +146,27 @@ def _lane_key(lane: str) -> tuple:
     return (parts[0], *[int(p) for p in parts if p.isdigit()])
 
 
-def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -> Timeline:
+def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
+             gradient_sync: bool = False) -> Timeline:
     """Lay out ``source`` (a ``Schedule``, simulated on ``hw``, or a ``Result`` of ``schedule``).
 
     ``hw`` defaults, for a schedule, to unit times (``Hardware.from_times(1.0, 2.0)``: F = 1 s,
     B = 2 s, free communication). With a ``Result`` and no ``hw``, transfers are known only as
-    arrows and memory is counted in activations.
+    arrows and memory is counted in activations. ``gradient_sync``: simulate (or, for a
+    ``Result``, expect) the step with the data-parallel gradient sync, as ``simulate``'s flag, and
+    lay out its ``R`` and ``U`` nodes (``Timeline.syncs``); a ``Result`` then needs its ``hw``.
     """
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
+    if not isinstance(gradient_sync, bool):
+        raise ConfigError(f"gradient_sync must be True or False, got {gradient_sync!r}")
     if isinstance(source, Schedule):
         if schedule is not None and schedule != source:
             raise ConfigError("give the schedule once: as the source or as schedule=, not two different ones")
         schedule = source
         if hw is None:
             hw = Hardware.from_times(1.0, 2.0)
-        result = simulate(schedule, hw)
+        result = simulate(schedule, hw, gradient_sync=gradient_sync)
     elif isinstance(source, Result):
         if schedule is None:
             raise ConfigError("a Result does not know its devices: pass schedule= (the simulated Schedule)")
@@ -143,6 +177,9 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
         if source.ops is None and np.shape(source.start) != (len(schedule.ops),):
             raise ConfigError(f"the Result has {np.shape(source.start)[0]} ops, the schedule {len(schedule.ops)}")
         result = source
+        if gradient_sync and hw is None:
+            raise ConfigError("gradient_sync=True with a Result needs its hardware: pass hw (the sync is "
+                              "simulated again to time its R and U nodes)")
     else:
         raise ConfigError(f"expected a Schedule or a Result, got {type(source).__name__}")
 
@@ -159,8 +196,34 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None) -
         transfers, mode = _timed_transfers(schedule, hw, start, finish)
         transfers, lanes = _spread(transfers)
     memory, unit = _memory(schedule, hw, result, start, finish)
+    syncs = _syncs(schedule, hw, float(result.makespan)) if gradient_sync else ()
     return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode,
-                    float(result.makespan))
+                    float(result.makespan), syncs)
+
+
+def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:
+    """The gradient-sync nodes of ``schedule`` on ``hw``, timed by the simulator; ``step`` (the
+    simulated step being drawn) must be the one they belong to."""
+    graph = compile_graph(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
+                          gradient_sync=True)
+    times = simulate_graph(graph, hw)
+    if not np.isclose(float(times.makespan), step, rtol=1e-5, atol=0.0):
+        raise ConfigError(f"gradient_sync=True: the Result's step ({step:.6g} s) is not the gradient-synced step "
+                          f"on this hardware ({float(times.makespan):.6g} s); simulate it with gradient_sync=True")
+    kind, op_index = np.asarray(graph.kind), np.asarray(graph.op_index)
+    stage, pipeline, device = np.asarray(graph.stage), np.asarray(graph.pipeline), np.asarray(graph.device)
+    start, finish = np.asarray(times.start, np.float64), np.asarray(times.finish, np.float64)
+    placement = schedule.placement
+    out = []
+    for i in np.flatnonzero((op_index < 0) & ((kind == KIND_CODES["R"]) | (kind == KIND_CODES["U"]))):
+        s, p = int(stage[i]), int(pipeline[i])
+        if kind[i] == KIND_CODES["R"]:
+            devices = tuple(sorted({placement.device(q, s) for q in range(schedule.pipelines)}))
+            out.append(SyncOp("R", s, p, devices, float(start[i]), float(finish[i])))
+        else:
+            out.append(SyncOp("U", s, p, (int(device[i]),), float(start[i]), float(finish[i])))
+    out.sort(key=lambda op: (op.start, op.kind, op.devices))
+    return tuple(out)
 
 
 @functools.cache

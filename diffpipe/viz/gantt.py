@@ -2,8 +2,11 @@
 
 One row per device (a box per op, coloured by kind, labelled with its microbatch; a prime marks
 the second pipeline of Chimera-like schedules and the box is hatched), one row per link lane
-when the hardware times transfers (boxes for transfers, sub-lanes where they overlap), arrows
-from each producer to its consumer on another device, and beneath, each device's memory over
+when the hardware times transfers (boxes for transfers, sub-lanes where they overlap); with
+``gradient_sync=True``, a sync row per device beneath the device rows (``d0 sync``: the all-reduce
+``R`` of each stage it holds) and the optimizer steps ``U`` at the end of each device's row, both
+labelled ``s<stage>``; arrows from each producer to its consumer on another device, and
+beneath, each device's memory over
 time (bytes of stored activations plus static memory, or a count of stored activations when the
 hardware has no activation sizes).
 """
@@ -28,6 +31,8 @@ COLORS = {
 }
 _NAMES = {"F": "forward F", "B": "backward B", "I": "input grad I", "W": "weight grad W", "U": "update U",
           "R": "all-reduce R", "activation": "activation transfer", "gradient": "gradient transfer"}
+#: Legend entries of the gradient sync (``gradient_sync=True``): the same colours as R and U ops.
+_SYNC_NAMES = {"R": "gradient all-reduce R (sync row)", "U": "optimizer step U"}
 
 
 #: Resolution of PNG output (dots per inch).
@@ -62,8 +67,9 @@ def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows:
     s = tl.schedule
     span = tl.makespan or 1.0
     scale, unit = _time_unit(span)
-    rows = [f"d{d}" for d in range(s.devices)] + list(tl.lanes)
-    lane_row = {lane: s.devices + i for i, lane in enumerate(tl.lanes)}
+    sync_row = {d: s.devices + i for i, d in enumerate(tl.sync_devices)}
+    rows = [f"d{d}" for d in range(s.devices)] + [f"d{d} sync" for d in sync_row] + list(tl.lanes)
+    lane_row = {lane: s.devices + len(sync_row) + i for i, lane in enumerate(tl.lanes)}
     n_ops = len(tl.ops)
     width = min(24.0, max(9.0, 6.0 + n_ops / 25))
     top_h = 0.42 * len(rows) + 1.2
@@ -91,6 +97,18 @@ def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows:
             if t1 - t0 > char * (len(text) + 0.6):
                 ax.text((t0 + t1) / 2, d, text, ha="center", va="center", fontsize=fontsize, color="white",
                         fontweight="bold")
+    sync_kinds: set[str] = set()
+    for op in tl.syncs:
+        t0, t1 = op.start * scale, op.finish * scale
+        sync_kinds.add(op.kind)
+        for d in op.devices:
+            row = sync_row[d] if op.kind == "R" else d
+            ax.add_patch(Rectangle((t0, row - 0.4), t1 - t0, 0.8, facecolor=COLORS[op.kind], edgecolor="white",
+                                   linewidth=0.4))
+            text = f"s{op.stage}" + "'" * op.pipeline
+            if t1 - t0 > char * (len(text) + 0.6):
+                ax.text((t0 + t1) / 2, row, text, ha="center", va="center", fontsize=fontsize, color="white",
+                        fontweight="bold")
     for t in tl.transfers:
         if t.start is None:
             continue
@@ -116,10 +134,13 @@ def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows:
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_xlim(0, span * scale * 1.01)
-    if tl.lanes:
+    if tl.lanes or sync_row:
         ax.axhline(s.devices - 0.5, color="black", linewidth=0.6)
+    if tl.lanes and sync_row:
+        ax.axhline(s.devices + len(sync_row) - 0.5, color="black", linewidth=0.6)
     ax.grid(axis="x", linewidth=0.3, alpha=0.5)
     handles = [Patch(facecolor=COLORS[k], label=_NAMES[k]) for k in COLORS if k in kinds_seen]
+    handles += [Patch(facecolor=COLORS[k], label=_SYNC_NAMES[k]) for k in _SYNC_NAMES if k in sync_kinds]
     if s.pipelines > 1:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="////", label="pipeline ≥ 1 (')"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
@@ -154,6 +175,7 @@ def gantt(
     memory: bool = True,
     arrows: bool = True,
     dpi: int = DEFAULT_DPI,
+    gradient_sync: bool = False,
 ):
     """Draw a Gantt chart of one simulated step.
 
@@ -168,12 +190,15 @@ def gantt(
         title, memory, arrows: heading (default: family, sizes, step time), the memory panel,
             the producer-to-consumer arrows.
         dpi: resolution of PNG output.
+        gradient_sync: simulate (or, for a ``Result``, expect: pass ``hw``) the step with the
+            data-parallel gradient sync (``simulate``'s flag; what ``Configuration.evaluate``
+            simulates) and draw its ``R`` on a sync row per device and its ``U`` on the device rows.
 
     Returns:
         The written ``Path``s (a list), or the matplotlib ``Figure`` when ``path`` is None.
     """
     paths = None if path is None else check_paths(path, (".png", ".svg"), "gantt")
-    tl = timeline(result_or_schedule, hw, schedule=schedule)
+    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync)
     fig = draw(tl, title=title, memory=memory, arrows=arrows)
     if paths is None:
         return fig

@@ -6,6 +6,10 @@ one per link lane; every op and every timed transfer is a complete event (``ph: 
 real start ``ts`` and duration ``dur`` in microseconds; each cross-device transfer is also a flow
 (``ph: "s"`` inside the producing op on the sender's track, ``ph: "f"`` with ``bp: "e"`` inside
 the consuming op on the receiver's track), which Perfetto draws as an arrow from send to receive.
+With ``gradient_sync=True`` process 0 also has a sync track per device (``device d sync``, tid
+``devices + d``, sorted right under its device's track) holding the all-reduce ``R`` of each stage
+the device holds (category ``R``), and the optimizer steps ``U`` (category ``U``) sit on the device
+tracks; both carry the simulated start and duration.
 """
 
 from __future__ import annotations
@@ -32,9 +36,17 @@ def events(tl: Timeline) -> list[dict[str, Any]]:
         {"name": "process_name", "ph": "M", "pid": DEVICES_PID, "tid": 0, "args": {"name": "devices"}},
         {"name": "process_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": 0, "args": {"sort_index": 0}},
     ]
+    sync_tid = {d: s.devices + d for d in tl.sync_devices}
     for d in range(s.devices):
         meta.append({"name": "thread_name", "ph": "M", "pid": DEVICES_PID, "tid": d, "args": {"name": f"device {d}"}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": d, "args": {"sort_index": d}})
+        order = 2 * d if sync_tid else d  # a device's sync track right under its compute track
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": d,
+                     "args": {"sort_index": order}})
+    for d, tid in sync_tid.items():
+        meta.append({"name": "thread_name", "ph": "M", "pid": DEVICES_PID, "tid": tid,
+                     "args": {"name": f"device {d} sync"}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": DEVICES_PID, "tid": tid,
+                     "args": {"sort_index": 2 * d + 1}})
     lane_tid = {lane: i for i, lane in enumerate(tl.lanes)}
     if tl.lanes:
         meta.append({"name": "process_name", "ph": "M", "pid": LINKS_PID, "tid": 0, "args": {"name": "links"}})
@@ -53,6 +65,13 @@ def events(tl: Timeline) -> list[dict[str, Any]]:
         for d in s.devices_of(op):
             timed.append({"name": _name(op), "cat": op.kind, "ph": "X", "ts": ts, "dur": dur,
                           "pid": DEVICES_PID, "tid": d, "args": args})
+    for op in tl.syncs:
+        ts, dur = op.start * US, (op.finish - op.start) * US
+        args = {"stage": op.stage, "pipeline": op.pipeline, "devices": list(op.devices)}
+        for d in op.devices:
+            timed.append({"name": f"{op.kind} stage {op.stage}" + "'" * op.pipeline, "cat": op.kind, "ph": "X",
+                          "ts": ts, "dur": dur, "pid": DEVICES_PID,
+                          "tid": sync_tid[d] if op.kind == "R" else d, "args": args})
     for n, t in enumerate(tl.transfers):
         label = f"{t.kind} {_name(t.producer)}→{_name(t.consumer)}"
         if t.start is not None and t.lane in lane_tid:
@@ -88,6 +107,7 @@ def trace(
     *,
     path: str | Path | None = None,
     schedule: Any = None,
+    gradient_sync: bool = False,
 ) -> dict[str, Any]:
     """A Chrome/Perfetto trace of one simulated step.
 
@@ -97,19 +117,22 @@ def trace(
             appear when it times transfers.
         path: where to write the JSON (``.json``); written to a temporary file and renamed, so an
             error leaves nothing behind. None: only return it.
+        gradient_sync: simulate (or, for a ``Result``, expect: pass ``hw``) the step with the
+            data-parallel gradient sync (``simulate``'s flag) and trace its ``R`` on a sync track
+            per device and its ``U`` on the device tracks.
 
     Returns:
         The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
     """
     paths = None if path is None else check_paths(path, (".json",), "trace")
-    tl = timeline(result_or_schedule, hw, schedule=schedule)
+    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync)
     s = tl.schedule
     data = {
         "traceEvents": events(tl),
         "displayTimeUnit": "ms",
         "otherData": {"family": s.family, "devices": s.devices, "stages": s.stages,
                       "microbatches": s.microbatches, "communication": tl.communication,
-                      "makespan_us": tl.makespan * US},
+                      "gradient_sync": gradient_sync, "makespan_us": tl.makespan * US},
     }
     text = dumps_json(data, indent=None)  # strict JSON: an undefined number is null
     for p in paths or ():
