@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             result = replay([first, work / f"{key}.rank1.json"])
         except Exception as error:  # noqa: BLE001  (e.g. Schedule1F1B: no labels)
-            print(f"| {key} | - | {str(error)[:60]} | |")
+            reason = str(error).split(": ", 1)[-1]  # without the work directory's path
+            print(f"| {key} | - | not replayed: {reason} | |")
             continue
         for mode, r in result.items():
             cells = ["n/a" if v is None else f"{100 * v:+.1f}%" for v in (r["own"], r["means"])]
