@@ -15,7 +15,16 @@ import diffpipe as dp
 from diffpipe.schedules import formula, get, peak_activations, table
 from diffpipe.schedules._ops import Op
 from diffpipe.schedules._reference import evaluate
-from diffpipe.schedules.controllable_memory import BLOCKS, cap, choose, strided_blocks, strided_offsets
+from diffpipe.schedules.controllable_memory import (
+    BLOCKS,
+    cap,
+    choose,
+    least_peak,
+    ranked,
+    search_size,
+    strided_blocks,
+    strided_offsets,
+)
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 
@@ -115,6 +124,18 @@ def test_a_budget_below_every_block_is_one_line(d, memory, need):
     assert "\n" not in str(info.value)
     with pytest.raises(dp.ScheduleError, match="memory must be > 0"):
         get("v-schedule", devices=d, microbatches=8, memory=0.0)
+
+
+def test_the_least_peak_is_v_mins_closed_form_and_checking_builds_nothing():
+    for d in range(1, 7):  # D <= 12 checked once; the suite keeps the small sizes
+        for n in range(1, 2 * d + 1):  # ranked at min(N, 2D): larger N repeat N = 2D
+            assert least_peak(d, n) == min(p for _, p, _ in ranked(d, search_size(d, n))), (d, n)
+    ranked.cache_clear()
+    # The CLI's size guards check requests far too large to build (tests/test_bad_inputs.py's
+    # grid-huge): accepting one must not rank a single block.
+    family = dp.schedules.family("v-schedule")
+    family.check(4096, 8192, {"memory": 0.5})
+    assert ranked.cache_info().currsize == 0
 
 
 def test_the_jax_simulator_equals_the_reference():

@@ -437,12 +437,20 @@ def cap(devices: int, memory: float) -> int:
     return math.floor(2 * memory * devices + 1e-9)
 
 
+def least_peak(devices: int, microbatches: int) -> int:
+    """The fewest chunk-microbatches any candidate holds: V-Min's (stride 1, the shortest
+    lifespan) ``2·((D+4)//3)``, or every microbatch's two chunks when N is smaller. A closed form,
+    so that checking a request (``accepts``, the CLI's size guards) never builds a block; equal to
+    the least peak of ``ranked`` on every D <= 12, N <= 3D+1 (checked once; ``tests/test_v_schedule.py``
+    keeps D <= 6)."""
+    return min(2 * ((devices + 4) // 3), 2 * microbatches)
+
+
 def _accepts_budget(*, devices: int, microbatches: int, memory: float, **times: float) -> str | None:
-    candidates = ranked(devices, search_size(devices, microbatches))
-    if all(peak > cap(devices, memory) for _, peak, _ in candidates):
-        need, name = min((peak, name) for _, peak, name in candidates)
+    need = least_peak(devices, microbatches)
+    if need > cap(devices, memory):
         return (f"memory={memory} of 1F1B's {devices} microbatches holds {memory * devices:g}; the smallest "
-                f"block ({name}) needs {need / 2:g}, memory >= {need / (2 * devices):.4g}")
+                f"block (v-min) needs {need / 2:g}, memory >= {need / (2 * devices):.4g}")
     return None
 
 
