@@ -58,6 +58,20 @@ def _pair_fn(duration: Callable[[Op], float], pair: PairDuration | None) -> Pair
     return pair if pair is not None else (lambda f, b: duration(f) + duration(b))
 
 
+def _placed(op: Op, ready: Callable[[Op], float], duration: Callable[[Op], float],
+            together: PairDuration, pairs: dict[Op, Op]) -> dict[Op, tuple[float, float]]:
+    """(start, finish) of ``op`` once its inputs are ``ready``; a pair's forward places the pair:
+    it starts when both members' inputs are ready, lasts ``together``, and its backward is
+    reported as a zero-length interval at the pair's end."""
+    begin = ready(op)
+    if op not in pairs:
+        return {op: (begin, begin + duration(op))}
+    b = pairs[op]
+    begin = max(begin, ready(b))
+    end = begin + together(op, b)
+    return {op: (begin, end), b: (end, end)}
+
+
 def pair_order(schedule: Schedule) -> tuple[dict[Op, Op], tuple[Op, ...]]:
     """The pairs of ``schedule`` (forward -> backward) and a topological order of its ops in which
     each pair's two members are adjacent and come after every input of either (Kahn over units:
@@ -136,15 +150,8 @@ def evaluate(
     for op in ops:  # topological order (pairs adjacent, after both members' inputs)
         if op in partner:
             continue
-        begin = ready(op)
-        if op in pairs:
-            b = pairs[op]
-            begin = max(begin, ready(b))
-            end = begin + together(op, b)
-            start[op], finish[op], start[b], finish[b] = begin, end, end, end
-            continue
-        start[op] = begin
-        finish[op] = begin + duration(op)
+        for x, (begin, end) in _placed(op, ready, duration, together, pairs).items():
+            start[x], finish[x] = begin, end
     return start, finish
 
 
@@ -229,15 +236,7 @@ def evaluate_network(
         for op in schedule.ops:
             if op in partner:
                 continue
-            ready = ready_of(op)
-            if op in pairs:
-                b = pairs[op]
-                ready = max(ready, ready_of(b))
-                new = {op: (ready, ready + together(op, b))}
-                new[b] = (new[op][1], new[op][1])
-            else:
-                new = {op: (ready, ready + duration(op))}
-            for x, (begin, stop) in new.items():
+            for x, (begin, stop) in _placed(op, ready_of, duration, together, pairs).items():
                 if (begin, stop) != (start[x], finish[x]):
                     start[x], finish[x], changed = begin, stop, True
     return start, finish, xfer
