@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from ._errors import ConfigError
@@ -48,3 +50,19 @@ def check_number(what: str, value: Any, *, positive: bool = False, allow_inf: bo
         need += "" if allow_inf else " and finite"
         raise error(f"{what} must be {need}, got {value!r}")
     return x
+
+
+def _folded(name: str) -> str:
+    return re.sub(r"[-_\s]", "", name).lower()
+
+
+def preset_key(table: Mapping[str, object], name: object, what: str, aliases: Mapping[str, str]) -> str:
+    """The key of ``table`` that ``name`` spells, ignoring case, ``-``, ``_`` and spaces, through
+    ``aliases`` (folded spelling -> key); ``ConfigError`` naming the known keys otherwise."""
+    if isinstance(name, str):
+        known = {_folded(k): k for k in table}
+        key = _folded(name)
+        key = _folded(aliases.get(key, key))
+        if key in known:
+            return known[key]
+    raise ConfigError(f"unknown {what} preset {name!r}; known: {', '.join(table)}")

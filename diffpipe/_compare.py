@@ -28,7 +28,7 @@ A sequence-level family cuts a sample into ``k`` units (``schedules.units_per_sa
 Seq1F1B-I's ``segments``), so it is generated at ``microbatches * k`` microbatch ids and each unit is
 priced at its segment's share of a sample: at the formula and table levels ``1/k`` (the closed
 forms' equal per-segment times, a compute-balanced split), at the simulation level the Hardware's
-``size`` per unit from ``diffpipe._segments.per_unit_hardware`` under ``segment_split`` (balanced:
+``size`` per unit from ``diffpipe._workload._segments.per_unit_hardware`` under ``segment_split`` (balanced:
 ``1/k`` each; equal lengths: later segments costlier by the model's attention share, which needs a
 ``Machine``). A Seq1F1B at ``segments=1`` is then exactly a 1F1B, and activation units are a sample's.
 
@@ -48,8 +48,18 @@ from itertools import combinations
 from types import MappingProxyType
 from typing import Any
 
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from ._engine._hardware import Hardware, Network
+from ._engine._simulate import simulate
 from ._errors import ConfigError, ScheduleError
+from ._machine._presets import NETWORKS, device
+from ._model._transformer import Transformer
 from ._results import csv_text, json_text, markdown_table
+from ._workload._segments import SPLITS, attention_share, per_unit_hardware
+from ._workload._workload import hardware_from_model
 from .schedules import Schedule, units_per_sample
 from .schedules import family as family_of
 from .schedules import formula as family_formula
@@ -85,7 +95,7 @@ _COMPUTE = ("F", "B", "I", "W")
 class Machine:
     """A modelled machine: a transformer trained on accelerators over a network.
 
-    Each schedule gets its own ``Hardware`` (``Hardware.from_model``) with the model's layers
+    Each schedule gets its own ``Hardware`` (``hardware_from_model``) with the model's layers
     split evenly into *that schedule's* stages, so Hanayo's ``2D`` chunks and a ``D``-stage 1F1B
     share the same model and devices. Call it with a schedule to get that hardware.
     """
@@ -108,17 +118,12 @@ class Machine:
         and gradient bytes (the assumption of the closed forms), instead of whole layers with the
         embedding on the first stage and the LM head on the last; boundary messages are unchanged.
         """
-        import equinox as eqx
-        import jax.numpy as jnp
-
-        from ._hardware import Hardware
-
         if schedule.stages > self.model.layers:
             raise ConfigError(
                 f"machine {self.name!r}: {schedule.family} needs {schedule.stages} stages, the model has only "
                 f"{self.model.layers} layers"
             )
-        hw = Hardware.from_model(self.model, self.device, self.network, stages=schedule.stages)
+        hw = hardware_from_model(self.model, self.device, self.network, stages=schedule.stages)
         if not self.uniform_stages:
             return hw
         fields = ("forward", "input_grad", "weight", "static_bytes", "gradient_bytes", "activation_bytes")
@@ -133,16 +138,10 @@ def default_machine(mode: str = "contention") -> Machine:
     sequence 2048; GPT-2 vocabulary 50257; microbatch 1, fp16, mixed-precision Adam) on one node
     of 8 H100 SXM (the preset: 989 dense BF16 TFLOP/s, its fitted kernel-efficiency curve, 80 GB
     at 3.35 TB/s) joined by 4th-generation NVLink through NVSwitch (450 GB/s per GPU and direction,
-    3 µs), with the transformer cost model of ``diffpipe._transformer``. Under ``contention`` each
+    3 µs), with the transformer cost model of ``diffpipe._model._transformer``. Under ``contention`` each
     GPU's sends share its NVLink bandwidth, one at a time, whatever their destination
     (``devices_per_node=1``: every GPU's egress is a lane).
     """
-    import jax.numpy as jnp
-
-    from ._hardware import Network
-    from ._presets import NETWORKS, device
-    from ._transformer import Transformer
-
     link = NETWORKS["nvlink4"]
     latency, bandwidth = jnp.asarray(link.latency), jnp.asarray(link.bandwidth)
     network = Network(latency, bandwidth, latency, bandwidth, mode=mode, devices_per_node=1)
@@ -483,10 +482,6 @@ def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
 
 
 def _simulation_level(schedule: Schedule, hw: Any) -> dict:
-    import numpy as np
-
-    from ._simulate import simulate
-
     result = simulate(schedule, hw)
     return {
         "makespan_s": float(result.makespan),
@@ -569,8 +564,6 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
 
 def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, str]:
     """A ``schedule -> Hardware`` function, a description of the machine and its communication mode."""
-    from ._hardware import Hardware
-
     if hardware is None:
         hardware = default_machine()
     if isinstance(hardware, Hardware):
@@ -641,9 +634,6 @@ def compare(
     for kind, value in merged.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ConfigError(f"compare: duration of {kind} must be a finite non-negative number, got {value!r}")
-    from ._hardware import Hardware
-    from ._segments import SPLITS, attention_share, per_unit_hardware
-
     if segment_split not in SPLITS:
         raise ConfigError(f"compare: segment_split must be one of {', '.join(SPLITS)}, got {segment_split!r}")
     schedules = _resolve(schedules_or_names, devices, microbatches)

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._baselines import compositions, evaluate_plans, minmax_partition
+from diffpipe._optimize._baselines import compositions, evaluate_plans, minmax_partition
 
 #: Every split of the batch is evaluated when there are at most this many (C(batch - 1, microbatches - 1)).
 BRUTE_FORCE_SPLITS = 20_000

@@ -18,7 +18,7 @@ import argparse
 import math
 
 import diffpipe as dp
-from diffpipe._baselines import brute_force_partition, evaluate_plans, minmax_partition, uniform_partition
+from diffpipe._optimize._baselines import brute_force_partition, evaluate_plans, minmax_partition, uniform_partition
 
 GIB = 2.0**30
 #: Brute force is run when there are at most this many splits (C(layers - 1, stages - 1)).

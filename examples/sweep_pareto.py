@@ -1,6 +1,6 @@
 """Sweep schedule families x devices x microbatches on a modelled machine; CSV and a Pareto plot.
 
-Every schedule of the grid is simulated exactly on a GPT-style model (``Hardware.from_model``,
+Every schedule of the grid is simulated exactly on a GPT-style model (``hardware_from_model``,
 per-stage costs for each schedule's own stage count) on two device presets; the table goes to
 CSV, and the time per microbatch against peak memory, with each machine's Pareto front (no other
 schedule is both faster and lighter), to a PNG.
@@ -30,7 +30,7 @@ def machine(model: dp.Transformer):
     network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4, mode="overlap")
 
     def hardware(schedule):
-        return [dp.Hardware.from_model(model, dp.presets.device(name), network, stages=schedule.stages)
+        return [dp.hardware_from_model(model, dp.presets.device(name), network, stages=schedule.stages)
                 for name in MACHINES]
 
     return hardware

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe import calibrate, cli
+from diffpipe import calibrate
+from diffpipe.cli import _commands as cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
 

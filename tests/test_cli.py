@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffpipe import cli
+from diffpipe.cli import _commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["list", "show", "simulate", "compare", "optimize", "sweep", "export"]
@@ -171,6 +171,6 @@ def test_sweep_and_compare_tables_state_units(capsys):
 def test_cli_mode_names_are_the_librarys():
     """The CLI keeps its own tuple of mode names so that parsing never imports JAX; it must be
     the library's (``_communication.MODES``)."""
-    from diffpipe._communication import COMMUNICATION_MODES
+    from diffpipe._engine._communication import COMMUNICATION_MODES
 
     assert cli.COMMUNICATION_MODES == COMMUNICATION_MODES

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import diffpipe as dp
-from diffpipe import cli
-from diffpipe._transformer import RECOMPUTE
+from diffpipe._model._transformer import RECOMPUTE
+from diffpipe.cli import _commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A small Llama-style config.json (GQA, SwiGLU, RMSNorm, rotary, untied).

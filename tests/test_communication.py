@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._communication import Rendezvous, node_size, topology
+from diffpipe._engine._communication import Rendezvous, node_size, topology
 from diffpipe.schedules._reference import evaluate_network
 
 # -- two modes defined outside the package: one class each, no edit to diffpipe ---------------

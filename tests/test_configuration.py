@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._parallel import Cluster, Parallelism
+from diffpipe._machine._cluster import Cluster
+from diffpipe._workload._parallel import Parallelism
 
 H, S, V, B = 256, 128, 32000, 2  # hidden, sequence, vocabulary, microbatch size
 PEAK, EFF, MEMBW = 1e14, 0.5, 1e12

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import diffpipe as dp
-from diffpipe._evaluate import BATCH_CHUNK, batched_makespan
+from diffpipe._engine._evaluate import BATCH_CHUNK, batched_makespan
 
 
 def _computations(hlo: str) -> dict[str, str]:

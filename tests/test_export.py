@@ -30,7 +30,7 @@ import tomllib
 import pytest
 
 import diffpipe as dp
-from diffpipe._export import Launch, megatron_layout, torchtitan_modules
+from diffpipe._plan._export import Launch, megatron_layout, torchtitan_modules
 
 MEGATRON_FLAGS: dict[str, dict] = {
     "--tensor-model-parallel-size": {"type": int},

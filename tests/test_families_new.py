@@ -13,7 +13,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe.schedules import formula, get, names, peak_activations, table
-from diffpipe.schedules.controllable_memory import held
+from diffpipe.schedules.families.controllable_memory import held
 
 #: Per-chunk pass times of the paper's comparison, t_F = t_I = t_W (a full B is I + W).
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}

@@ -12,8 +12,8 @@ from _cases import SIZES, covering
 from test_simulator import MODES, build
 
 import diffpipe as dp
-from diffpipe._evaluate import finish_times
-from diffpipe._graph import KIND_CODES
+from diffpipe._engine._evaluate import finish_times
+from diffpipe._engine._graph import KIND_CODES
 from diffpipe.schedules._reference import evaluate_gradient_sync, evaluate_network
 
 FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-v", "dualpipe-v", "chimera")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._knobs import value_hardware
+from diffpipe._optimize._knobs import value_hardware
 
 STAGES, MICROBATCHES, LAYERS = 4, 8, 12
 
@@ -131,7 +131,7 @@ def test_two_knobs_setting_one_field_are_refused(graph):
 
 def test_workload_and_hardware_are_cost_models(graph):
     """The cost-model protocol: a ``Workload`` prices a graph at its default split exactly as the
-    ``Hardware`` of that split does; ``Hardware.from_times`` and ``Hardware.from_model`` are both
+    ``Hardware`` of that split does; ``Hardware.from_times`` and ``hardware_from_model`` are both
     ``Hardware``, hence cost models."""
     w = workload(2.0).with_split((2, 4, 3, 3))
     hw = w.hardware(w.boundaries((2, 4, 3, 3)))
@@ -143,6 +143,6 @@ def test_workload_and_hardware_are_cost_models(graph):
     model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=2)
     device, network = dp.presets.device("H100"), dp.presets.network("nvlink4")
     via_workload = dp.Workload.from_model(model, device, network).with_split((2, 1, 1, 2))
-    direct = dp.Hardware.from_model(model, device, network, layers_per_stage=[1, 1, 1, 1])
+    direct = dp.hardware_from_model(model, device, network, layers_per_stage=[1, 1, 1, 1])
     for a, b in zip(jax.tree.leaves(via_workload.tables(graph)), jax.tree.leaves(direct.tables(graph))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # one path: equal, not close

@@ -1,15 +1,18 @@
-"""Layers that only import downward (DESIGN.md, "Package layout"), checked on the source with ``ast``.
+"""Layers that only import downward, checked on the source with ``ast``.
 
-Module-level imports form the import graph (``if TYPE_CHECKING:`` blocks never run and are left
-out). The graph must have no cycle, every module must sit in a layer, and a module imports only its
-own layer or the layers above it. Imports inside functions hide cycles: none of a diffpipe module,
-except in the CLI shell and the lazy public ``__init__`` (which defer JAX so ``diffpipe list``
-starts fast), and except the entries of ``PENDING``, which their owners are removing.
+The layer list is written once, in ``docs/architecture.md`` (the fenced ``layers`` block): one line
+a layer, top (imported by everything) to bottom, each entry a module or package under ``diffpipe``;
+a module is placed by its longest listed prefix. Module-level imports form the import graph
+(``if TYPE_CHECKING:`` blocks never run and are left out). The graph must have no cycle, every
+module must sit in a layer, and a module imports only its own layer or the layers above it. Imports
+inside functions hide cycles: none of a diffpipe module, except in the CLI shell (``LAZY``, which
+defers JAX so that ``diffpipe list`` starts fast).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,45 +22,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "diffpipe"
 
-#: DESIGN.md's layout, top (imported by everything) to bottom, with today's file names. A module
-#: is placed by its first name under ``diffpipe``. ``_communication`` sits above ``_graph``:
-#: ``compile`` resolves the mode it is given (DESIGN.md lists the two the other way round).
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_checks", "_io", "_partition", "_results"),
-    ("schedules",),
-    ("_communication",),
-    ("_graph",),
-    ("_devices", "_presets"),
-    ("_models", "_transformer", "_hf"),
-    ("_parallel",),
-    ("_cost_model", "_hardware"),
-    ("_evaluate",),
-    ("_simulate",),
-    ("_segments",),
-    ("_knobs",),
-    ("_configuration",),
-    ("_optimize", "_baselines"),
-    ("sweep", "_sweep"),
-    ("_plan", "_export"),
-    ("calibrate",),
-    ("_compare",),
-    ("viz",),
-    ("cli", "__main__"),
-)
-#: Modules whose function-local imports of diffpipe are by design (start-up time).
-LAZY = {"diffpipe", "diffpipe.cli"}
-#: Known exceptions (module -> the diffpipe modules it imports upward or inside a function), each
-#: with its reason; delete an entry when it is fixed (test_pending_is_current says so).
-PENDING: dict[str, set[str]] = {
-    # compare's formula and table levels and its defaults need no JAX: the CLI's size guard reads
-    # them before anything heavy loads, so the simulation level's imports stay inside functions.
-    "diffpipe._compare": {"diffpipe._hardware", "diffpipe._presets", "diffpipe._segments", "diffpipe._simulate",
-                          "diffpipe._transformer"},
-    # ``Hardware.from_model`` is the public classmethod DESIGN.md names; the transformer path it
-    # delegates to (``Workload``) builds a ``Hardware`` and so sits below it.
-    "diffpipe._hardware": {"diffpipe._knobs"},
-    "diffpipe._presets": {"diffpipe._hardware", "diffpipe._transformer"},
-}
+
+def _read_layers() -> tuple[tuple[str, ...], ...]:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"^```layers\n(.*?)^```", text, re.M | re.S)
+    assert block, "docs/architecture.md has no ```layers block"
+    return tuple(tuple(line.split()) for line in block.group(1).splitlines() if line.strip())
+
+
+#: docs/architecture.md's layers, top to bottom.
+LAYERS = _read_layers()
+#: Packages whose modules may import diffpipe inside functions (start-up time of the command).
+LAZY_PACKAGES = ("diffpipe.cli",)
 
 
 def _module_name(path: Path) -> str:
@@ -117,10 +93,17 @@ GRAPH = {m: _imports(m) for m in MODULES}
 
 
 def _layer(module: str) -> int | None:
-    parts = module.split(".")
-    if len(parts) == 1:
-        return None  # the public __init__: re-exports everything
-    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), -1)
+    """Index in ``LAYERS`` of ``module`` (by its longest listed prefix); None for ``diffpipe``
+    itself (the public ``__init__`` re-exports everything); -1 when unlisted."""
+    if module == "diffpipe":
+        return None
+    name = module.removeprefix("diffpipe.")
+    best, where = -1, -1
+    for i, entries in enumerate(LAYERS):
+        for entry in entries:
+            if (name == entry or name.startswith(entry + ".")) and len(entry) > best:
+                best, where = len(entry), i
+    return where
 
 
 def test_every_module_has_a_layer():
@@ -152,7 +135,7 @@ def _violations() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for m, (top, local) in GRAPH.items():
         here = _layer(m)
-        bad = set() if m in LAZY else set(local)
+        bad = set() if m.startswith(LAZY_PACKAGES) or m == "diffpipe.__main__" else set(local)
         if here is not None:
             bad |= {n for n in top if (_layer(n) or 0) > here}
         if bad:
@@ -161,16 +144,14 @@ def _violations() -> dict[str, set[str]]:
 
 
 def test_layers_import_only_downward_and_never_inside_functions():
-    unexpected = {m: sorted(bad - PENDING.get(m, set())) for m, bad in _violations().items()}
-    unexpected = {m: bad for m, bad in unexpected.items() if bad}
-    assert not unexpected, f"upward or function-local imports of diffpipe modules: {unexpected}"
+    found = {m: sorted(bad) for m, bad in _violations().items()}
+    assert not found, f"upward or function-local imports of diffpipe modules: {found}"
 
 
-def test_pending_is_current():
-    found = _violations()
-    stale = {m: sorted(bad - found.get(m, set())) for m, bad in PENDING.items()}
-    stale = {m: bad for m, bad in stale.items() if bad}
-    assert not stale, f"fixed: remove these from PENDING: {stale}"
+def test_every_listed_layer_entry_exists():
+    stale = [e for entries in LAYERS for e in entries
+             if not any(m == f"diffpipe.{e}" or m.startswith(f"diffpipe.{e}.") for m in MODULES)]
+    assert not stale, f"docs/architecture.md lists modules that do not exist: {stale}"
 
 
 def test_the_checker_sees_cycles_and_local_imports(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._transformer import activation_bytes
+from diffpipe._model._transformer import activation_bytes
 
 HF = Path(__file__).parent / "data" / "hf"
 

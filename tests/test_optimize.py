@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import diffpipe as dp
-from diffpipe import _optimize
-from diffpipe._baselines import compositions, evaluate_plans
+from diffpipe._optimize import _optimize
+from diffpipe._optimize._baselines import compositions, evaluate_plans
 
 STAGES, MICROBATCHES, LAYERS = 4, 8, 12
 CHUNK = 64  # the batch size optimize's local search compiles: brute force then compiles nothing new
@@ -142,7 +142,7 @@ def test_transformer_workload_matches_hardware_from_model():
     assert workload.layers == 8 and workload.samples == 2.0
     for rows, blocks in [((2, 3, 3), [1, 3, 2]), ((8,), [6])]:
         ours = workload.hardware(workload.boundaries(rows))
-        ref = dp.Hardware.from_model(model, device, network, layers_per_stage=blocks)
+        ref = dp.hardware_from_model(model, device, network, layers_per_stage=blocks)
         for name in ("forward", "input_grad", "weight", "static_bytes", "gradient_bytes", "activation_bytes",
                      "message_bytes", "capacity"):
             np.testing.assert_allclose(np.asarray(getattr(ours, name)), np.asarray(getattr(ref, name)), rtol=1e-5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._graph import COST_PAIR
+from diffpipe._engine._graph import COST_PAIR
 from diffpipe.schedules import Op, from_torch, from_torch_csv, get, table, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network, overlapped_time
 
@@ -204,7 +204,7 @@ def test_sweep_carries_pair_overlap_like_simulate():
 
 
 def test_cli_reads_pair_overlap_from_times(tmp_path, capsys):
-    from diffpipe.cli import main
+    from diffpipe.cli._main import main
 
     def run(extra):
         path = tmp_path / "m.toml"

@@ -1,4 +1,4 @@
-"""The parallel cost model (diffpipe._parallel): sizes and their checks, placement, per-device FLOPs,
+"""The parallel cost model (diffpipe._workload._parallel): sizes and their checks, placement, per-device FLOPs,
 collectives and ZeRO memory against the papers' formulas, computed by hand here."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._parallel import (
-    Cluster,
+from diffpipe._machine._cluster import Cluster
+from diffpipe._model._transformer import activation_bytes, layer_costs
+from diffpipe._workload._parallel import (
     Parallelism,
     all_gather,
     all_reduce,
@@ -16,7 +17,6 @@ from diffpipe._parallel import (
     placement,
     zero_static_bytes,
 )
-from diffpipe._transformer import activation_bytes, layer_costs
 
 
 def small(**kw):

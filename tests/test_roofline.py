@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._knobs import hardware_from_model
-from diffpipe._transformer import _block_matmuls, memory_traffic
+from diffpipe._model._transformer import _block_matmuls, memory_traffic
+from diffpipe._workload._workload import hardware_from_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch_size=3)
@@ -108,7 +108,7 @@ def test_microbatch_size_has_an_interior_optimum():
     step = {}
     for b in (1, 2, 4, 8, 16):
         model = dp.Transformer(layers=16, hidden=2048, heads=16, sequence=256, vocabulary=32000, microbatch_size=b)
-        hw = dp.Hardware.from_model(model, dp.presets.device("H100"), net, stages=8)
+        hw = dp.hardware_from_model(model, dp.presets.device("H100"), net, stages=8)
         step[b] = float(dp.simulate(dp.schedules.get("1f1b", devices=8, microbatches=64 // b), hw).makespan)
     best = min(step, key=step.get)
     assert best not in (1, 16), step

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe import _segments
-from diffpipe._transformer import layer_costs
+from diffpipe._model._transformer import layer_costs
+from diffpipe._workload import _segments
 from diffpipe.schedules import Op, formula, from_torch_csv, get, peak_activations, table, to_torch_csv
 from diffpipe.schedules._analysis import activation_peaks
-from diffpipe.schedules.seq1f1b import segment_order_violation
+from diffpipe.schedules.families.seq1f1b import segment_order_violation
 
 DURATIONS = [None, {"F": 2.0, "B": 1.0}, {"F": 1.5, "B": 3.7}]
 #: (devices, samples, segments): 1 and several devices, segments below, at and above them.
@@ -352,7 +352,7 @@ def test_compare_equal_split_prices_later_segments_higher():
 
 
 def test_cli_compare_counts_samples(capsys):
-    from diffpipe import cli
+    from diffpipe.cli import _commands as cli
 
     code = cli.main(["compare", "1f1b", "seq1f1b", "seq1f1b-i", "--option", "segments=2", "--devices", "2",
                      "--microbatches", "2", "--forward", "1", "--backward", "2", "--json"])

@@ -24,8 +24,8 @@ from diffpipe.schedules import (
     table,
     to_torch_csv,
 )
-from diffpipe.schedules.interleaved import rounds
-from diffpipe.schedules.seq1f1b import segment_order_violation
+from diffpipe.schedules.families.interleaved import rounds
+from diffpipe.schedules.families.seq1f1b import segment_order_violation
 
 SIZES = list(itertools.product((1, 2, 3, 4, 6), (1, 2, 3, 4, 6, 8), (1, 2, 3, 4), (1, 2, 3)))  # D, samples, k, v
 

@@ -354,7 +354,7 @@ def test_forward_mode_with_autodiff_adjoint_has_no_nan(tau):
 
 
 def test_batched_path_in_chunks_equals_one_by_one():
-    from diffpipe._simulate import BATCH_CHUNK
+    from diffpipe._engine._simulate import BATCH_CHUNK
 
     s = dp.schedules.get("zb-h1", devices=3, microbatches=4)
     g = dp.compile(s)

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch.distributed.pipelining")
 
 import diffpipe as dp  # noqa: E402
-from diffpipe.schedules import (  # noqa: E402
+from diffpipe.schedules import (
     Op,
     Placement,
     Schedule,

@@ -1,4 +1,4 @@
-"""The transformer cost model (``layer_costs``, ``Hardware.from_model``) and the presets."""
+"""The transformer cost model (``layer_costs``, ``hardware_from_model``) and the presets."""
 
 import subprocess
 import sys
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._knobs import hardware_from_model
-from diffpipe._transformer import stage_of_layers
+from diffpipe._model._transformer import stage_of_layers
+from diffpipe._workload._workload import hardware_from_model
 
 TINY = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch_size=3)
 SMALL = dp.Transformer(layers=8, hidden=1024, heads=16, sequence=1024, vocabulary=50304, microbatch_size=1)
@@ -68,7 +68,7 @@ def test_gpt3_parameter_count():
 def _hw(model=SMALL, **kw):
     if "layers_per_stage" not in kw:
         kw.setdefault("stages", 4)
-    return dp.Hardware.from_model(model, dp.presets.device("H100"), dp.presets.network("nvlink4"), **kw)
+    return dp.hardware_from_model(model, dp.presets.device("H100"), dp.presets.network("nvlink4"), **kw)
 
 
 @pytest.mark.parametrize("split", [{"stages": 4}, {"stages": 3}, {"layers_per_stage": [0, 4, 4, 0]},
@@ -174,7 +174,7 @@ def test_import_stays_light():
     (lambda: _hw(layers_per_stage=[4, 0, 4]), "middle"),
     (lambda: _hw(microbatches=0), "microbatches"),
     (lambda: _hw(microbatches=4, size=[1.0, 2.0]), "size"),
-    (lambda: dp.Hardware.from_model(SMALL, dp.presets.device("H100"), "nvlink4", stages=2), "Network"),
+    (lambda: dp.hardware_from_model(SMALL, dp.presets.device("H100"), "nvlink4", stages=2), "Network"),
 ])
 def test_errors_are_one_line(call, culprit):
     with pytest.raises(dp.ConfigError) as err:

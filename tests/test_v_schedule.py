@@ -13,9 +13,9 @@ import pytest
 
 import diffpipe as dp
 from diffpipe.schedules import formula, get, peak_activations, table
-from diffpipe.schedules._ops import Op
 from diffpipe.schedules._reference import evaluate
-from diffpipe.schedules.controllable_memory import (
+from diffpipe.schedules._schedule import Op
+from diffpipe.schedules.families.controllable_memory import (
     BLOCKS,
     cap,
     choose,
@@ -55,7 +55,7 @@ def test_strides_one_and_two_are_v_min_and_v_half(d):
 def test_every_candidate_block_is_a_valid_order(d):
     """Each strided block builds a validated schedule (construction validates) running every
     pass once, at N below, at and above the block's length."""
-    from diffpipe.schedules.controllable_memory import _build
+    from diffpipe.schedules.families.controllable_memory import _build
 
     for name in strided_blocks(d):
         for n in (1, d, 2 * d + 1):

@@ -229,8 +229,8 @@ def synced():
 def sync_reference(graph, hw):
     """Start and finish of every R (by stage) and U (by (pipeline, stage)) from the evaluator's own
     finish times (``finish_times``, not the simulate path viz uses) and the cost tables."""
-    from diffpipe._evaluate import finish_times
-    from diffpipe._graph import KIND_CODES
+    from diffpipe._engine._evaluate import finish_times
+    from diffpipe._engine._graph import KIND_CODES
 
     tables = hw.tables(graph).batch_last()  # no setup or wind-down here: durations are the ops' own
     finish = np.asarray(finish_times(graph, tables)[:, 0], np.float64)
@@ -329,7 +329,7 @@ def test_gradient_sync_refusals(synced):
 
 
 def test_cli_simulate_of_a_configuration_traces_its_sync(tmp_path):
-    from diffpipe import cli
+    from diffpipe.cli import _commands as cli
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=4, hidden_size=256,

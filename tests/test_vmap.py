@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._evaluate import BATCH_CHUNK
+from diffpipe._engine._evaluate import BATCH_CHUNK
 
 
 def _hardware(x):

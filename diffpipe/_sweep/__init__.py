@@ -91,11 +91,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from .._checks import check_int
-from .._communication import communication as as_communication
+from .._engine._communication import communication as as_communication
+from .._engine._graph import compile
+from .._engine._hardware import Hardware
 from .._errors import ConfigError, ScheduleError
-from .._graph import compile
-from .._hardware import Hardware
-from .._segments import unit_sizes
+from .._workload._segments import unit_sizes
 from ..schedules import Schedule, units_per_sample
 from .evaluate import Progress, evaluate_stack
 from .grid import CACHE_SIZE, Choice, values
@@ -156,7 +156,7 @@ def sweep(
             recognised by a 1-D ``overhead``), a list of ``Hardware`` (one variant each; per-stage
             leaves may differ in shape, each is broadcast against the schedule), or a function
             ``schedule -> Hardware | list[Hardware]`` called once per schedule, so per-stage arrays
-            can match each schedule's stage count (e.g. ``Hardware.from_model(..., stages=s.stages)``).
+            can match each schedule's stage count (e.g. ``hardware_from_model(..., stages=s.stages)``).
             Every schedule must get the same number of variants: ``hardware`` indexes them. A
             variant whose shapes do not fit a schedule is skipped with the reason.
         families: schedule family names (``diffpipe.schedules.names()``; default all of them).

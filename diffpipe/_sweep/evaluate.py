@@ -27,9 +27,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
-from .._evaluate import batched_makespan
-from .._graph import KIND_CODES, Graph, stack_graphs
-from .._hardware import Hardware
+from .._engine._evaluate import batched_makespan
+from .._engine._graph import KIND_CODES, Graph, stack_graphs
+from .._engine._hardware import Hardware
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
 from .variants import as_hardware, pad_variants
 

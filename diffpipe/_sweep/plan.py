@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._engine._evaluate import BATCH_CHUNK
+from .._engine._graph import Graph, common_sizes
 from .._errors import ConfigError
-from .._evaluate import BATCH_CHUNK
-from .._graph import Graph, common_sizes
 from ..schedules import Schedule
 from .variants import NETWORK_SCALARS, PER_STAGE, Variants
 

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 from jaxtyping import Array
 
+from .._engine._hardware import Hardware, Network
 from .._errors import ConfigError
-from .._hardware import Hardware, Network
 from ..schedules import Schedule
 
 #: Hardware leaves given per stage, ``[pipelines, stages]`` after normalisation.

@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._checks import check_int, check_number
+from .._engine._hardware import Hardware, Network
+from .._engine._simulate import simulate
 from .._errors import ConfigError
-from .._hardware import Hardware, Network
 from .._io import dumps_json, write_atomic
-from .._knobs import Workload
-from .._simulate import simulate
+from .._workload._workload import Workload
 from ._runtime import TorchRuntime
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).

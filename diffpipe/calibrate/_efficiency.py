@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError
-from .._transformer import Device
+from .._machine._device import Device
 
 #: Grid points per axis and zoom rounds of the deterministic search (each round shrinks the box
 #: around the best point to 4 grid cells): the fitted parameters are exact to about 1e-6 relative.

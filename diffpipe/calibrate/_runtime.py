@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._communication import BLOCK, AbstractCommunication, transfers
+from .._engine._communication import BLOCK, AbstractCommunication, transfers
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
 from ..schedules._torch import _torch_actions

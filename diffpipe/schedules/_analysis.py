@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigError
-from ._ops import Op, Schedule
+from ._schedule import Op, Schedule
 
 
 def releases_activation(op: Op) -> bool:

@@ -35,9 +35,9 @@ from typing import Any
 
 from .._errors import ScheduleError
 from ._analysis import activation_delta
-from ._ops import Op, Placement, Schedule
 from ._reference import Durations, as_duration_fn
 from ._rules import data_predecessor
+from ._schedule import Op, Placement, Schedule
 
 #: The named priority rules.
 PRIORITIES = ("backward-first", "forward-first", "zero-bubble")

@@ -23,7 +23,7 @@ from ._ir import KINDS, Op
 from ._rules import Dep
 
 if TYPE_CHECKING:  # annotations only: _ops builds on this module
-    from ._ops import Schedule
+    from ._schedule import Schedule
 
 #: Default unit durations of the tabular view and of the contention issue order (B = I + W).
 DEFAULT_DURATIONS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, "U": 0.0, "R": 0.0}

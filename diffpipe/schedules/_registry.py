@@ -16,8 +16,8 @@ from typing import Any
 
 from .._checks import check_int, is_int, is_number
 from .._errors import ScheduleError
-from ._ops import Placement, Schedule
 from ._reference import DEFAULT_DURATIONS
+from ._schedule import Placement, Schedule
 
 #: Largest number of ops ``get`` generates unless told otherwise (``get(..., max_ops=...)``). A
 #: schedule is a tuple of Python ``Op`` objects; a million of them is a few hundred MB and seconds of

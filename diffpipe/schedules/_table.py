@@ -16,7 +16,7 @@ from ._ir import Op
 from ._reference import Durations, as_duration_fn, as_pair_fn, evaluate
 
 if TYPE_CHECKING:  # annotations only: _ops builds on this module (Schedule.__str__ is a table)
-    from ._ops import Schedule
+    from ._schedule import Schedule
 
 @dataclass(frozen=True)
 class Table:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from .._errors import ConfigError, ScheduleError
 from .._io import read_text, write_atomic
-from ._ops import Op, Placement, Schedule
+from ._schedule import Op, Placement, Schedule
 
 #: Compute action types of torch and the diffpipe op kinds they become.
 _COMPUTE = {"F": "F", "I": "I", "W": "W", "B": "B"}

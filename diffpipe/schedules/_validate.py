@@ -15,7 +15,7 @@ from . import _rules
 from ._ir import COMPUTE_KINDS, Op
 
 if TYPE_CHECKING:
-    from ._ops import Schedule
+    from ._schedule import Schedule
 
 
 @dataclass(frozen=True)

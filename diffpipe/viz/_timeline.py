@@ -24,11 +24,11 @@ import equinox as eqx
 import numpy as np
 
 from .. import _io
+from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
+from .._engine._graph import compile as compile_graph
+from .._engine._hardware import Hardware
+from .._engine._simulate import Result, simulate, simulate_graph
 from .._errors import ConfigError
-from .._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
-from .._graph import compile as compile_graph
-from .._hardware import Hardware
-from .._simulate import Result, simulate, simulate_graph
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
 

@@ -66,13 +66,13 @@ def model() -> dp.Transformer:
 
 
 def hardware(s: Schedule, *, device: str = DEVICE, link: str = LINK, balanced: bool = False) -> dp.Hardware:
-    """``Hardware.from_model`` for the GPT split into ``s.stages`` stages of consecutive layers
+    """``hardware_from_model`` for the GPT split into ``s.stages`` stages of consecutive layers
     (Megatron's uniform split: the LM head makes the last stage heavier). ``balanced`` replaces the
     per-stage times by their mean (same total work, no imbalance): the schedule effect alone."""
     import equinox as eqx
     import jax.numpy as jnp
 
-    hw = dp.Hardware.from_model(model(), dp.presets.device(device), dp.presets.network(link), stages=s.stages)
+    hw = dp.hardware_from_model(model(), dp.presets.device(device), dp.presets.network(link), stages=s.stages)
     if balanced:
         hw = eqx.tree_at(
             lambda h: (h.forward, h.input_grad, h.weight),

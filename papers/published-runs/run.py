@@ -68,7 +68,7 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "H100 with the kernel-efficiency curve fitted to OpenXLA's measured GEMM table (branch roofline); "
         "nothing is calibrated to any published row.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
-        "collectives sit on the critical path of their op (diffpipe._parallel).",
+        "collectives sit on the critical path of their op (diffpipe._workload._parallel).",
         "The data-parallel gradient sync and optimizer step are part of the step only where diffpipe's compile "
         "has gradient_sync (branch sync, API.md section 1): each row of results.json says so (gradient_sync).",
     ],

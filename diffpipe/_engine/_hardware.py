@@ -1,0 +1,486 @@
+"""``Hardware``: a differentiable model of the machine a schedule runs on.
+
+Every float leaf is a JAX array (differentiable, vmap-able); configuration (communication mode,
+topology sizes) is static. Per-stage leaves may be scalars (every stage alike), ``[stages]``
+(pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
+``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
+
+Cost model (DESIGN.md, "Hardware and costs"):
+- op duration = ``overhead[kind] + size[m] * time[kind, pipeline, stage]``; the per-op overhead
+  is ``overhead`` for every kind, or, where ``kind_overhead`` is given, ``kind_overhead[k]`` for
+  ``k`` in ``F, B, I, W`` *instead* (calibration measures a different framework gap before each
+  kind); ``B`` costs ``I + W``, or ``full_backward[p, s]`` where given (torch's split backward
+  costs more than its full one: issue 13); ``U`` costs ``overhead + update[p, s]``;
+- an overlapped pair (``Schedule.overlapped``: DualPipe's F&B) of a forward lasting ``f`` and a
+  backward lasting ``b`` (each as above, overheads included) lasts
+  ``f + b - pair_overlap[p, s] * min(f, b)`` (``schedules._reference.overlapped_time``; ``p, s`` the
+  forward's): ``pair_overlap`` is the fraction of the shorter pass hidden under the longer one, 0 (or
+  None, the default) no overlap (F + B), 1 the pair as long as its longer member;
+- the step: every op starts at least ``setup`` after the step begins, and the step ends
+  ``wind_down`` after its last op. In max-plus terms a source node (no predecessor) also lasts
+  ``setup`` (which shifts the whole timeline by ``setup``) and a sink (no successor) also lasts
+  ``wind_down``; ``simulate`` reports the ops' own start, finish and busy time without them;
+- transfer = ``latency(link) + size[m] * message_bytes[p, boundary] / bandwidth(link)`` (alpha-beta);
+- ring all-reduce of ``n`` participants: ``2(n-1)/n * bytes / bandwidth + 2(n-1) * latency`` over
+  the slowest link of the group (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005);
+- memory per device: static bytes of every stage held (times weight versions) plus stored
+  activations ``activation_bytes[p, s] * size[m]`` from ``F`` until ``B`` (or ``W``) frees them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import is_number
+from .._errors import ConfigError
+from ..schedules._reference import overlapped_time
+from ._communication import AbstractCommunication, network_mode, topology
+from ._graph import COST_F, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+
+
+def _numbers(value: Any) -> bool:
+    """A number, or a (nested) list or tuple of numbers: never a bool, a string or None."""
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0 and all(_numbers(v) for v in value)
+    return is_number(value)
+
+
+def _float(value: Any, what: str = "value") -> Array:
+    """``value`` as a float array: arrays (and tracers) of a numeric dtype, numbers, or lists of
+    numbers; anything else (None, a string, a bool) is a ``ConfigError`` naming ``what``."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.core.Tracer)):
+        if not (jnp.issubdtype(value.dtype, jnp.number)):
+            raise ConfigError(f"hardware: {what} must be numeric, got an array of {value.dtype}")
+    elif not _numbers(value):
+        raise ConfigError(f"hardware: {what} must be a number or a list of numbers, got {value!r}")
+    return jnp.asarray(value, dtype=jnp.result_type(float))
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
+    """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
+    x = _concrete(value)
+    if x is None:
+        return
+    bad = np.isnan(x) | (x < 0) | (x <= 0 if positive else False)
+    if not allow_inf:
+        bad = bad | np.isinf(x)
+    if np.any(bad):
+        what = "positive" if positive else "non-negative"
+        what += " (inf allowed)" if allow_inf else " and finite"
+        raise ConfigError(f"hardware: {name} must be {what}, got {x.ravel()[np.argmax(bad.ravel())]!r}")
+
+
+def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
+    """The same check inside jit (``eqx.error_if``)."""
+    bad = jnp.isnan(x) | (x < 0)
+    if positive:
+        bad = bad | (x <= 0)
+    if not allow_inf:
+        bad = bad | jnp.isinf(x)
+    return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
+                        f"{'' if allow_inf else ' and finite'}")
+
+
+#: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
+DATA_PARALLEL_LINKS = ("inter", "intra")
+
+
+class Network(eqx.Module):
+    """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
+
+    ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
+    node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
+    name (``none``, ``overlap``, ``contention``, ``blocking``, ``rendezvous``); ``devices_per_node``
+    None means one node (``_communication.node_size``).
+    ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
+    ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
+    other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
+    """
+
+    latency: Float[Array, ""]
+    bandwidth: Float[Array, ""]
+    inter_latency: Float[Array, ""]
+    inter_bandwidth: Float[Array, ""]
+    pair_latency: Float[Array, "devices devices"] | None = None
+    pair_bandwidth: Float[Array, "devices devices"] | None = None
+    mode: AbstractCommunication = eqx.field(static=True, default="overlap", converter=network_mode)
+    devices_per_node: int | None = eqx.field(static=True, default=None)
+    data_parallel: int = eqx.field(static=True, default=1)
+    data_parallel_link: str = eqx.field(static=True, default="inter")
+
+    def __check_init__(self) -> None:
+        if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
+                                                  or self.devices_per_node < 1):
+            raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
+        if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
+            raise ConfigError(f"network: data_parallel must be a positive int, got {self.data_parallel!r}")
+        if self.data_parallel_link not in DATA_PARALLEL_LINKS:
+            raise ConfigError(f"network: data_parallel_link must be one of {', '.join(DATA_PARALLEL_LINKS)}, "
+                              f"got {self.data_parallel_link!r}")
+        _check_values("network latency", self.latency)
+        _check_values("network inter_latency", self.inter_latency)
+        _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
+        _check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
+        if self.pair_latency is not None:
+            _check_values("network pair_latency", self.pair_latency)
+        if self.pair_bandwidth is not None:
+            _check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
+
+    @classmethod
+    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
+                mode: str | AbstractCommunication = "overlap") -> Network:
+        """Every link alike (one node)."""
+        return cls(_float(latency, "latency"), _float(bandwidth, "bandwidth"), _float(latency, "latency"),
+                   _float(bandwidth, "bandwidth"), mode=mode)
+
+    def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
+        """``[devices, devices]`` latency and bandwidth of every directed pair."""
+        node = np.arange(devices) // devices_per_node
+        same = jnp.asarray(node[:, None] == node[None, :])
+        latency = jnp.where(same, self.latency, self.inter_latency)
+        bandwidth = jnp.where(same, self.bandwidth, self.inter_bandwidth)
+        if self.pair_latency is not None:
+            latency = self._pairs(self.pair_latency, devices, "pair_latency")
+        if self.pair_bandwidth is not None:
+            bandwidth = self._pairs(self.pair_bandwidth, devices, "pair_bandwidth")
+        latency = _traced_check("network latency", latency)
+        bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
+        return latency, bandwidth
+
+    def data_parallel_links(self) -> tuple[Array, Array]:
+        """Latency and bandwidth of the data-parallel link (``data_parallel_link``), as the
+        communication mode charges them."""
+        if self.data_parallel_link == "intra":
+            return self.mode.links(self.latency, self.bandwidth)
+        return self.mode.links(self.inter_latency, self.inter_bandwidth)
+
+    @staticmethod
+    def _pairs(matrix: Array, devices: int, name: str) -> Array:
+        if matrix.shape != (devices, devices):
+            raise ConfigError(f"network: {name} has shape {matrix.shape}, the schedule has {devices} devices")
+        return matrix
+
+
+def _optional(value: Any, what: str) -> Array | None:
+    """An optional float leaf: None stays None (no leaf), anything else becomes a float array."""
+    return None if value is None else _float(value, what)
+
+
+def _kind_overhead(value: Any, overhead: Any) -> Array | None:
+    """``from_times``' ``kind_overhead``: None, four values (``OVERHEAD_KINDS``), or a mapping of
+    some kinds to seconds (the others take ``overhead``)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(OVERHEAD_KINDS))
+        if unknown:
+            raise ConfigError(f"hardware: kind_overhead has unknown kind(s) {unknown}; kinds are "
+                              f"{', '.join(OVERHEAD_KINDS)}")
+        default = _float(overhead, "overhead")
+        return jnp.stack([_float(value[k], f"kind_overhead[{k}]") if k in value else default
+                          for k in OVERHEAD_KINDS])
+    return _float(value, "kind_overhead")
+
+
+def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
+    """The value of a renamed argument: ``old=`` still works, with a ``DeprecationWarning``."""
+    if old_value is not None:
+        if value is not None:
+            raise ConfigError(f"{what}: give {name}, not also {old} (its old name)")
+        warnings.warn(f"{old}= is deprecated: use {name}= (the input-gradient part I of the backward)",
+                      DeprecationWarning, stacklevel=3)
+        return old_value
+    if value is None:
+        raise ConfigError(f"{what}: {name} is required (seconds of the input-gradient backward I)")
+    return value
+
+
+#: The kinds ``Hardware.kind_overhead`` lists, in order (the compute kinds).
+OVERHEAD_KINDS = ("F", "B", "I", "W")
+
+
+class Hardware(eqx.Module):
+    """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
+
+    Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
+    input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
+    ``B`` costs both, unless ``full_backward`` (per stage, optional) gives its own time.
+    (``backward``, the name of ``input_grad`` before 0.2, still reads it, with a deprecation warning.)
+    ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
+    ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
+    step (module docstring); ``pair_overlap`` (optional, in [0, 1], a scalar or per stage of the
+    pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring).
+    All are float leaves, differentiable; their default, None (no leaf: the pytree of a plain
+    hardware is unchanged), is the plain model: overhead, I + W, 0, 0, pairs lasting F + B.
+    """
+
+    forward: Float[Array, "..."]
+    input_grad: Float[Array, "..."]
+    weight: Float[Array, "..."]
+    update: Float[Array, "..."]
+    overhead: Float[Array, ""]
+    size: Float[Array, "..."]
+    message_bytes: Float[Array, "..."]
+    gradient_bytes: Float[Array, "..."]
+    static_bytes: Float[Array, "..."]
+    activation_bytes: Float[Array, "..."]
+    capacity: Float[Array, "..."]
+    network: Network
+    kind_overhead: Float[Array, "4"] | None = None
+    full_backward: Float[Array, "..."] | None = None
+    setup: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "setup"))
+    wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
+    pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
+                                                         converter=lambda v: _optional(v, "pair_overlap"))
+
+    @property
+    def backward(self) -> Array:
+        """Deprecated name of ``input_grad``."""
+        warnings.warn("Hardware.backward is deprecated: use Hardware.input_grad", DeprecationWarning, stacklevel=2)
+        return self.input_grad
+
+    def __check_init__(self) -> None:
+        for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
+                     "gradient_bytes", "static_bytes", "activation_bytes"):
+            _check_values(name, getattr(self, name))
+        for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
+            if getattr(self, name) is not None:
+                _check_values(name, getattr(self, name))
+        fraction = None if self.pair_overlap is None else _concrete(self.pair_overlap)
+        if fraction is not None and np.any(fraction > 1):
+            raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
+                              f"pass), got {fraction.ravel()[np.argmax(fraction.ravel() > 1)]!r}")
+        if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
+            raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
+                              f"per kind {', '.join(OVERHEAD_KINDS)}")
+        _check_values("capacity", self.capacity, positive=True, allow_inf=True)
+
+    @classmethod
+    def from_times(
+        cls,
+        forward: Any,
+        input_grad: Any = None,
+        weight: Any = None,
+        p2p_time: Any = 0.0,
+        *,
+        update: Any = 0.0,
+        overhead: Any = 0.0,
+        size: Any = 1.0,
+        activation_bytes: Any = 0.0,
+        static_bytes: Any = 0.0,
+        capacity: Any = math.inf,
+        mode: str | AbstractCommunication = "overlap",
+        backward: Any = None,
+        kind_overhead: Any = None,
+        full_backward: Any = None,
+        setup: Any = None,
+        wind_down: Any = None,
+        pair_overlap: Any = None,
+    ) -> Hardware:
+        """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
+
+        ``input_grad`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
+        so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
+        transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
+        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``backward=`` is the deprecated
+        name of ``input_grad``; ``full_backward`` is the time of a full ``B`` when it is not
+        ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
+        a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
+        values in that order. ``setup``/``wind_down``: seconds before the first op and after the
+        last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
+        """
+        input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
+        zero = _float(0.0)
+        return cls(
+            forward=_float(forward, "forward"), input_grad=_float(input_grad, "input_grad"),
+            weight=zero if weight is None else _float(weight, "weight"), update=_float(update, "update"),
+            overhead=_float(overhead, "overhead"), size=_float(size, "size"), message_bytes=zero,
+            gradient_bytes=zero, static_bytes=_float(static_bytes, "static_bytes"),
+            activation_bytes=_float(activation_bytes, "activation_bytes"), capacity=_float(capacity, "capacity"),
+            network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
+                            _float(math.inf), mode=mode),
+            kind_overhead=_kind_overhead(kind_overhead, overhead),
+            full_backward=_optional(full_backward, "full_backward"),
+            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap,
+        )
+
+    # -- broadcasting against a graph ----------------------------------------------------------
+    def per_stage(self, name: str, graph: Graph) -> Array:
+        """Leaf ``name`` as ``[pipelines, stages]``."""
+        x = getattr(self, name)
+        shape = (graph.pipelines, graph.stages)
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, shape)
+        if x.ndim == 1 and x.shape[0] == graph.stages:
+            return jnp.broadcast_to(x[None, :], shape)
+        if x.shape == shape:
+            return x
+        raise ConfigError(
+            f"hardware: {name} has shape {x.shape}, but the schedule has {graph.pipelines} pipeline(s) "
+            f"x {graph.stages} stages (give a scalar, [{graph.stages}] or {list(shape)})"
+        )
+
+    def per_microbatch(self, graph: Graph) -> Array:
+        x = self.size
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (graph.microbatches,))
+        if x.shape == (graph.microbatches,):
+            return x
+        raise ConfigError(
+            f"hardware: size has shape {x.shape}, but the schedule has {graph.microbatches} microbatches"
+        )
+
+    def per_device(self, graph: Graph) -> Array:
+        x = self.capacity
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (graph.devices,))
+        if x.shape == (graph.devices,):
+            return x
+        raise ConfigError(f"hardware: capacity has shape {x.shape}, but the schedule has {graph.devices} devices")
+
+    def check_graph(self, graph: Graph) -> None:
+        """The graph's structure must have been compiled for this network's communication mode."""
+        mode, compiled = self.network.mode, graph.communication
+        if mode.graph_key != compiled.graph_key:
+            raise ConfigError(
+                f"hardware communication '{mode}' needs a graph compiled with communication='{mode}' "
+                f"(this one was compiled for '{compiled}')"
+            )
+        ours, theirs = self.network.devices_per_node, graph.devices_per_node
+        if mode.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
+            raise ConfigError(
+                f"hardware has {ours} devices per node but the graph was compiled for {theirs}"
+            )
+
+    # -- costs ------------------------------------------------------------------------------------
+    def tables(self, graph: Graph) -> CostTables:
+        """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
+        self.check_graph(graph)
+        t = {name: _traced_check(name, self.per_stage(name, graph))
+             for name in ("forward", "input_grad", "weight", "update")}
+        if self.full_backward is None:
+            full = t["input_grad"] + t["weight"]
+        else:
+            full = _traced_check("full_backward", self.per_stage("full_backward", graph))
+        msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
+        grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
+        size = _traced_check("size", self.per_microbatch(graph))
+        overhead = _traced_check("overhead", self.overhead)
+        # The hardware's topology decides which links are inter-node; under contention the graph's
+        # lanes were built for it too (check_graph above).
+        per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
+        latency, bandwidth = self.network.mode.links(*self.network.links(graph.devices, per_node))
+
+        def transfer(src, dst, pipe, boundary):
+            base = jnp.where(src != dst, latency[src, dst], 0.0)
+            per = jnp.where(src != dst, msg[pipe, boundary] / bandwidth[src, dst], 0.0)
+            return base, per
+
+        cost = graph.node_cost
+        kind, p, s = cost[:, 0], cost[:, 1], cost[:, 2]
+        a1, a2, a3 = cost[:, 3], cost[:, 4], cost[:, 5]
+        # all-reduce rows: (participants, first device, last device); a ring over the slowest link:
+        # the first-to-last participant link when the schedule has several, and the data-parallel link
+        n = a1 * self.network.data_parallel
+        several = a1 > 1
+        ring_lat = jnp.where(several, latency[a2, a3], 0.0)
+        ring_bw = jnp.where(several, bandwidth[a2, a3], jnp.inf)
+        if self.network.data_parallel > 1:
+            dp_lat, dp_bw = self.network.data_parallel_links()
+            ring_lat = jnp.maximum(ring_lat, dp_lat)
+            ring_bw = jnp.minimum(ring_bw, dp_bw)
+        nf = n.astype(ring_bw.dtype)
+        allreduce = jnp.where(n > 1, 2 * (nf - 1) / jnp.maximum(nf, 1.0) * grad_bytes[p, s] / ring_bw
+                              + 2 * (nf - 1) * ring_lat, 0.0)
+        t_base, t_per = transfer(a1, a2, p, a3)
+        compute = (kind >= COST_F) & (kind <= COST_W)
+        per_kind = jnp.stack([t["forward"], full, t["input_grad"], t["weight"]])
+        op_overhead = jnp.broadcast_to(overhead, (len(OVERHEAD_KINDS),))
+        if self.kind_overhead is not None:
+            op_overhead = _traced_check("kind_overhead", self._checked_kind_overhead())
+        every = op_overhead[jnp.clip(kind - COST_F, 0, 3)]
+        base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
+                          [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
+        lead, tail = self._step_terms(cost[:, 6])
+        per = jnp.select([compute, kind == COST_T],
+                         [per_kind[jnp.clip(kind - COST_F, 0, 3), p, s], t_per], 0.0)
+        # An overlapped pair: its forward's time (kind F) and its backward's (the row a1 alone, at
+        # microbatch a3) combined; one row per pair, so both microbatch sizes are exact.
+        pair = kind == COST_PAIR
+        forward = op_overhead[0] + size[a2] * t["forward"][p, s]
+        backward = base[a1] + size[a3] * per[a1]
+        hidden = 0.0 if self.pair_overlap is None else self._checked_overlap(graph)[p, s]
+        base = jnp.where(pair, overlapped_time(forward, backward, hidden), base) + lead + tail
+        per = jnp.where(pair, 0.0, per)
+        e = graph.edge_cost
+        e_base, e_per = transfer(e[:, 0], e[:, 1], e[:, 2], e[:, 3])
+        return CostTables(base, per, e_base, e_per, size)
+
+    def _checked_overlap(self, graph: Graph) -> Array:
+        x = _traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
+        return eqx.error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
+
+    def _checked_kind_overhead(self) -> Array:
+        if self.kind_overhead.shape != (len(OVERHEAD_KINDS),):
+            raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
+                              f"per kind {', '.join(OVERHEAD_KINDS)}")
+        return self.kind_overhead
+
+    def _step_terms(self, role: Array) -> tuple[Array, Array]:
+        def term(name: str, bit: int) -> Array:
+            value = getattr(self, name)
+            if value is None:
+                return jnp.zeros(role.shape, self.overhead.dtype)
+            return jnp.where((role & bit) != 0, _traced_check(name, value), 0.0)
+
+        return term("setup", ROLE_SOURCE), term("wind_down", ROLE_SINK)
+
+    def step_terms(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, " nodes"]]:
+        """Per node, the part of its duration that is the step's ``setup`` (sources) and
+        ``wind_down`` (sinks), not its own work: ``simulate`` reports ops without them."""
+        return self._step_terms(graph.node_cost[graph.node_row, 6])
+
+    def costs(self, graph: Graph) -> tuple[Float[Array, " nodes"], Float[Array, "nodes k"]]:
+        """Duration of every node and delay of every edge of ``graph`` under this hardware."""
+        dur, delay = self.tables(graph).batch_last().expand(graph)
+        return dur[:, 0], delay[:, :, 0]
+
+
+class CostTables(eqx.Module):
+    """Cost rows of a graph under one hardware (or a batch, along the last axis after
+    ``batch_last``): a node lasts ``base[row] + size[microbatch] * per_size[row]``, a transfer edge
+    delays by ``edge_base[row] + size[microbatch] * edge_per_size[row]``."""
+
+    base: Float[Array, "costs ..."]
+    per_size: Float[Array, "costs ..."]
+    edge_base: Float[Array, "edge_costs ..."]
+    edge_per_size: Float[Array, "edge_costs ..."]
+    size: Float[Array, "microbatches ..."]
+
+    def batch_last(self, batched: bool = False) -> CostTables:
+        """Unbatched tables get a trailing batch axis of 1; batched ones (leading axis) move it last."""
+        if batched:
+            return jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), self)
+        return jax.tree.map(lambda x: x[..., None], self)
+
+    def expand(self, graph: Graph) -> tuple[Float[Array, "nodes batch"], Float[Array, "nodes k batch"]]:
+        """Per-node durations and per-edge delays (batch last)."""
+        size = self.size[graph.microbatch]
+        dur = self.base[graph.node_row] + size * self.per_size[graph.node_row]
+        delay = self.edge_base[graph.edge_row] + size[:, None, :] * self.edge_per_size[graph.edge_row]
+        return dur, delay

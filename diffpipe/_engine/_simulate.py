@@ -1,0 +1,339 @@
+"""``makespan`` and ``simulate``: the public evaluation entry points, and per-device memory.
+
+``makespan(graph, hw)`` is a jit/vmap/grad-able scalar; under ``jax.vmap`` the evaluator folds the
+vmapped axis into its batch-last layout (``_evaluate``), so ``jax.vmap(makespan)`` is as fast as
+``makespan(graph, hws, batched=True)``, a convenience for a batch of hardware (leaves with a
+leading batch axis, e.g. from ``jax.vmap(Hardware.from_times)``). ``simulate`` returns a ``Result`` with
+times, bubbles, memory, communication volume and, for asynchronous schedules, steady state and
+staleness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import OrderedDict
+from functools import partial
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._errors import ConfigError, ScheduleError
+from .._results import json_text
+from ..schedules import Op, Schedule
+from ..schedules._analysis import staleness as schedule_staleness
+from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
+from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
+from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
+from ._hardware import CostTables, Hardware
+
+
+def _temperature(temperature: Any, dtype) -> Array | None:
+    if temperature is None:
+        return None
+    if isinstance(temperature, (bool, str, bytes)) or (
+            isinstance(temperature, (np.ndarray, np.generic, jax.Array))
+            and not jnp.issubdtype(temperature.dtype, jnp.number)):
+        raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
+    if isinstance(temperature, (int, float)):
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ConfigError(f"temperature must be a positive finite number or None, got {temperature!r}")
+    elif not isinstance(temperature, jax.core.Tracer):
+        value = np.asarray(temperature)
+        if value.shape != () or not (np.isfinite(value) and value > 0):
+            raise ConfigError(f"temperature must be a positive finite scalar or None, got {value.tolist()!r}")
+    t = jnp.asarray(temperature, dtype=dtype)
+    return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+
+
+_RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
+
+
+def _checked(fn, hw: Hardware, *args, **kwargs):
+    """``fn(*args)``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
+    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun)."""
+    try:
+        return fn(*args, **kwargs)
+    except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
+            hw.network.__check_init__()
+            hw.__check_init__()  # raises ConfigError with the culprit and its value
+        found = _RUNTIME_MESSAGE.findall(str(error))
+        raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
+
+
+def _check_types(graph: Any, hw: Any) -> None:
+    if isinstance(graph, Schedule):
+        raise ConfigError("makespan expects a Graph: call diffpipe.compile(schedule) first")
+    if not isinstance(graph, Graph):
+        raise ConfigError(f"expected a Graph, got {type(graph).__name__}")
+    if not isinstance(hw, Hardware):
+        raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
+
+
+def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
+    """The hardware's cost tables for ``graph``, batch last (a batch of one when not ``batched``)."""
+    if not batched:
+        return hw.tables(graph).batch_last()
+    return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
+
+
+def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
+                       adjoint: AbstractAdjoint) -> Array:
+    out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
+    return out if batched else out[0]
+
+
+#: ``makespan`` for any graph (the graph's arrays are arguments: graphs of one structure share it).
+_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
+#: Per graph structure, single-variant ``makespan`` with the graph's arrays baked in as constants:
+#: XLA specialises the gathers and a call passes only the hardware (measured in
+#: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
+#: Keyed by the graph's contents, so a graph compiled anew from the same schedule reuses the
+#: function; a graph object seen before is found by ``id`` without hashing it again. Both bounded.
+_BAKED: OrderedDict[Any, Any] = OrderedDict()
+_SEEN: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
+_BAKED_GRAPHS = 32
+#: Larger graphs are not baked: their evaluation dwarfs the call overhead, and XLA would spend
+#: compile time constant-folding their index arrays.
+_BAKED_ROWS = 8192
+
+
+def _content_key(graph: Graph) -> tuple:
+    """The graph's structure (tree definition, static fields included) and a digest of its arrays."""
+    leaves, treedef = jax.tree.flatten(graph)
+    digest = hashlib.blake2b(digest_size=16)
+    for leaf in leaves:
+        a = np.asarray(leaf)
+        digest.update(f"{a.shape}{a.dtype.str}".encode())
+        digest.update(a.tobytes())
+    return treedef, digest.digest()
+
+
+def _remember(cache: OrderedDict, key: Any, value: Any) -> None:
+    cache[key] = value
+    if len(cache) > _BAKED_GRAPHS:
+        cache.popitem(last=False)
+
+
+def _baked(graph: Graph):
+    seen = _SEEN.get(id(graph))
+    if seen is not None and seen[0] is graph:  # holding the graph keeps its id unique while cached
+        return seen[1]
+    key = _content_key(graph)
+    function = _BAKED.get(key)
+    if function is None:
+        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
+        _remember(_BAKED, key, function)
+    _remember(_SEEN, id(graph), (graph, function))
+    return function
+
+
+def makespan(
+    graph: Graph,
+    hw: Hardware,
+    *,
+    temperature: float | Array | None = None,
+    batched: bool = False,
+    adjoint: AbstractAdjoint | str = "sweep",
+) -> Float[Array, "*batch"]:
+    """Time of one step (the whole unrolled window for asynchronous schedules).
+
+    Args:
+        graph: from ``diffpipe.compile``.
+        hw: a ``Hardware``; with ``batched=True`` every leaf carries a leading batch axis.
+        temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
+            max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
+        batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
+        adjoint: ``SweepAdjoint()`` (default, or ``"sweep"``): hand-written tangent and reverse
+            sweeps (forward and reverse mode; reverse costs about one extra forward in time and
+            memory); ``AutodiffAdjoint()`` (``"autodiff"``): JAX differentiates the level scan.
+
+    Returns:
+        A scalar, or ``[batch]`` when ``batched``. Works under ``jax.jit``, ``jax.vmap``, ``jax.grad``;
+        new float values never recompile.
+    """
+    _check_types(graph, hw)
+    if batched:
+        sizes = {x.shape[0] if x.ndim else None for x in jax.tree.leaves(eqx.filter(hw, eqx.is_array))}
+        if None in sizes or len(sizes) != 1:
+            raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
+                              "(build it with jax.vmap(Hardware.from_times))")
+    tau, adjoint = _temperature(temperature, hw.forward.dtype), as_adjoint(adjoint)
+    if (batched or graph.kind.shape[-1] > _BAKED_ROWS  # overhead amortised by the evaluation
+            or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph))):  # e.g. vmapped stacked graphs
+        return _checked(_makespan, hw, graph, hw, tau, batched, adjoint)
+    return _checked(partial(_baked(graph), batched=batched), hw, hw, tau, adjoint=adjoint)
+
+
+def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
+    """Per device: peak bytes (static + stored activations) and peak stored-activation count.
+
+    Exact and independent of timing: a device runs its order sequentially, so the peak is the
+    maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
+    """
+    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
+    static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
+    act = hw.per_stage("activation_bytes", graph)
+    size = hw.per_microbatch(graph)
+    nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
+    compute = graph.kind[nodes] <= KIND_CODES["W"]
+    m = jnp.where(compute, graph.microbatch[nodes], 0)
+    sign = graph.release[nodes].astype(act.dtype)
+    delta = sign * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
+    peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
+    peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
+    return static_per_device + peak_bytes, peak_count
+
+
+def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:
+    """Per segment (contiguous, sorted), the max over prefixes of the running sum (>= 0)."""
+    total = jnp.cumsum(values)
+    before = jax.ops.segment_sum(values, segment, segments)
+    base = jnp.cumsum(before) - before  # running sum before each segment starts
+    prefix = total - base[segment]
+    return jnp.maximum(jax.ops.segment_max(prefix, segment, segments), 0.0)
+
+
+class Result(eqx.Module):
+    """What one simulated step looks like. Arrays over ops follow ``ops`` (the schedule's order).
+
+    Attributes:
+        ops: the schedule's ops (None when simulating a bare ``Graph``).
+        start, finish: per op, seconds.
+        makespan: the step time (the whole unrolled window for asynchronous schedules).
+        busy: per device, seconds of compute (collectives count on every participant).
+        bubble_ratio: idle fraction of ``devices x makespan``.
+        peak_memory: per device, bytes; ``peak_activations``: stored stage-microbatch activations.
+        fits: per device, whether ``peak_memory <= capacity``.
+        communication_bytes: bytes sent between devices (transfers; collectives not included).
+        step_finish: per optimizer step, when its last op finishes; ``period``: the differences
+            (constant in steady state for asynchronous schedules).
+        staleness: per forward op, optimizer steps between it and its backward (from the orders).
+    """
+
+    start: Float[Array, " ops"]
+    finish: Float[Array, " ops"]
+    makespan: Float[Array, ""]
+    busy: Float[Array, " devices"]
+    bubble_ratio: Float[Array, ""]
+    peak_memory: Float[Array, " devices"]
+    peak_activations: Float[Array, " devices"]
+    fits: Array
+    communication_bytes: Float[Array, ""]
+    step_finish: Float[Array, " steps"]
+    period: Float[Array, " gaps"]
+    ops: tuple[Op, ...] | None = eqx.field(static=True, default=None)
+    staleness: dict | None = eqx.field(static=True, default=None)
+
+    def time_of(self, op: Op) -> tuple[float, float]:
+        """``(start, finish)`` of ``op``."""
+        if self.ops is None:
+            raise ScheduleError("this result came from a bare Graph: simulate the Schedule to look up ops")
+        i = self.ops.index(op)
+        return float(self.start[i]), float(self.finish[i])
+
+    # -- output (the result protocol, ``diffpipe._results``) ----------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: every array field as numbers or lists (seconds, bytes), ``ops`` as their
+        names (``"0F3"``; None for a bare ``Graph``) and ``staleness`` as ``{op name: steps}``."""
+        out: dict[str, Any] = {name: np.asarray(getattr(self, name)) for name in (
+            "makespan", "bubble_ratio", "busy", "peak_memory", "peak_activations", "fits", "communication_bytes",
+            "step_finish", "period", "start", "finish")}
+        out["ops"] = None if self.ops is None else [str(op) for op in self.ops]
+        out["staleness"] = None if self.staleness is None else {str(op): s for op, s in self.staleness.items()}
+        return out
+
+    def to_json(self, path: Any = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+
+class GraphTimes(NamedTuple):
+    """What ``simulate_graph`` computes: per graph node (``Graph`` row order; padding and scratch
+    rows included, ``op_index`` maps rows to ops), per device and per step."""
+
+    start: Float[Array, " nodes"]
+    finish: Float[Array, " nodes"]
+    makespan: Float[Array, ""]
+    busy: Float[Array, " devices"]
+    bubble_ratio: Float[Array, ""]
+    peak_memory: Float[Array, " devices"]
+    peak_activations: Float[Array, " devices"]
+    communication_bytes: Float[Array, ""]
+    step_finish: Float[Array, " steps"]
+
+
+def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None) -> GraphTimes:
+    """One step of ``graph`` on ``hw``, every node of it: the jitted core of ``simulate``, for
+    callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
+    ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
+    arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
+    return _checked(_simulate_graph, hw, graph, hw, temperature)
+
+
+@eqx.filter_jit
+def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
+    tables = _tables(graph, hw, False)
+    dur, _ = tables.expand(graph)
+    finish = finish_times(graph, tables, temperature)[:, 0]
+    total = sink_max(graph, finish[:, None], temperature)[0]
+    lead, tail = hw.step_terms(graph)  # the step's setup and wind-down, not the ops' own work
+    dur = dur[:, 0] - lead - tail
+    step_finish = finish[graph.step_last]  # a step ends after its wind-down
+    finish = finish - tail
+    real = graph.kind != PAD
+    busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
+    if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
+        xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
+        busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
+        busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)
+    bubble = 1.0 - jnp.sum(busy) / (graph.devices * total)
+    memory, count = peak_memory(graph, hw)
+    msg = hw.per_stage("message_bytes", graph)
+    size = hw.per_microbatch(graph)
+    is_xfer_edge = (graph.edge == EDGE_ACTIVATION) | (graph.edge == EDGE_GRADIENT)
+    edge_bytes = size[jnp.where(graph.kind <= KIND_CODES["W"], graph.microbatch, 0)][:, None] * msg[
+        graph.pipeline[:, None], jnp.maximum(graph.edge_boundary, 0)]
+    node_bytes = size[jnp.where(graph.kind == KIND_CODES["T"], graph.microbatch, 0)] * msg[
+        graph.pipeline, jnp.maximum(graph.boundary, 0)]
+    volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
+        jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
+    return GraphTimes(finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish)
+
+
+def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None,
+             gradient_sync: bool = False) -> Result:
+    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``;
+    ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and updates; the
+    per-op arrays stay those of the schedule's ops)."""
+    if not isinstance(hw, Hardware):
+        raise ConfigError(f"simulate expects a Hardware, got {type(hw).__name__}")
+    ops = stale = None
+    if isinstance(schedule, Schedule):
+        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
+                        gradient_sync=gradient_sync)
+        ops, stale = schedule.ops, schedule_staleness(schedule)
+    elif isinstance(schedule, Graph):
+        if gradient_sync:
+            raise ConfigError("simulate: gradient_sync=True applies to a Schedule; a Graph has its own "
+                              "(compile(schedule, gradient_sync=True))")
+        graph = schedule
+    else:
+        raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
+    start, finish, total, busy, bubble, memory, count, volume, step_finish = simulate_graph(
+        graph, hw, _temperature(temperature, hw.forward.dtype))
+    index = np.asarray(graph.op_index)
+    rows = np.flatnonzero(index >= 0)
+    order = rows[np.argsort(index[rows])]
+    return Result(
+        start=start[order], finish=finish[order], makespan=total, busy=busy, bubble_ratio=bubble,
+        peak_memory=memory, peak_activations=count, fits=memory <= hw.per_device(graph),
+        communication_bytes=volume, step_finish=step_finish, period=jnp.diff(step_finish),
+        ops=ops, staleness=stale,
+    )

@@ -1,0 +1,118 @@
+"""``Cluster``: devices and the links between them (presets by name, ``diffpipe.presets``)."""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import check_int
+from .._errors import ConfigError
+from . import _presets
+from ._device import Device
+
+
+# -- the cluster ------------------------------------------------------------------------------------
+def _float(value: Any) -> Array:
+    return jnp.asarray(value, dtype=jnp.result_type(float))
+
+
+def _link(value: Any, what: str) -> tuple[str, float, float]:
+    """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
+    if isinstance(value, str):
+        key = _presets.network_key(value)
+        spec = _presets.NETWORKS[key]
+        return key, spec.bandwidth, spec.latency
+    if isinstance(value, _presets.LinkSpec):
+        return "custom", value.bandwidth, value.latency
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return "custom", value[0], value[1]
+    raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
+                      f"or (bandwidth, latency), got {value!r}")
+
+
+def _concrete(x: Any) -> np.ndarray | None:
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
+class Cluster(eqx.Module):
+    """Devices and the links between them; float leaves are arrays (differentiable, vmap-able).
+
+    ``Cluster(device="H100", gpus=64, devices_per_node=8, intra="nvlink4", inter="ib-ndr")``:
+    ``device`` is a ``Device`` or a device preset name; ``intra``/``inter`` link preset names
+    (``diffpipe.presets.networks()``), ``LinkSpec``s or ``(bandwidth bytes/s, latency s)`` pairs;
+    ``devices_per_node`` defaults to the intra link's switch domain (8 for NVLink, 72 for NVL72).
+    ``memory_bandwidth`` (bytes/s; it also times the optimizer step) lives on the ``Device``
+    (presets carry the datasheet figure); ``memory_bandwidth=`` replaces the device's. A device
+    without one (``inf``, a bare ``Device(peak, memory)``) is refused: the optimizer step would be free.
+    """
+
+    device: Device
+    intra_bandwidth: Float[Array, ""]
+    intra_latency: Float[Array, ""]
+    inter_bandwidth: Float[Array, ""]
+    inter_latency: Float[Array, ""]
+    gpus: int = eqx.field(static=True)
+    devices_per_node: int = eqx.field(static=True)
+    intra: str = eqx.field(static=True)
+    inter: str = eqx.field(static=True)
+
+    def __init__(self, device: Any = "H100", gpus: int = 8, devices_per_node: int | None = None,
+                 intra: Any = "nvlink4", inter: Any = "ib-ndr", *, memory_bandwidth: Any = None) -> None:
+        if isinstance(device, str):
+            device = _presets.device(device)
+        elif not isinstance(device, Device):
+            raise ConfigError(f"cluster: device must be a Device or a device preset name, got {device!r}")
+        if memory_bandwidth is not None:
+            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, _float(memory_bandwidth))
+        bandwidth = _concrete(device.memory_bandwidth)
+        if bandwidth is not None and not np.all(np.isfinite(bandwidth)):
+            raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
+                              "(bytes/s)")
+        self.device = device
+        self.gpus = check_int("cluster: gpus", gpus, 1)
+        self.intra, intra_bw, intra_lat = _link(intra, "intra")
+        self.inter, inter_bw, inter_lat = _link(inter, "inter")
+        if devices_per_node is None:
+            domain = _presets.NETWORKS[self.intra].domain if self.intra in _presets.NETWORKS else None
+            devices_per_node = domain or 8
+        self.devices_per_node = check_int("cluster: devices_per_node", devices_per_node, 1)
+        if self.gpus > self.devices_per_node and self.gpus % self.devices_per_node:
+            raise ConfigError(f"cluster: gpus={self.gpus} is not a whole number of {self.devices_per_node}-GPU "
+                              "nodes")
+        self.intra_bandwidth, self.intra_latency = _float(intra_bw), _float(intra_lat)
+        self.inter_bandwidth, self.inter_latency = _float(inter_bw), _float(inter_lat)
+
+    def __check_init__(self) -> None:
+        for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False),
+                               ("inter_latency", False)):
+            x = _concrete(getattr(self, name))
+            if x is None:
+                continue
+            bad = np.isnan(x) | (x < 0) | ((x <= 0) if positive else False) | (np.isinf(x) & (not positive))
+            if np.any(bad):
+                want = "positive (inf allowed)" if positive else "non-negative and finite"
+                raise ConfigError(f"cluster: {name} must be {want}, got {x.ravel()[0]!r}")
+
+    @property
+    def memory_bandwidth(self) -> Array:
+        """The device's memory bandwidth (bytes/s)."""
+        return self.device.memory_bandwidth
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.devices_per_node)
+
+    def link(self, name: str) -> tuple[Array, Array]:
+        """``(bandwidth, latency)`` of ``"intra"`` or ``"inter"``."""
+        if name == "intra":
+            return self.intra_bandwidth, self.intra_latency
+        if name == "inter":
+            return self.inter_bandwidth, self.inter_latency
+        raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
+

@@ -1,0 +1,526 @@
+"""``optimize``: gradient descent on the smoothed makespan, then rounding and an exact local search.
+
+The loss of parameters ``p`` of knobs ``k`` (``AbstractKnob``s: ``StageBalance``, ``MicrobatchSplit``,
+or a user's own; each sets its own ``Hardware`` fields) is
+
+    makespan(graph, k(p, workload), temperature=tau) / scale
+        + memory_penalty * sum_d max(0, peak_memory_d / capacity_d - 1)^2
+
+with ``scale`` the exact makespan of the best baseline, so that temperatures and the penalty are
+relative and the loss is about 1. An optax transformation runs it for ``steps`` steps inside one
+``lax.scan`` while ``tau`` anneals geometrically towards exact. The continuous optimum is then
+rounded by every knob (``round``: floor/ceiling combinations of the stage boundaries, largest
+remainders for samples), and a steepest-descent local search over the knobs' ``neighbours`` (any
+combination of boundaries moving by one layer; one sample moving between two microbatches) runs
+with the batched exact simulator, from the rounded plan, from the best baseline and from the knobs'
+other starts. The chosen plan is evaluated afresh by the exact simulator at the end; nothing else
+is ever reported. ``optimize`` only calls the knobs' methods: it never branches on a knob's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from .._engine._batch import evaluate_batched
+from .._engine._graph import Graph, compile
+from .._engine._hardware import Hardware
+from .._engine._simulate import makespan, peak_memory
+from .._errors import ConfigError
+from .._partition import uniform_partition
+from .._results import csv_text, json_text, markdown_table
+from .._workload._workload import Workload, check_static_memory
+from ..schedules import Schedule
+from ..schedules._analysis import peak_activations, weight_versions
+from ._baselines import StagePlan, make_plan
+from ._knobs import STAGE_FIELDS, AbstractKnob, Problem, as_knobs, knob_hardware, value_hardware
+
+#: Default optimizer: Adam (Kingma and Ba, ICLR 2015) on the knobs' logits. One module-level object,
+#: so repeated calls reuse the compiled loop.
+DEFAULT_OPTIMIZER = optax.adam(5e-2)
+#: Default annealing: temperature relative to the baseline makespan, from the first to the second
+#: value geometrically over the steps.
+DEFAULT_TEMPERATURE = (1e-2, 1e-4)
+#: Weight of the squared relative memory overflow in the loss (the makespan term is about 1).
+DEFAULT_MEMORY_PENALTY = 100.0
+#: Floor/ceiling combinations of the continuous boundaries tried when rounding (2^(stages-1) of
+#: them when at most this many, else nearest only).
+ROUNDING_COMBINATIONS = 256
+#: The local search moves any subset of boundaries by ±1 when there are at most this many such
+#: moves (3^(stages-1) - 1: up to 8 stages); beyond, one or two boundaries at a time.
+NEIGHBOURHOOD_LIMIT = 2186
+#: Rounds of steepest descent at most (each round evaluates the whole neighbourhood at once).
+LOCAL_SEARCH_ROUNDS = 200
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """What ``optimize`` found. Every plan in it was evaluated by the exact simulator.
+
+    Attributes:
+        plan: the optimized integer plan (``layers_per_stage``, ``samples``, exact ``makespan``,
+            ``peak_memory``, ``fits``).
+        fits: whether ``plan`` fits memory (when False, no plan found did: see ``message``).
+        message: one line saying what was found, or why nothing fits.
+        baseline: name of the best baseline (``"uniform"``, ``"minmax"``, ``"given"``).
+        baseline_plan: that baseline, exactly evaluated.
+        rounded: the continuous optimum rounded, before the local search.
+        params: the continuous optimum (a tuple following the knobs).
+        continuous: per knob ``name``, the continuous optimum in the plan's units (fractional);
+            ``continuous_layers`` / ``continuous_samples`` read it (None without that knob).
+        continuous_makespan: exact makespan of the continuous (fractional) optimum.
+        loss: the loss at every step.
+        temperatures: the temperature (seconds) at every step.
+        evaluations: plans the exact simulator evaluated (baselines, rounding, local search).
+    """
+
+    plan: StagePlan
+    fits: bool
+    message: str
+    baseline: str
+    baseline_plan: StagePlan
+    rounded: StagePlan
+    params: tuple
+    continuous: Mapping[str, np.ndarray]
+    continuous_makespan: float
+    loss: np.ndarray
+    temperatures: np.ndarray
+    evaluations: int
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return self.plan.layers_per_stage
+
+    @property
+    def samples(self) -> tuple[int, ...] | None:
+        return self.plan.samples
+
+    @property
+    def makespan(self) -> float:
+        return self.plan.makespan
+
+    @property
+    def continuous_layers(self) -> np.ndarray | None:
+        return self.continuous.get("layers_per_stage")
+
+    @property
+    def continuous_samples(self) -> np.ndarray | None:
+        return self.continuous.get("samples")
+
+    @property
+    def peak_memory(self) -> tuple[float, ...]:
+        return self.plan.peak_memory
+
+    @property
+    def baseline_makespan(self) -> float:
+        return self.baseline_plan.makespan
+
+    @property
+    def speedup(self) -> float:
+        """``baseline_makespan / makespan`` (>= 1 whenever the baseline fits)."""
+        return self.baseline_plan.makespan / self.plan.makespan if self.plan.makespan > 0 else 1.0
+
+    # -- output (the result protocol, ``diffpipe._results``) ----------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``plan``, ``baseline_plan``, ``rounded`` (each ``{layers_per_stage, samples,
+        makespan_s, peak_memory_bytes, capacity_bytes, fits, values}``), ``fits``, ``message``,
+        ``baseline``, ``speedup``, ``params`` (per knob), ``continuous`` (per knob name),
+        ``continuous_makespan_s``, ``loss``, ``temperatures_s``, ``evaluations``."""
+        return {
+            "plan": _plan_dict(self.plan), "fits": self.fits, "message": self.message, "baseline": self.baseline,
+            "baseline_plan": _plan_dict(self.baseline_plan), "rounded": _plan_dict(self.rounded),
+            "speedup": self.speedup, "params": [np.asarray(p) for p in self.params],
+            "continuous": {k: np.asarray(v) for k, v in self.continuous.items()},
+            "continuous_makespan_s": self.continuous_makespan, "loss": self.loss,
+            "temperatures_s": self.temperatures, "evaluations": self.evaluations,
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+    def _rows(self) -> tuple[list[str], list[list[Any]]]:
+        header = ["plan", "layers_per_stage", "samples", "makespan_s", "peak_memory_bytes", "fits"]
+        rows = [[name, " ".join(map(str, p.layers_per_stage)),
+                 "" if p.samples is None else " ".join(map(str, p.samples)), p.makespan, max(p.peak_memory),
+                 p.fits]
+                for name, p in ((f"baseline ({self.baseline})", self.baseline_plan), ("rounded", self.rounded),
+                                ("optimized", self.plan))]
+        return header, rows
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """The baseline, rounded and optimized plans, one row each; written atomically to ``path`` when given."""
+        return csv_text(*self._rows(), path)
+
+    def to_markdown(self) -> str:
+        """The three plans as a Markdown table, then ``message``."""
+        header, rows = self._rows()
+        cells = [[r[0], r[1], r[2], f"{r[3]:.6g}", f"{r[4]:.4g}", "yes" if r[5] else "NO"] for r in rows]
+        return markdown_table(header, cells) + "\n" + self.message + "\n"
+
+
+def _plan_dict(plan: StagePlan) -> dict[str, Any]:
+    return {"layers_per_stage": list(plan.layers_per_stage),
+            "samples": None if plan.samples is None else list(plan.samples), "makespan_s": plan.makespan,
+            "peak_memory_bytes": list(plan.peak_memory), "capacity_bytes": list(plan.capacity), "fits": plan.fits,
+            "values": {name: list(v) for name, v in plan.values}}
+
+
+# -- the continuous phase ----------------------------------------------------------------------------
+@eqx.filter_jit
+def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, stages):
+    """Run ``optimizer`` from every start (``params`` leaves carry a leading ``starts`` axis)."""
+    capacity = jnp.broadcast_to(workload.capacity, (graph.devices,))
+
+    def loss_fn(p, tau):
+        hw = knob_hardware(knobs, p, workload, stages)
+        time = makespan(graph, hw, temperature=tau)
+        memory = peak_memory(graph, hw)[0]
+        over = jnp.maximum(memory / capacity - 1.0, 0.0)  # 0 where capacity is inf
+        return time / scale + weight * jnp.sum(over * over)
+
+    def run(p):
+        def step(carry, tau):
+            p, state = carry
+            loss, grad = jax.value_and_grad(loss_fn)(p, tau)
+            with jax.numpy_dtype_promotion("standard"):  # optax mixes int counters and floats
+                updates, state = optimizer.update(grad, state, p)
+                p = optax.apply_updates(p, updates)
+            return (p, state), loss
+
+        with jax.numpy_dtype_promotion("standard"):
+            state = optimizer.init(p)
+        (p, _), losses = lax.scan(step, (p, state), taus)
+        return p, losses, tuple(k.relax(q, workload) for k, q in zip(knobs, p))
+
+    return jax.vmap(run)(params)
+
+
+def _temperatures(temperature: Any, steps: int) -> np.ndarray:
+    if isinstance(temperature, tuple) and len(temperature) == 2:
+        first, last = (float(t) for t in temperature)
+        if not all(math.isfinite(t) and t > 0 for t in (first, last)):
+            raise ConfigError(f"optimize: temperatures must be positive and finite, got {temperature!r}")
+        return np.geomspace(first, last, steps)
+    taus = np.asarray(temperature, dtype=np.float64)
+    if taus.shape != (steps,) or not np.all(np.isfinite(taus) & (taus > 0)):
+        raise ConfigError(f"optimize: temperature must be a (start, end) pair or {steps} positive values, got "
+                          f"shape {taus.shape}")
+    return taus
+
+
+# -- exact evaluation and local search -----------------------------------------------------------------
+def _key(time: float, memory: np.ndarray, capacity: np.ndarray) -> tuple:
+    """Order of plans: fitting ones by time, then the rest by overflow, then time."""
+    fits = bool(np.all(memory <= capacity))
+    if fits:
+        return (0, 0.0, float(time))
+    finite = np.isfinite(capacity)
+    overflow = float(np.max(np.where(finite, (memory - capacity) / np.where(finite, capacity, 1.0), -np.inf)))
+    return (1, overflow, float(time))
+
+
+def _plan_key(plan: tuple[np.ndarray, ...]) -> tuple:
+    return tuple(tuple(np.asarray(p).ravel().tolist()) for p in plan)
+
+
+class _Build(eqx.Module):
+    """The hashable map from the knobs' values to a ``Hardware`` that ``evaluate_batched`` vmaps."""
+
+    knobs: tuple[AbstractKnob, ...]
+    workload: Workload
+    stages: int = eqx.field(static=True)
+
+    def __call__(self, values: tuple) -> Hardware:
+        return value_hardware(self.knobs, values, self.workload, self.stages)
+
+
+class _Search:
+    """Exact evaluation of integer plans (a tuple following the knobs) with a cache and a counter."""
+
+    def __init__(self, graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], stages: int):
+        self.graph, self.workload, self.knobs = graph, workload, knobs
+        self.build = _Build(knobs, workload, stages)
+        self.capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
+        self.cache: dict[tuple, tuple[float, np.ndarray]] = {}
+        self.evaluations = 0
+
+    def exact(self, values: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Exact makespan, memory and fit of a batch of values (``[B, ...]`` per knob)."""
+        return evaluate_batched(self.graph, self.build, values, self.workload.capacity, self.workload.forward.dtype)
+
+    def evaluate(self, plans: list[tuple[np.ndarray, ...]]) -> list[tuple[float, np.ndarray]]:
+        todo: dict[tuple, tuple[np.ndarray, ...]] = {}
+        for plan in plans:
+            key = _plan_key(plan)
+            if key not in self.cache and key not in todo:
+                todo[key] = plan
+        if todo:
+            values = tuple(np.stack([k.encode(plan[i], self.workload) for plan in todo.values()])
+                           for i, k in enumerate(self.knobs))
+            times, memory, _ = self.exact(values)
+            self.evaluations += len(todo)
+            for key, t, m in zip(todo, times, memory):
+                self.cache[key] = (float(t), m)
+        return [self.cache[_plan_key(plan)] for plan in plans]
+
+    def key(self, plan: tuple[np.ndarray, ...]) -> tuple:
+        time, memory = self.evaluate([plan])[0]
+        return _key(time, memory, self.capacity)
+
+    def best(self, plans: list[tuple[np.ndarray, ...]]) -> tuple[tuple, tuple]:
+        results = self.evaluate(plans)
+        keys = [_key(t, m, self.capacity) for t, m in results]
+        i = min(range(len(plans)), key=lambda j: keys[j])
+        return plans[i], keys[i]
+
+    def descend(self, start: tuple[np.ndarray, ...]) -> tuple:
+        """Steepest descent over every knob's ``neighbours`` (one knob moves at a time)."""
+        current, key = start, self.key(start)
+        for _ in range(LOCAL_SEARCH_ROUNDS):
+            neighbours = [current[:i] + (n,) + current[i + 1:]
+                          for i, k in enumerate(self.knobs) for n in k.neighbours(current[i])]
+            if not neighbours:
+                break
+            plan, plan_key = self.best(neighbours)
+            if not plan_key < key:
+                break
+            current, key = plan, plan_key
+        return current, key
+
+
+# -- the entry point ---------------------------------------------------------------------------------
+def optimize(
+    graph: Graph | Schedule,
+    workload: Workload,
+    knob: AbstractKnob | Sequence[AbstractKnob],
+    *,
+    optimizer: optax.GradientTransformation = DEFAULT_OPTIMIZER,
+    steps: int = 300,
+    temperature: tuple[float, float] | Sequence[float] = DEFAULT_TEMPERATURE,
+    memory_penalty: float = DEFAULT_MEMORY_PENALTY,
+    init: Any = None,
+    restarts: int = 0,
+    key: jax.Array | None = None,
+    local_search: bool = True,
+    throw: bool = False,
+) -> OptimizeResult:
+    """Optimize the knobs' choices (stage boundaries, microbatch sizes, ...) of ``graph`` for ``workload``.
+
+    Args:
+        graph: a ``Graph``, or a ``Schedule`` (compiled for the workload's communication mode after
+            every argument has been checked).
+        workload: the per-layer table and machine terms (``Workload``).
+        knob: an ``AbstractKnob`` (``StageBalance``, ``MicrobatchSplit``, or one of your own), or a
+            tuple of knobs setting different ``Hardware`` fields. Without a knob setting the stages'
+            fields the split is ``workload.layers_per_stage`` (uniform when None).
+        optimizer: any optax transformation (default Adam, learning rate 0.05, on logits).
+        steps: gradient steps.
+        temperature: ``(start, end)`` relative to the baseline makespan, annealed geometrically,
+            or one relative temperature per step.
+        memory_penalty: weight of the squared relative overflow of each device's capacity.
+        init: one start (a tuple following the knobs). Default: the knobs' neutral start and the
+            knobs' ``starts`` (for ``StageBalance``: the uniform, min-max and memory-limited
+            min-max splits), run at once.
+        restarts: extra starts, logits drawn around the first start with ``key`` (a PRNG key).
+        local_search: run the exact local search over the knobs' ``neighbours`` after rounding.
+        throw: raise ``ConfigError`` when no plan fits memory (default: say so in the result).
+
+    Returns:
+        An ``OptimizeResult``: the best plan found (never worse than the best combination of the
+        knobs' ``baselines``, by the exact simulator), with the continuous optimum, the loss curve
+        and that baseline.
+    """
+    knobs = as_knobs(knob)
+    if not isinstance(workload, Workload):
+        raise ConfigError(f"optimize expects a Workload, got {type(workload).__name__}")
+    if isinstance(graph, Schedule):
+        stages, micro, devices = graph.stages, graph.microbatches, graph.devices
+        holder = np.asarray(graph.placement.table)
+        versions = np.asarray(weight_versions(graph))
+    elif isinstance(graph, Graph):
+        if graph.kind.ndim != 1:
+            raise ConfigError("optimize expects one graph, not a stack")
+        stages, micro, devices = graph.stages, graph.microbatches, graph.devices
+        holder, versions = np.asarray(graph.holder), np.asarray(graph.versions)
+    else:
+        raise ConfigError(f"optimize expects a Graph or Schedule, got {type(graph).__name__}")
+    sets = {name for k in knobs for name in k.sets}
+    fixed_split = not sets & set(STAGE_FIELDS)
+    if fixed_split:
+        if stages > workload.layers:
+            raise ConfigError(f"optimize: the schedule's {stages} stages exceed the workload's {workload.layers} "
+                              "layers")
+        workload = workload.with_split(workload.layers_per_stage or uniform_partition(workload.layers, stages))
+        if len(workload.layers_per_stage) != stages:
+            raise ConfigError(f"optimize: workload.layers_per_stage has {len(workload.layers_per_stage)} stages, "
+                              f"the schedule has {stages}")
+    else:
+        workload = workload.with_split(None)  # unused; dropping it lets workloads share compiled code
+    if "size" not in sets and workload.samples is not None:
+        workload = dataclasses.replace(workload, samples=None)  # unused here; lets workloads share compiled code
+    problem = Problem(workload, stages, micro, devices, holder, versions, _peak_in_flight(graph),
+                      1.0 if "size" in sets else float(np.max(workload.size)))
+    for k in knobs:
+        k.check(problem)
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+        raise ConfigError(f"optimize: restarts must be a non-negative int, got {restarts!r}")
+    if restarts and key is None:
+        raise ConfigError("optimize: restarts need a PRNG key (key=jax.random.key(0))")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(f"optimize: steps must be a positive int, got {steps!r}")
+    if not (isinstance(memory_penalty, (int, float)) and math.isfinite(memory_penalty) and memory_penalty >= 0):
+        raise ConfigError(f"optimize: memory_penalty must be a finite non-negative number, got {memory_penalty!r}")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise ConfigError(f"optimize: optimizer must be an optax GradientTransformation, got "
+                          f"{type(optimizer).__name__}")
+    taus = _temperatures(temperature, steps)
+    if fixed_split:
+        check_static_memory(workload, holder, versions, devices, fixed=workload.layers_per_stage)
+    dtype = workload.forward.dtype
+    baselines = _baselines(knobs, problem)
+    starts = [k.starts(problem) for k in knobs]
+    params0 = _starts(knobs, workload, init, baselines, starts, restarts, key, dtype)
+    if isinstance(graph, Schedule):
+        graph = compile(graph, communication=workload.network.mode,
+                        devices_per_node=workload.network.devices_per_node)
+    _check_mode(graph, workload)
+
+    # Baselines, exactly evaluated.
+    search = _Search(graph, workload, knobs, stages)
+    keys = {name: search.key(plan) for name, plan in baselines.items()}
+    baseline = min(keys, key=lambda n: keys[n])
+    scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
+
+    # The continuous phase, from every start at once.
+    params, losses, xs = _descend(graph, workload, knobs, params0, optimizer, jnp.asarray(taus * scale, dtype),
+                                  jnp.asarray(memory_penalty, dtype), jnp.asarray(scale, dtype), stages)
+    losses = np.asarray(losses)
+    if not np.all(np.isfinite(losses)):
+        bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))
+        raise ConfigError(f"optimize: the loss became non-finite at step {bad}; lower the learning rate or raise "
+                          "the temperature")
+    best = int(np.argmin(losses[:, -1]))
+    chosen = tuple(p[best] for p in params)
+    continuous_makespan = float(search.exact(tuple(np.asarray(x[best:best + 1]) for x in xs))[0][0])
+
+    # Rounding every start's optimum, then the exact local search from the best rounded plan, from
+    # the best baseline and from the knobs' other starts.
+    candidates = []
+    for r in range(losses.shape[0]):
+        candidates += list(itertools.product(*(k.round(p[r], workload) for k, p in zip(knobs, params))))
+    rounded, _ = search.best(candidates)
+    origins = [rounded, baselines[baseline]]
+    for i, knob_starts in enumerate(starts):
+        origins += [baselines[baseline][:i] + (plan,) + baselines[baseline][i + 1:]
+                    for plan, origin in knob_starts if origin]
+    found = [search.descend(s) if local_search else (s, search.key(s)) for s in origins]
+    plan_values, _ = min(found, key=lambda f: f[1])
+
+    # Final check: the chosen plan evaluated afresh (not from the search's cache).
+    time, memory, _ = search.exact(tuple(k.encode(v, workload)[None] for k, v in zip(knobs, plan_values)))
+    plan = _make_plan(graph, workload, knobs, plan_values, float(time[0]), memory[0])
+    base_plan = _make_plan(graph, workload, knobs, baselines[baseline], *search.evaluate([baselines[baseline]])[0])
+    rounded_plan = _make_plan(graph, workload, knobs, rounded, *search.evaluate([rounded])[0])
+    message = _message(plan, base_plan, baseline, knobs)
+    if throw and not plan.fits:
+        raise ConfigError(message)
+    return OptimizeResult(
+        plan=plan, fits=plan.fits, message=message, baseline=baseline, baseline_plan=base_plan,
+        rounded=rounded_plan, params=chosen,
+        continuous={k.name: k.fractional(p, workload) for k, p in zip(knobs, chosen)},
+        continuous_makespan=continuous_makespan, loss=losses[best],
+        temperatures=taus * scale, evaluations=search.evaluations,
+    )
+
+
+def _baselines(knobs: tuple[AbstractKnob, ...], problem: Problem) -> dict[str, tuple[np.ndarray, ...]]:
+    """Every combination of the knobs' baselines, named by the names of knobs with a choice
+    (``"given"`` when none has one: the workload as given, each knob at its default)."""
+    each = [k.baselines(problem) for k in knobs]
+    out = {}
+    for combination in itertools.product(*(b.items() for b in each)):
+        names = [name for (name, _), b in zip(combination, each) if len(b) > 1]
+        out["+".join(names) or "given"] = tuple(np.asarray(plan) for _, plan in combination)
+    return out
+
+
+def _peak_in_flight(graph: Graph | Schedule) -> np.ndarray:
+    """Per device, the peak number of stored activations (timing-free: the lane order decides)."""
+    if isinstance(graph, Schedule):
+        return np.asarray(peak_activations(graph), np.float64)
+    return np.asarray(peak_memory(graph, Hardware.from_times(0.0, 0.0))[1], np.float64)
+
+
+#: Spread of the logits of random restarts around the first start.
+RESTART_SPREAD = 0.5
+
+
+def _starts(knobs, workload, init, baselines, starts, restarts, key, dtype) -> tuple:
+    """Starting parameters with a leading ``starts`` axis (a tuple following the knobs): the
+    neutral start, then row ``r`` of the knobs' ``starts`` (neutral where a knob has fewer); at
+    least one such row, so that every knob set compiles one loop shape per graph and workload."""
+    if init is not None:
+        first = tuple(init) if isinstance(init, (tuple, list)) else (init,)
+        if len(first) != len(knobs):
+            raise ConfigError(f"optimize: init has {len(first)} entries for {len(knobs)} knobs")
+        rows = [tuple(jnp.asarray(p, dtype) for p in first)]
+        for k, p in zip(knobs, rows[0]):
+            if p.shape != k.init(workload).shape:
+                raise ConfigError(f"optimize: init for {type(k).__name__} has shape {p.shape}, expected "
+                                  f"{k.init(workload).shape}")
+    else:
+        rows = [tuple(k.init(workload) for k in knobs)]
+        for r in range(max(1, *(len(s) for s in starts))):
+            rows.append(tuple(k.init(workload, tuple(s[r][0].tolist())) if r < len(s) else k.init(workload)
+                              for k, s in zip(knobs, starts)))
+    if restarts:
+        for r in range(restarts):
+            noise = jax.random.split(jax.random.fold_in(key, r), len(knobs))
+            rows.append(tuple(p + RESTART_SPREAD * jax.random.normal(n, p.shape, dtype)
+                              for p, n in zip(rows[0], noise)))
+    return tuple(jnp.stack([jnp.asarray(row[i], dtype) for row in rows]) for i in range(len(knobs)))
+
+
+def _check_mode(graph: Graph, workload: Workload) -> None:
+    """The graph must have been compiled for the workload network's communication mode."""
+    probe = Hardware.from_times(0.0, 0.0)
+    eqx.tree_at(lambda hw: hw.network, probe, workload.network).check_graph(graph)
+
+
+def _make_plan(graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], plan: tuple[np.ndarray, ...],
+               time: float, memory: np.ndarray) -> StagePlan:
+    values = {k.name: v for k, v in zip(knobs, plan)}
+    counts = values.get("layers_per_stage", workload.layers_per_stage)
+    return make_plan(graph, workload, counts, values.get("samples"), time, memory, values)
+
+
+def _message(plan: StagePlan, baseline: StagePlan, name: str, knobs: tuple[AbstractKnob, ...]) -> str:
+    what = f"layers per stage {list(plan.layers_per_stage)}"
+    for k in knobs:
+        if k.name != "layers_per_stage":
+            what += f", {k.label} {list(dict(plan.values)[k.name])}"
+    if not plan.fits:
+        memory, capacity = np.asarray(plan.peak_memory), np.asarray(plan.capacity)
+        d = int(np.argmax(memory - capacity))
+        return (f"no plan fits memory: the best found ({what}) needs {memory[d]:.4g} bytes on device {d}, "
+                f"over its capacity {capacity[d]:.4g}")
+    gain = (baseline.makespan / plan.makespan - 1.0) * 100 if plan.makespan > 0 else 0.0
+    against = f"{gain:.2f}% faster than {name} ({baseline.makespan:.6g} s)" if baseline.fits else \
+        f"{name} ({baseline.makespan:.6g} s) does not fit memory"
+    return f"{what}: makespan {plan.makespan:.6g} s, {against}"
+
+
+__all__ = ["DEFAULT_MEMORY_PENALTY", "DEFAULT_OPTIMIZER", "DEFAULT_TEMPERATURE", "OptimizeResult", "optimize"]

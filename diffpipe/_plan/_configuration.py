@@ -1,0 +1,300 @@
+"""``Configuration``: a model, a parallelism, a cluster and a global batch, simulated as one step.
+
+``Configuration(model, parallelism, cluster, global_batch, schedule="1f1b")`` builds the pipeline
+schedule (``devices = pipeline``; ``chunks = virtual`` for families with chunks; ``microbatches =
+global_batch / (microbatch_size x data)``), the per-device ``Workload`` of ``diffpipe._workload._parallel``
+(tensor/expert-sharded FLOPs in seconds, the tensor, expert and ZeRO-3 collectives each op waits
+for added to its duration, ZeRO static bytes, data-parallel gradient bytes, optimizer-step traffic
+over memory bandwidth), its ``Hardware``, and ``evaluate()`` simulates one step of one pipeline
+(all ``data`` replicas run the same one) and reports:
+
+- ``step_time``: the makespan, seconds, the gradient sync of every stage over its data-parallel
+  group and the optimizer steps included (``compile(..., gradient_sync=True)``: API.md section 1);
+- ``tokens_per_second_per_gpu``: ``global_batch x sequence / step_time / gpus``;
+- ``mfu``: model FLOPs utilisation, ``model.model_flops() x microbatches x data / (step_time x gpus x
+  peak_flops)``: the FLOPs the model needs per step, without recomputation, over what the GPUs
+  could do at peak (Chowdhery et al., "PaLM", 2022, Appendix B; Korthikanti et al. 2022, §6.3:
+  "model FLOPs" leave recomputation out, "hardware FLOPs" would count it);
+- ``memory_per_gpu``: the peak over pipeline ranks of static (ZeRO) plus stored activation bytes,
+  ``fits`` against the device memory;
+- ``bubble_ratio`` (``Result.bubble_ratio``) and ``communication_share``: the share of the step a
+  pipeline rank spends in the tensor, expert and ZeRO-3 collectives inside its ops, averaged over
+  the ranks (the overlapped gradient sync is not counted: what it does not hide is in the step).
+
+Every float of the cluster (device peak and efficiency, link bandwidths and latencies, memory
+bandwidth) reaches the ``Hardware`` through array operations, so ``makespan`` is differentiable in
+them, and a configuration of the same structure with new values reuses the compiled evaluator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from .. import schedules
+from .._checks import check_int
+from .._engine._graph import Graph, compile
+from .._engine._hardware import Hardware, Network
+from .._engine._simulate import Result, makespan, simulate
+from .._errors import ConfigError
+from .._machine._cluster import Cluster
+from .._model._transformer import Transformer, stage_of_layers
+from .._results import json_text
+from .._workload._parallel import GROUPS, ParallelCosts, Parallelism, Placement, parallel_costs, placement
+from .._workload._workload import Workload
+from ..schedules import Schedule
+from ..schedules._analysis import staleness as schedule_staleness
+
+#: Kind index of ``ParallelCosts.collective_*`` rows.
+_F, _I, _W = range(3)
+
+
+def gradient_sync(schedule: Schedule) -> bool:
+    """Whether a configuration compiles ``schedule`` with the gradient-sync lane: unless it has its
+    own ``R`` or ``U`` ops (``compile`` refuses both at once)."""
+    return not any(op.kind in ("R", "U") for op in schedule.ops)
+
+
+@dataclass(frozen=True, init=False)
+class Configuration:
+    """One training configuration (see the module docstring).
+
+    Args:
+        model: the ``Transformer`` (its ``microbatch_size``, ``recompute`` and ``flash_attention``
+            are the run's).
+        parallelism: the ``Parallelism`` (its sizes must multiply to ``cluster.gpus``).
+        cluster: the ``Cluster``.
+        global_batch: samples per optimizer step (a multiple of ``microbatch_size x data``).
+        schedule: the pipeline family (``diffpipe.schedules.names()``); default ``"1f1b"``, or
+            ``"interleaved-1f1b"`` when ``parallelism.virtual > 1``.
+        options: further family options (``chunks`` comes from ``virtual``).
+        communication: the pipeline's communication mode (``overlap`` by default).
+        layers_per_stage: transformer blocks per model stage (default: as even as possible).
+    """
+
+    model: Transformer
+    parallelism: Parallelism
+    cluster: Cluster
+    global_batch: int
+    family: str
+    options: tuple[tuple[str, Any], ...]
+    communication: str
+    layers_per_stage: tuple[int, ...] | None
+
+    def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
+                 schedule: str | None = None, options: dict[str, Any] | None = None,
+                 communication: str = "overlap", layers_per_stage: Any = None) -> None:
+        if not isinstance(model, Transformer):
+            raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
+        if not isinstance(parallelism, Parallelism):
+            raise ConfigError(f"configuration: parallelism must be a Parallelism, got {type(parallelism).__name__}")
+        if not isinstance(cluster, Cluster):
+            raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
+        check_int("configuration: global_batch", global_batch, 1)
+        family = schedule if schedule is not None else ("interleaved-1f1b" if parallelism.virtual > 1 else "1f1b")
+        fam = schedules.family(family)  # an unknown family: one line naming it
+        options = dict(options or {})
+        if "chunks" in options:
+            raise ConfigError("configuration: chunks comes from parallelism.virtual; do not pass it in options")
+        parallelism.check(model, cluster.gpus)
+        per_step = model.microbatch_size * parallelism.data
+        if global_batch % per_step:
+            raise ConfigError(f"configuration: global_batch={global_batch} is not a multiple of microbatch_size x "
+                              f"data = {model.microbatch_size} x {parallelism.data} = {per_step}")
+        if layers_per_stage is not None:
+            layers_per_stage = tuple(int(c) for c in layers_per_stage)
+            if len(layers_per_stage) != parallelism.stages:
+                raise ConfigError(f"configuration: layers_per_stage has {len(layers_per_stage)} entries, the "
+                                  f"parallelism has pipeline x virtual = {parallelism.stages} stages")
+            stage_of_layers(model, layers_per_stage=layers_per_stage)  # sums to the model's blocks
+        for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
+                            ("global_batch", int(global_batch)), ("family", fam.name),
+                            ("options", tuple(sorted(options.items()))), ("communication", communication),
+                            ("layers_per_stage", layers_per_stage)):
+            object.__setattr__(self, name, value)
+        placement(parallelism, cluster)  # tensor groups inside a node, groups tiling the nodes
+
+    # -- the discrete side ---------------------------------------------------------------------------
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per pipeline per step: ``global_batch / (microbatch_size x data)``."""
+        return self.global_batch // (self.model.microbatch_size * self.parallelism.data)
+
+    @property
+    def placement(self) -> Placement:
+        return placement(self.parallelism, self.cluster)
+
+    def schedule(self) -> Schedule:
+        """The pipeline schedule: ``devices = pipeline``, ``chunks = virtual`` where the family has chunks."""
+        par = self.parallelism
+        options = dict(self.options)
+        if "chunks" in schedules.family(self.family).option_names:
+            options["chunks"] = par.virtual
+        s = schedules.get(self.family, devices=par.pipeline, microbatches=self.microbatches, **options)
+        if s.stages != par.stages:
+            raise ConfigError(f"configuration: {self.family} places {s.stages} stages on {par.pipeline} devices; "
+                              f"set virtual={s.stages // par.pipeline} (parallelism has {par.stages} stages)")
+        if s.stages > self.model.layers and self.layers_per_stage is None:
+            raise ConfigError(f"configuration: {self.family} needs {s.stages} stages, the model has "
+                              f"{self.model.layers} layers (give layers_per_stage with the embedding or head "
+                              "alone on the first or last stage: 0 blocks there)")
+        return s
+
+    def graph(self, schedule: Schedule | None = None) -> Graph:
+        """``compile`` of the schedule with the gradient-sync lane (``gradient_sync=True``), except
+        for schedules that bring their own ``R``/``U`` ops (chimera's sync, the asynchronous
+        families), which are compiled as they are."""
+        schedule = self.schedule() if schedule is None else schedule
+        return compile(schedule, communication=self.communication,
+                       devices_per_node=self.placement.stages_per_node, gradient_sync=gradient_sync(schedule))
+
+    # -- the cost side -------------------------------------------------------------------------------
+    def costs(self) -> ParallelCosts:
+        """The per-device per-layer table (``diffpipe._workload._parallel.parallel_costs``)."""
+        return parallel_costs(self.model, self.parallelism)
+
+    def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for."""
+        costs = self.costs() if costs is None else costs
+        dtype = self.cluster.device.throughput.dtype
+        total = jnp.zeros(costs.collective_bytes["tensor"].shape, dtype)
+        for group in GROUPS:
+            bandwidth, latency = self.cluster.link(self.placement.links[group])
+            total = total + (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
+                             + jnp.asarray(costs.collective_hops[group], dtype) * latency)
+        return total
+
+    def network(self) -> Network:
+        """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
+        intra link, others the inter link; ``data_parallel = data`` over the data group's link."""
+        c = self.cluster
+        return Network(c.intra_latency, c.intra_bandwidth, c.inter_latency, c.inter_bandwidth,
+                       mode=self.communication, devices_per_node=self.placement.stages_per_node,
+                       data_parallel=self.parallelism.data, data_parallel_link=self.placement.links["data"])
+
+    def workload(self) -> Workload:
+        """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
+        costs = self.costs()
+        device = self.cluster.device
+        forward, input_grad, weight = costs.costs.times(device)
+        dtype = forward.dtype
+        comm = self.collective_seconds(costs)
+        rows = tuple(np.bincount(self.stage_rows()).tolist())
+        return Workload.from_table(
+            forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
+            update=jnp.asarray(costs.update_bytes, dtype) / self.cluster.memory_bandwidth,
+            static_bytes=jnp.asarray(costs.static_bytes, dtype),
+            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
+            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
+            output_bytes=jnp.asarray(costs.output_bytes, dtype),
+            capacity=device.memory, network=self.network(), samples=float(self.model.microbatch_size),
+            layers_per_stage=rows, shared_static_bytes=costs.shared_static_bytes,
+            shared_gradient_bytes=costs.shared_gradient_bytes,
+        )
+
+    def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
+        """The model stage of every ``workload()`` row (embedding, blocks, head), for blocks per stage
+        ``layers_per_stage`` (default the configuration's, else as even as possible)."""
+        split = self.layers_per_stage if layers_per_stage is None else tuple(layers_per_stage)
+        stages = None if split is not None else self.parallelism.stages
+        return stage_of_layers(self.model, stages, split)
+
+    def hardware(self, layers_per_stage: Any = None) -> Hardware:
+        """``Hardware`` of ``schedule()`` (blocks per stage: ``layers_per_stage``, else the
+        configuration's, else as even as possible)."""
+        workload = self.workload()
+        rows = tuple(np.bincount(self.stage_rows(layers_per_stage)).tolist())
+        return workload.hardware(workload.boundaries(rows))
+
+    def makespan(self, temperature: Any = None) -> Array:
+        """``diffpipe.makespan`` of this configuration (differentiable in the cluster's floats)."""
+        return makespan(self.graph(), self.hardware(), temperature=temperature)
+
+    # -- the answer ----------------------------------------------------------------------------------
+    def evaluate(self) -> ConfigResult:
+        """Simulate one step exactly (see the module docstring for every figure)."""
+        schedule = self.schedule()
+        result = simulate(self.graph(schedule), self.hardware())
+        result = dataclasses.replace(result, ops=schedule.ops, staleness=schedule_staleness(schedule))
+        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory)
+        return ConfigResult(**figures, result=result)
+
+    def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any) -> dict[str, Any]:
+        """Every ``ConfigResult`` figure but ``result``, from a simulated step of ``schedule`` (its
+        ``step`` time, ``bubble_ratio`` and per-rank peak ``memory``): the one place of the
+        formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
+        par, model, device = self.parallelism, self.model, self.cluster.device
+        gpus = par.gpus
+        comm = np.asarray(self.collective_seconds())
+        per_stage = np.zeros((3, par.stages))
+        for row, stage in enumerate(self.stage_rows()):
+            per_stage[:, stage] += comm[:, row]
+        per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I], "W": per_stage[_W]}
+        busy = np.zeros(schedule.devices)
+        for device_index, order in enumerate(schedule.orders):
+            for op in order:
+                if op.kind in per_kind:
+                    busy[device_index] += per_kind[op.kind][op.stage]
+        memory = tuple(float(x) for x in np.asarray(memory))
+        capacity = float(device.memory)
+        peak = float(device.peak_flops)
+        flops = model.model_flops() * self.microbatches * par.data
+        return dict(
+            step_time=step,
+            tokens_per_second_per_gpu=self.global_batch * model.sequence / step / gpus if step > 0 else math.nan,
+            mfu=flops / (step * gpus * peak) if step > 0 else math.nan,
+            memory_per_gpu=max(memory), memory=memory, capacity=capacity, fits=max(memory) <= capacity,
+            bubble_ratio=bubble_ratio,
+            communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
+            microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
+        )
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """What ``Configuration.evaluate`` reports (units: seconds, bytes; see the module docstring).
+
+    Attributes:
+        step_time, tokens_per_second_per_gpu, mfu: the step and its throughput.
+        memory_per_gpu: bytes, the peak over pipeline ranks; ``memory``: per pipeline rank.
+        capacity, fits: the device memory and whether ``memory_per_gpu`` fits it.
+        bubble_ratio, communication_share: idle share of the step, and the share spent in the
+            collectives inside ops (mean over pipeline ranks).
+        microbatches, gpus, family: the configuration's sizes.
+        gradient_sync: whether the step includes the gradient-sync lane (False for schedules with
+            their own ``R``/``U`` ops).
+        result: the simulated step (``diffpipe.Result``, the schedule's ops).
+    """
+
+    step_time: float
+    tokens_per_second_per_gpu: float
+    mfu: float
+    memory_per_gpu: float
+    memory: tuple[float, ...]
+    capacity: float
+    fits: bool
+    bubble_ratio: float
+    communication_share: float
+    microbatches: int
+    gpus: int
+    family: str
+    gradient_sync: bool
+    result: Result
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: every figure (seconds, bytes), without the per-op ``result``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"} | {
+            "memory": list(self.memory)}
+
+    def to_json(self, path: Any = None, indent: int | None = 2) -> str:
+        """Strict JSON text of ``to_dict()``; also written atomically to ``path`` when given."""
+        return json_text(self.to_dict(), path, indent)
+
+
+__all__ = ["ConfigResult", "Configuration", "gradient_sync"]

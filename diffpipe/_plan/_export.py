@@ -1,0 +1,386 @@
+"""Launch exports: a chosen whole configuration as Megatron-LM arguments or a torchtitan TOML fragment.
+
+``Launch`` is the small frozen record ``plan`` hands back for its best rows (and that a user can
+write by hand): a ``Parallelism`` (the parallel degrees), the batch, the schedule family and the
+layers of every pipeline stage. ``megatron_args`` / ``torchtitan_toml`` turn it into what those frameworks read;
+``parse_megatron_layout`` reads Megatron-Core's ``--pipeline-model-parallel-layout`` notation back
+into layers per stage, so a hand-written layout can be evaluated with diffpipe. The torch
+compute-only CSV of the chosen schedule is ``diffpipe.schedules.to_torch_csv``.
+
+Flag and field names were checked against the frameworks' own sources (``tests/test_export.py``
+keeps the list, citing file and commit):
+
+- Megatron-LM ``megatron/training/arguments.py`` (most parallelism flags are generated from the
+  ``ModelParallelConfig`` / ``TransformerConfig`` / ``TrainingConfig`` / ``DistributedInitConfig``
+  dataclass fields by ``ArgumentGroupFactory``: ``--`` + the field name with ``-`` for ``_``) and
+  ``megatron/core/transformer/pipeline_parallel_layer_layout.py`` (the layout grammar: ``E``
+  embedding, ``t`` transformer layer, ``m`` MTP layer, ``L`` loss, ``|`` between stages, ``x*n`` and
+  ``(...)*n`` repetition, commas cosmetic; stages listed in layer order, i.e. virtual stage ``v`` of
+  pipeline rank ``r`` is entry ``v * pipeline + r``, the same model-order stage numbering as diffpipe's
+  looped placement).
+- torchtitan ``torchtitan/config/job_config.py`` at the last commit that read TOML files
+  (e347b1e5, Feb 2026; torchtitan v0.2.2 and earlier). Later torchtitan (9810191, "Config System
+  Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
+  field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
+  names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .._checks import check_int
+from .._errors import ConfigError
+from .._workload._parallel import Parallelism
+from ..schedules._torch import TORCH_NAMES
+
+RECOMPUTE = ("none", "selective", "full")
+#: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
+MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
+#: ZeRO stage -> Megatron-LM flags (ZeRO-1: the distributed optimizer; 2 and 3: Megatron-FSDP with
+#: its sharding strategy; FSDP v1 runs on the distributed optimizer).
+_MEGATRON_ZERO = {
+    0: [],
+    1: ["--use-distributed-optimizer"],
+    2: ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
+    3: ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+        "optim_grads_params"],
+}
+
+
+#: The ``Parallelism`` fields ``Launch`` took as keywords of its own before 0.3 (still accepted,
+#: with a ``DeprecationWarning``; also readable as deprecated attributes).
+_PARALLEL_FIELDS = tuple(f.name for f in fields(Parallelism))
+_PARALLEL_VIEWS = (*_PARALLEL_FIELDS, "gpus", "stages")
+
+
+@dataclass(frozen=True, init=False)
+class Launch:
+    """One whole training configuration, as a framework launches it.
+
+    ``Launch(family, parallelism, microbatch_size=..., global_batch=..., sequence=...,
+    layers_per_stage=..., recompute=...)``. The parallel sizes, their checks and the derived counts
+    (``gpus``, ``stages``) are the ``Parallelism``'s; the old spelling with the sizes as keywords of
+    their own (``Launch(family, tensor=8, pipeline=4, data=8, virtual=2, ...)``) still works, with a
+    ``DeprecationWarning``, and so do the attributes ``launch.tensor`` ... ``launch.stages``.
+
+    Attributes:
+        family: the pipeline schedule family (``diffpipe.schedules.names()``).
+        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, ZeRO stage,
+            sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
+        microbatch_size: samples per microbatch.
+        global_batch: samples per optimizer step, over all data-parallel ranks.
+        sequence: tokens per sample.
+        layers_per_stage: transformer layers of every stage in model order (``parallelism.stages``
+            entries; the embedding sits on the first stage, the head and loss on the last).
+        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+    """
+
+    family: str
+    parallelism: Parallelism
+    microbatch_size: int
+    global_batch: int
+    sequence: int
+    layers_per_stage: tuple[int, ...]
+    recompute: str
+
+    def __init__(self, family: str, parallelism: Parallelism | Mapping[str, Any] | None = None, *,
+                 microbatch_size: int, global_batch: int, sequence: int, layers_per_stage: Any,
+                 recompute: str = "none", **sizes: Any) -> None:
+        unknown = sorted(set(sizes) - set(_PARALLEL_FIELDS))
+        if unknown:
+            raise ConfigError(f"launch: unknown field(s) {', '.join(unknown)}")
+        if sizes:
+            if parallelism is not None:
+                raise ConfigError(f"launch: give the sizes in parallelism, not also as {', '.join(sorted(sizes))}=")
+            warnings.warn(f"Launch({', '.join(f'{k}=' for k in sizes)}...) is deprecated: pass "
+                          "parallelism=diffpipe.Parallelism(...)", DeprecationWarning, stacklevel=2)
+            parallelism = sizes
+        if isinstance(parallelism, Mapping):
+            parallelism = Parallelism(**parallelism)
+        if not isinstance(parallelism, Parallelism):
+            raise ConfigError(f"launch: parallelism must be a Parallelism, got {type(parallelism).__name__}")
+        if not isinstance(family, str):
+            raise ConfigError(f"launch: family must be a schedule family name, got {family!r}")
+        for name, value in (("microbatch_size", microbatch_size), ("global_batch", global_batch),
+                            ("sequence", sequence)):
+            check_int(f"launch: {name}", value)
+        if recompute not in RECOMPUTE:
+            raise ConfigError(f"launch: recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        counts = tuple(check_int("launch: layers_per_stage entry", c, 0) for c in layers_per_stage)
+        if len(counts) != parallelism.stages:
+            raise ConfigError(f"launch: layers_per_stage has {len(counts)} entries, pipeline x virtual is "
+                              f"{parallelism.stages}")
+        if sum(counts) < 1:
+            raise ConfigError("launch: layers_per_stage holds no layer")
+        per_step = microbatch_size * parallelism.data
+        if global_batch % per_step:
+            raise ConfigError(f"launch: global_batch {global_batch} is not a multiple of microbatch_size "
+                              f"x data = {per_step}")
+        for name, value in (("family", family), ("parallelism", parallelism),
+                            ("microbatch_size", int(microbatch_size)), ("global_batch", int(global_batch)),
+                            ("sequence", int(sequence)), ("layers_per_stage", counts), ("recompute", recompute)):
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the instance lacks: the sizes Launch held itself before 0.3.
+        if name in _PARALLEL_VIEWS:
+            warnings.warn(f"Launch.{name} is deprecated: use Launch.parallelism.{name}", DeprecationWarning,
+                          stacklevel=2)
+            return getattr(self.parallelism, name)
+        raise AttributeError(f"'Launch' object has no attribute {name!r}")
+
+    @property
+    def layers(self) -> int:
+        return sum(self.layers_per_stage)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per data-parallel rank and step (the pipeline's microbatch count)."""
+        return self.global_batch // (self.microbatch_size * self.parallelism.data)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.layers_per_stage)) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data; ``Launch(**launch.to_dict())`` is ``launch``."""
+        return {"family": self.family, "parallelism": asdict(self.parallelism),
+                "microbatch_size": self.microbatch_size, "global_batch": self.global_batch,
+                "sequence": self.sequence, "layers_per_stage": list(self.layers_per_stage),
+                "recompute": self.recompute}
+
+
+# -- Megatron-LM --------------------------------------------------------------------------------------
+
+
+def megatron_layout(layers_per_stage: Any) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for blocks per stage in model order:
+    the embedding ``E`` on the first stage, the loss ``L`` on the last, runs of ``t`` written ``t*n``.
+
+    ``megatron_layout([3, 3, 3, 2])`` is ``"Et*3|t*3|t*3|t*2L"``.
+    """
+    counts = [check_int("megatron layout: layers per stage", c, 0) for c in layers_per_stage]
+    if not counts:
+        raise ConfigError("megatron layout: no stages")
+
+    def run(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+    stages = [run(n) for n in counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return "|".join(stages)
+
+
+_TOKEN = re.compile(r"(\(|\)|\*\d+|[|ELtm,])")
+
+
+def _expand(text: str) -> str:
+    """The layout with its repetitions unrolled and commas dropped (nested groups allowed)."""
+    tokens, pos = [], 0
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            raise ConfigError(f"megatron layout {text!r}: unexpected {text[pos]!r} at position {pos} "
+                              "(known: E t m L | , ( ) *n; no spaces, as in Megatron)")
+        tokens.append(match.group(1))
+        pos = match.end()
+
+    def sequence(i: int, depth: int) -> tuple[str, int]:
+        out: list[str] = []
+        while i < len(tokens):
+            token = tokens[i]
+            if token == ")":
+                if depth == 0:
+                    raise ConfigError(f"megatron layout {text!r}: unmatched ')'")
+                return "".join(out), i
+            if token == "(":
+                inner, i = sequence(i + 1, depth + 1)
+                if i >= len(tokens):
+                    raise ConfigError(f"megatron layout {text!r}: unmatched '('")
+                out.append(inner)
+            elif token.startswith("*"):
+                if not out or out[-1] in ("", ","):
+                    raise ConfigError(f"megatron layout {text!r}: '{token}' repeats nothing")
+                out[-1] = out[-1] * int(token[1:])
+            elif token != ",":
+                out.append(token)
+            i += 1
+        if depth:
+            raise ConfigError(f"megatron layout {text!r}: unmatched '('")
+        return "".join(out), i
+
+    return sequence(0, 0)[0]
+
+
+def parse_megatron_layout(layout: str, pipeline: int | None = None) -> tuple[int, ...]:
+    """Transformer layers per stage (model order) of a Megatron-Core layout string.
+
+    ``parse_megatron_layout("Et*3|t*3|t*3|t*2L")`` is ``(3, 3, 3, 2)``; ``"E|(t*4|)*2,t*3L"`` is
+    ``(0, 4, 4, 3)``. diffpipe places the embedding on the first stage and the head with the loss on
+    the last, as Megatron's default does; a layout placing them elsewhere, or holding MTP layers
+    (``m``), is refused in one line. With ``pipeline`` the stage count must be a multiple of it
+    (virtual stages per rank = stages / pipeline, as Megatron derives it).
+
+    A hand-written layout is evaluated by passing the counts on:
+    ``dp.Configuration(model, par, cluster, batch, layers_per_stage=dp.parse_megatron_layout(text, par.pipeline))``.
+    """
+    if not isinstance(layout, str) or not layout.strip():
+        raise ConfigError(f"megatron layout must be a non-empty string, got {layout!r}")
+    stages = _expand(layout).split("|")
+    if "m" in "".join(stages):
+        raise ConfigError(f"megatron layout {layout!r}: MTP layers ('m') are not modelled by diffpipe")
+    flat = "".join(stages)
+    if flat.count("E") != 1 or flat.count("L") != 1:
+        raise ConfigError(f"megatron layout {layout!r}: needs exactly one 'E' and one 'L'")
+    if not stages[0].startswith("E"):
+        raise ConfigError(f"megatron layout {layout!r}: the embedding 'E' must open the first stage")
+    if not stages[-1].endswith("L"):
+        raise ConfigError(f"megatron layout {layout!r}: the loss 'L' must close the last stage")
+    if pipeline is not None:
+        check_int("megatron layout: pipeline", pipeline)
+        if len(stages) % pipeline:
+            raise ConfigError(f"megatron layout {layout!r}: {len(stages)} stages are not a multiple of "
+                              f"pipeline {pipeline}")
+    return tuple(stage.count("t") for stage in stages)
+
+
+def megatron_args(launch: Launch) -> list[str]:
+    """Megatron-LM command-line arguments for ``launch`` (``pretrain_gpt.py`` and friends).
+
+    Parallel degrees, ``--num-layers``, ``--seq-length``, the batch, then the stage split: nothing
+    for an even split without virtual stages, ``--num-layers-per-virtual-pipeline-stage`` for an
+    even interleaved split, ``--pipeline-model-parallel-layout`` (with the embedding and loss
+    placement) for an uneven one. Recompute: ``--recompute-granularity selective`` (Megatron's default
+    selective module is the attention core, as diffpipe's), or ``full`` with ``--recompute-method
+    uniform --recompute-num-layers 1`` (every layer from its input). ZeRO: see ``_MEGATRON_ZERO``.
+    Model architecture flags (hidden size, heads, ...) are the user's and are not emitted.
+
+    Raises:
+        ConfigError: for a schedule family Megatron-LM does not run (only ``1f1b`` and, with virtual
+            stages, ``interleaved-1f1b``), or a V placement.
+    """
+    par = launch.parallelism
+    if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
+        raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
+                          f"{' and '.join(MEGATRON_FAMILIES)})")
+    if launch.family == "1f1b" and par.virtual > 1:
+        raise ConfigError(f"megatron export: 1f1b with virtual={par.virtual}: use interleaved-1f1b")
+    args = [
+        "--tensor-model-parallel-size", str(par.tensor),
+        "--pipeline-model-parallel-size", str(par.pipeline),
+    ]
+    if par.expert > 1:
+        args += ["--expert-model-parallel-size", str(par.expert)]
+    if par.sequence_parallel and par.tensor > 1:
+        args.append("--sequence-parallel")
+    args += [
+        "--num-layers", str(launch.layers),
+        "--seq-length", str(launch.sequence),
+        "--micro-batch-size", str(launch.microbatch_size),
+        "--global-batch-size", str(launch.global_batch),
+    ]
+    if not launch.uniform:
+        args += ["--pipeline-model-parallel-layout", megatron_layout(launch.layers_per_stage)]
+    elif par.virtual > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(launch.layers_per_stage[0])]
+    if launch.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif launch.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += _MEGATRON_ZERO[par.zero]
+    return args
+
+
+# -- torchtitan --------------------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML spelling for {value!r}")
+
+
+def torchtitan_modules(layers_per_stage: Any) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for an uneven split: the module names of every
+    stage (torchtitan's decoder models name them ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output``)."""
+    parts, layer = [], 0
+    counts = list(layers_per_stage)
+    for i, n in enumerate(counts):
+        part = (["tok_embeddings"] if i == 0 else []) + [f"layers.{layer + j}" for j in range(n)]
+        layer += n
+        parts.append(part + (["norm", "output"] if i == len(counts) - 1 else []))
+    return parts
+
+
+def torchtitan_toml(launch: Launch) -> str:
+    """A torchtitan TOML fragment (``[training]``, ``[parallelism]``, ``[activation_checkpoint]``)
+    for ``launch``; merge it into a job's ``--job.config_file`` (torchtitan <= v0.2.2).
+
+    Data parallelism is DDP (``data_parallel_replicate_degree``) for ZeRO-0 and FSDP2
+    (``data_parallel_shard_degree``) for ZeRO-3, or ZeRO-2 with ``fsdp_reshard_after_forward =
+    "never"`` (weights kept gathered from forward to backward). With pipelining, ``local_batch_size``
+    is the data-parallel rank's share of the batch and ``pipeline_parallel_microbatch_size`` splits it
+    into the pipeline's microbatches; without, ``local_batch_size`` is the microbatch and torchtitan
+    accumulates gradients up to ``global_batch_size``. The split is
+    ``pipeline_parallel_layers_per_stage`` when even, ``module_fqns_per_model_part`` when not.
+    Recompute ``selective`` maps to torchtitan's per-op selective checkpointing (``selective_ac_option
+    = "op"``), the closest it has to recomputing the attention core: not the same op set.
+
+    Raises:
+        ConfigError: for ZeRO-1 (FSDP2 always shards gradients too), tensor parallelism without
+            sequence parallelism (torchtitan applies it with every tensor-parallel plan), or a
+            family torch's pipelining has no schedule for.
+    """
+    par = launch.parallelism
+    if par.zero == 1:
+        raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")
+    if par.tensor > 1 and not par.sequence_parallel:
+        raise ConfigError("torchtitan export: torchtitan's tensor parallelism always uses sequence parallelism: "
+                          "plan with sequence_parallel=True")
+    lines = ["[training]"]
+    pipelined = par.pipeline > 1
+    local = launch.global_batch // par.data if pipelined else launch.microbatch_size
+    lines += [f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch}",
+              f"seq_len = {launch.sequence}", "", "[parallelism]"]
+    replicate, shard = (par.data, 1) if par.zero == 0 else (1, par.data)
+    values: dict[str, Any] = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": par.tensor,
+        "pipeline_parallel_degree": par.pipeline,
+    }
+    if par.zero == 2:
+        values["fsdp_reshard_after_forward"] = "never"
+    if pipelined:
+        if launch.family not in TORCH_NAMES:
+            raise ConfigError(f"torchtitan export: torch's pipelining has no schedule {launch.family!r} "
+                              f"(known: {', '.join(TORCH_NAMES)})")
+        values["pipeline_parallel_schedule"] = TORCH_NAMES[launch.family]
+        values["pipeline_parallel_microbatch_size"] = launch.microbatch_size
+        if launch.uniform:
+            values["pipeline_parallel_layers_per_stage"] = launch.layers_per_stage[0]
+        else:
+            values["module_fqns_per_model_part"] = torchtitan_modules(launch.layers_per_stage)
+    if par.expert > 1:
+        values["expert_parallel_degree"] = par.expert
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    lines += ["", "[activation_checkpoint]", f"mode = {_toml_value(launch.recompute)}"]
+    if launch.recompute == "selective":
+        lines.append('selective_ac_option = "op"')
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "megatron_args", "megatron_layout", "parse_megatron_layout",
+           "torchtitan_modules", "torchtitan_toml"]

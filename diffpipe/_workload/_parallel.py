@@ -1,0 +1,367 @@
+"""Tensor x pipeline x data (x expert) parallelism: sizes, their placement on a cluster, and the
+per-device costs, collectives and memory they imply, as plain numbers.
+
+``Parallelism`` holds the sizes (validated against a model by ``check``); ``Cluster`` the devices
+and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
+way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``) and torchtitan do by default: a
+tensor group is ``tensor`` consecutive ranks (inside one node), a data group strides by ``tensor``,
+pipeline neighbours stride by ``tensor x data``; the expert group is carved out of the data group
+(``expert`` consecutive data ranks, stride ``tensor``). ``parallel_costs`` gives the per-device
+per-layer table that ``diffpipe._plan._configuration`` turns into a ``Workload``: FLOPs, the collectives
+each op waits for (bytes over a bandwidth and latency hops, per group), static, gradient,
+activation, message and optimizer-traffic bytes.
+
+Sources and rules (notation of ``diffpipe._model._transformer``; ``t`` tensor, ``N_d`` data, ``e`` expert
+sizes; ``X = d b s h`` the bytes of one block's activation):
+
+- Ring collectives over ``n`` ranks (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005):
+  all-reduce ``2(n-1)/n x bytes / bw + 2(n-1) x lat``; all-gather and reduce-scatter of a tensor of
+  ``bytes`` (the whole, gathered size) half of that, ``(n-1)/n x bytes / bw + (n-1) x lat``; an
+  all-to-all in which every rank holds ``bytes`` sends ``(n-1)/n`` of them, in ``n-1`` pairwise
+  steps (the same terms as an all-gather).
+- Tensor parallelism (Shoeybi et al. 2019; Narayanan et al., SC'21, §2.3): every weight matrix is
+  split over the ``t`` ranks, so each device computes ``1/t`` of a block's FLOPs (attention heads and
+  the FFN split) and holds ``1/t`` of its parameters; the embedding and the LM head are
+  vocabulary-parallel (``1/t`` too). A block does two all-reduces of ``X`` in the forward (after
+  attention, after the MLP) and two in the backward (the input gradients of the two
+  column-parallel inputs). The vocabulary-parallel embedding all-reduces its output in the
+  forward; the head all-reduces its input gradient in the backward. With sequence parallelism
+  (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023,
+  §4.2.2) each all-reduce becomes an all-gather plus a reduce-scatter of the same total volume
+  (the embedding's forward one reduce-scatter; the head's an all-gather forward and a
+  reduce-scatter backward), and norm/dropout activations shard by ``t`` (``activation_bytes``).
+  Full recomputation re-runs the forward, its all-reduces included, inside the backward
+  (Korthikanti et al. §3); selective recomputation re-runs the attention core only, no collective.
+  These collectives sit on the critical path of the layer (Megatron-LM does not overlap them by
+  default), so their time is added to the op that issues them.
+- Pipeline messages: the boundary activation ``X`` is sent as ``1/t`` slices by each of the ``t``
+  ranks (Megatron-LM's scatter/gather optimisation, SC'21 §4.1; with sequence parallelism the
+  activation is sharded anyway).
+- Expert parallelism (Lepikhin et al., "GShard", 2020; Fedus et al., "Switch Transformers", JMLR
+  2022): the ``E`` routed experts of a MoE block are split over the ``e`` ranks of the expert group;
+  with balanced routing each device computes as many expert-token passes as without expert
+  parallelism (compute unchanged), holds ``E/e`` experts, and every MoE block does two
+  all-to-alls (dispatch, combine) of its ``k`` (times the capacity factor) token copies,
+  ``k' X / (t if SP else 1)`` bytes, in the forward and two in the backward (plus two more under
+  full recomputation). Expert weights are split by ``t`` as well (Megatron-Core's default expert
+  tensor parallel size is ``t``).
+- ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+  Models", SC'20, §5 and Figure 1): with ``Psi`` parameters on a device, ``d``-byte weights and
+  gradients and ``K``-byte optimizer state (mixed-precision Adam: ``d = 2``, ``K = 12``, so
+  ``bytes_per_parameter = 2d + K = 16``), the static bytes are ``(2d + K) Psi`` (stage 0), ``2d Psi
+  + K Psi / N_d`` (stage 1: optimizer state sharded; Megatron-LM's distributed optimizer), ``d Psi
+  + (d + K) Psi / N_d`` (stage 2: gradients too) and ``(2d + K) Psi / N_d`` (stage 3: weights too);
+  i.e. ``16, 4 + 12/N_d, 2 + 14/N_d, 16/N_d`` bytes per parameter. Expert parameters are sharded
+  over their own data group, ``N_d / e`` ranks.
+- Data-parallel gradient sync (API.md section 1): the bytes one device's sync of a stage moves,
+  in *all-reduce-equivalent* bytes for a ring over ``N_d`` ranks: the stage's gradient bytes ``d
+  Psi`` for stages 0-2 (ZeRO-1/2's reduce-scatter + all-gather moves what an all-reduce moves),
+  half of that for stage 3 (a reduce-scatter; parameters are all-gathered in the passes instead).
+  Expert gradients sync over ``N_d / e`` ranks: their bytes are scaled by ``((n_e - 1)/n_e) /
+  ((N_d - 1)/N_d)`` so that the ring formula over ``N_d`` gives their bandwidth term.
+- ZeRO-3 parameter all-gathers (SC'20 §7.2.2): every layer's weights are all-gathered over the
+  data group before its forward and again before its backward (1.5x the all-reduce volume in all,
+  with the gradient reduce-scatter), counted here on the op that needs them, not overlapped (an
+  upper bound: FSDP prefetches the next layer's).
+- Optimizer step: Adam reads each owned parameter's gradient (``d``) and optimizer state (``K``) and
+  writes the state and the new weights (``K + d``): ``2(K + d)`` bytes of memory traffic per owned
+  parameter (``Psi / N_d`` with ZeRO >= 1), over the device's memory bandwidth (a memory-bound
+  kernel; the roofline's bandwidth term).
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._checks import check_int, is_int
+from .._errors import ConfigError
+from .._machine._cluster import Cluster
+from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
+
+#: The ZeRO stages (Rajbhandari et al. SC'20): 0 none, 1 optimizer state, 2 + gradients, 3 + weights.
+ZERO_STAGES = (0, 1, 2, 3)
+#: The groups a collective runs over.
+GROUPS = ("tensor", "expert", "data")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Parallel sizes of a training run, Megatron-LM style.
+
+    Attributes:
+        tensor: tensor-parallel size ``t`` (Megatron ``--tensor-model-parallel-size``).
+        pipeline: pipeline-parallel size (devices of one pipeline).
+        data: data-parallel size ``N_d`` (replicas of a pipeline).
+        virtual: model chunks per pipeline device (interleaved schedules; Megatron
+            ``--num-layers-per-virtual-pipeline-stage`` gives it implicitly).
+        expert: expert-parallel size ``e``, carved out of the data group (``e`` divides ``data``).
+        zero: ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).
+        sequence_parallel: Megatron's sequence parallelism (Korthikanti et al. 2022).
+    """
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    virtual: int = 1
+    expert: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("tensor", "pipeline", "data", "virtual", "expert"):
+            check_int(f"parallelism: {name}", getattr(self, name), 1)
+        if not is_int(self.zero) or self.zero not in ZERO_STAGES:
+            raise ConfigError(f"parallelism: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ConfigError(f"parallelism: sequence_parallel must be a bool, got {self.sequence_parallel!r}")
+        if self.data % self.expert:
+            raise ConfigError(f"parallelism: expert={self.expert} must divide data={self.data} (the expert group "
+                              "is carved out of the data-parallel group)")
+
+    @property
+    def gpus(self) -> int:
+        """``tensor x pipeline x data`` (expert parallelism reuses the data ranks)."""
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def stages(self) -> int:
+        """Model stages of one pipeline: ``pipeline x virtual``."""
+        return self.pipeline * self.virtual
+
+    def check_gpus(self, gpus: int) -> None:
+        """``ConfigError`` unless ``tensor x pipeline x data == gpus``."""
+        if self.gpus != gpus:
+            raise ConfigError(f"parallelism: tensor x pipeline x data = {self.tensor} x {self.pipeline} x "
+                              f"{self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
+
+    def check(self, model: Transformer, gpus: int | None = None) -> None:
+        """Raise ``ConfigError`` (one line) when these sizes cannot run ``model`` (on ``gpus`` devices)."""
+        if not isinstance(model, Transformer):
+            raise ConfigError(f"parallelism: check expects a Transformer, got {type(model).__name__}")
+        if gpus is not None:
+            self.check_gpus(gpus)
+        t = self.tensor
+        for name, value in (("heads", model.heads), ("kv_heads", model.kv), ("ffn_hidden", model.ffn)):
+            if float(value) % t:
+                raise ConfigError(f"parallelism: tensor={t} must divide the model's {name}={value:g}")
+        if model.experts > 1:
+            if float(model.expert_ffn) % t:
+                raise ConfigError(f"parallelism: tensor={t} must divide the model's moe_ffn_hidden="
+                                  f"{model.expert_ffn:g}")
+            if model.experts % self.expert:
+                raise ConfigError(f"parallelism: expert={self.expert} must divide the model's "
+                                  f"experts={model.experts}")
+        elif self.expert > 1:
+            raise ConfigError(f"parallelism: expert={self.expert} needs a mixture-of-experts model (this one "
+                              "is dense)")
+        if self.stages > model.layers + 2:  # the first and last stage may hold the embedding or head alone
+            raise ConfigError(f"parallelism: pipeline x virtual = {self.pipeline} x {self.virtual} = "
+                              f"{self.stages} stages exceed the model's {model.layers} layers plus its "
+                              "embedding and head")
+        if self.sequence_parallel and model.sequence % t:
+            raise ConfigError(f"parallelism: tensor={t} must divide the sequence={model.sequence} with "
+                              "sequence_parallel")
+
+
+class Placement(NamedTuple):
+    """Where each group of a ``Parallelism`` sits on a ``Cluster`` (Megatron-LM's rank order
+    ``tp-cp-ep-dp-pp``, tensor innermost).
+
+    Attributes:
+        links: group (``tensor``, ``expert``, ``data``) -> ``"intra"`` or ``"inter"``: the slowest
+            link its ring crosses.
+        stages_per_node: pipeline ranks of one pipeline that share a node (``devices_per_node //
+            (tensor x data)``, at least 1): the pipeline ``Network``'s ``devices_per_node``.
+    """
+
+    links: dict[str, str]
+    stages_per_node: int
+
+
+def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
+    """Place ``parallelism``'s groups on ``cluster`` (see ``Placement``); ``ConfigError`` when a
+    tensor group does not fit in a node or the groups do not tile the nodes."""
+    p, n = parallelism, cluster.devices_per_node
+    p.check_gpus(cluster.gpus)
+    if p.tensor > n or n % p.tensor:
+        raise ConfigError(f"parallelism: tensor={p.tensor} must divide the {n} GPUs of a node (a tensor group "
+                          "stays inside one node)")
+    inner = p.tensor * p.data
+    if inner < n and n % inner:
+        raise ConfigError(f"parallelism: tensor x data = {inner} must divide the {n} GPUs of a node when smaller "
+                          "(pipeline neighbours stride by it)")
+
+    def where(ranks: int) -> str:
+        return "intra" if ranks <= n or cluster.gpus <= n else "inter"
+
+    links = {"tensor": "intra", "expert": where(p.tensor * p.expert), "data": where(inner)}
+    stages_per_node = max(1, min(p.pipeline, n // inner)) if cluster.gpus > n else p.pipeline
+    return Placement(links, stages_per_node)
+
+
+# -- collectives ------------------------------------------------------------------------------------
+def all_reduce(n: int, size: float) -> tuple[float, float]:
+    """Ring all-reduce of ``size`` bytes over ``n`` ranks: ``(bytes over the bandwidth, latency hops)``."""
+    return (2.0 * (n - 1) / n * size, 2.0 * (n - 1)) if n > 1 else (0.0, 0.0)
+
+
+def all_gather(n: int, size: float) -> tuple[float, float]:
+    """Ring all-gather (or reduce-scatter) of a ``size``-byte tensor over ``n`` ranks; also an
+    all-to-all in which every rank holds ``size`` bytes."""
+    return ((n - 1) / n * size, float(n - 1)) if n > 1 else (0.0, 0.0)
+
+
+def zero_static_bytes(parameters: Any, zero: int, shards: int, dtype_bytes: float,
+                      bytes_per_parameter: float) -> Any:
+    """Static bytes of ``parameters`` on one device under ZeRO stage ``zero`` with ``shards``
+    data-parallel ranks (SC'20 §5): ``(2d + K) Psi``, ``2d Psi + K Psi/N``, ``d Psi + (d + K) Psi/N``,
+    ``(2d + K) Psi/N`` with ``K = bytes_per_parameter - 2d`` (12 for mixed-precision Adam)."""
+    d = float(dtype_bytes)
+    k = float(bytes_per_parameter) - 2 * d
+    if k < 0:
+        raise ConfigError(f"zero: bytes_per_parameter={bytes_per_parameter} is below the 2 x {d:g} bytes of "
+                          "weights and gradients")
+    n = float(shards)
+    per = {0: 2 * d + k, 1: 2 * d + k / n, 2: d + (d + k) / n, 3: (2 * d + k) / n}[zero]
+    return parameters * per
+
+
+class ParallelCosts(NamedTuple):
+    """One device's per-layer table under a parallelism (rows of ``layer_costs``: embedding,
+    blocks, head), for one microbatch (numpy float64).
+
+    Attributes:
+        costs: the model's ``LayerCosts`` with FLOPs (and memory traffic) divided by ``t``
+            (``shard_flops``): one device of a tensor group (``costs.times(device)``: its seconds).
+        collective_bytes: group -> ``[3, layers]`` bytes over that group's bandwidth that the
+            ``F``, ``I`` and ``W`` of each layer wait for (ring factors applied).
+        collective_hops: group -> ``[3, layers]`` latencies (hops) of the same collectives.
+        static_bytes: weights, gradients, optimizer state on one device (ZeRO applied).
+        gradient_bytes: all-reduce-equivalent bytes of the data-parallel gradient sync over
+            ``N_d`` ranks (API.md section 1).
+        activation_bytes: stored activations per device (``activation_bytes(model, tensor, SP)``).
+        output_bytes: the boundary message one device sends (``1/t`` of the activation).
+        update_bytes: memory traffic of the optimizer step on one device.
+        parameters: parameters held by one device.
+        shared_static_bytes, shared_gradient_bytes: the head's copy of a tied embedding.
+    """
+
+    costs: LayerCosts
+    collective_bytes: dict[str, np.ndarray]
+    collective_hops: dict[str, np.ndarray]
+    static_bytes: np.ndarray
+    gradient_bytes: np.ndarray
+    activation_bytes: np.ndarray
+    output_bytes: np.ndarray
+    update_bytes: np.ndarray
+    parameters: np.ndarray
+    shared_static_bytes: float
+    shared_gradient_bytes: float
+
+
+def _expert_parameters(model: Transformer) -> np.ndarray:
+    """Routed-expert parameters of every ``layer_costs`` row (0 outside MoE blocks)."""
+    out = np.zeros(model.layers + 2)
+    if model.experts > 1:
+        routed = model.experts * _block(model, True)["expert"]
+        for i in model.moe_blocks():
+            out[1 + i] = routed
+    return out
+
+
+#: ``LayerCosts`` fields a tensor-parallel shard divides by ``t``: the FLOPs of ``F``, ``I``, ``W`` and,
+#: where the cost model counts it (the roofline), their memory traffic; the matmuls' rows
+#: (``tokens``) stay: a column- or row-parallel matmul has as many rows as the whole one.
+SHARDED_FIELDS = ("forward", "input_grad", "weight", "forward_bytes", "input_grad_bytes", "weight_bytes")
+
+
+def shard_flops(costs: LayerCosts, tensor: int) -> LayerCosts:
+    """``costs`` of one device of a tensor group of ``tensor``: ``SHARDED_FIELDS`` divided by it."""
+    t = float(tensor)
+    names = {f.name for f in dataclasses.fields(costs)}
+    return dataclasses.replace(costs, **{name: getattr(costs, name) / t for name in SHARDED_FIELDS
+                                         if name in names and getattr(costs, name) is not None})
+
+
+def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCosts:
+    """The per-device per-layer table of ``model`` under ``parallelism`` (rules and sources: the
+    module docstring)."""
+    par = parallelism
+    par.check(model)
+    t, e, n = par.tensor, par.expert, par.data
+    sp = par.sequence_parallel
+    full = model.recompute == "full"
+    base = layer_costs(model)
+    rows = model.layers + 2
+    d = float(model.dtype_bytes)
+    x = d * model.microbatch_size * model.sequence * model.hidden  # one block's activation
+    moe = {1 + i for i in model.moe_blocks()}
+
+    coll_bytes = {g: np.zeros((3, rows)) for g in GROUPS}
+    coll_hops = {g: np.zeros((3, rows)) for g in GROUPS}
+
+    def add(group: str, kind: int, row: int, term: tuple[float, float], times: float = 1.0) -> None:
+        coll_bytes[group][kind, row] += times * term[0]
+        coll_hops[group][kind, row] += times * term[1]
+
+    F, I = 0, 1
+    block_ar = all_reduce(t, x)  # with SP: all-gather + reduce-scatter, the same terms
+    for row in range(1, rows - 1):
+        add("tensor", F, row, block_ar, 2)
+        add("tensor", I, row, block_ar, 4 if full else 2)
+        if row in moe and e > 1:
+            routed = model.experts_per_token * (1.0 if model.capacity_factor is None else model.capacity_factor)
+            a2a = all_gather(e, routed * x / (t if sp else 1))
+            add("expert", F, row, a2a, 2)
+            add("expert", I, row, a2a, 4 if full else 2)
+    if sp:
+        add("tensor", F, 0, all_gather(t, x))  # the embedding's reduce-scatter
+        add("tensor", F, rows - 1, all_gather(t, x))  # the head's all-gather
+        add("tensor", I, rows - 1, all_gather(t, x))  # and its reduce-scatter
+    else:
+        add("tensor", F, 0, block_ar)
+        add("tensor", I, rows - 1, block_ar)
+
+    expert = _expert_parameters(model)
+    dense = base.parameters - expert
+    shards_e = n // e
+    per_device_dense = dense / t
+    per_device_expert = expert / (t * e)
+    parameters = per_device_dense + per_device_expert
+    bpp = model.bytes_per_parameter
+    static = (zero_static_bytes(per_device_dense, par.zero, n, d, bpp)
+              + zero_static_bytes(per_device_expert, par.zero, shards_e, d, bpp))
+    ring = (n - 1) / n if n > 1 else 0.0
+    expert_scale = ((shards_e - 1) / shards_e / ring) if ring and shards_e > 1 else 0.0
+    sync = 0.5 if par.zero == 3 else 1.0
+    gradient = sync * d * (per_device_dense + expert_scale * per_device_expert)
+    if par.zero == 3:  # parameter all-gathers before each layer's forward and backward
+        gather = np.array([all_gather(n, d * p)[0] for p in per_device_dense]) + np.array(
+            [all_gather(shards_e, d * p)[0] for p in per_device_expert])
+        hops = float(n - 1) if n > 1 else 0.0
+        for kind in (F, I):
+            coll_bytes["data"][kind] += gather
+            coll_hops["data"][kind] += np.where(gather > 0, hops, 0.0)
+    k = float(bpp) - 2 * d
+    owned = per_device_dense / (n if par.zero >= 1 else 1) + per_device_expert / (shards_e if par.zero >= 1 else 1)
+    shared = base.shared_parameters / t
+    shared_static = float(zero_static_bytes(shared, par.zero, n, d, bpp))
+    return ParallelCosts(
+        costs=shard_flops(base, t),
+        collective_bytes=coll_bytes,
+        collective_hops=coll_hops,
+        static_bytes=np.asarray(static, np.float64),
+        gradient_bytes=np.asarray(gradient, np.float64),
+        activation_bytes=activation_bytes(model, tensor=t, sequence_parallel=sp),
+        output_bytes=np.asarray(base.output_bytes, np.float64) / t,
+        update_bytes=2 * (k + d) * owned,
+        parameters=parameters,
+        shared_static_bytes=shared_static,
+        shared_gradient_bytes=sync * d * shared,
+    )
+

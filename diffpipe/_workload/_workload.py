@@ -1,0 +1,408 @@
+"""``Workload``: per-layer seconds and bytes of a model on a device, and the one path from a model,
+a device and a network to a ``Hardware`` (``hardware_from_model``, ``Workload.hardware``).
+
+Stage boundaries may be fractional: stage fields interpolate the cumulative per-layer curves
+(exact at integers), which is what ``StageBalance`` differentiates through.
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._engine._hardware import Hardware, Network, _check_values, _concrete, _float, _renamed
+from .._errors import ConfigError
+from .._machine._device import Device
+from .._model._transformer import Transformer, layer_costs, stage_of_layers
+from .._partition import partition, uniform_partition
+
+#: Layers without compute (an embedding) still take this fraction of the mean layer's cost on the
+#: cumulative cost curve, so that the curve is strictly increasing and a boundary placed on it
+#: maps to a unique layer position.
+FLAT_LAYER_WEIGHT = 1e-2
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+def _counts(value: Any, what: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(operator.index(c) for c in value)
+    except TypeError:
+        raise ConfigError(f"{what} must be a sequence of ints, got {value!r}") from None
+    return counts
+
+
+class Workload(eqx.Module):
+    """A model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
+
+    Per-layer arrays ``[layers]`` (one microbatch of ``samples`` samples; see ``samples``):
+        forward, input_grad, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
+            gradient); a full ``B`` is ``I + W``.
+        update: seconds of the optimizer step ``U`` for the layer's parameters.
+        static_bytes: weights, gradients and optimizer state held by the stage holding the layer.
+        gradient_bytes: what a data-parallel all-reduce of the layer's gradients moves.
+        activation_bytes: bytes stored from the layer's forward until its backward.
+        output_bytes: the layer's output, sent across a stage boundary placed after it (the
+            gradient sent back is the same size).
+    Other fields:
+        overhead: seconds added to every compute op; capacity: device memory, scalar or ``[devices]``;
+        network: the links (``Network``); size: relative microbatch sizes used when no
+            ``MicrobatchSplit`` sets them (scalar or ``[microbatches]``).
+        shared_static_bytes / shared_gradient_bytes: bytes of the last layer that duplicate the
+            first's (a tied embedding): dropped when one stage holds both.
+        samples: samples per microbatch the per-layer costs are for; ``None`` means "the mean
+            microbatch" (``batch / microbatches`` of a ``MicrobatchSplit``).
+        layers_per_stage: the split used when no ``StageBalance`` sets one (``None``: uniform).
+
+    Build with ``Workload.from_model`` (the transformer cost model on a ``Device``) or
+    ``Workload.from_table`` (any per-layer table, e.g. measured).
+    """
+
+    forward: Float[Array, " layers"]
+    input_grad: Float[Array, " layers"]
+    weight: Float[Array, " layers"]
+    update: Float[Array, " layers"]
+    static_bytes: Float[Array, " layers"]
+    gradient_bytes: Float[Array, " layers"]
+    activation_bytes: Float[Array, " layers"]
+    output_bytes: Float[Array, " layers"]
+    overhead: Float[Array, ""]
+    capacity: Float[Array, "..."]
+    size: Float[Array, "..."]
+    network: Network
+    shared_static_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    shared_gradient_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    samples: float | None = eqx.field(static=True, default=None)
+    layers_per_stage: tuple[int, ...] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self) -> None:
+        if not isinstance(self.network, Network):
+            raise ConfigError(f"workload: network must be a Network, got {type(self.network).__name__}")
+        shape = jnp.shape(self.forward)
+        if len(shape) != 1 or shape[0] < 1:
+            raise ConfigError(f"workload: forward must be a non-empty [layers] array, got shape {shape}")
+        for name in ("input_grad", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
+                     "output_bytes"):
+            if jnp.shape(getattr(self, name)) != shape:
+                raise ConfigError(f"workload: {name} has shape {jnp.shape(getattr(self, name))}, "
+                                  f"forward has {shape}")
+        for name in ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes",
+                     "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
+                     "shared_gradient_bytes"):
+            _check_values(f"workload {name}", getattr(self, name))
+        _check_values("workload capacity", self.capacity, positive=True, allow_inf=True)
+        if self.samples is not None and not (isinstance(self.samples, (int, float)) and self.samples > 0
+                                             and math.isfinite(self.samples)):
+            raise ConfigError(f"workload: samples must be a positive number or None, got {self.samples!r}")
+        if self.layers_per_stage is not None:
+            counts = self.layers_per_stage
+            if any(c < 1 for c in counts) or sum(counts) != shape[0]:
+                raise ConfigError(f"workload: layers_per_stage {list(counts)} must be positive and sum to "
+                                  f"the {shape[0]} layers")
+
+    # -- constructors -------------------------------------------------------------------------------
+    @classmethod
+    def from_table(
+        cls,
+        forward: Any,
+        input_grad: Any = None,
+        weight: Any = None,
+        *,
+        update: Any = 0.0,
+        static_bytes: Any = 0.0,
+        gradient_bytes: Any = 0.0,
+        activation_bytes: Any = 0.0,
+        output_bytes: Any = 0.0,
+        overhead: Any = 0.0,
+        capacity: Any = math.inf,
+        size: Any = 1.0,
+        network: Network | None = None,
+        samples: float | None = None,
+        layers_per_stage: Sequence[int] | None = None,
+        shared_static_bytes: float = 0.0,
+        shared_gradient_bytes: float = 0.0,
+        backward: Any = None,
+    ) -> Workload:
+        """A workload from per-layer sequences (scalars broadcast to every layer).
+
+        ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
+        whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
+        ``backward=`` is the deprecated name of ``input_grad``.
+        """
+        input_grad = _renamed("workload", "input_grad", input_grad, "backward", backward)
+        f = _float(forward)
+        if f.ndim != 1 or f.shape[0] < 1:
+            raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "
+                              f"{f.shape}")
+
+        def layer(x: Any, name: str) -> Array:
+            x = _float(x)
+            if x.ndim == 0:
+                return jnp.broadcast_to(x, f.shape)
+            if x.shape != f.shape:
+                raise ConfigError(f"workload: {name} has shape {x.shape}, forward has {f.shape}")
+            return x
+
+        return cls(
+            forward=f, input_grad=layer(input_grad, "input_grad"),
+            weight=layer(0.0 if weight is None else weight, "weight"), update=layer(update, "update"),
+            static_bytes=layer(static_bytes, "static_bytes"), gradient_bytes=layer(gradient_bytes, "gradient_bytes"),
+            activation_bytes=layer(activation_bytes, "activation_bytes"),
+            output_bytes=layer(output_bytes, "output_bytes"), overhead=_float(overhead),
+            capacity=_float(capacity), size=_float(size),
+            network=Network.uniform() if network is None else network, samples=samples,
+            layers_per_stage=None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage"),
+            shared_static_bytes=shared_static_bytes, shared_gradient_bytes=shared_gradient_bytes,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        device: Any,
+        network: Network | None = None,
+        *,
+        overhead: Any = 0.0,
+        update: Any = 0.0,
+        capacity: Any = None,
+        layers_per_stage: Sequence[int] | None = None,
+    ) -> Workload:
+        """The transformer cost model (``diffpipe.layer_costs``) on ``device``.
+
+        Layers are the rows of ``layer_costs(model)``: the embedding, every block, the LM head
+        (``model.layers + 2``), so the uneven first and last layers are placed like any other.
+        Times are the roofline ``costs.times(device)``; ``samples`` is ``model.microbatch_size``;
+        ``capacity`` defaults to the device memory; ``update`` (seconds for the whole model) is
+        spread over layers in proportion to their parameters. A tied embedding's copy in the head
+        is dropped when one stage holds both (as ``hardware_from_model`` does).
+        """
+        if not isinstance(model, Transformer):
+            raise ConfigError(f"Workload.from_model expects a Transformer, got {type(model).__name__}")
+        if not isinstance(device, Device):
+            raise ConfigError(f"Workload.from_model expects a Device, got {type(device).__name__}")
+        costs = layer_costs(model)
+        forward, input_grad, weight = costs.times(device)
+        dtype = forward.dtype
+        share = costs.parameters / costs.parameters.sum()
+        return cls.from_table(
+            forward, input_grad, weight,
+            update=jnp.asarray(update, dtype) * jnp.asarray(share, dtype),
+            static_bytes=jnp.asarray(costs.static_bytes, dtype),
+            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
+            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
+            output_bytes=jnp.asarray(costs.output_bytes, dtype),
+            overhead=overhead, capacity=device.memory if capacity is None else capacity,
+            network=Network.uniform() if network is None else network,
+            samples=float(model.microbatch_size), layers_per_stage=layers_per_stage,
+            shared_static_bytes=costs.shared_parameters * model.bytes_per_parameter,
+            shared_gradient_bytes=costs.shared_parameters * model.dtype_bytes,
+        )
+
+    def with_split(self, layers_per_stage: Sequence[int] | None) -> Workload:
+        """This workload with another default split (``None``: uniform)."""
+        counts = None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage")
+        return dataclasses.replace(self, layers_per_stage=counts)
+
+    # -- derived ------------------------------------------------------------------------------------
+    @property
+    def layers(self) -> int:
+        return int(self.forward.shape[0])
+
+    @property
+    def compute(self) -> Float[Array, " layers"]:
+        """Per-layer ``F + I + W`` seconds: the cost curve stage boundaries are placed on."""
+        return self.forward + self.input_grad + self.weight
+
+    def boundaries(self, layers_per_stage: Sequence[int] | Array) -> Float[Array, "... stages+1"]:
+        """Stage boundary positions ``[0, c_0, c_0 + c_1, ..., layers]`` of integer splits."""
+        counts = jnp.asarray(layers_per_stage)
+        zero = jnp.zeros((*counts.shape[:-1], 1), dtype=self.forward.dtype)
+        return jnp.concatenate([zero, jnp.cumsum(counts.astype(self.forward.dtype), axis=-1)], axis=-1)
+
+    def default_boundaries(self, stages: int) -> Float[Array, " stages+1"]:
+        counts = self.layers_per_stage
+        if counts is None:
+            counts = uniform_partition(self.layers, stages)
+        elif len(counts) != stages:
+            raise ConfigError(f"workload: layers_per_stage has {len(counts)} stages, the schedule has {stages}")
+        return self.boundaries(counts)
+
+    def stage_fields(self, boundaries: Float[Array, " stages+1"]) -> dict[str, Array]:
+        """The per-stage ``Hardware`` fields of stages between ``boundaries`` (positions on the
+        layer axis, from 0 to ``layers``, non-decreasing; fractional positions split a layer linearly).
+
+        ``F, I, W, U`` seconds, static, gradient and activation bytes are differences of the
+        cumulative per-layer curves at the boundaries (linear interpolation); the message entering
+        stage ``k`` is ``output_bytes`` of the layer before boundary ``k``, interpolated between
+        neighbouring layers. Only array operations: differentiable in every float and vmap-safe.
+        """
+        x = jnp.asarray(boundaries, dtype=self.forward.dtype)
+        if x.ndim != 1 or x.shape[0] < 2:
+            raise ConfigError(f"workload: boundaries must be [stages + 1] positions, got shape {x.shape}")
+
+        def per_stage(q: Array) -> Array:
+            return jnp.diff(_cumulative_at(q, x))
+
+        static, gradient = per_stage(self.static_bytes), per_stage(self.gradient_bytes)
+        if x.shape[0] == 2:  # one stage holds the first and the last layer
+            static = static - self.shared_static_bytes
+            gradient = gradient - self.shared_gradient_bytes
+        message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(self.output_bytes, x[1:-1])])
+        return dict(forward=per_stage(self.forward), input_grad=per_stage(self.input_grad),
+                    weight=per_stage(self.weight), update=per_stage(self.update), message_bytes=message,
+                    gradient_bytes=gradient, static_bytes=static,
+                    activation_bytes=per_stage(self.activation_bytes))
+
+    def fields(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> dict[str, Any]:
+        """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity and network);
+        ``size`` (relative microbatch sizes) defaults to ``self.size``."""
+        stage = self.stage_fields(boundaries)
+        size = self.size if size is None else jnp.asarray(size, dtype=stage["forward"].dtype)
+        return dict(stage, overhead=self.overhead, size=size, capacity=self.capacity, network=self.network)
+
+    def hardware(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> Hardware:
+        """``Hardware`` for stages between ``boundaries`` (see ``stage_fields``); ``size``
+        defaults to ``self.size``."""
+        return Hardware(**self.fields(boundaries, size))
+
+    def tables(self, graph: Any) -> Any:
+        """The cost-model protocol (``CostModel``): ``graph``'s cost rows under this workload's
+        default split (``layers_per_stage``, uniform when ``None``)."""
+        return self.hardware(self.default_boundaries(graph.stages)).tables(graph)
+
+
+def hardware_from_model(
+    model: Transformer,
+    device: Device,
+    network: Network,
+    *,
+    stages: int | None = None,
+    layers_per_stage: Sequence[int] | None = None,
+    microbatches: int | None = None,
+    size: Any = 1.0,
+    overhead: Any = 0.0,
+    update: Any = 0.0,
+) -> Hardware:
+    """``Hardware`` for ``model`` split into pipeline stages on ``device`` over ``network``
+    (``hardware_from_model``): ``Workload.from_model(...).hardware(...)`` at the split's integer
+    boundaries, so a model reaches a ``Hardware`` by one path.
+
+    Per stage (see ``stage_of_layers`` for the grouping: the embedding joins stage 0, the head the
+    last stage): times ``F, I, W`` sum its layers' roofline times (``LayerCosts.times``);
+    ``static_bytes`` and ``gradient_bytes`` sum its layers' parameters (a tied embedding's copy is
+    dropped when embedding and head share the stage); ``activation_bytes`` sums its layers' stored
+    activations; ``message_bytes[k]`` is the boundary activation ``d s b h`` entering stage ``k``
+    (0 for stage 0). ``capacity`` is the device memory; the network is used as given.
+
+    Args:
+        model, device, network: the workload, the accelerator and the links.
+        stages, layers_per_stage: the split (exactly one; see ``stage_of_layers``).
+        microbatches: when given, ``size`` is broadcast to ``[microbatches]``.
+        size: microbatch sizes relative to ``model.microbatch_size`` (every cost above scales linearly;
+            the kernel efficiency stays that of ``model.microbatch_size``).
+        overhead: fixed seconds per compute op; update: seconds of every stage's optimizer step ``U``.
+
+    Only array operations touch the float inputs (device, size, overhead, update), so the result
+    is differentiable in them and the call is vmap-safe.
+    """
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"from_model expects a Transformer, got {type(model).__name__}")
+    if not isinstance(device, Device):
+        raise ConfigError(f"from_model expects a Device, got {type(device).__name__}")
+    if not isinstance(network, Network):
+        raise ConfigError(f"from_model expects a Network, got {type(network).__name__}")
+    stage = stage_of_layers(model, stages, layers_per_stage)
+    rows = np.bincount(stage)  # layer-table rows per stage (every stage has at least one)
+    dtype = device.throughput.dtype
+    size = jnp.asarray(size, dtype=dtype)
+    if microbatches is not None:
+        if not _positive_int(microbatches):
+            raise ConfigError(f"from_model: microbatches must be a positive int, got {microbatches!r}")
+        if size.ndim > 1 or (size.ndim == 1 and size.shape[0] != microbatches):
+            raise ConfigError(f"from_model: size has shape {size.shape}, expected a scalar or [{microbatches}]")
+        size = jnp.broadcast_to(size, (microbatches,))
+    workload = Workload.from_model(model, device, network, overhead=overhead)
+    hw = workload.hardware(workload.boundaries(tuple(rows.tolist())), size)
+    return eqx.tree_at(lambda h: h.update, hw, jnp.asarray(update, dtype=dtype))  # per stage, as given
+
+
+def _cumulative_at(q: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
+    """``sum(q[:x])`` extended linearly between integers (exact at integer ``x``)."""
+    layers = q.shape[0]
+    cumulative = jnp.concatenate([jnp.zeros((1,), q.dtype), jnp.cumsum(q)])
+    k = jnp.clip(jnp.floor(x), 0, layers - 1).astype(jnp.int32)
+    return cumulative[k] + (x - k.astype(x.dtype)) * q[k]
+
+
+def _boundary_bytes(output: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
+    """Bytes crossing a boundary at position ``x``: ``output[k-1]`` at integer ``k``, linear between."""
+    layers = output.shape[0]
+    if layers < 2:
+        return jnp.zeros_like(x)
+    knots = jnp.arange(1, layers, dtype=x.dtype)
+    return jnp.interp(x, knots, output[:-1])
+
+
+def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.ndarray, devices: int,
+                        fixed: Sequence[int] | None = None) -> None:
+    """Raise ``ConfigError`` when no split of the layers into stages can hold the static bytes.
+
+    ``holder[p, s]`` is the device of stage ``s`` of pipeline ``p``; ``versions[p, s]`` the weight
+    versions it holds. With ``fixed`` layers per stage the check is exact. Otherwise it is exact
+    when every device holds one stage (a dynamic program over splits), and for other placements
+    uses two necessary conditions: every device can hold the largest layer, and all devices
+    together can hold every stage's static bytes.
+    """
+    static = _concrete(workload.static_bytes)
+    capacity = _concrete(workload.capacity)
+    if static is None or capacity is None:
+        return
+    static = static.astype(np.float64)
+    pipelines, stages = holder.shape
+    layers = static.shape[0]
+    cap = np.broadcast_to(np.asarray(capacity, np.float64), (devices,)) if capacity.ndim == 0 else capacity
+    if cap.shape != (devices,):
+        raise ConfigError(f"workload: capacity has shape {cap.shape}, the schedule has {devices} devices")
+    if np.all(np.isinf(cap)):
+        return
+    cumulative = np.concatenate([[0.0], np.cumsum(static)])
+    shared = float(np.asarray(workload.shared_static_bytes)) if stages == 1 else 0.0
+    if fixed is not None:
+        edges = np.concatenate([[0], np.cumsum(fixed)]).astype(int)
+        per_stage = np.diff(cumulative[edges]) - shared
+        held = np.zeros(devices)
+        np.add.at(held, holder.ravel(), (versions * per_stage[None, :]).ravel())
+        worst = int(np.argmax(held - cap))
+        if held[worst] > cap[worst]:
+            raise ConfigError(f"workload: device {worst} needs {held[worst]:.4g} static bytes with layers_per_stage "
+                              f"{list(fixed)}, over its capacity {cap[worst]:.4g}")
+        return
+    one_each = pipelines == 1 and len(set(holder.ravel().tolist())) == stages
+    if one_each:
+        limit = cap[holder[0]] / versions[0] + shared  # the tied copy is dropped when one stage holds both
+        fitted = partition(np.zeros(layers), stages, memory=static, limit=limit)
+        if fitted is None:
+            raise ConfigError(f"workload: no split of {layers} layers into {stages} stages fits the static bytes "
+                              f"({cumulative[-1]:.4g} in all) in the memory capacity {cap.min():.4g}")
+        return
+    least = float(versions.min())
+    biggest = float(static.max()) * least
+    if biggest > cap.max():
+        raise ConfigError(f"workload: layer {int(static.argmax())} alone needs {biggest:.4g} static bytes, over "
+                          f"every device's capacity (at most {cap.max():.4g})")
+    total = (cumulative[-1] - shared) * pipelines * least
+    if total > cap.sum():
+        raise ConfigError(f"workload: the {pipelines} pipeline(s) need {total:.4g} static bytes, over the "
+                          f"devices' total capacity {cap.sum():.4g}")
+

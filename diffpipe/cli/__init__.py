@@ -1,0 +1,9 @@
+"""The ``diffpipe`` command: a thin shell over the public API.
+
+``_args`` (argument types and shared flags), ``_inputs`` (flags and TOML files to library objects),
+``_guards`` (size limits before any work), ``_outputs`` (tables, JSON, staged files), ``_commands``
+(one function per subcommand) and ``_main`` (the parser, error lines and exit codes).
+"""
+
+from ._main import build_parser as build_parser
+from ._main import main as main

@@ -1,0 +1,116 @@
+"""Output of the commands: strict JSON, summaries, pictures and staged (all-or-nothing) writes."""
+
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import _io
+from .._errors import ConfigError
+from ._inputs import _Machine
+
+
+def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> dict[str, Any]:
+    """What ``simulate --json`` prints for a training configuration (seconds, bytes)."""
+    par = cfg.parallelism
+    return {"family": schedule.family, "options": dict(schedule.options), "machine": label,
+            "tensor": par.tensor, "pipeline": par.pipeline, "data": par.data, "expert": par.expert,
+            "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
+            "global_batch": cfg.global_batch, **result.to_dict(),
+            "busy_s": [float(x) for x in result.result.busy]}
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> list[tuple[str, Path]]:
+    """Check every ``(flag, path, suffixes)`` given before any work: directory exists and is
+    writable, target is no directory, suffix allowed, no path named twice."""
+    checked: list[tuple[str, Path]] = []
+    seen: dict[str, str] = {}
+    for flag, path, suffixes in outputs:
+        if path is None:
+            continue
+        p = _io.check_output(path, flag)
+        if suffixes and p.suffix.lower() not in suffixes:
+            raise ConfigError(f"{flag}: cannot write {path!r}: the suffix must be one of {', '.join(suffixes)}")
+        key = os.path.realpath(p)
+        if key in seen:
+            raise ConfigError(f"{flag}: {path!r} is also the target of {seen[key]}")
+        seen[key] = flag
+        checked.append((flag, p))
+    return checked
+
+
+def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
+              gradient_sync: bool = False) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
+    ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's)."""
+    subject = schedule if result is None else result
+    out: list[tuple[str, str, Any]] = []
+    if getattr(args, "gantt", None):
+        from ..viz import gantt
+        from ..viz.gantt import DEFAULT_DPI
+
+        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        fmt = Path(args.gantt).suffix.lower().lstrip(".")
+        out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
+    if getattr(args, "trace", None):
+        from ..viz import trace
+
+        data = trace(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        out.append(("--trace", args.trace, _io.dumps_json(data, indent=None)))
+    return out
+
+
+def _write_all(outputs: Sequence[tuple[str, str, Any]]) -> None:
+    """All outputs or none."""
+    with _io.Staged() as staged:
+        for flag, path, data in outputs:
+            staged.add(path, data, flag)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(_io.dumps_json(data))
+
+
+def _strict(text: str) -> str:
+    """A library's JSON text as strict JSON (NaN/Infinity -> null)."""
+    return _io.dumps_json(json.loads(text))
+
+
+def _finite_or_none(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[str, Any]:
+    import numpy as np
+
+    makespan = float(result.makespan)
+    if not math.isfinite(makespan):
+        raise ConfigError(f"simulate: the makespan of {schedule.family} came out {makespan} from finite "
+                          "inputs: it overflowed float32; enable 64-bit floats (JAX_ENABLE_X64=1) or use "
+                          "smaller units")
+    out = {
+        "family": schedule.family, "options": dict(schedule.options), "devices": schedule.devices,
+        "stages": schedule.stages, "microbatches": schedule.microbatches, "steps": schedule.steps,
+        "machine": machine.name, "makespan_s": makespan,
+        "microbatches_per_s": schedule.microbatches / makespan if makespan > 0 else None,
+        "bubble_ratio": _finite_or_none(result.bubble_ratio) if makespan > 0 else None,
+        "busy_s": [float(x) for x in np.asarray(result.busy)],
+        "peak_memory_bytes": [float(x) for x in np.asarray(result.peak_memory)],
+        "peak_activations": [int(x) for x in np.asarray(result.peak_activations)],
+        "fits": [bool(x) for x in np.asarray(result.fits)],
+        "communication_bytes": float(result.communication_bytes),
+    }
+    if schedule.steps > 1:
+        out["step_period_s"] = [float(x) for x in np.asarray(result.period)]
+        out["max_staleness"] = max(result.staleness.values(), default=0)
+    return out
+
