@@ -17,8 +17,9 @@ Model, per sample:
 - every compute op (``F``, ``B``, ``I``, ``W``) lasts ``d max(0, 1 + cv[kind] z)``, with ``z`` the
   largest of ``group`` independent standard normals (``group`` ranks of a tensor-parallel group
   run the op in lock-step: it ends when the slowest does), ``d`` its deterministic duration;
-- each device is, independently with probability ``slow_fraction``, a straggler whose compute ops
-  all last ``slow_factor`` times longer (throttling, a noisy neighbour);
+- each GPU is, independently with probability ``slow_fraction``, a straggler whose compute ops all
+  last ``slow_factor`` times longer (throttling, a noisy neighbour); a device of the graph stands for
+  its ``group`` lock-step ranks, so it straggles with probability ``1 - (1 - slow_fraction)^group``;
 - transfers, collectives and optimizer steps keep their deterministic times;
 - ``replicas`` independent copies of the step (data-parallel replicas that synchronise once per
   step) are drawn and the step lasts as long as the slowest.
@@ -118,7 +119,9 @@ def _factors(graph: Graph, jitter: Jitter, key: PRNGKeyArray, samples: int, dtyp
     jitters = jnp.any(which, axis=1)
     cv = jnp.sum(jnp.where(which, jitter.cv.astype(dtype)[None, :], 0.0), axis=1)
     noise = jnp.maximum(0.0, 1.0 + cv[:, None] * z)
-    slow = jax.random.bernoulli(k_slow, jitter.slow_fraction, (graph.devices, samples))
+    # A device of the graph stands for its ``group`` lock-step ranks: it straggles when any of them does.
+    p_slow = 1.0 - (1.0 - jitter.slow_fraction.astype(dtype)) ** jitter.group
+    slow = jax.random.bernoulli(k_slow, p_slow, (graph.devices, samples))
     straggler = jnp.where(slow, jitter.slow_factor.astype(dtype), 1.0)[jnp.clip(graph.device, 0, graph.devices - 1)]
     return jnp.where(jitters[:, None], noise * straggler, 1.0)
 
@@ -150,10 +153,16 @@ def sample_makespans(graph: Graph, hw: Hardware, jitter: Jitter, *, key: PRNGKey
 @eqx.filter_jit
 def _sample(graph: Graph, hw: Hardware, jitter: Jitter, key: PRNGKeyArray, tau: Array | None, samples: int,
             replicas: int) -> Float[Array, " samples"]:
-    factor = _factors(graph, jitter, key, samples * replicas, hw.forward.dtype)
-    own, per_node = _per_node_tables(graph, hw.tables(graph), factor)
-    times = batched_makespan(own, per_node, tau)
-    return jnp.max(times.reshape(replicas, samples), axis=0)
+    tables = hw.tables(graph)
+
+    def replica(slowest, r):  # one replica's draws at a time: memory [nodes, samples], whatever ``replicas``
+        factor = _factors(graph, jitter, jax.random.fold_in(key, r), samples, hw.forward.dtype)
+        own, per_node = _per_node_tables(graph, tables, factor)
+        return jnp.maximum(slowest, batched_makespan(own, per_node, tau)), None
+
+    start = jnp.full((samples,), -jnp.inf, hw.forward.dtype)
+    slowest, _ = jax.lax.scan(replica, start, jnp.arange(replicas))
+    return slowest
 
 
 def expected_makespan(graph: Graph, hw: Hardware, jitter: Jitter, *, key: PRNGKeyArray, samples: int = 1024,
