@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import as_float, concrete
 from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
@@ -61,19 +62,12 @@ def _float(value: Any, what: str = "value") -> Array:
             raise ConfigError(f"hardware: {what} must be numeric, got an array of {value.dtype}")
     elif not _numbers(value):
         raise ConfigError(f"hardware: {what} must be a number or a list of numbers, got {value!r}")
-    return jnp.asarray(value, dtype=jnp.result_type(float))
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
+    return as_float(value)
 
 
 def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
     """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
-    x = _concrete(value)
+    x = concrete(value)
     if x is None:
         return
     bad = np.isnan(x) | (x < 0) | (x <= 0 if positive else False)
@@ -212,6 +206,11 @@ def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
 
 #: The kinds ``Hardware.kind_overhead`` lists, in order (the compute kinds).
 OVERHEAD_KINDS = ("F", "B", "I", "W")
+#: The ``Hardware`` leaves given per stage (``[pipelines, stages]`` once normalised): those that
+#: depend on where the stage boundaries sit (``Workload.stage_fields``, the stage-balance knob, the
+#: sweep's stacking).
+STAGE_FIELDS = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
+                "activation_bytes")
 
 
 class Hardware(eqx.Module):
@@ -261,7 +260,7 @@ class Hardware(eqx.Module):
         for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
             if getattr(self, name) is not None:
                 _check_values(name, getattr(self, name))
-        fraction = None if self.pair_overlap is None else _concrete(self.pair_overlap)
+        fraction = None if self.pair_overlap is None else concrete(self.pair_overlap)
         if fraction is not None and np.any(fraction > 1):
             raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
                               f"pass), got {fraction.ravel()[np.argmax(fraction.ravel() > 1)]!r}")

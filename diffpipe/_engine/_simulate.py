@@ -177,8 +177,6 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
     maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
     """
-    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
-    static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
     act = hw.per_stage("activation_bytes", graph)
     size = hw.per_microbatch(graph)
     nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
@@ -188,7 +186,14 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     delta = sign * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
     peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
     peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
-    return static_per_device + peak_bytes, peak_count
+    return static_memory(graph, hw) + peak_bytes, peak_count
+
+
+def static_memory(graph: Graph, hw: Hardware) -> Float[Array, " devices"]:
+    """Per device, the bytes held for the whole step: each stage's ``static_bytes`` times the
+    weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""
+    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
+    return jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
 
 
 def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import as_float, concrete
 from .._checks import check_int
 from .._errors import ConfigError
 from . import _presets
@@ -18,10 +17,6 @@ from ._device import Device
 
 
 # -- the cluster ------------------------------------------------------------------------------------
-def _float(value: Any) -> Array:
-    return jnp.asarray(value, dtype=jnp.result_type(float))
-
-
 def _link(value: Any, what: str) -> tuple[str, float, float]:
     """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
     if isinstance(value, str):
@@ -34,10 +29,6 @@ def _link(value: Any, what: str) -> tuple[str, float, float]:
         return "custom", value[0], value[1]
     raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
                       f"or (bandwidth, latency), got {value!r}")
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
 class Cluster(eqx.Module):
@@ -69,8 +60,8 @@ class Cluster(eqx.Module):
         elif not isinstance(device, Device):
             raise ConfigError(f"cluster: device must be a Device or a device preset name, got {device!r}")
         if memory_bandwidth is not None:
-            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, _float(memory_bandwidth))
-        bandwidth = _concrete(device.memory_bandwidth)
+            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, as_float(memory_bandwidth))
+        bandwidth = concrete(device.memory_bandwidth)
         if bandwidth is not None and not np.all(np.isfinite(bandwidth)):
             raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
                               "(bytes/s)")
@@ -85,13 +76,13 @@ class Cluster(eqx.Module):
         if self.gpus > self.devices_per_node and self.gpus % self.devices_per_node:
             raise ConfigError(f"cluster: gpus={self.gpus} is not a whole number of {self.devices_per_node}-GPU "
                               "nodes")
-        self.intra_bandwidth, self.intra_latency = _float(intra_bw), _float(intra_lat)
-        self.inter_bandwidth, self.inter_latency = _float(inter_bw), _float(inter_lat)
+        self.intra_bandwidth, self.intra_latency = as_float(intra_bw), as_float(intra_lat)
+        self.inter_bandwidth, self.inter_latency = as_float(inter_bw), as_float(inter_lat)
 
     def __check_init__(self) -> None:
         for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False),
                                ("inter_latency", False)):
-            x = _concrete(getattr(self, name))
+            x = concrete(getattr(self, name))
             if x is None:
                 continue
             bad = np.isnan(x) | (x < 0) | ((x <= 0) if positive else False) | (np.isinf(x) & (not positive))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .._arrays import as_float
 from .._checks import preset_key
-from .._engine._hardware import Network, _float
+from .._engine._hardware import Network
 from ._device import DEFAULT_EFFICIENCY, Device
 
 
@@ -195,7 +196,7 @@ def network(intra: str, inter: str | None = None, *, devices_per_node: int | Non
     b = a if inter is None else NETWORKS[network_key(inter)]
     if devices_per_node is None:
         devices_per_node = a.domain or 8
-    return Network(_float(a.latency), _float(a.bandwidth), _float(b.latency), _float(b.bandwidth), mode=mode,
+    return Network(as_float(a.latency), as_float(a.bandwidth), as_float(b.latency), as_float(b.bandwidth), mode=mode,
                    devices_per_node=None if inter is None else devices_per_node)
 
 

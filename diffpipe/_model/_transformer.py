@@ -79,6 +79,8 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import is_int, is_positive_int
+from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._partition import uniform_partition
@@ -95,7 +97,6 @@ _STAT_BYTES = 4
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary")
-RECOMPUTE = ("none", "selective", "full")
 
 
 def recompute_mode(value: Any) -> str:
@@ -105,14 +106,6 @@ def recompute_mode(value: Any) -> str:
     if isinstance(value, str) and value in RECOMPUTE:
         return value
     raise ConfigError(f"transformer: recompute must be one of {', '.join(RECOMPUTE)} (or a bool), got {value!r}")
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True, init=False)
@@ -242,13 +235,13 @@ class Transformer:
 
         for name in ("layers", "hidden", "heads", "sequence", "vocabulary", "microbatch_size", "dtype_bytes",
                      "bytes_per_parameter", "experts", "experts_per_token"):
-            if not _positive_int(getattr(self, name)):
+            if not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int")
         for name in ("kv_heads", "head_dim", "v_head_dim", "ffn_hidden", "moe_ffn_hidden"):
-            if getattr(self, name) is not None and not _positive_int(getattr(self, name)):
+            if getattr(self, name) is not None and not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int or None")
         for name in ("shared_experts", "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
-            if not _count(getattr(self, name)):
+            if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
                 fail(name, "an int >= 0")
         f = self.ffn_multiplier
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
@@ -482,7 +475,7 @@ def activation_bytes(model: Transformer, *, tensor: int = 1, sequence_parallel: 
     divide ``heads`` and ``kv_heads`` (Megatron-LM replicates key/value heads when ``t > a_kv``; not
     modelled here) and expert interiors to shard like the dense MLP.
     """
-    if not _positive_int(tensor):
+    if not is_positive_int(tensor):
         raise ConfigError(f"activation_bytes: tensor must be a positive int, got {tensor!r}")
     t = float(tensor)
     rep = 1 / t if sequence_parallel else 1.0
@@ -669,7 +662,7 @@ def stage_of_layers(
     if (stages is None) == (layers_per_stage is None):
         raise ConfigError("from_model: give exactly one of stages= or layers_per_stage=")
     if stages is not None:
-        if not _positive_int(stages):
+        if not is_positive_int(stages):
             raise ConfigError(f"from_model: stages must be a positive int, got {stages!r}")
         if stages > model.layers:
             raise ConfigError(f"from_model: stages={stages} exceeds the model's {model.layers} layers")

@@ -34,11 +34,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .._checks import check_int
+from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._workload._parallel import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
-RECOMPUTE = ("none", "selective", "full")
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
 MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
 #: ZeRO stage -> Megatron-LM flags (ZeRO-1: the distributed optimizer; 2 and 3: Megatron-FSDP with

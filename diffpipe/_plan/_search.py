@@ -55,6 +55,7 @@ import numpy as np
 
 from .. import schedules
 from .._checks import check_int, check_number
+from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -63,7 +64,7 @@ from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
 from .._results import csv_text, json_text, markdown_table
 from .._sweep.evaluate import Progress
-from .._workload._parallel import ZERO_STAGES, Parallelism, parallel_costs, placement
+from .._workload._parallel import Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
 from ._configuration import Configuration
 from ._export import Launch
@@ -73,7 +74,6 @@ from ._export import Launch
 DEFAULT_FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (2, 4)
-RECOMPUTE = ("none", "selective", "full")
 #: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
 _CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
 #: Candidates evaluated together by default: enough to show a bar on long plans only.

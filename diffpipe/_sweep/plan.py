@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from .._engine._evaluate import BATCH_CHUNK
 from .._engine._graph import Graph, common_sizes
+from .._engine._hardware import STAGE_FIELDS
 from .._errors import ConfigError
 from ..schedules import Schedule
-from .variants import NETWORK_SCALARS, PER_STAGE, Variants
+from .variants import NETWORK_SCALARS, Variants
 
 #: One compilation of a stack's evaluator, in evaluated cells: compile seconds x evaluated cells per
 #: second of the same evaluator (``benchmarks/bench_sweep.py``, "compile in cells"; see the package
@@ -123,7 +124,7 @@ def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) 
     (``benchmarks/bench_sweep.py``): a bound, not a forecast.
     """
     p_s = sizes.pipelines * sizes.stages
-    hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
+    hardware = len(STAGE_FIELDS) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
     hardware += 2 * sizes.devices**2 if pairs else 0
     tables = 2 * (sizes.costs + sizes.edge_costs) + sizes.microbatches
     words = (1 + normalisations) * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16

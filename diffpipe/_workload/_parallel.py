@@ -79,12 +79,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import check_int, is_int
+from .._choices import ZERO_STAGES
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
 from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
 
-#: The ZeRO stages (Rajbhandari et al. SC'20): 0 none, 1 optimizer state, 2 + gradients, 3 + weights.
-ZERO_STAGES = (0, 1, 2, 3)
 #: The groups a collective runs over.
 GROUPS = ("tensor", "expert", "data")
 

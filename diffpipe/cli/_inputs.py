@@ -16,16 +16,15 @@ from typing import Any
 
 from .. import _io, schedules
 from .._checks import check_int, is_int, is_number
+from .._choices import COMMUNICATION_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._args import (
     _CLUSTER_FLAGS,
     _CLUSTER_SHAPE,
     _PARALLEL_FLAGS,
     _TRAINING_FLAGS,
-    COMMUNICATION_MODES,
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
-    RECOMPUTE_MODES,
     _family_options,
     _is_scalar_option,
     _seconds_or_list,
@@ -47,8 +46,8 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
     "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
                 "a table of NAME = number, bool or string"),
-    "zero": (lambda v: is_int(v) and 0 <= v <= 3, "a ZeRO stage 0, 1, 2 or 3"),
-    "recompute": (lambda v: v in RECOMPUTE_MODES, f"one of {', '.join(RECOMPUTE_MODES)}"),
+    "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
+    "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
 }
 
 
