@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -119,8 +118,7 @@ class Transformer:
         heads: attention (query) heads ``a``.
         sequence: sequence length ``s``.
         vocabulary: vocabulary size ``V``.
-        microbatch_size: samples per microbatch ``b`` (a ``Hardware.size`` of 1). The old keyword
-            ``microbatch=`` (and attribute) still works for one release, with a ``DeprecationWarning``.
+        microbatch_size: samples per microbatch ``b`` (a ``Hardware.size`` of 1).
         dtype_bytes: bytes per weight/activation element ``d`` (2 for fp16/bf16).
         ffn_multiplier: FFN width over ``h`` (``f``; 4 for GPT), used when ``ffn_hidden`` is None.
         recompute: ``"none"``, ``"selective"`` (the attention core, Korthikanti et al. 2022) or
@@ -199,12 +197,7 @@ class Transformer:
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
-                 tied_embedding: bool = True, bytes_per_parameter: int = 16, *, microbatch: int | None = None,
-                 **options: Any) -> None:
-        if microbatch is not None:  # the deprecated spelling, kept for one release
-            warnings.warn("Transformer(microbatch=...) is deprecated: use microbatch_size= (microbatch wins when "
-                          "both are given)", DeprecationWarning, stacklevel=2)
-            microbatch_size = microbatch
+                 tied_embedding: bool = True, bytes_per_parameter: int = 16, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             raise ConfigError(f"transformer: unknown field(s) {', '.join(unknown)}")
@@ -222,12 +215,6 @@ class Transformer:
         for name, value in values.items():
             object.__setattr__(self, name, value)
         self.__post_init__()
-
-    @property
-    def microbatch(self) -> int:
-        """Deprecated: ``microbatch_size``."""
-        warnings.warn("Transformer.microbatch is deprecated: use microbatch_size", DeprecationWarning, stacklevel=2)
-        return self.microbatch_size
 
     def __post_init__(self) -> None:
         def fail(name: str, want: str) -> None:

@@ -21,7 +21,7 @@ from jaxtyping import Array, Float
 
 from .._arrays import concrete
 from .._checks import is_positive_int
-from .._engine._hardware import Hardware, Network, _check_values, _float, _renamed
+from .._engine._hardware import Hardware, Network, _check_values, _float, _required
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
@@ -130,15 +130,13 @@ class Workload(eqx.Module):
         layers_per_stage: Sequence[int] | None = None,
         shared_static_bytes: float = 0.0,
         shared_gradient_bytes: float = 0.0,
-        backward: Any = None,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
         ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
-        ``backward=`` is the deprecated name of ``input_grad``.
         """
-        input_grad = _renamed("workload", "input_grad", input_grad, "backward", backward)
+        input_grad = _required("workload", "input_grad", input_grad)
         f = _float(forward)
         if f.ndim != 1 or f.shape[0] < 1:
             raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "

@@ -59,7 +59,7 @@ SCHEMA: dict[str, dict[str, str]] = {
               "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
               "overhead_W": "seconds", "pair_overlap": "shares"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
-              "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
+              "vocabulary": "count", "microbatch_size": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
     "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
     "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
@@ -233,10 +233,6 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
         m = default_machine(**modes)
         return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
     base = default_machine(**modes)
-    if model_cfg and "microbatch" in model_cfg:  # the key's old name, read as microbatch_size
-        if "microbatch_size" in model_cfg:
-            raise ConfigError(f"{config.where('model')}: [model] give microbatch_size, not also microbatch")
-        model_cfg = {("microbatch_size" if k == "microbatch" else k): v for k, v in model_cfg.items()}
     model = dataclasses.replace(base.model, **model_cfg) if model_cfg else base.model
     d = {k: v for k, (v, _) in dev.items()}
     if "preset" in d:
