@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections import OrderedDict
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._caches import BoundedDict
 from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
@@ -96,9 +96,9 @@ _makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
 #: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
 #: Keyed by the graph's contents, so a graph compiled anew from the same schedule reuses the
 #: function; a graph object seen before is found by ``id`` without hashing it again. Both bounded.
-_BAKED: OrderedDict[Any, Any] = OrderedDict()
-_SEEN: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
 _BAKED_GRAPHS = 32
+_BAKED: BoundedDict = BoundedDict(_BAKED_GRAPHS)
+_SEEN: BoundedDict = BoundedDict(_BAKED_GRAPHS)  # id(graph) -> (graph, function)
 #: Larger graphs are not baked: their evaluation dwarfs the call overhead, and XLA would spend
 #: compile time constant-folding their index arrays.
 _BAKED_ROWS = 8192
@@ -115,12 +115,6 @@ def _content_key(graph: Graph) -> tuple:
     return treedef, digest.digest()
 
 
-def _remember(cache: OrderedDict, key: Any, value: Any) -> None:
-    cache[key] = value
-    if len(cache) > _BAKED_GRAPHS:
-        cache.popitem(last=False)
-
-
 def _baked(graph: Graph):
     seen = _SEEN.get(id(graph))
     if seen is not None and seen[0] is graph:  # holding the graph keeps its id unique while cached
@@ -129,8 +123,8 @@ def _baked(graph: Graph):
     function = _BAKED.get(key)
     if function is None:
         function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
-        _remember(_BAKED, key, function)
-    _remember(_SEEN, id(graph), (graph, function))
+        _BAKED[key] = function
+    _SEEN[id(graph)] = (graph, function)
     return function
 
 

@@ -19,7 +19,6 @@ the hardware of a rounded plan (``Workload.hardware``).
 from __future__ import annotations
 
 import abc
-import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -30,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._caches import bounded
 from .._checks import is_positive_int
 from .._engine._hardware import STAGE_FIELDS, Hardware
 from .._errors import ConfigError
@@ -561,7 +561,7 @@ def _round_samples(samples: np.ndarray, batch: int) -> np.ndarray:
     return base
 
 
-@functools.cache
+@bounded(64)
 def _split_moves(stages: int) -> np.ndarray:
     n = stages - 1
     if n == 0:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._caches import BoundedDict
 from .._engine._evaluate import BATCH_CHUNK
 from .._engine._graph import Graph, common_sizes
 from .._engine._hardware import STAGE_FIELDS
@@ -89,8 +90,6 @@ class Sizes:
         sizes = common_sizes([graph])
         out = cls(**{name: sizes[name] for name in _SIZE_FIELDS})
         _SIZES[id(graph)] = (graph, out)
-        if len(_SIZES) > _SIZES_KEPT:
-            _SIZES.pop(next(iter(_SIZES)))
         return out
 
     def join(self, other: Sizes) -> Sizes:
@@ -107,8 +106,8 @@ class Sizes:
 
 
 _SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(Sizes))
-_SIZES: dict[int, tuple[Graph, Sizes]] = {}  # id(graph) -> (graph, its sizes), oldest first
 _SIZES_KEPT = 4096
+_SIZES: BoundedDict = BoundedDict(_SIZES_KEPT)  # id(graph) -> (graph, its sizes), oldest first
 
 
 def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jaxtyping import Array
 
+from .._caches import BoundedDict
 from .._engine._hardware import STAGE_FIELDS, Hardware, Network
 from .._errors import ConfigError
 from ..schedules import Schedule
@@ -59,7 +60,7 @@ _RULES = {**{name: ("per_stage", name) for name in STAGE_FIELDS}, "size": ("per_
           "capacity": ("per_device",)}
 #: (leaf, its shape per variant, schedule sizes) -> the broadcast shape per variant, or the error:
 #: tracing ``Hardware.per_*`` costs about a millisecond, and a sweep asks the same question often.
-_TARGETS: dict[tuple, tuple[int, ...] | str] = {}
+_TARGETS: BoundedDict = BoundedDict(65_536)
 
 
 def _broadcast(name: str, raw: Any, batch: int | None, schedule: Schedule, per: Callable[..., Array],

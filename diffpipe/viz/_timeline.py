@@ -13,7 +13,6 @@ transfer on its link, the receiver's previous op) has finished.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import equinox as eqx
 import numpy as np
 
 from .. import _io
+from .._caches import bounded
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
 from .._engine._hardware import Hardware
@@ -226,7 +226,7 @@ def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:
     return tuple(out)
 
 
-@functools.cache
+@bounded(1)
 def _jitted_costs():
     return eqx.filter_jit(lambda graph, hw: hw.costs(graph))
 

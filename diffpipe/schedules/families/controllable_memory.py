@@ -74,13 +74,13 @@ microbatches, far from half, and v-schedule then finds a wider block that idles 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ..._caches import bounded
 from ..._errors import ScheduleError
 from .._analysis import activation_delta, peak_activations
 from .._registry import Family, Option, register
@@ -356,7 +356,7 @@ def _fits_period(offsets: Offsets) -> bool:
     return all(len({offset % PASSES for offset in device}) == 4 for device in offsets)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def strided_blocks(devices: int) -> Mapping[str, Offsets]:
     """The candidate blocks: the strides of the authors' search (``v_auto_schedule.py``: a stride
     d0 in 1..5 for the first j hops of the V, then d1 <= d0), each with the smallest gaps (fewest
@@ -408,7 +408,7 @@ def search_size(devices: int, microbatches: int, times: tuple[float, float, floa
 EQUAL = (1.0, 1.0, 1.0)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def ranked(devices: int, microbatches: int, times: tuple[float, float, float] = EQUAL
            ) -> tuple[tuple[float, int, str], ...]:
     """Every candidate as (bubble, peak chunk activations, name), best first: zb-v, v-half, v-min
@@ -454,7 +454,7 @@ def _accepts_budget(*, devices: int, microbatches: int, memory: float, **times: 
     return None
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def _select(devices: int, microbatches: int, memory: float, times: tuple[float, float, float]
             ) -> tuple[str, Schedule]:
     budget = cap(devices, memory)
