@@ -5,7 +5,7 @@ topology sizes) is static. Per-stage leaves may be scalars (every stage alike), 
 (pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
 ``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
 
-Cost model (DESIGN.md, "Hardware and costs"):
+Cost model (summarised in docs/architecture.md, "The cost model"):
 - op duration = ``overhead[kind] + size[m] * time[kind, pipeline, stage]``; the per-op overhead
   is ``overhead`` for every kind, or, where ``kind_overhead`` is given, ``kind_overhead[k]`` for
   ``k`` in ``F, B, I, W`` *instead* (calibration measures a different framework gap before each

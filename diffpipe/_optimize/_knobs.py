@@ -1,6 +1,6 @@
 """Knobs: equinox Modules that map continuous parameters and a ``Workload`` to a ``Hardware``.
 
-A loss is then plain composition (DESIGN.md, "Knobs, optimization and sweeps")::
+A loss is then plain composition (docs/architecture.md, "Knobs, optimization and sweeps")::
 
     knob = dp.StageBalance(stages=4)
     loss = lambda p: dp.makespan(graph, knob(p, workload), temperature=tau)

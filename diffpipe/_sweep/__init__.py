@@ -10,7 +10,7 @@ One job per module, imports pointing one way: ``result`` (the table) and ``grid`
 choices) import no JAX; ``variants`` (hardware normalisation) -> ``plan`` (stacking plan, memory
 model) -> ``evaluate`` (sharded evaluator) -> this entry point.
 
-How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
+How the work is organised (summarised in docs/architecture.md, "Knobs, optimization and sweeps"):
 
 1. **Grouping.** Each (schedule, mode) compiles to a ``Graph``. The sweep's evaluator (the exact
    simulator's batched fast path plus busy time and peak memory), like ``diffpipe.makespan``, is an
