@@ -36,6 +36,9 @@ Ranks are competition ranks ("1224"): two values within ``rtol`` of each other t
 of levels, Kendall's tau-b over the schedules ranked at both (tau-b corrects for ties; it is
 undefined, ``None``, when fewer than two schedules are shared or one level ties them all) and the
 *flips*: pairs ordered one way at one level and the other way at the other.
+
+Why one module past 500 lines: the three levels side by side, their rank statistics and the
+comparison's table are one study (the JAX-free levels live in ``_levels``).
 """
 
 from __future__ import annotations

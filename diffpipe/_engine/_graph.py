@@ -19,6 +19,9 @@ pair starts when both members' inputs are ready, and both outputs leave at its e
 "The data-parallel gradient sync"): per stage an ``R`` node on a per-device *sync lane*, and per
 (pipeline, stage) a ``U`` node (the optimizer step) at the end of its device's compute lane; see
 ``_gradient_sync``.
+
+Why one module past 500 lines: nodes, levels, padding, stacking and the gradient sync build one data
+structure whose invariants each step relies on.
 """
 
 from __future__ import annotations

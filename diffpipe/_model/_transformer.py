@@ -63,6 +63,9 @@ Sources and rules:
 - Static memory: ``16`` bytes per parameter for mixed-precision Adam (2 fp16 weights + 2 fp16
   gradients + 12 fp32 master weights, momentum, variance): Rajbhandari et al., "ZeRO: Memory
   Optimizations Toward Training Trillion Parameter Models" (SC'20), §3.1.
+
+Why one module past 500 lines: the model's fields and checks and the per-layer formulas with their
+sources are one table; most of the length is the cited formulas.
 """
 
 

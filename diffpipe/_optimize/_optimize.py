@@ -15,6 +15,9 @@ combination of boundaries moving by one layer; one sample moving between two mic
 with the batched exact simulator, from the rounded plan, from the best baseline and from the knobs'
 other starts. The chosen plan is evaluated afresh by the exact simulator at the end; nothing else
 is ever reported. ``optimize`` only calls the knobs' methods: it never branches on a knob's type.
+
+Why one module past 500 lines: the descent, the rounding and the exact local search are one
+algorithm over one ``Problem`` and one batched exact evaluator.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ chunk-microbatches ``2·((D+2)//2)`` for V-Half and ``2·((D+4)//3)`` for V-Min,
 ZB-V's) ``2D`` -- full-stage microbatches ``(D+2)//2`` and ``(D+4)//3`` against ``D``. The bubble
 at ``t_F = t_I = t_W`` is at most half of 1F1B's for V-Half and at most two thirds for V-Min,
 approaching those fractions as D grows (the paper's Table 1; measured in
-``tests/test_families_new.py``), and does not depend on N. No closed form is published, so none is
-registered.
+``tests/test_families_v_and_dualpipe.py``), and does not depend on N. No closed form is published,
+so none is registered.
 
 ``v-schedule``: the paper's point that memory chooses the schedule. ``memory`` is the activation
 budget as a fraction of 1F1B's (``D`` full-stage microbatches, ``2D`` chunk-microbatches held;
@@ -69,6 +69,9 @@ V-Half's budget ranked at those times (every point of a 4^3 grid at D = 5, 6, 8,
 writing; six points tested). V-Min's orders idle there at unequal times even where it holds; ZB-V's
 (1F1B's memory) do not idle where it fails. At D = 4 V-Half's budget is 3 of 1F1B's 4
 microbatches, far from half, and v-schedule then finds a wider block that idles at no time tried.
+
+Why one module past 500 lines: V-Half, V-Min and the memory-budget ``v-schedule`` share one
+construction (block, W placement, squeeze).
 """
 
 from __future__ import annotations
