@@ -72,7 +72,8 @@ from ._levels import (
     kendall_tau,
     ranks,
 )
-from ._machine._presets import NETWORKS, device
+from ._machine._presets import device
+from ._machine._specs import NETWORKS
 from ._model._transformer import Transformer
 from ._results import csv_text, json_text, markdown_table
 from ._workload._segments import SPLITS, attention_share, per_unit_hardware

@@ -12,7 +12,7 @@ from jaxtyping import Array, Float
 from .._arrays import as_float, concrete
 from .._checks import check_int
 from .._errors import ConfigError
-from . import _presets
+from . import _presets, _specs
 from ._device import Device
 
 
@@ -20,10 +20,10 @@ from ._device import Device
 def _link(value: Any, what: str) -> tuple[str, float, float]:
     """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
     if isinstance(value, str):
-        key = _presets.network_key(value)
-        spec = _presets.NETWORKS[key]
+        key = _specs.network_key(value)
+        spec = _specs.NETWORKS[key]
         return key, spec.bandwidth, spec.latency
-    if isinstance(value, _presets.LinkSpec):
+    if isinstance(value, _specs.LinkSpec):
         return "custom", value.bandwidth, value.latency
     if isinstance(value, (tuple, list)) and len(value) == 2:
         return "custom", value[0], value[1]
@@ -70,7 +70,7 @@ class Cluster(eqx.Module):
         self.intra, intra_bw, intra_lat = _link(intra, "intra")
         self.inter, inter_bw, inter_lat = _link(inter, "inter")
         if devices_per_node is None:
-            domain = _presets.NETWORKS[self.intra].domain if self.intra in _presets.NETWORKS else None
+            domain = _specs.NETWORKS[self.intra].domain if self.intra in _specs.NETWORKS else None
             devices_per_node = domain or 8
         self.devices_per_node = check_int("cluster: devices_per_node", devices_per_node, 1)
         if self.gpus > self.devices_per_node and self.gpus % self.devices_per_node:
