@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from ._sweep import sweep as sweep
     from ._workload._parallel import Parallelism as Parallelism
     from ._workload._workload import Workload as Workload
+    from ._workload._workload import hardware_from_model as hardware_from_model
 
 
 def _lazy_names() -> dict[str, tuple[str, str | None]]:

@@ -1,7 +1,8 @@
 """Every cache diffpipe keeps, bounded, and ``clear_caches()`` to empty them all.
 
 A function is cached with ``@bounded(maxsize)`` (``functools.lru_cache`` that registers itself); a
-module-level table of another kind registers its ``clear`` with ``register``. Caches hold only
+module-level table is a ``BoundedDict(maxsize)`` (an ``OrderedDict`` that drops its oldest entry
+past ``maxsize`` and registers itself); anything else registers its ``clear`` with ``register``. Caches hold only
 derived data (generated schedules, compiled graphs, per-layer costs), so clearing them changes no
 result, only the time of the next call.
 """
@@ -9,6 +10,7 @@ result, only the time of the next call.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,6 +33,22 @@ def bounded(maxsize: int) -> Callable[[_F], _F]:
         return cached  # type: ignore[return-value]
 
     return wrap
+
+
+class BoundedDict(OrderedDict):
+    """An ``OrderedDict`` holding at most ``maxsize`` entries: storing one more drops the oldest
+    (insertion order; ``move_to_end`` on a hit makes it least-recently used). Registered with
+    ``clear_caches``."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+        register(self.clear)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.maxsize:
+            self.popitem(last=False)
 
 
 def clear_caches() -> None:

@@ -22,6 +22,11 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_positive_int(value: Any) -> bool:
+    """An integer >= 1 that is not a bool (numpy integers count)."""
+    return is_int(value) and value >= 1
+
+
 def is_number(value: Any) -> bool:
     """A real number that is not a bool (ints, floats, numpy scalars)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -36,6 +36,9 @@ Ranks are competition ranks ("1224"): two values within ``rtol`` of each other t
 of levels, Kendall's tau-b over the schedules ranked at both (tau-b corrects for ties; it is
 undefined, ``None``, when fewer than two schedules are shared or one level ties them all) and the
 *flips*: pairs ordered one way at one level and the other way at the other.
+
+Why one module past 500 lines: the three levels side by side, their rank statistics and the
+comparison's table are one study (the JAX-free levels live in ``_levels``).
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ from ._levels import (
     kendall_tau,
     ranks,
 )
-from ._machine._presets import NETWORKS, device
+from ._machine._presets import device
+from ._machine._specs import NETWORKS
 from ._model._transformer import Transformer
 from ._results import csv_text, json_text, markdown_table
 from ._workload._segments import SPLITS, attention_share, per_unit_hardware

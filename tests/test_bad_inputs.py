@@ -102,6 +102,7 @@ def toml_structure_cases() -> list[Case]:
     texts = [
         ("unknown-section", "[machine]\nx = 1\n", "unknown section [machine]"),
         ("unknown-key", "[model]\nlayerz = 4\n", "unknown key 'layerz' in [model]"),
+        ("old-key-microbatch", "[model]\nmicrobatch = 2\n", "unknown key 'microbatch' in [model]"),
         ("section-not-table", "schedule = 3\n", "[schedule] must be a table"),
         ("malformed", "[model]\nlayers = 'x\n", "malformed TOML"),
         ("duplicate-key", "[model]\nlayers = 4\nlayers = 5\n", "malformed TOML"),
@@ -311,7 +312,9 @@ def flag_cases() -> list[Case]:
     plans = [
         ("tp-word", ("--tp", "2,x"), "--tp"),
         ("tp-hole", ("--tp", "2,,4"), "--tp"),
-        ("tensor-zero", ("--tensor", "0"), "--tensor"),
+        ("tp-zero", ("--tp", "0"), "--tp"),
+        ("old-flag-tensor", ("--tensor", "2"), "unrecognized arguments: --tensor"),
+        ("old-flag-pipeline", ("--pipeline", "2"), "unrecognized arguments: --pipeline"),
         ("pp-empty", ("--pp", ""), "--pp"),
         ("microbatch-size-zero", ("--microbatch-size", "1,0"), "--microbatch-size"),
         ("vpp-negative", ("--vpp", "-2"), "--vpp"),

@@ -169,8 +169,10 @@ def test_sweep_and_compare_tables_state_units(capsys):
 
 
 def test_cli_mode_names_are_the_librarys():
-    """The CLI keeps its own tuple of mode names so that parsing never imports JAX; it must be
-    the library's (``_communication.MODES``)."""
-    from diffpipe._engine._communication import COMMUNICATION_MODES
+    """The mode names (``_choices``, JAX-free so that parsing never imports JAX) are the names of
+    the library's mode classes (``_communication.MODES``)."""
+    from diffpipe._choices import COMMUNICATION_MODES
+    from diffpipe._engine._communication import MODES
 
-    assert cli._args.COMMUNICATION_MODES == COMMUNICATION_MODES
+    assert cli._args.COMMUNICATION_MODES is COMMUNICATION_MODES
+    assert [cls.name for cls in MODES.values()] == list(COMMUNICATION_MODES) == list(MODES)

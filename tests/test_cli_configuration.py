@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import diffpipe as dp
-from diffpipe._model._transformer import RECOMPUTE
 from diffpipe import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,10 +36,6 @@ def tiny(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
     return path
-
-
-def test_modes_are_the_library_s():
-    assert cli._args.RECOMPUTE_MODES == RECOMPUTE
 
 
 def test_simulate_reports_the_configuration_s_figures(tiny):

@@ -127,7 +127,7 @@ def test_tp_pp_dp_step_is_the_pipeline_step_plus_the_blocking_collectives(recomp
     t1 = f0 + c + m * (f1 + b1)  # device 1's last backward ends
     t0 = t1 + c + b0
     # then each device's gradient sync (ring all-reduce over the data group, on its sync lane) and
-    # optimizer step (Adam's memory traffic over the memory bandwidth): API.md section 1
+    # optimizer step (Adam's memory traffic over the memory bandwidth): docs/architecture.md, gradient sync
     t, n = 2, 2
     block = 12 * H * H + 13 * H
     params = [((V + S) * H + block) / t, (block + V * H + 2 * H) / t]  # per device: stage 0, stage 1 (tied copy)

@@ -275,18 +275,19 @@ def test_torchtitan_text_is_unchanged(i):
 
 
 @pytest.mark.parametrize("cfg", LAUNCHES)
-def test_launch_old_keywords_still_work(cfg):
+def test_launch_sizes_live_in_the_parallelism_only(cfg):
+    """``Launch`` once took the parallel sizes as keywords and attributes of its own: they are
+    refused now (the sizes are ``launch.parallelism``'s)."""
     par = cfg.parallelism
     old = {"family": cfg.family, "microbatch_size": cfg.microbatch_size, "global_batch": cfg.global_batch,
            "sequence": cfg.sequence, "layers_per_stage": cfg.layers_per_stage, "recompute": cfg.recompute,
            **dataclasses.asdict(par)}
-    with pytest.warns(DeprecationWarning, match="parallelism="):
-        again = Launch(**old)
-    assert again == cfg and dp.megatron_args(again) == dp.megatron_args(cfg)
-    with pytest.warns(DeprecationWarning, match="Launch.parallelism.gpus"):
-        assert cfg.gpus == par.gpus == par.tensor * par.pipeline * par.data
-    with pytest.warns(DeprecationWarning, match="Launch.parallelism.tensor"):
-        assert cfg.tensor == par.tensor
+    with pytest.raises(dp.ConfigError, match=r"launch: unknown field\(s\) data, expert, pipeline, "):
+        Launch(**old)
+    for name in ("tensor", "gpus", "stages"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(cfg, name)
+    assert cfg.parallelism.gpus == par.tensor * par.pipeline * par.data
     assert Launch(**cfg.to_dict()) == cfg  # to_dict round-trips
 
 
@@ -294,7 +295,7 @@ def test_launch_sizes_are_the_parallelism_s():
     # One home for the size checks: Parallelism's own messages.
     with pytest.raises(dp.ConfigError, match="parallelism: expert=3 must divide data=8"):
         launch(expert=3)
-    with pytest.raises(dp.ConfigError, match="give the sizes in parallelism, not also as tensor="):
+    with pytest.raises(dp.ConfigError, match=r"unknown field\(s\) tensor \(the parallel sizes go in parallelism="):
         Launch("1f1b", dp.Parallelism(pipeline=2), tensor=2, microbatch_size=1, global_batch=8, sequence=8,
                layers_per_stage=(1, 1))
     with pytest.raises(dp.ConfigError, match="parallelism must be a Parallelism, got int"):

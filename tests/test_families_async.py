@@ -1,5 +1,6 @@
-"""Chimera, Chimera-asymmetric, Hanayo, PipeDream, PipeDream-2BW and AMDP against REFERENCE.md:
-completeness, closed forms, peak activations, staleness and AMDP's exact published orders."""
+"""Chimera, Chimera-asymmetric, Hanayo, PipeDream, PipeDream-2BW and AMDP against their papers:
+completeness, closed forms, peak activations, staleness and AMDP's exact published orders (the
+authors' code, github.com/Vinsmoke86/AMDP; papers/amdp/README.md)."""
 
 import pytest
 
@@ -305,7 +306,8 @@ def test_pipedream_2bw_default_steps_and_errors():
 
 
 # -- AMDP: the authors' published orders, exactly ---------------------------------------------------
-# Copied from REFERENCE.md, independently of diffpipe/schedules/amdp.py.
+# Copied from the authors' code (github.com/Vinsmoke86/AMDP), independently of
+# diffpipe/schedules/families/amdp.py.
 AMDP_FORWARD = {
     8: ["0 4 1 2 5 6 3 7", "0 1 4 5 2 3 6 7", "1 0 5 4 3 2 7 6", "1 5 0 3 4 7 2 6",
         "2 6 3 0 7 4 1 5", "2 3 6 7 0 1 4 5", "3 2 7 6 1 0 5 4", "3 7 2 1 6 5 0 4"],
@@ -323,7 +325,7 @@ AMDP_PLACEMENT = {
 
 
 def amdp_template(device, devices, first_round, update):
-    """REFERENCE.md's round templates, spelled out."""
+    """The authors' round templates (github.com/Vinsmoke86/AMDP), spelled out."""
     end = device in ((0, 3, 4, 7) if devices == 8 else (0, 3))
     opening = "FF" if first_round else ("FFB" if end else "BFF")
     if devices == 8:

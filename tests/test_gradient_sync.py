@@ -32,9 +32,10 @@ def with_data_parallel(hw, data_parallel, link):
 
 
 def reference_sync(s, hw, mode, per_node, data_parallel, link):
-    """The reference's sync and update durations, written from API.md section 1: a ring
-    all-reduce of ``n = holders * data_parallel`` over the slowest of the holders' link (when
-    several devices hold the stage) and the data-parallel link; free under ``none``."""
+    """The reference's sync and update durations, written from docs/architecture.md ("The
+    data-parallel gradient sync"): a ring all-reduce of ``n = holders * data_parallel`` over the
+    slowest of the holders' link (when several devices hold the stage) and the data-parallel
+    link; free under ``none``."""
     lat, bw, ilat, ibw = (float(x) for x in (hw.network.latency, hw.network.bandwidth,
                                             hw.network.inter_latency, hw.network.inter_bandwidth))
     grad = np.broadcast_to(np.asarray(hw.gradient_bytes), (s.pipelines, s.stages))

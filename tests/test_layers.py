@@ -108,7 +108,7 @@ def _layer(module: str) -> int | None:
 
 def test_every_module_has_a_layer():
     missing = [m for m in MODULES if _layer(m) == -1]
-    assert not missing, f"modules missing from LAYERS (place them where DESIGN.md puts them): {missing}"
+    assert not missing, f"modules missing from the layers block of docs/architecture.md: {missing}"
 
 
 def test_no_import_cycles():

@@ -159,18 +159,23 @@ def test_cli_plan_exports(tmp_path, capsys):
 
 def test_cli_plan_flags_are_the_configuration_s():
     """plan parses the simulate/compare configuration flags (one definition, lists where it
-    searches) and still reads its older names."""
+    searches); its older names --tensor and --pipeline are refused (a usage error)."""
     from diffpipe.cli import build_parser
 
     parser = build_parser()
     new = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tp", "2,4", "--pp", "1",
                              "--microbatch-size", "1,2", "--recompute", "none,full", "--zero", "1,3", "--vpp", "2",
                              "--ep", "1", "--no-sequence-parallel", "--flash-attention", "--families", "1f1b,zb-h1"])
-    old = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tensor", "2,4",
-                             "--pipeline", "1", "--microbatch-sizes", "1,2", "--recompute", "none,full", "--zero",
+    old = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tp", "2,4",
+                             "--pp", "1", "--microbatch-sizes", "1,2", "--recompute", "none,full", "--zero",
                              "1,3", "--vpp", "2", "--ep", "1", "--no-sequence-parallel", "--flash-attention",
                              "--families", "1f1b,zb-h1"])
     assert vars(new) == vars(old)
+    from diffpipe.cli._args import _UsageError
+
+    for flag in ("--tensor", "--pipeline"):
+        with pytest.raises(_UsageError, match=f"unrecognized arguments: {flag} 2"):
+            parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", flag, "2"])
     assert (new.tensor, new.pipeline, new.microbatch_size, new.recompute, new.zero) == (
         [2, 4], [1], [1, 2], ["none", "full"], [1, 3])
     assert new.sequence_parallel is False and new.flash_attention is True and new.families == ["1f1b", "zb-h1"]

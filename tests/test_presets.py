@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._machine._presets import DEVICES, NETWORKS
-from diffpipe._model._presets import MODELS
+from diffpipe._machine._specs import DEVICES, NETWORKS
+from diffpipe._model._specs import MODELS
 
 HF = Path(__file__).parent / "data" / "hf"
 

@@ -399,22 +399,21 @@ def test_batched_needs_a_batch_axis():
         dp.makespan(g, dp.Hardware.from_times(1.0, 2.0), batched=True)
 
 
-def test_input_grad_is_the_new_name_of_backward():
-    """``Hardware.input_grad`` (the input-gradient part I) was ``backward``: the old keyword and
-    attribute still work for one release, with a DeprecationWarning; giving both is an error."""
+def test_backward_is_no_longer_a_name_of_input_grad():
+    """``Hardware.input_grad`` (the input-gradient part I) was once ``backward``: the old keyword
+    and attribute are refused, never read silently."""
     hw = dp.Hardware.from_times(1.0, input_grad=2.0)
-    with pytest.warns(DeprecationWarning):
-        old = dp.Hardware.from_times(1.0, backward=2.0)
-    assert float(old.input_grad) == float(hw.input_grad) == 2.0
-    with pytest.warns(DeprecationWarning):
-        assert float(hw.backward) == 2.0
-    with pytest.raises(dp.ConfigError, match="not also backward"):
-        dp.Hardware.from_times(1.0, 2.0, backward=2.0)
+    assert float(hw.input_grad) == 2.0
+    with pytest.raises(TypeError, match="unexpected keyword argument 'backward'"):
+        dp.Hardware.from_times(1.0, backward=2.0)
+    with pytest.raises(AttributeError, match="backward"):
+        hw.backward  # noqa: B018
     with pytest.raises(dp.ConfigError, match="input_grad is required"):
         dp.Hardware.from_times(1.0)
-    with pytest.warns(DeprecationWarning):
-        w = dp.Workload.from_table([1.0, 1.0], backward=[2.0, 2.0])
-    assert w.input_grad.tolist() == [2.0, 2.0]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'backward'"):
+        dp.Workload.from_table([1.0, 1.0], backward=[2.0, 2.0])
+    with pytest.raises(dp.ConfigError, match="input_grad is required"):
+        dp.Workload.from_table([1.0, 1.0])
 
 
 @pytest.mark.parametrize("bad", [True, "0.1", b"x", np.array(True)], ids=["bool", "str", "bytes", "bool-array"])

@@ -183,11 +183,12 @@ def test_errors_are_one_line(call, culprit):
     assert culprit in message and "\n" not in message
 
 
-def test_microbatch_keyword_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match="microbatch_size"):
-        old = dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch=3)
-    assert old == TINY and old.microbatch_size == 3
-    with pytest.warns(DeprecationWarning):
-        assert old.microbatch == 3
-    with pytest.warns(DeprecationWarning):  # the CLI's override of a base model's fields
-        assert dp.Transformer(**{**SMALL.__dict__, "microbatch": 2}).microbatch_size == 2
+def test_microbatch_is_no_longer_a_name_of_microbatch_size():
+    """``microbatch_size`` was once ``microbatch``: the old keyword is an unknown field, the old
+    attribute is gone (neither wins silently)."""
+    with pytest.raises(dp.ConfigError, match="transformer: unknown field.s. microbatch$"):
+        dp.Transformer(layers=2, hidden=8, heads=2, sequence=4, vocabulary=16, microbatch=3)
+    with pytest.raises(dp.ConfigError, match="unknown field.s. microbatch$"):  # both names given
+        dp.Transformer(**{**SMALL.__dict__, "microbatch": 2})
+    with pytest.raises(AttributeError, match="microbatch"):
+        SMALL.microbatch  # noqa: B018

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .._choices import COMMUNICATION_MODES
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
 from ..schedules._reference import as_duration_fn, evaluate
@@ -247,11 +248,11 @@ class Rendezvous(AbstractCommunication):
         return _meeting_waits(schedule, sender_waits=False)
 
 
-#: The built-in modes by name: the strings accepted at the API's edge.
-MODES: dict[str, type[AbstractCommunication]] = {
-    c.name: c for c in (NoCommunication, Overlap, Contention, Blocking, Rendezvous)
-}
-COMMUNICATION_MODES = tuple(MODES)
+#: The built-in modes by name (``_choices.COMMUNICATION_MODES``, each its class's ``name``): the
+#: strings accepted at the API's edge.
+MODES: dict[str, type[AbstractCommunication]] = dict(
+    zip(COMMUNICATION_MODES, (NoCommunication, Overlap, Contention, Blocking, Rendezvous), strict=True)
+)
 
 
 def communication(mode: str | AbstractCommunication, *, what: str = "communication") -> AbstractCommunication:

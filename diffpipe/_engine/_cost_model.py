@@ -4,7 +4,7 @@ A cost model answers ``tables(graph) -> CostTables`` (``Hardware.tables``' rows:
 ``base + size[m] x per_size``, a transfer edge delays by ``edge_base + size[m] x edge_per_size``).
 ``Hardware`` (built by ``Hardware.from_times`` or ``hardware_from_model``) is one; a ``Workload``
 (the transformer model, or any measured per-layer table) is another, priced at its default split.
-A new cost model is one class with that method (DESIGN.md, "Extension points").
+A new cost model is one class with that method (docs/architecture.md, "Recipes").
 """
 
 from __future__ import annotations

@@ -15,9 +15,13 @@ and lasts 0; the forward waits for it and lasts the whole pair (a ``COST_PAIR`` 
 pair starts when both members' inputs are ready, and both outputs leave at its end
 (``_reference``'s semantics). Schedules without pairs compile exactly as before.
 
-``compile(..., gradient_sync=True)`` adds the data-parallel gradient sync (API.md section 1):
-per stage an ``R`` node on a per-device *sync lane*, and per (pipeline, stage) a ``U`` node (the
-optimizer step) at the end of its device's compute lane; see ``_gradient_sync``.
+``compile(..., gradient_sync=True)`` adds the data-parallel gradient sync (docs/architecture.md,
+"The data-parallel gradient sync"): per stage an ``R`` node on a per-device *sync lane*, and per
+(pipeline, stage) a ``U`` node (the optimizer step) at the end of its device's compute lane; see
+``_gradient_sync``.
+
+Why one module past 500 lines: nodes, levels, padding, stacking and the gradient sync build one data
+structure whose invariants each step relies on.
 """
 
 from __future__ import annotations
@@ -150,7 +154,7 @@ class _Node:
     free: bool = False  # lasts 0 (a pair's backward and its entry)
 
 
-def compile(  # noqa: A001 - the public name DESIGN.md fixes
+def compile(  # noqa: A001 - the public name dp.compile
     schedule: Schedule,
     *,
     communication: str | AbstractCommunication = "overlap",
@@ -247,7 +251,7 @@ def sync_order(schedule: Schedule) -> tuple[dict[tuple[int, int], Op], list[int]
 
 
 def _gradient_sync(schedule: Schedule, nodes: list[_Node], node_of: dict, mode: AbstractCommunication) -> None:
-    """Append the gradient-sync nodes (API.md section 1) to ``nodes``.
+    """Append the gradient-sync nodes (docs/architecture.md, gradient sync) to ``nodes``.
 
     - ``R`` of stage ``s``: the all-reduce of that stage's gradients over the devices holding it
       (one, except for schedules with pipeline replicas: chimera, dualpipe) and the network's
@@ -256,7 +260,7 @@ def _gradient_sync(schedule: Schedule, nodes: list[_Node], node_of: dict, mode: 
       replica of ``s`` and the previous sync on each holder's sync lane have ended. Syncs are
       issued in ``sync_order``. Its cost row is an all-reduce row (``Hardware.tables``) of
       ``holders x network.data_parallel`` participants moving ``gradient_bytes[0, s]`` (pipeline
-      replicas hold the same stage). With one pipeline this is API.md's R per (pipeline, stage).
+      replicas hold the same stage). With one pipeline this is one R per (pipeline, stage).
     - ``U`` of (pipeline, stage): the optimizer step, on the holder's compute lane after the
       device's last op (and whatever holds the device past it: ``mode.tail_waits``), the previous
       ``U`` and that stage's ``R``; a device updates its stages in sync order.

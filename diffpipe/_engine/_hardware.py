@@ -5,7 +5,7 @@ topology sizes) is static. Per-stage leaves may be scalars (every stage alike), 
 (pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
 ``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
 
-Cost model (DESIGN.md, "Hardware and costs"):
+Cost model (summarised in docs/architecture.md, "The cost model"):
 - op duration = ``overhead[kind] + size[m] * time[kind, pipeline, stage]``; the per-op overhead
   is ``overhead`` for every kind, or, where ``kind_overhead`` is given, ``kind_overhead[k]`` for
   ``k`` in ``F, B, I, W`` *instead* (calibration measures a different framework gap before each
@@ -30,7 +30,6 @@ Cost model (DESIGN.md, "Hardware and costs"):
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import equinox as eqx
@@ -39,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import as_float, concrete
 from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
@@ -61,19 +61,12 @@ def _float(value: Any, what: str = "value") -> Array:
             raise ConfigError(f"hardware: {what} must be numeric, got an array of {value.dtype}")
     elif not _numbers(value):
         raise ConfigError(f"hardware: {what} must be a number or a list of numbers, got {value!r}")
-    return jnp.asarray(value, dtype=jnp.result_type(float))
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
+    return as_float(value)
 
 
 def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
     """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
-    x = _concrete(value)
+    x = concrete(value)
     if x is None:
         return
     bad = np.isnan(x) | (x < 0) | (x <= 0 if positive else False)
@@ -197,14 +190,8 @@ def _kind_overhead(value: Any, overhead: Any) -> Array | None:
     return _float(value, "kind_overhead")
 
 
-def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
-    """The value of a renamed argument: ``old=`` still works, with a ``DeprecationWarning``."""
-    if old_value is not None:
-        if value is not None:
-            raise ConfigError(f"{what}: give {name}, not also {old} (its old name)")
-        warnings.warn(f"{old}= is deprecated: use {name}= (the input-gradient part I of the backward)",
-                      DeprecationWarning, stacklevel=3)
-        return old_value
+def _required(what: str, name: str, value: Any) -> Any:
+    """``value``, which must be given: a ``ConfigError`` naming ``name`` otherwise."""
     if value is None:
         raise ConfigError(f"{what}: {name} is required (seconds of the input-gradient backward I)")
     return value
@@ -212,6 +199,11 @@ def _renamed(what: str, name: str, value: Any, old: str, old_value: Any) -> Any:
 
 #: The kinds ``Hardware.kind_overhead`` lists, in order (the compute kinds).
 OVERHEAD_KINDS = ("F", "B", "I", "W")
+#: The ``Hardware`` leaves given per stage (``[pipelines, stages]`` once normalised): those that
+#: depend on where the stage boundaries sit (``Workload.stage_fields``, the stage-balance knob, the
+#: sweep's stacking).
+STAGE_FIELDS = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
+                "activation_bytes")
 
 
 class Hardware(eqx.Module):
@@ -220,7 +212,6 @@ class Hardware(eqx.Module):
     Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
     input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
     ``B`` costs both, unless ``full_backward`` (per stage, optional) gives its own time.
-    (``backward``, the name of ``input_grad`` before 0.2, still reads it, with a deprecation warning.)
     ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
     ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
     step (module docstring); ``pair_overlap`` (optional, in [0, 1], a scalar or per stage of the
@@ -248,12 +239,6 @@ class Hardware(eqx.Module):
     pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
                                                          converter=lambda v: _optional(v, "pair_overlap"))
 
-    @property
-    def backward(self) -> Array:
-        """Deprecated name of ``input_grad``."""
-        warnings.warn("Hardware.backward is deprecated: use Hardware.input_grad", DeprecationWarning, stacklevel=2)
-        return self.input_grad
-
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
@@ -261,7 +246,7 @@ class Hardware(eqx.Module):
         for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
             if getattr(self, name) is not None:
                 _check_values(name, getattr(self, name))
-        fraction = None if self.pair_overlap is None else _concrete(self.pair_overlap)
+        fraction = None if self.pair_overlap is None else concrete(self.pair_overlap)
         if fraction is not None and np.any(fraction > 1):
             raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
                               f"pass), got {fraction.ravel()[np.argmax(fraction.ravel() > 1)]!r}")
@@ -285,7 +270,6 @@ class Hardware(eqx.Module):
         static_bytes: Any = 0.0,
         capacity: Any = math.inf,
         mode: str | AbstractCommunication = "overlap",
-        backward: Any = None,
         kind_overhead: Any = None,
         full_backward: Any = None,
         setup: Any = None,
@@ -297,14 +281,14 @@ class Hardware(eqx.Module):
         ``input_grad`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
         so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
         transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
-        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``backward=`` is the deprecated
-        name of ``input_grad``; ``full_backward`` is the time of a full ``B`` when it is not
-        ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
-        a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
-        values in that order. ``setup``/``wind_down``: seconds before the first op and after the
-        last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
+        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``full_backward`` is the time of
+        a full ``B`` when it is not ``input_grad + weight``. ``kind_overhead``: per-op overheads by
+        kind replacing ``overhead``, a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds
+        take ``overhead``) or four values in that order. ``setup``/``wind_down``: seconds before the
+        first op and after the last op of the step. ``pair_overlap``: the hidden fraction of an
+        overlapped pair (in [0, 1]).
         """
-        input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
+        input_grad = _required("hardware", "input_grad", input_grad)
         zero = _float(0.0)
         return cls(
             forward=_float(forward, "forward"), input_grad=_float(input_grad, "input_grad"),

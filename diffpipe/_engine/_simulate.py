@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections import OrderedDict
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._caches import BoundedDict
 from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
@@ -96,9 +96,9 @@ _makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
 #: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
 #: Keyed by the graph's contents, so a graph compiled anew from the same schedule reuses the
 #: function; a graph object seen before is found by ``id`` without hashing it again. Both bounded.
-_BAKED: OrderedDict[Any, Any] = OrderedDict()
-_SEEN: OrderedDict[int, tuple[Graph, Any]] = OrderedDict()
 _BAKED_GRAPHS = 32
+_BAKED: BoundedDict = BoundedDict(_BAKED_GRAPHS)
+_SEEN: BoundedDict = BoundedDict(_BAKED_GRAPHS)  # id(graph) -> (graph, function)
 #: Larger graphs are not baked: their evaluation dwarfs the call overhead, and XLA would spend
 #: compile time constant-folding their index arrays.
 _BAKED_ROWS = 8192
@@ -115,12 +115,6 @@ def _content_key(graph: Graph) -> tuple:
     return treedef, digest.digest()
 
 
-def _remember(cache: OrderedDict, key: Any, value: Any) -> None:
-    cache[key] = value
-    if len(cache) > _BAKED_GRAPHS:
-        cache.popitem(last=False)
-
-
 def _baked(graph: Graph):
     seen = _SEEN.get(id(graph))
     if seen is not None and seen[0] is graph:  # holding the graph keeps its id unique while cached
@@ -129,8 +123,8 @@ def _baked(graph: Graph):
     function = _BAKED.get(key)
     if function is None:
         function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
-        _remember(_BAKED, key, function)
-    _remember(_SEEN, id(graph), (graph, function))
+        _BAKED[key] = function
+    _SEEN[id(graph)] = (graph, function)
     return function
 
 
@@ -177,8 +171,6 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
     maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
     """
-    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
-    static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
     act = hw.per_stage("activation_bytes", graph)
     size = hw.per_microbatch(graph)
     nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
@@ -188,7 +180,14 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     delta = sign * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
     peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
     peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
-    return static_per_device + peak_bytes, peak_count
+    return static_memory(graph, hw) + peak_bytes, peak_count
+
+
+def static_memory(graph: Graph, hw: Hardware) -> Float[Array, " devices"]:
+    """Per device, the bytes held for the whole step: each stage's ``static_bytes`` times the
+    weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""
+    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
+    return jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
 
 
 def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:

@@ -6,38 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import as_float, concrete
 from .._checks import check_int
 from .._errors import ConfigError
-from . import _presets
+from . import _presets, _specs
 from ._device import Device
 
 
 # -- the cluster ------------------------------------------------------------------------------------
-def _float(value: Any) -> Array:
-    return jnp.asarray(value, dtype=jnp.result_type(float))
-
-
 def _link(value: Any, what: str) -> tuple[str, float, float]:
     """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
     if isinstance(value, str):
-        key = _presets.network_key(value)
-        spec = _presets.NETWORKS[key]
+        key = _specs.network_key(value)
+        spec = _specs.NETWORKS[key]
         return key, spec.bandwidth, spec.latency
-    if isinstance(value, _presets.LinkSpec):
+    if isinstance(value, _specs.LinkSpec):
         return "custom", value.bandwidth, value.latency
     if isinstance(value, (tuple, list)) and len(value) == 2:
         return "custom", value[0], value[1]
     raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
                       f"or (bandwidth, latency), got {value!r}")
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
 class Cluster(eqx.Module):
@@ -69,8 +60,8 @@ class Cluster(eqx.Module):
         elif not isinstance(device, Device):
             raise ConfigError(f"cluster: device must be a Device or a device preset name, got {device!r}")
         if memory_bandwidth is not None:
-            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, _float(memory_bandwidth))
-        bandwidth = _concrete(device.memory_bandwidth)
+            device = eqx.tree_at(lambda d: d.memory_bandwidth, device, as_float(memory_bandwidth))
+        bandwidth = concrete(device.memory_bandwidth)
         if bandwidth is not None and not np.all(np.isfinite(bandwidth)):
             raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
                               "(bytes/s)")
@@ -79,19 +70,19 @@ class Cluster(eqx.Module):
         self.intra, intra_bw, intra_lat = _link(intra, "intra")
         self.inter, inter_bw, inter_lat = _link(inter, "inter")
         if devices_per_node is None:
-            domain = _presets.NETWORKS[self.intra].domain if self.intra in _presets.NETWORKS else None
+            domain = _specs.NETWORKS[self.intra].domain if self.intra in _specs.NETWORKS else None
             devices_per_node = domain or 8
         self.devices_per_node = check_int("cluster: devices_per_node", devices_per_node, 1)
         if self.gpus > self.devices_per_node and self.gpus % self.devices_per_node:
             raise ConfigError(f"cluster: gpus={self.gpus} is not a whole number of {self.devices_per_node}-GPU "
                               "nodes")
-        self.intra_bandwidth, self.intra_latency = _float(intra_bw), _float(intra_lat)
-        self.inter_bandwidth, self.inter_latency = _float(inter_bw), _float(inter_lat)
+        self.intra_bandwidth, self.intra_latency = as_float(intra_bw), as_float(intra_lat)
+        self.inter_bandwidth, self.inter_latency = as_float(inter_bw), as_float(inter_lat)
 
     def __check_init__(self) -> None:
         for name, positive in (("intra_bandwidth", True), ("inter_bandwidth", True), ("intra_latency", False),
                                ("inter_latency", False)):
-            x = _concrete(getattr(self, name))
+            x = concrete(getattr(self, name))
             if x is None:
                 continue
             bad = np.isnan(x) | (x < 0) | ((x <= 0) if positive else False) | (np.isinf(x) & (not positive))

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import as_float, concrete
 from .._errors import ConfigError
 
 #: Default fraction of peak FLOP/s a training step sustains (model FLOPs utilisation). Narayanan
@@ -19,15 +19,6 @@ from .._errors import ConfigError
 #: reports since sit around 40-55%. One round figure, to be overridden with a measured one: the
 #: flat kernel-efficiency curve of ``Device`` and of the presets without matmul measurements.
 DEFAULT_EFFICIENCY = 0.5
-
-
-def _float(value: Any) -> Array:
-    return jnp.asarray(value, dtype=jnp.result_type(float))
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a numpy array when its value is known now (not a tracer), else None."""
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
 class Device(eqx.Module):
@@ -59,11 +50,11 @@ class Device(eqx.Module):
     Float fields are arrays (differentiable, vmap-able): ``jax.vmap(lambda e: Device(p, m, e))``.
     """
 
-    peak_flops: Float[Array, ""] = eqx.field(converter=_float)
-    memory: Float[Array, ""] = eqx.field(converter=_float)
-    efficiency: Float[Array, ""] = eqx.field(converter=_float, default=DEFAULT_EFFICIENCY)
-    memory_bandwidth: Float[Array, ""] = eqx.field(converter=_float, default=float("inf"))
-    saturation_tokens: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    peak_flops: Float[Array, ""] = eqx.field(converter=as_float)
+    memory: Float[Array, ""] = eqx.field(converter=as_float)
+    efficiency: Float[Array, ""] = eqx.field(converter=as_float, default=DEFAULT_EFFICIENCY)
+    memory_bandwidth: Float[Array, ""] = eqx.field(converter=as_float, default=float("inf"))
+    saturation_tokens: Float[Array, ""] = eqx.field(converter=as_float, default=0.0)
     name: str = eqx.field(static=True, default="custom")
 
     def __check_init__(self) -> None:
@@ -74,7 +65,7 @@ class Device(eqx.Module):
             ("memory_bandwidth", self.memory_bandwidth, lambda x: x > 0, "positive (or inf)"),
             ("saturation_tokens", self.saturation_tokens, lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
         ):
-            x = _concrete(value)
+            x = concrete(value)
             if x is not None and not np.all(ok(x)):
                 raise ConfigError(f"device {self.name!r}: {field} must be {want}, got {x.ravel()[0]!r}")
 

@@ -63,6 +63,9 @@ Sources and rules:
 - Static memory: ``16`` bytes per parameter for mixed-precision Adam (2 fp16 weights + 2 fp16
   gradients + 12 fp32 master weights, momentum, variance): Rajbhandari et al., "ZeRO: Memory
   Optimizations Toward Training Trillion Parameter Models" (SC'20), §3.1.
+
+Why one module past 500 lines: the model's fields and checks and the per-layer formulas with their
+sources are one table; most of the length is the cited formulas.
 """
 
 
@@ -70,7 +73,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -79,6 +81,8 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import is_int, is_positive_int
+from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._partition import uniform_partition
@@ -95,7 +99,6 @@ _STAT_BYTES = 4
 ACTIVATIONS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary")
-RECOMPUTE = ("none", "selective", "full")
 
 
 def recompute_mode(value: Any) -> str:
@@ -105,14 +108,6 @@ def recompute_mode(value: Any) -> str:
     if isinstance(value, str) and value in RECOMPUTE:
         return value
     raise ConfigError(f"transformer: recompute must be one of {', '.join(RECOMPUTE)} (or a bool), got {value!r}")
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True, init=False)
@@ -126,8 +121,7 @@ class Transformer:
         heads: attention (query) heads ``a``.
         sequence: sequence length ``s``.
         vocabulary: vocabulary size ``V``.
-        microbatch_size: samples per microbatch ``b`` (a ``Hardware.size`` of 1). The old keyword
-            ``microbatch=`` (and attribute) still works for one release, with a ``DeprecationWarning``.
+        microbatch_size: samples per microbatch ``b`` (a ``Hardware.size`` of 1).
         dtype_bytes: bytes per weight/activation element ``d`` (2 for fp16/bf16).
         ffn_multiplier: FFN width over ``h`` (``f``; 4 for GPT), used when ``ffn_hidden`` is None.
         recompute: ``"none"``, ``"selective"`` (the attention core, Korthikanti et al. 2022) or
@@ -206,12 +200,7 @@ class Transformer:
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
-                 tied_embedding: bool = True, bytes_per_parameter: int = 16, *, microbatch: int | None = None,
-                 **options: Any) -> None:
-        if microbatch is not None:  # the deprecated spelling, kept for one release
-            warnings.warn("Transformer(microbatch=...) is deprecated: use microbatch_size= (microbatch wins when "
-                          "both are given)", DeprecationWarning, stacklevel=2)
-            microbatch_size = microbatch
+                 tied_embedding: bool = True, bytes_per_parameter: int = 16, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             raise ConfigError(f"transformer: unknown field(s) {', '.join(unknown)}")
@@ -230,25 +219,19 @@ class Transformer:
             object.__setattr__(self, name, value)
         self.__post_init__()
 
-    @property
-    def microbatch(self) -> int:
-        """Deprecated: ``microbatch_size``."""
-        warnings.warn("Transformer.microbatch is deprecated: use microbatch_size", DeprecationWarning, stacklevel=2)
-        return self.microbatch_size
-
     def __post_init__(self) -> None:
         def fail(name: str, want: str) -> None:
             raise ConfigError(f"transformer: {name} must be {want}, got {getattr(self, name)!r}")
 
         for name in ("layers", "hidden", "heads", "sequence", "vocabulary", "microbatch_size", "dtype_bytes",
                      "bytes_per_parameter", "experts", "experts_per_token"):
-            if not _positive_int(getattr(self, name)):
+            if not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int")
         for name in ("kv_heads", "head_dim", "v_head_dim", "ffn_hidden", "moe_ffn_hidden"):
-            if getattr(self, name) is not None and not _positive_int(getattr(self, name)):
+            if getattr(self, name) is not None and not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int or None")
         for name in ("shared_experts", "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
-            if not _count(getattr(self, name)):
+            if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
                 fail(name, "an int >= 0")
         f = self.ffn_multiplier
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
@@ -482,7 +465,7 @@ def activation_bytes(model: Transformer, *, tensor: int = 1, sequence_parallel: 
     divide ``heads`` and ``kv_heads`` (Megatron-LM replicates key/value heads when ``t > a_kv``; not
     modelled here) and expert interiors to shard like the dense MLP.
     """
-    if not _positive_int(tensor):
+    if not is_positive_int(tensor):
         raise ConfigError(f"activation_bytes: tensor must be a positive int, got {tensor!r}")
     t = float(tensor)
     rep = 1 / t if sequence_parallel else 1.0
@@ -669,7 +652,7 @@ def stage_of_layers(
     if (stages is None) == (layers_per_stage is None):
         raise ConfigError("from_model: give exactly one of stages= or layers_per_stage=")
     if stages is not None:
-        if not _positive_int(stages):
+        if not is_positive_int(stages):
             raise ConfigError(f"from_model: stages must be a positive int, got {stages!r}")
         if stages > model.layers:
             raise ConfigError(f"from_model: stages={stages} exceeds the model's {model.layers} layers")

@@ -15,6 +15,9 @@ combination of boundaries moving by one layer; one sample moving between two mic
 with the batched exact simulator, from the rounded plan, from the best baseline and from the knobs'
 other starts. The chosen plan is evaluated afresh by the exact simulator at the end; nothing else
 is ever reported. ``optimize`` only calls the knobs' methods: it never branches on a knob's type.
+
+Why one module past 500 lines: the descent, the rounding and the exact local search are one
+algorithm over one ``Problem`` and one batched exact evaluator.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from jax import lax
 
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
-from .._engine._hardware import Hardware
+from .._engine._hardware import STAGE_FIELDS, Hardware
 from .._engine._simulate import makespan, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
@@ -45,7 +48,7 @@ from .._workload._workload import Workload, check_static_memory
 from ..schedules import Schedule
 from ..schedules._analysis import peak_activations, weight_versions
 from ._baselines import StagePlan, make_plan
-from ._knobs import STAGE_FIELDS, AbstractKnob, Problem, as_knobs, knob_hardware, value_hardware
+from ._knobs import AbstractKnob, Problem, as_knobs, knob_hardware, value_hardware
 
 #: Default optimizer: Adam (Kingma and Ba, ICLR 2015) on the knobs' logits. One module-level object,
 #: so repeated calls reuse the compiled loop.
@@ -55,12 +58,6 @@ DEFAULT_OPTIMIZER = optax.adam(5e-2)
 DEFAULT_TEMPERATURE = (1e-2, 1e-4)
 #: Weight of the squared relative memory overflow in the loss (the makespan term is about 1).
 DEFAULT_MEMORY_PENALTY = 100.0
-#: Floor/ceiling combinations of the continuous boundaries tried when rounding (2^(stages-1) of
-#: them when at most this many, else nearest only).
-ROUNDING_COMBINATIONS = 256
-#: The local search moves any subset of boundaries by ±1 when there are at most this many such
-#: moves (3^(stages-1) - 1: up to 8 stages); beyond, one or two boundaries at a time.
-NEIGHBOURHOOD_LIMIT = 2186
 #: Rounds of steepest descent at most (each round evaluates the whole neighbourhood at once).
 LOCAL_SEARCH_ROUNDS = 200
 

@@ -9,7 +9,7 @@ over memory bandwidth), its ``Hardware``, and ``evaluate()`` simulates one step 
 (all ``data`` replicas run the same one) and reports:
 
 - ``step_time``: the makespan, seconds, the gradient sync of every stage over its data-parallel
-  group and the optimizer steps included (``compile(..., gradient_sync=True)``: API.md section 1);
+  group and the optimizer steps included (``compile(..., gradient_sync=True)``: docs/architecture.md);
 - ``tokens_per_second_per_gpu``: ``global_batch x sequence / step_time / gpus``;
 - ``mfu``: model FLOPs utilisation, ``model.model_flops() x microbatches x data / (step_time x gpus x
   peak_flops)``: the FLOPs the model needs per step, without recomputation, over what the GPUs

@@ -28,17 +28,16 @@ keeps the list, citing file and commit):
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .._checks import check_int
+from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._workload._parallel import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
-RECOMPUTE = ("none", "selective", "full")
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
 MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
 #: ZeRO stage -> Megatron-LM flags (ZeRO-1: the distributed optimizer; 2 and 3: Megatron-FSDP with
@@ -52,21 +51,13 @@ _MEGATRON_ZERO = {
 }
 
 
-#: The ``Parallelism`` fields ``Launch`` took as keywords of its own before 0.3 (still accepted,
-#: with a ``DeprecationWarning``; also readable as deprecated attributes).
-_PARALLEL_FIELDS = tuple(f.name for f in fields(Parallelism))
-_PARALLEL_VIEWS = (*_PARALLEL_FIELDS, "gpus", "stages")
-
-
 @dataclass(frozen=True, init=False)
 class Launch:
     """One whole training configuration, as a framework launches it.
 
     ``Launch(family, parallelism, microbatch_size=..., global_batch=..., sequence=...,
     layers_per_stage=..., recompute=...)``. The parallel sizes, their checks and the derived counts
-    (``gpus``, ``stages``) are the ``Parallelism``'s; the old spelling with the sizes as keywords of
-    their own (``Launch(family, tensor=8, pipeline=4, data=8, virtual=2, ...)``) still works, with a
-    ``DeprecationWarning``, and so do the attributes ``launch.tensor`` ... ``launch.stages``.
+    (``gpus``, ``stages``) are the ``Parallelism``'s (``launch.parallelism.tensor``, ...).
 
     Attributes:
         family: the pipeline schedule family (``diffpipe.schedules.names()``).
@@ -90,16 +81,11 @@ class Launch:
 
     def __init__(self, family: str, parallelism: Parallelism | Mapping[str, Any] | None = None, *,
                  microbatch_size: int, global_batch: int, sequence: int, layers_per_stage: Any,
-                 recompute: str = "none", **sizes: Any) -> None:
-        unknown = sorted(set(sizes) - set(_PARALLEL_FIELDS))
+                 recompute: str = "none", **unknown: Any) -> None:
         if unknown:
-            raise ConfigError(f"launch: unknown field(s) {', '.join(unknown)}")
-        if sizes:
-            if parallelism is not None:
-                raise ConfigError(f"launch: give the sizes in parallelism, not also as {', '.join(sorted(sizes))}=")
-            warnings.warn(f"Launch({', '.join(f'{k}=' for k in sizes)}...) is deprecated: pass "
-                          "parallelism=diffpipe.Parallelism(...)", DeprecationWarning, stacklevel=2)
-            parallelism = sizes
+            sizes = sorted(set(unknown) & {f.name for f in fields(Parallelism)})
+            where = f" (the parallel sizes go in parallelism=Parallelism({', '.join(sizes)}=...))" if sizes else ""
+            raise ConfigError(f"launch: unknown field(s) {', '.join(sorted(unknown))}{where}")
         if isinstance(parallelism, Mapping):
             parallelism = Parallelism(**parallelism)
         if not isinstance(parallelism, Parallelism):
@@ -125,14 +111,6 @@ class Launch:
                             ("microbatch_size", int(microbatch_size)), ("global_batch", int(global_batch)),
                             ("sequence", int(sequence)), ("layers_per_stage", counts), ("recompute", recompute)):
             object.__setattr__(self, name, value)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the instance lacks: the sizes Launch held itself before 0.3.
-        if name in _PARALLEL_VIEWS:
-            warnings.warn(f"Launch.{name} is deprecated: use Launch.parallelism.{name}", DeprecationWarning,
-                          stacklevel=2)
-            return getattr(self.parallelism, name)
-        raise AttributeError(f"'Launch' object has no attribute {name!r}")
 
     @property
     def layers(self) -> int:

@@ -34,16 +34,18 @@ rejected. The search:
 
 An infeasible request raises ``ConfigError`` with one line naming the smallest change that makes
 it feasible (more GPUs, recomputation, a larger tensor size, ZeRO, a divisible batch, ...).
+
+Why one module past 500 lines: the four steps of the search share the per-variant cost caches and
+closed forms that make it fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import time
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
+from .._caches import BoundedDict, bounded
 from .._checks import check_int, check_number
+from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -63,7 +67,7 @@ from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
 from .._results import csv_text, json_text, markdown_table
 from .._sweep.evaluate import Progress
-from .._workload._parallel import ZERO_STAGES, Parallelism, parallel_costs, placement
+from .._workload._parallel import Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
 from ._configuration import Configuration
 from ._export import Launch
@@ -73,7 +77,6 @@ from ._export import Launch
 DEFAULT_FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (2, 4)
-RECOMPUTE = ("none", "selective", "full")
 #: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
 _CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
 #: Candidates evaluated together by default: enough to show a bar on long plans only.
@@ -195,7 +198,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def _family_shape(family: str) -> tuple[bool, int, str]:
     """(takes chunks, stages per device without chunks, placement style ``loop`` or ``v``) of a family."""
     fam = schedules.family(family)
@@ -234,7 +237,7 @@ class _Costs:
         costs = parallel_costs(model, par)
         key = (model, par.tensor)
         if key not in _TIMES:
-            _remember(_TIMES, key, tuple(np.asarray(x, np.float64) for x in costs.costs.times(cluster.device)))
+            _TIMES[key] = tuple(np.asarray(x, np.float64) for x in costs.costs.times(cluster.device))
         f, i, w = _TIMES[key]
         comm = np.zeros((3, model.layers + 2))
         for group, link in links.items():  # Configuration.collective_seconds, in numpy
@@ -251,14 +254,8 @@ class _Costs:
 #: Bounded caches across plans (warm plans skip the per-variant cost tables): model variant and
 #: parallel sizes and the cluster's values -> ``_Costs``; model variant and tensor -> op seconds.
 CACHE_SIZE = 50_000
-_COSTS: OrderedDict = OrderedDict()
-_TIMES: OrderedDict = OrderedDict()
-
-
-def _remember(cache: OrderedDict, key: Any, value: Any) -> None:
-    cache[key] = value
-    if len(cache) > CACHE_SIZE:
-        cache.popitem(last=False)
+_COSTS: BoundedDict = BoundedDict(CACHE_SIZE)
+_TIMES: BoundedDict = BoundedDict(CACHE_SIZE)
 
 
 def _cluster_key(cluster: Cluster) -> tuple:
@@ -507,7 +504,7 @@ def plan(
             else:
                 full = (variant, par, cluster_key)
                 if full not in _COSTS:
-                    _remember(_COSTS, full, _Costs(variant, par, cluster, where.links))
+                    _COSTS[full] = _Costs(variant, par, cluster, where.links)
                 costs[key] = _COSTS[full]
         k = costs[key]
         if isinstance(k, str):

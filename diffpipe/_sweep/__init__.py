@@ -10,7 +10,7 @@ One job per module, imports pointing one way: ``result`` (the table) and ``grid`
 choices) import no JAX; ``variants`` (hardware normalisation) -> ``plan`` (stacking plan, memory
 model) -> ``evaluate`` (sharded evaluator) -> this entry point.
 
-How the work is organised (DESIGN.md, "Knobs, optimization and sweeps"):
+How the work is organised (summarised in docs/architecture.md, "Knobs, optimization and sweeps"):
 
 1. **Grouping.** Each (schedule, mode) compiles to a ``Graph``. The sweep's evaluator (the exact
    simulator's batched fast path plus busy time and peak memory), like ``diffpipe.makespan``, is an
@@ -81,7 +81,6 @@ conditions, load ~15).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -90,6 +89,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from .._caches import bounded
 from .._checks import check_int
 from .._engine._communication import communication as as_communication
 from .._engine._graph import compile
@@ -108,7 +108,7 @@ from .result import SweepResult as SweepResult
 from .variants import HardwareSource, ShapeMismatch, Variants
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
+@bounded(CACHE_SIZE)
 def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
     """``compile(schedule, ...)``, cached across sweeps (a pure function of its arguments; the same
     ``Graph`` object each time, so the stacks built from it are cached too: ``evaluate.stack``)."""

@@ -13,7 +13,6 @@ coefficients) is built and sent to the devices once, and cached across sweeps (`
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
+from .._caches import BoundedDict
 from .._engine._evaluate import batched_makespan
 from .._engine._graph import KIND_CODES, Graph, stack_graphs
 from .._engine._hardware import Hardware
@@ -45,8 +45,8 @@ class Stack:
 
 
 #: Stacks kept across sweeps (keyed by their graphs, which the sweep caches): bounded.
-_STACKS: OrderedDict[tuple, Stack] = OrderedDict()
 STACK_CACHE = 16
+_STACKS: BoundedDict = BoundedDict(STACK_CACHE)
 
 
 def _busy_coefficients(graph: Graph, costs: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,8 +80,6 @@ def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
     whole = NamedSharding(mesh, P())
     entry = Stack(tuple(graphs), host, _put_tree(host, whole))
     _STACKS[key] = entry
-    if len(_STACKS) > STACK_CACHE:
-        _STACKS.popitem(last=False)
     return entry
 
 
@@ -156,7 +154,8 @@ def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Arra
     return lax.map(one, (index, which, memory))
 
 
-_EVALUATORS: dict[tuple, Callable] = {}
+#: (mesh, axis) -> its evaluator: one per device layout, a handful in a process.
+_EVALUATORS: BoundedDict = BoundedDict(64)
 
 
 def _evaluator(mesh: Mesh, axis: int) -> Callable:

@@ -7,12 +7,12 @@ placement variants are small unregistered ``Family`` objects, checked the same w
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._caches import bounded
 from .._checks import check_int
 from .._errors import ConfigError, ScheduleError
 from ..schedules import Family, Option, Placement, Schedule, at_least, family, names
@@ -94,7 +94,7 @@ def _option_grid(declared: Mapping[str, Sequence[str]], options: Mapping[str, An
 CACHE_SIZE = 512
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
+@bounded(CACHE_SIZE)
 def _cached_build(fam: Family, devices: int, microbatches: int, options: tuple[tuple[str, Any], ...]) -> Schedule:
     return fam.build(devices=devices, microbatches=microbatches, **dict(options))
 
@@ -110,7 +110,7 @@ def build(fam: Family, devices: int, microbatches: int, options: Mapping[str, An
     return _cached_build(fam, devices, microbatches, key)
 
 
-@functools.cache  # a few placements x priorities: one Family object each, so it can key caches
+@bounded(256)  # a few placements x priorities: one Family object each, so it can key caches
 def _list_family(placement: str, priority: str) -> Family:
     """The placement variant ``list:<placement>`` as an (unregistered) family at one priority."""
     options, make_placement = _PLACEMENTS[placement]

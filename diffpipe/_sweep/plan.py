@@ -15,11 +15,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._caches import BoundedDict
 from .._engine._evaluate import BATCH_CHUNK
 from .._engine._graph import Graph, common_sizes
+from .._engine._hardware import STAGE_FIELDS
 from .._errors import ConfigError
 from ..schedules import Schedule
-from .variants import NETWORK_SCALARS, PER_STAGE, Variants
+from .variants import NETWORK_SCALARS, Variants
 
 #: One compilation of a stack's evaluator, in evaluated cells: compile seconds x evaluated cells per
 #: second of the same evaluator (``benchmarks/bench_sweep.py``, "compile in cells"; see the package
@@ -88,8 +90,6 @@ class Sizes:
         sizes = common_sizes([graph])
         out = cls(**{name: sizes[name] for name in _SIZE_FIELDS})
         _SIZES[id(graph)] = (graph, out)
-        if len(_SIZES) > _SIZES_KEPT:
-            _SIZES.pop(next(iter(_SIZES)))
         return out
 
     def join(self, other: Sizes) -> Sizes:
@@ -106,8 +106,8 @@ class Sizes:
 
 
 _SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(Sizes))
-_SIZES: dict[int, tuple[Graph, Sizes]] = {}  # id(graph) -> (graph, its sizes), oldest first
 _SIZES_KEPT = 4096
+_SIZES: BoundedDict = BoundedDict(_SIZES_KEPT)  # id(graph) -> (graph, its sizes), oldest first
 
 
 def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) -> int:
@@ -123,7 +123,7 @@ def bytes_per_point(sizes: Sizes, pairs: bool = False, normalisations: int = 1) 
     (``benchmarks/bench_sweep.py``): a bound, not a forecast.
     """
     p_s = sizes.pipelines * sizes.stages
-    hardware = len(PER_STAGE) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
+    hardware = len(STAGE_FIELDS) * p_s + sizes.microbatches + sizes.devices + 1 + len(NETWORK_SCALARS)
     hardware += 2 * sizes.devices**2 if pairs else 0
     tables = 2 * (sizes.costs + sizes.edge_costs) + sizes.microbatches
     words = (1 + normalisations) * hardware + 3 * tables + 5 * sizes.lane + 3 * p_s + 4 * sizes.devices + 16

@@ -17,13 +17,11 @@ import jax
 import numpy as np
 from jaxtyping import Array
 
-from .._engine._hardware import Hardware, Network
+from .._caches import BoundedDict
+from .._engine._hardware import STAGE_FIELDS, Hardware, Network
 from .._errors import ConfigError
 from ..schedules import Schedule
 
-#: Hardware leaves given per stage, ``[pipelines, stages]`` after normalisation.
-PER_STAGE = ("forward", "input_grad", "weight", "update", "message_bytes", "gradient_bytes", "static_bytes",
-             "activation_bytes")
 NETWORK_SCALARS = ("latency", "bandwidth", "inter_latency", "inter_bandwidth")
 #: Optional Hardware leaves (None unless given): carried when every variant gives them.
 OPTIONAL_SCALARS = ("setup", "wind_down")
@@ -58,11 +56,11 @@ def _batch_size(hw: Hardware) -> int | None:
 
 
 #: Leaf -> the ``Hardware`` method (and its leading arguments) that broadcasts it against a graph.
-_RULES = {**{name: ("per_stage", name) for name in PER_STAGE}, "size": ("per_microbatch",),
+_RULES = {**{name: ("per_stage", name) for name in STAGE_FIELDS}, "size": ("per_microbatch",),
           "capacity": ("per_device",)}
 #: (leaf, its shape per variant, schedule sizes) -> the broadcast shape per variant, or the error:
 #: tracing ``Hardware.per_*`` costs about a millisecond, and a sweep asks the same question often.
-_TARGETS: dict[tuple, tuple[int, ...] | str] = {}
+_TARGETS: BoundedDict = BoundedDict(65_536)
 
 
 def _broadcast(name: str, raw: Any, batch: int | None, schedule: Schedule, per: Callable[..., Array],
@@ -207,7 +205,7 @@ def pad_variants(v: Variants, index: np.ndarray, p: int, s: int, m: int, d: int)
     out = {}
     for name, x in v.leaves.items():
         x = x[index]
-        if name in PER_STAGE or name in OPTIONAL_PER_STAGE:
+        if name in STAGE_FIELDS or name in OPTIONAL_PER_STAGE:
             target, fill = (p, s), 0.0
         elif name == "size":
             target, fill = (m,), 0.0
@@ -231,6 +229,6 @@ def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, mode: str, device
                       leaves.get("pair_latency"), leaves.get("pair_bandwidth"), mode=mode,
                       devices_per_node=devices_per_node, data_parallel=v.data_parallel,
                       data_parallel_link=v.data_parallel_link)
-    names = (*PER_STAGE, "overhead", "size", "capacity", "kind_overhead", *OPTIONAL_PER_STAGE, *OPTIONAL_SCALARS)
+    names = (*STAGE_FIELDS, "overhead", "size", "capacity", "kind_overhead", *OPTIONAL_PER_STAGE, *OPTIONAL_SCALARS)
     fields = {name: leaves[name] for name in names if name in leaves}
     return Hardware(**fields, network=network)

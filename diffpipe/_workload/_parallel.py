@@ -53,10 +53,11 @@ sizes; ``X = d b s h`` the bytes of one block's activation):
   + (d + K) Psi / N_d`` (stage 2: gradients too) and ``(2d + K) Psi / N_d`` (stage 3: weights too);
   i.e. ``16, 4 + 12/N_d, 2 + 14/N_d, 16/N_d`` bytes per parameter. Expert parameters are sharded
   over their own data group, ``N_d / e`` ranks.
-- Data-parallel gradient sync (API.md section 1): the bytes one device's sync of a stage moves,
-  in *all-reduce-equivalent* bytes for a ring over ``N_d`` ranks: the stage's gradient bytes ``d
-  Psi`` for stages 0-2 (ZeRO-1/2's reduce-scatter + all-gather moves what an all-reduce moves),
-  half of that for stage 3 (a reduce-scatter; parameters are all-gathered in the passes instead).
+- Data-parallel gradient sync (docs/architecture.md, "The data-parallel gradient sync"): the
+  bytes one device's sync of a stage moves, in *all-reduce-equivalent* bytes for a ring over
+  ``N_d`` ranks: the stage's gradient bytes ``d Psi`` for stages 0-2 (ZeRO-1/2's reduce-scatter
+  + all-gather moves what an all-reduce moves), half of that for stage 3 (a reduce-scatter;
+  parameters are all-gathered in the passes instead).
   Expert gradients sync over ``N_d / e`` ranks: their bytes are scaled by ``((n_e - 1)/n_e) /
   ((N_d - 1)/N_d)`` so that the ring formula over ``N_d`` gives their bandwidth term.
 - ZeRO-3 parameter all-gathers (SC'20 §7.2.2): every layer's weights are all-gathered over the
@@ -79,12 +80,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import check_int, is_int
+from .._choices import ZERO_STAGES
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
 from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
 
-#: The ZeRO stages (Rajbhandari et al. SC'20): 0 none, 1 optimizer state, 2 + gradients, 3 + weights.
-ZERO_STAGES = (0, 1, 2, 3)
 #: The groups a collective runs over.
 GROUPS = ("tensor", "expert", "data")
 
@@ -243,7 +243,7 @@ class ParallelCosts(NamedTuple):
         collective_hops: group -> ``[3, layers]`` latencies (hops) of the same collectives.
         static_bytes: weights, gradients, optimizer state on one device (ZeRO applied).
         gradient_bytes: all-reduce-equivalent bytes of the data-parallel gradient sync over
-            ``N_d`` ranks (API.md section 1).
+            ``N_d`` ranks (docs/architecture.md, gradient sync).
         activation_bytes: stored activations per device (``activation_bytes(model, tensor, SP)``).
         output_bytes: the boundary message one device sends (``1/t`` of the activation).
         update_bytes: memory traffic of the optimizer step on one device.

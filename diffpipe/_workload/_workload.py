@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._engine._hardware import Hardware, Network, _check_values, _concrete, _float, _renamed
+from .._arrays import concrete
+from .._checks import is_positive_int
+from .._engine._hardware import Hardware, Network, _check_values, _float, _required
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
@@ -29,10 +31,6 @@ from .._partition import partition, uniform_partition
 #: cumulative cost curve, so that the curve is strictly increasing and a boundary placed on it
 #: maps to a unique layer position.
 FLAT_LAYER_WEIGHT = 1e-2
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def _counts(value: Any, what: str) -> tuple[int, ...]:
@@ -132,15 +130,13 @@ class Workload(eqx.Module):
         layers_per_stage: Sequence[int] | None = None,
         shared_static_bytes: float = 0.0,
         shared_gradient_bytes: float = 0.0,
-        backward: Any = None,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
         ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
-        ``backward=`` is the deprecated name of ``input_grad``.
         """
-        input_grad = _renamed("workload", "input_grad", input_grad, "backward", backward)
+        input_grad = _required("workload", "input_grad", input_grad)
         f = _float(forward)
         if f.ndim != 1 or f.shape[0] < 1:
             raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "
@@ -327,7 +323,7 @@ def hardware_from_model(
     dtype = device.throughput.dtype
     size = jnp.asarray(size, dtype=dtype)
     if microbatches is not None:
-        if not _positive_int(microbatches):
+        if not is_positive_int(microbatches):
             raise ConfigError(f"from_model: microbatches must be a positive int, got {microbatches!r}")
         if size.ndim > 1 or (size.ndim == 1 and size.shape[0] != microbatches):
             raise ConfigError(f"from_model: size has shape {size.shape}, expected a scalar or [{microbatches}]")
@@ -364,8 +360,8 @@ def check_static_memory(workload: Workload, holder: np.ndarray, versions: np.nda
     uses two necessary conditions: every device can hold the largest layer, and all devices
     together can hold every stage's static bytes.
     """
-    static = _concrete(workload.static_bytes)
-    capacity = _concrete(workload.capacity)
+    static = concrete(workload.static_bytes)
+    capacity = concrete(workload.capacity)
     if static is None or capacity is None:
         return
     static = static.astype(np.float64)

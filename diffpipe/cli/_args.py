@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_int, is_number
+from .._choices import COMMUNICATION_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._guards import MAX_OPS
 
@@ -19,10 +20,6 @@ from ._guards import MAX_OPS
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
-#: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
-COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
-#: ``Transformer.recompute`` modes (``_transformer.RECOMPUTE``), copied for the same reason (tested).
-RECOMPUTE_MODES = ("none", "selective", "full")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
 SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
@@ -158,21 +155,21 @@ _CONFIG_FLAGS = (
     _Flag("--microbatch-size", "microbatch_size", "training", "samples per microbatch", _count, search="list",
           default="1,2,4,8", alias="--microbatch-sizes"),
     _Flag("--global-batch", "global_batch", "training", "samples per optimizer step", _count),
-    _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE_MODES,
+    _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE,
           search="list", default="all"),
     _Flag("--flash-attention", "flash_attention", "training", "fused attention (no s x s tensors stored)",
           switch=True),
     _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",
-          default="every divisor of a node", alias="--tensor"),
+          default="every divisor of a node"),
     _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",
-          default="every divisor up to the layers", alias="--pipeline"),
+          default="every divisor up to the layers"),
     _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x pp))", _count, search=None),
     _Flag("--ep", "expert", "parallelism", "expert-parallel size (divides the data-parallel size)", _count,
           search="list", default="every divisor of dp and the experts"),
     _Flag("--vpp", "virtual", "parallelism", "model chunks per pipeline device", _count, search="list",
           default="2,4 for families with chunks"),
     _Flag("--zero", "zero", "parallelism", "ZeRO stage (1: Megatron's distributed optimizer)", _zero,
-          choices=(0, 1, 2, 3), search="list", default="all"),
+          choices=ZERO_STAGES, search="list", default="all"),
     _Flag("--sequence-parallel", "sequence_parallel", "parallelism",
           "Megatron's sequence parallelism in the tensor group", switch=True, search="both"),
     _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x pp x dp; plan: "

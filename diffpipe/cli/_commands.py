@@ -14,9 +14,9 @@ from typing import Any
 
 from .. import schedules
 from .._checks import is_int
+from .._choices import COMMUNICATION_MODES
 from .._errors import ConfigError, ScheduleError
 from ._args import (
-    COMMUNICATION_MODES,
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
     SWEEP_UNITS,
@@ -26,7 +26,7 @@ from ._args import (
     _names,
     _value,
 )
-from ._guards import _guard, _guard_schedule, estimated_ops, units_per_sample
+from ._guards import _guard, _guard_schedule, estimated_ops, family_units
 from ._inputs import (
     _MACHINE_SECTIONS,
     _cluster,
@@ -218,7 +218,7 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     items: Any = _compare_items(families, options) if families else DEFAULT_SCHEDULES
     for item in (items if families else DEFAULT_SCHEDULES.values()):
         name, opts = (item, {}) if isinstance(item, str) else item
-        units = units_per_sample(name, dict(opts))  # --microbatches counts samples
+        units = family_units(name, dict(opts))  # --microbatches counts samples
         _guard_schedule(name, COMPARE_DEVICES if devices is None else devices,
                         (COMPARE_MICROBATCHES if microbatches is None else microbatches) * units, dict(opts),
                         args.max_ops)
@@ -314,7 +314,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     grid_micro = sizes.get("microbatches", [DEFAULT_MICROBATCHES])
     largest = {k: max((v for v in vs if is_int(v)), default=1) for k, vs in options.items()}
     variants = math.prod(len(vs) for vs in options.values()) * len(modes or [None])
-    total = sum(estimated_ops(f, d, n * units_per_sample(f, largest), largest) for f in (families or schedules.names())
+    total = sum(estimated_ops(f, d, n * family_units(f, largest), largest) for f in (families or schedules.names())
                 for d in grid_devices for n in grid_micro) * variants
     _guard(f"sweep: the grid ({len(families or schedules.names())} families x {len(grid_devices)} device "
            f"counts x {len(grid_micro)} microbatch counts x {variants} option/mode variants)",

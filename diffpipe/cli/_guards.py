@@ -33,9 +33,10 @@ def estimated_ops(family: str, devices: int, microbatches: int, options: dict[st
     return fam.estimate_ops(devices, microbatches, resolved)
 
 
-def units_per_sample(family: str, options: dict[str, Any] | None = None) -> int:
-    """Microbatch ids per sample of ``family`` at ``options`` (those it declares; Seq1F1B's
-    ``segments``), 1 where they are invalid: ``compare`` and ``sweep`` count samples."""
+def family_units(family: str, options: dict[str, Any] | None = None) -> int:
+    """``Family.units`` (what ``schedules.units_per_sample`` reads off a generated schedule) from
+    the sizes alone: microbatch ids per sample of ``family`` at ``options`` (those it declares;
+    Seq1F1B's ``segments``), 1 where they are invalid: ``compare`` and ``sweep`` count samples."""
     fam = schedules.family(family)
     try:
         return fam.units({k: v for k, v in (options or {}).items() if k in fam.option_names})

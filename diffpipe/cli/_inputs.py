@@ -16,16 +16,15 @@ from typing import Any
 
 from .. import _io, schedules
 from .._checks import check_int, is_int, is_number
+from .._choices import COMMUNICATION_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._args import (
     _CLUSTER_FLAGS,
     _CLUSTER_SHAPE,
     _PARALLEL_FLAGS,
     _TRAINING_FLAGS,
-    COMMUNICATION_MODES,
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
-    RECOMPUTE_MODES,
     _family_options,
     _is_scalar_option,
     _seconds_or_list,
@@ -47,8 +46,8 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
     "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
                 "a table of NAME = number, bool or string"),
-    "zero": (lambda v: is_int(v) and 0 <= v <= 3, "a ZeRO stage 0, 1, 2 or 3"),
-    "recompute": (lambda v: v in RECOMPUTE_MODES, f"one of {', '.join(RECOMPUTE_MODES)}"),
+    "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
+    "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
 }
 
 
@@ -60,7 +59,7 @@ SCHEMA: dict[str, dict[str, str]] = {
               "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
               "overhead_W": "seconds", "pair_overlap": "shares"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
-              "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
+              "vocabulary": "count", "microbatch_size": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
     "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
     "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
@@ -234,10 +233,6 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
         m = default_machine(**modes)
         return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
     base = default_machine(**modes)
-    if model_cfg and "microbatch" in model_cfg:  # the key's old name, read as microbatch_size
-        if "microbatch_size" in model_cfg:
-            raise ConfigError(f"{config.where('model')}: [model] give microbatch_size, not also microbatch")
-        model_cfg = {("microbatch_size" if k == "microbatch" else k): v for k, v in model_cfg.items()}
     model = dataclasses.replace(base.model, **model_cfg) if model_cfg else base.model
     d = {k: v for k, (v, _) in dev.items()}
     if "preset" in d:

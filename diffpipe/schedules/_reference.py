@@ -250,7 +250,8 @@ def evaluate_gradient_sync(
     update: Callable[[int, int], float],
     communication: Any,
 ) -> tuple[dict[int, tuple[float, float]], dict[tuple[int, int], tuple[float, float]]]:
-    """Reference semantics of ``compile(..., gradient_sync=True)`` (API.md section 1).
+    """Reference semantics of ``compile(..., gradient_sync=True)`` (docs/architecture.md, "The
+    data-parallel gradient sync").
 
     Compute ops and transfers never wait for a sync or an update, so their times are those of
     ``evaluate_network`` (``finish``, ``xfer``); this adds, in plain steps:

@@ -13,7 +13,6 @@ transfer on its link, the receiver's previous op) has finished.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,13 +23,14 @@ import equinox as eqx
 import numpy as np
 
 from .. import _io
+from .._caches import bounded
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
 from .._engine._hardware import Hardware
-from .._engine._simulate import Result, simulate, simulate_graph
+from .._engine._simulate import Result, simulate, simulate_graph, static_memory
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
-from ..schedules._analysis import activation_bytes_peaks, activation_delta, activation_table
+from ..schedules._analysis import activation_delta, activation_table
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     else:
         transfers, mode = _timed_transfers(schedule, hw, start, finish)
         transfers, lanes = _spread(transfers)
-    memory, unit = _memory(schedule, hw, result, start, finish)
+    memory, unit = _memory(schedule, hw, start, finish)
     syncs = _syncs(schedule, hw, float(result.makespan)) if gradient_sync else ()
     return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode,
                     float(result.makespan), syncs)
@@ -226,7 +226,7 @@ def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:
     return tuple(out)
 
 
-@functools.cache
+@bounded(1)
 def _jitted_costs():
     return eqx.filter_jit(lambda graph, hw: hw.costs(graph))
 
@@ -283,18 +283,17 @@ def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.
     return transfers, mode.name
 
 
-def _memory(schedule: Schedule, hw: Any, result: Any, start: np.ndarray, finish: np.ndarray):
+def _memory(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
     """Per device, the step curve of memory: static bytes plus activations stored at each F's
     start and freed at the end of the op that last needs them (B, or W when split). The static
-    part is the simulator's peak memory less the activations' peak (``schedules._analysis``)."""
+    part is the simulator's (``static_memory``), the one the peak memory counts."""
     static = np.zeros(schedule.devices)
     unit = "activations"
     if hw is not None:
         act, size = activation_table(schedule, hw.activation_bytes, hw.size)
         if any(v > 0 for row in act for v in row):
             unit = "bytes"
-            peaks = activation_bytes_peaks(schedule, hw.activation_bytes, hw.size)
-            static = np.asarray(result.peak_memory, dtype=np.float64) - np.asarray(peaks)
+            static = np.asarray(static_memory(compile_graph(schedule), hw), dtype=np.float64)
     index = {op: i for i, op in enumerate(schedule.ops)}
     tolerance = 1e-6 * float(np.max(finish, initial=0.0))
     curves = []

@@ -70,7 +70,7 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
         "collectives sit on the critical path of their op (diffpipe._workload._parallel).",
         "The data-parallel gradient sync and optimizer step are part of the step only where diffpipe's compile "
-        "has gradient_sync (branch sync, API.md section 1): each row of results.json says so (gradient_sync).",
+        "has gradient_sync (docs/architecture.md, gradient sync): each row of results.json says so (gradient_sync).",
     ],
     "sc21_table1": [
         "GPT as in Megatron-LM 2021: learned positions, LayerNorm, GeLU, biases, tied embeddings, dropout, no "

@@ -1,8 +1,9 @@
 """AMDP: Asynchronous Multi-Directional Pipeline (D/2 pipelines on a ring, no flush).
 
-Source: the AMDP authors' public Megatron-based code (per-device orders, placement, round
-templates), as recorded in ``REFERENCE.md`` (the library's fact sheet). Reproduced exactly for the
-two published sizes, D = 4 and D = 8.
+Source: Chen, Wu and Yu, "AMDP: Asynchronous Multi-Directional Pipeline Parallelism for
+Large-Scale Models Training", ICML 2026 (arXiv:2605.29664), and the authors' public Megatron-based
+code (github.com/Vinsmoke86/AMDP: per-device orders, placement, round templates; see
+papers/amdp/README.md). Reproduced exactly for the two published sizes, D = 4 and D = 8.
 
 Placement: D/2 pipelines (model replicas), each holding one stage on every device, on a ring.
 D = 8: stage s of pipeline 0 on device s, of pipeline 1 on (11-s) mod 8, of pipeline 2 on

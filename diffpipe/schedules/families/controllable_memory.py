@@ -31,8 +31,8 @@ chunk-microbatches ``2·((D+2)//2)`` for V-Half and ``2·((D+4)//3)`` for V-Min,
 ZB-V's) ``2D`` -- full-stage microbatches ``(D+2)//2`` and ``(D+4)//3`` against ``D``. The bubble
 at ``t_F = t_I = t_W`` is at most half of 1F1B's for V-Half and at most two thirds for V-Min,
 approaching those fractions as D grows (the paper's Table 1; measured in
-``tests/test_families_new.py``), and does not depend on N. No closed form is published, so none is
-registered.
+``tests/test_families_v_and_dualpipe.py``), and does not depend on N. No closed form is published,
+so none is registered.
 
 ``v-schedule``: the paper's point that memory chooses the schedule. ``memory`` is the activation
 budget as a fraction of 1F1B's (``D`` full-stage microbatches, ``2D`` chunk-microbatches held;
@@ -69,18 +69,21 @@ V-Half's budget ranked at those times (every point of a 4^3 grid at D = 5, 6, 8,
 writing; six points tested). V-Min's orders idle there at unequal times even where it holds; ZB-V's
 (1F1B's memory) do not idle where it fails. At D = 4 V-Half's budget is 3 of 1F1B's 4
 microbatches, far from half, and v-schedule then finds a wider block that idles at no time tried.
+
+Why one module past 500 lines: V-Half, V-Min and the memory-budget ``v-schedule`` share one
+construction (block, W placement, squeeze).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ..._caches import bounded
 from ..._errors import ScheduleError
 from .._analysis import activation_delta, peak_activations
 from .._registry import Family, Option, register
@@ -356,7 +359,7 @@ def _fits_period(offsets: Offsets) -> bool:
     return all(len({offset % PASSES for offset in device}) == 4 for device in offsets)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def strided_blocks(devices: int) -> Mapping[str, Offsets]:
     """The candidate blocks: the strides of the authors' search (``v_auto_schedule.py``: a stride
     d0 in 1..5 for the first j hops of the V, then d1 <= d0), each with the smallest gaps (fewest
@@ -408,7 +411,7 @@ def search_size(devices: int, microbatches: int, times: tuple[float, float, floa
 EQUAL = (1.0, 1.0, 1.0)
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def ranked(devices: int, microbatches: int, times: tuple[float, float, float] = EQUAL
            ) -> tuple[tuple[float, int, str], ...]:
     """Every candidate as (bubble, peak chunk activations, name), best first: zb-v, v-half, v-min
@@ -454,7 +457,7 @@ def _accepts_budget(*, devices: int, microbatches: int, memory: float, **times: 
     return None
 
 
-@functools.lru_cache(maxsize=64)
+@bounded(64)
 def _select(devices: int, microbatches: int, memory: float, times: tuple[float, float, float]
             ) -> tuple[str, Schedule]:
     budget = cap(devices, memory)

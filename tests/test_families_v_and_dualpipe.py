@@ -1,6 +1,6 @@
-"""The families of issue 14: V-Half, V-Min (Qi et al., "Pipeline Parallelism with Controllable Memory",
-NeurIPS 2024; the memory-budget ``v-schedule`` in ``tests/test_v_schedule.py``), and DualPipe
-(DeepSeek-V3 report).
+"""The V-shaped families: V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable
+Memory", NeurIPS 2024; the memory-budget ``v-schedule`` in ``tests/test_v_schedule.py``), and
+DualPipe (DeepSeek-V3 report).
 
 Memory is read off the orders (``peak_activations``, exact for any timing); bubbles come from
 ``table`` at the paper's equal pass times. Their simulation in every communication mode, against
@@ -30,7 +30,7 @@ def one_f_one_b_bubble(d, n):
     return table(get("1f1b", devices=d, microbatches=n), STAGE).makespan - 6 * n
 
 
-def test_new_families_are_registered_with_sources():
+def test_v_and_dualpipe_families_are_registered_with_sources():
     for name in ("v-half", "v-min", "v-schedule", "dualpipe"):
         assert name in names()
         fam = dp.schedules.family(name)

@@ -1,0 +1,16 @@
+"""The closed lists of values the library accepts, one home each, without JAX (the CLI offers them
+as choices before it loads the library)."""
+
+from __future__ import annotations
+
+#: ``Transformer.recompute``: activation recomputation ``"none"``, ``"selective"`` (the attention
+#: core, Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+#: MLSys 2023) or ``"full"`` (every layer from its input).
+RECOMPUTE = ("none", "selective", "full")
+#: ``Parallelism.zero``: the ZeRO stages (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+#: Training Trillion Parameter Models", SC'20): 0 none, 1 optimizer states, 2 and gradients, 3 and
+#: parameters sharded over data parallelism.
+ZERO_STAGES = (0, 1, 2, 3)
+#: The built-in communication modes by name (``_engine._communication.MODES`` maps each to its
+#: class; a test checks they agree).
+COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
