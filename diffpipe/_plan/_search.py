@@ -192,7 +192,9 @@ class PlanTable:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @functools.lru_cache(maxsize=64)
@@ -377,7 +379,7 @@ def plan(
     tensor: int | Sequence[int] | None = None,
     pipeline: int | Sequence[int] | None = None,
     expert: int | Sequence[int] | None = None,
-    virtual: int | Sequence[int] = DEFAULT_VIRTUAL,
+    virtual: int | Sequence[int] | None = None,
     microbatch_sizes: int | Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     recompute: str | Sequence[str] = RECOMPUTE,
     zero: int | Sequence[int] = ZERO_STAGES,
@@ -399,7 +401,8 @@ def plan(
             ``virtual`` values, others their own stages per device (``zb-v``: 2).
         tensor, pipeline, expert: sizes to try (default: every divisor that fits: tensor within a
             node, pipeline up to the layers, expert dividing data and the experts of a MoE model).
-        virtual: virtual stages per pipeline rank for families with chunks.
+        virtual: virtual stages per pipeline rank for families with chunks (default
+            ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         microbatch_sizes, recompute, zero, sequence_parallel: the other axes.
         headroom: fraction of each GPU's memory kept free (0.1: plans use at most 90%).
         top_k: how many of the best configurations get their stages balanced.
@@ -436,10 +439,24 @@ def plan(
     zero = _values("zero", zero, ZERO_STAGES)
     sps = _values("sequence_parallel", sequence_parallel, (True, False))
     sizes = tuple(check_int("plan: microbatch size", b) for b in _values("microbatch_sizes", microbatch_sizes))
-    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", virtual))
+    if virtual is not None and not any(_family_shape(f)[0] for f in families):
+        raise ConfigError(f"plan: virtual={virtual!r} cannot take effect: none of {', '.join(families)} takes "
+                          "chunks (e.g. interleaved-1f1b does)")
+    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", DEFAULT_VIRTUAL if virtual is None
+                                                                     else virtual))
+    if expert is not None:
+        experts_given = [check_int("plan: expert", e) for e in _values("expert", expert)]
+        if model.experts == 1 and experts_given != [1]:
+            raise ConfigError(f"plan: expert={expert!r} needs a mixture-of-experts model (this one is dense)")
+        for e in experts_given:
+            if model.experts % e:
+                raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     g, node = cluster.gpus, cluster.devices_per_node
     tensors = [check_int("plan: tensor", t) for t in _values("tensor", tensor)] if tensor is not None else [
         t for t in _divisors(node) if g % t == 0]
+    if tuple(sps) == (True,) and all(t == 1 for t in tensors):
+        raise ConfigError("plan: sequence_parallel=True needs a tensor size above 1 (it splits the tensor group); "
+                          f"tensor sizes searched: {', '.join(map(str, tensors))}")
     capacity = float(cluster.device.memory) * (1.0 - headroom)
 
     rejected: Counter = Counter()
