@@ -166,3 +166,26 @@ def read_text(path: str | os.PathLike, what: str = "input") -> str:
         line = text[: text.index("\x00")].count("\n") + 1
         raise ConfigError(f"{p}:{line}: not a text file (NUL byte)")
     return text.removeprefix("\ufeff")
+
+
+class _NotStrict(ValueError):
+    pass
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotStrict(token)
+
+
+def load_json(path: str | os.PathLike, what: str = "input", kind: str = "a JSON file") -> Any:
+    """A strict JSON file's value (``read_text``, then ``json``): malformed text, ``NaN``/``Infinity``
+    and nesting deeper than the parser's recursion limit (a few hundred levels; no file diffpipe
+    reads nests more than a few) are one ``ConfigError`` naming the file, never a traceback."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: not JSON: {e.msg} (expected {kind})") from None
+    except _NotStrict as e:
+        raise ConfigError(f"{path}: not strict JSON: {e.args[0]} is not a number (expected {kind})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply (expected {kind})") from None

@@ -178,6 +178,10 @@ def megatron_layout(layers_per_stage: Any) -> str:
 
 
 _TOKEN = re.compile(r"(\(|\)|\*\d+|[|ELtm,])")
+#: The most layer symbols a layout may unroll to, and the deepest nesting of its groups: checked
+#: from the repetition counts before anything is unrolled (no model has a million layers).
+MAX_LAYOUT = 1_000_000
+MAX_LAYOUT_DEPTH = 64
 
 
 def _expand(text: str) -> str:
@@ -192,6 +196,8 @@ def _expand(text: str) -> str:
         pos = match.end()
 
     def sequence(i: int, depth: int) -> tuple[str, int]:
+        if depth > MAX_LAYOUT_DEPTH:
+            raise ConfigError(f"megatron layout: groups nested past {MAX_LAYOUT_DEPTH} deep")
         out: list[str] = []
         while i < len(tokens):
             token = tokens[i]
@@ -207,7 +213,11 @@ def _expand(text: str) -> str:
             elif token.startswith("*"):
                 if not out or out[-1] in ("", ","):
                     raise ConfigError(f"megatron layout {text!r}: '{token}' repeats nothing")
-                out[-1] = out[-1] * int(token[1:])
+                count = int(token[1:]) if len(token) <= 8 else MAX_LAYOUT + 1
+                if len(out[-1]) * count + sum(map(len, out[:-1])) > MAX_LAYOUT:
+                    raise ConfigError(f"megatron layout {text[:60]!r}: '{token[:12]}' unrolls past {MAX_LAYOUT:,} "
+                                      "layer symbols")
+                out[-1] = out[-1] * count
             elif token != ",":
                 out.append(token)
             i += 1
