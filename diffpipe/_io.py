@@ -184,8 +184,8 @@ def load_json(path: str | os.PathLike, what: str = "input", kind: str = "a JSON 
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: not JSON: {e.msg} (expected {kind})") from None
+        raise ConfigError(f"{path}:{e.lineno}: not JSON: {e.msg}, so not {kind}") from None
     except _NotStrict as e:
-        raise ConfigError(f"{path}: not strict JSON: {e.args[0]} is not a number (expected {kind})") from None
+        raise ConfigError(f"{path}: not strict JSON: {e.args[0]} is not a number, so not {kind}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply (expected {kind})") from None
+        raise ConfigError(f"{path}: JSON nested too deeply, so not {kind}") from None
