@@ -484,6 +484,26 @@ def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0, for
     return built.replace(family="v-schedule", options=options)
 
 
+def candidates_bound(devices: int) -> int:
+    """At most how many blocks ``ranked`` measures: zb-v, v-half, v-min and the strided blocks, of
+    which there are 4D + 1 for 4 <= D <= 12 (5, 15 at D = 2, 3; ``tests/test_v_schedule.py``)."""
+    return 4 * devices + 6
+
+
+def _budget_ops(*, devices: int, microbatches: int, memory: float = 1.0, forward: float = 1.0,
+                input_grad: float = 1.0, weight: float = 1.0) -> int:
+    """The work of a request, in op units, from its sizes alone: the block at N (6DN ops), and
+    ranking: each candidate's construction at ``search_size`` microbatches costs about its
+    6D·n ops times D (the squeeze walks the devices for each op), and finding the strided blocks
+    about 150 D^2. Measured on 2 CPU cores while writing: 10-17 µs per unit (D = 8: 2.0 s at
+    N = 16, 5.2 s at N = 32 ranked at F = 2; D = 16: 35 s at N = 32, 109 s at N = 64, F = 2), so
+    the default limit of a million ops stops a ranking past about 10-20 s."""
+    times = (float(forward), float(input_grad), float(weight))
+    ranked_at = search_size(devices, microbatches, times)
+    return (6 * devices * microbatches + candidates_bound(devices) * 6 * devices * ranked_at * devices
+            + 150 * devices * devices)
+
+
 def _positive(value: float) -> str | None:
     return None if value > 0 else "must be > 0"
 
@@ -519,5 +539,6 @@ V_SCHEDULE = register(Family(
           for name, kind in (("forward", "F"), ("input_grad", "I"), ("weight", "W"))),
     ),
     accepts=_accepts_budget,
+    ops=_budget_ops,
     **_V,
 ))
