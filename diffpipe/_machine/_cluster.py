@@ -16,7 +16,6 @@ from .._errors import ConfigError
 from . import _presets
 from ._device import Device
 
-
 # -- the cluster ------------------------------------------------------------------------------------
 #: The most GPUs a cluster may have (2**20): past any machine built, and it bounds the planner's
 #: search (every divisor of the GPU count) before it starts.
@@ -80,7 +79,8 @@ class Cluster(eqx.Module):
             raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
                               "(bytes/s)")
         if bandwidth is not None and not np.all(bandwidth > 0):
-            raise ConfigError(f"cluster: memory_bandwidth must be positive (bytes/s), got {float(bandwidth.ravel()[0])!r}")
+            got = float(bandwidth.ravel()[0])
+            raise ConfigError(f"cluster: memory_bandwidth must be positive (bytes/s), got {got!r}")
         self.device = device
         self.gpus = check_int("cluster: gpus", gpus, 1, MAX_GPUS)
         self.intra, intra_bw, intra_lat = _link(intra, "intra")
