@@ -54,10 +54,26 @@ def check_output(path: str | os.PathLike, what: str = "output") -> Path:
     return p
 
 
+#: Temporary files of the ``Staged`` blocks not yet left: what ``remove_temporaries`` removes when
+#: the process must end at once (the CLI, a while after SIGTERM, ``diffpipe.cli._main``).
+_LIVE: set[Path] = set()
+
+
 def _temporary(target: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     os.close(fd)
+    _LIVE.add(Path(tmp))
     return Path(tmp)
+
+
+def remove_temporaries() -> None:
+    """Remove every staged temporary file still on disk (safe from any thread; targets untouched)."""
+    for tmp in list(_LIVE):
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _LIVE.discard(tmp)
 
 
 def _fill(tmp: Path, data: str | bytes | Writer) -> None:
@@ -113,6 +129,7 @@ class Staged:
         finally:
             for _, tmp, _ in self._pending:
                 tmp.unlink(missing_ok=True)
+                _LIVE.discard(tmp)
             self._pending = []
 
 
