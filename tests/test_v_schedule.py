@@ -231,7 +231,7 @@ def test_a_half_budget_ranked_at_the_times_is_zero_bubble_when_the_condition_hol
 
 
 def test_the_ranking_estimate_bounds_the_candidates_and_refuses_long_rankings():
-    """``_budget_ops`` counts ``candidates_bound(D)`` blocks; it must not undercount them, and a
+    """``_ranking_ops`` counts ``candidates_bound(D)`` blocks; it must not undercount them, and a
     ranking of minutes (issue 20: 64 devices x 2048 microbatches ranked at F = 2) is refused before
     any block is built."""
     from diffpipe.schedules.families.controllable_memory import candidates_bound

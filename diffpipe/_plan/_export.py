@@ -215,7 +215,8 @@ def _expand(text: str) -> str:
                     raise ConfigError(f"megatron layout {text!r}: '{token}' repeats nothing")
                 count = int(token[1:]) if len(token) <= 8 else MAX_LAYOUT + 1
                 if len(out[-1]) * count + sum(map(len, out[:-1])) > MAX_LAYOUT:
-                    raise ConfigError(f"megatron layout {text[:60]!r}: '{token[:12]}' unrolls past {MAX_LAYOUT:,} "
+                    shown = token if len(token) <= 16 else token[:13] + "..."
+                    raise ConfigError(f"megatron layout {text[:60]!r}: '{shown}' unrolls past {MAX_LAYOUT:,} "
                                       "layer symbols")
                 out[-1] = out[-1] * count
             elif token != ",":
@@ -275,6 +276,8 @@ def megatron_args(launch: Launch) -> list[str]:
         ConfigError: for a schedule family Megatron-LM does not run (only ``1f1b`` and, with virtual
             stages, ``interleaved-1f1b``), or a V placement.
     """
+    if not isinstance(launch, Launch):
+        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
     if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
         raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
@@ -353,6 +356,8 @@ def torchtitan_toml(launch: Launch) -> str:
             sequence parallelism (torchtitan applies it with every tensor-parallel plan), or a
             family torch's pipelining has no schedule for.
     """
+    if not isinstance(launch, Launch):
+        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
     if par.zero == 1:
         raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
-from .._checks import check_int, check_number
+from .._checks import check_int, check_number, is_int
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -139,21 +139,26 @@ class PlanTable:
         """The fastest configuration that fits (never slower than any evaluated one)."""
         return self.rows[0]
 
+    def _row(self, i: Any) -> dict[str, Any]:
+        if not is_int(i) or not -len(self.rows) <= i < len(self.rows):
+            raise ConfigError(f"plan table: row i must be an integer in [0, {len(self.rows)}), got {i!r}")
+        return self.rows[i]
+
     def configuration(self, i: int = 0) -> Configuration:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
-        row = self.rows[i]
+        row = self._row(i)
         model = dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
         return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
                              communication=self.communication, layers_per_stage=row["layers_per_stage"])
 
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
-        row = self.rows[i]
+        row = self._row(i)
         return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism)})
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
-        row = self.rows[i]
+        row = self._row(i)
         return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
                       global_batch=self.global_batch, sequence=self.model.sequence,
                       layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
@@ -427,6 +432,11 @@ def plan(
     if headroom >= 1:
         raise ConfigError(f"plan: headroom must be below 1, got {headroom!r}")
     top_k = check_int("plan: top_k", top_k, 0)
+    for name, value in (("balance", balance), ("progress", progress)):
+        if not isinstance(value, bool) and not (name == "progress" and value is None):
+            raise ConfigError(f"plan: {name} must be True or False, got {value!r}")
+    if not isinstance(communication, str):
+        raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
     families = _values("families", families)

@@ -216,7 +216,12 @@ def _ops(step: _Step) -> tuple[str, ...]:
 def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[int, list[_Step]], bool]:
     """Every rank's steps, keyed by rank (checks the trace covers every rank of its world), and
     whether all ranks ran on one host (one clock)."""
-    files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if isinstance(paths, (str, os.PathLike)):
+        files = [paths]
+    elif isinstance(paths, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in paths):
+        files = list(paths)
+    else:
+        raise ConfigError(f"trace: paths must be a file path or a list of them, got {paths!r}"[:200])
     if not files:
         raise ConfigError("trace: no trace files given")
     ranks: dict[int, list[_Step]] = {}
@@ -300,6 +305,9 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
 
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise ConfigError(f"from_torch_trace: schedule must be a diffpipe Schedule (schedules.get(...), "
+                          f"from_torch(...)) or None, got {schedule!r}")
     ranks, one_clock = parse(paths)
     orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
     stage_ranks: dict[int, int] = {}

@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -302,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
     code, line, caught = 0, "", None
     signals = _Signals().__enter__()
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    if not debug:  # a number past float32's range is named by the check that meets it, in one line
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
     try:
         args = build_parser().parse_args(argv)
         args.run(args)
@@ -319,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         (code, line), caught = _error_line(error), error
     finally:
+        quiet.__exit__(None, None, None)
         signals.__exit__()
     if code:
         if debug and caught is not None:
