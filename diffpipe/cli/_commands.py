@@ -44,6 +44,7 @@ from ._inputs import (
 from ._outputs import (
     _check_outputs,
     _configuration_summary,
+    _input_paths,
     _pictures,
     _print_json,
     _simulation_summary,
@@ -155,7 +156,8 @@ def _cmd_show(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)))
+    outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)),
+                             inputs=_input_paths(args))
     config = _load_config(args.config, "simulate")
     if _wants_configuration(args, config):
         if args.torch_csv:
@@ -292,7 +294,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     if args.json and args.limit is not None:
         raise ConfigError("--limit sets the rows of the printed table; --json prints every row")
     _check_outputs(("--csv", args.csv, None), ("--json-out", args.json_out, None),
-                   ("--markdown-out", args.markdown_out, None))
+                   ("--markdown-out", args.markdown_out, None), inputs=_input_paths(args))
     config = _load_config(args.config, "sweep")
     section = config.get("schedule")
     families = _names(args.families, "--families") if args.families is not None else \
@@ -349,7 +351,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     if not (args.csv or args.gantt or args.trace):
         raise ConfigError("export: give --csv, --gantt and/or --trace")
     _check_outputs(("--csv", args.csv, None), ("--gantt", args.gantt, (".png", ".svg")),
-                   ("--trace", args.trace, (".json",)))
+                   ("--trace", args.trace, (".json",)), inputs=_input_paths(args))
     pictures = bool(args.gantt or args.trace)
     if not pictures and _machine_flags(args):
         raise ConfigError(f"export: {_machine_flags(args)[0]} is used only with --gantt/--trace")
@@ -376,7 +378,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
-    _check_outputs(("--out", args.out, None))
+    _check_outputs(("--out", args.out, None), inputs=_input_paths(args))
     train, par, clu = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
