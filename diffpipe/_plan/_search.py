@@ -38,6 +38,7 @@ it feasible (more GPUs, recomputation, a larger tensor size, ZeRO, a divisible b
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import math
@@ -347,31 +348,77 @@ def _blocks(rows_per_stage: Sequence[int]) -> tuple[int, ...]:
     return tuple(counts)
 
 
+#: Set while ``plan`` checks a suggested change: the search stops at the first configuration that
+#: fits, and an infeasible answer is not checked again (no recursion).
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("diffpipe_plan_checking", default=False)
+#: The most suggested changes an infeasible plan checks (each is a search of its own).
+MAX_SUGGESTIONS = 4
+
+
 def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejected: Counter, best_memory: float,
-                capacity: float, recompute: tuple, zero: tuple, tensors: list[int]) -> str:
-    """One line: why nothing fits, and the smallest change that would."""
-    g = cluster.gpus
-    if rejected.get("memory", 0) + rejected.get("memory (simulated)", 0) == 0:
+                capacity: float, recompute: tuple, zero: tuple, tensors: list[int]) -> tuple[str, list]:
+    """Why nothing fits (one line, with the binding constraint's numbers) and the changes that
+    might make it fit, smallest first: ``(text, plan keyword overrides)`` (checked by the caller)."""
+    g, node = cluster.gpus, cluster.devices_per_node
+    if rejected.get("memory", 0) + rejected.get("memory (simulated)", 0) == 0 or not math.isfinite(best_memory):
         main = max(rejected, key=rejected.get) if rejected else "nothing to evaluate"
         if main == "batch":
-            return (f"plan: no split divides global_batch={global_batch} by microbatch_size x data on {g} GPUs: "
-                    f"use a global batch that is a multiple of {g // max(1, min(tensors or [1]))}")
+            unit = g // max(1, min(tensors or [1]))
+            multiple = -(-global_batch // unit) * unit
+            return (f"plan: no split divides global_batch={global_batch} by microbatch_size x data on {g} GPUs",
+                    [(f"use a global batch that is a multiple of {unit} (e.g. {multiple})",
+                      {"global_batch": multiple})])
         if main == "tensor":
-            return (f"plan: no tensor size inside a {cluster.devices_per_node}-GPU node divides the model's heads "
-                    f"({model.heads}) and the GPU count {g}")
-        return f"plan: no configuration can be evaluated on {g} GPUs (most rejected for: {main})"
-    hints = []
+            return (f"plan: no tensor size inside a {node}-GPU node divides the model's heads "
+                    f"({model.heads}) and the GPU count {g}", [])
+        return f"plan: no configuration can be evaluated on {g} GPUs (most rejected for: {main})", []
+    reason = (f"plan: no configuration fits {capacity / 1e9:.1f} GB per GPU (memory is the binding constraint: "
+              f"the smallest candidate needs at least {best_memory / 1e9:.1f} GB)")
+    changes: list[tuple[str, dict[str, Any]]] = []
     if "full" not in recompute:
-        hints.append("allow recompute='full'")
+        changes.append(("allow recompute='full'", {"recompute": (*recompute, "full")}))
     if 3 not in zero:
-        hints.append("allow zero=3")
-    if cluster.devices_per_node not in tensors:
-        hints.append(f"allow tensor={cluster.devices_per_node}")
-    need = max(1, math.ceil(best_memory / capacity)) if math.isfinite(best_memory) else 2
-    more = f"about {need}x the GPUs ({need * g})" if need > 1 else "more GPUs"
-    change = hints[0] if hints else f"use {more} or a smaller model"
-    return (f"plan: no configuration fits {capacity / 1e9:.1f} GB per GPU (the smallest needs "
-            f"{best_memory / 1e9:.1f} GB): {change}")
+        changes.append(("allow zero=3", {"zero": (*zero, 3)}))
+    if node not in tensors and g % node == 0:
+        changes.append((f"allow tensor={node}", {"tensor": (*tensors, node)}))
+    need = max(2, math.ceil(best_memory / capacity))
+    for factor in (need, 2 * need):
+        gpus = factor * g
+        try:
+            more = Cluster(cluster.device, gpus, node, intra=(cluster.intra_bandwidth, cluster.intra_latency),
+                           inter=(cluster.inter_bandwidth, cluster.inter_latency))
+        except ConfigError:  # past MAX_GPUS, or not whole nodes
+            continue
+        changes.append((f"use about {factor}x the GPUs ({gpus})", {"cluster": more}))
+    return reason, changes
+
+
+def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> str:
+    """``reason`` and the first of ``changes`` after which the search finds a configuration that
+    fits (each re-run with the change); when none does, the line says so."""
+    if _CHECKING.get():
+        return reason
+    tried = []
+    token = _CHECKING.set(True)
+    try:
+        singles = [(text, change) for text, change in changes[:MAX_SUGGESTIONS]]
+        together = {k: v for _, change in singles for k, v in change.items()}  # the largest GPU count last
+        texts = [t for t, c in singles if "cluster" not in c] + [t for t, c in singles if "cluster" in c][-1:]
+        combined = [("together: " + ", ".join(texts), together)] if len(singles) > 1 else []
+        for text, change in singles + combined:
+            tried.append(text)
+            try:
+                plan(**{**request, **change}, top_k=0, balance=False, progress=False)
+            except ConfigError:
+                continue
+            return f"{reason}: {text}"
+        if combined:
+            tried.pop()
+    finally:
+        _CHECKING.reset(token)
+    if not tried:
+        return reason
+    return f"{reason}; none of these alone makes it fit: {'; '.join(tried)} (use a smaller model or more GPUs)"
 
 
 def plan(
@@ -521,6 +568,7 @@ def plan(
     cluster_key = _cluster_key(cluster)
     lower: list[tuple[float, int]] = []
     static_lb: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    needs: dict[int, float] = {}  # candidate -> the tightest known lower bound on its peak memory
     for index, c in enumerate(candidates):
         key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute)
         if key not in costs:
@@ -545,7 +593,8 @@ def plan(
         if shape not in closed:
             closed[shape] = _closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
         dev_static, dev_act, fwd_before, dev_work, dev_update = closed[shape]
-        if np.max(dev_static + dev_act) > capacity:
+        needs[index] = float(np.max(dev_static + dev_act))
+        if needs[index] > capacity:
             rejected["memory"] += 1
             continue
         m = global_batch // (c.microbatch_size * c.data)
@@ -569,7 +618,6 @@ def plan(
 
     rows_out: list[dict[str, Any]] = []
     best = math.inf
-    best_memory = min((float(np.max(s + a)) for s, a in static_lb.values()), default=math.inf)
     simulated = 0
     graphs: dict[tuple, Any] = {}
     if progress is None:
@@ -594,13 +642,16 @@ def plan(
                 schedule = cfgs[0].schedule()
             except (ScheduleError, ConfigError):  # the family refuses these sizes
                 rejected["schedule"] += len(members)
+                for i in members:
+                    needs.pop(i, None)
                 bar.update(len(groups[key]))
                 continue
             count = np.asarray(peak_activations(schedule), np.float64)
             keep = []
             for i, cfg in zip(members, cfgs):
                 dev_static, dev_act = static_lb[i]
-                if np.max(dev_static + count * dev_act) > capacity:
+                needs[i] = max(needs[i], float(np.max(dev_static + count * dev_act)))
+                if needs[i] > capacity:
                     rejected["memory"] += 1
                 else:
                     keep.append((i, cfg))
@@ -619,7 +670,7 @@ def plan(
                 simulated += len(keep)
                 for j, (i, cfg) in enumerate(keep):
                     peak = float(np.max(memory[j]))
-                    best_memory = min(best_memory, peak)
+                    needs[i] = peak
                     if peak > capacity:
                         rejected["memory (simulated)"] += 1
                         continue
@@ -630,12 +681,20 @@ def plan(
                     figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j]) | {"bound": bound[i]}
                     rows_out.append(_row(c, cfg, counts, False, figures))
             bar.update(len(groups[key]))
+            if rows_out and _CHECKING.get():  # checking a suggestion: one configuration that fits is enough
+                break
     finally:
         bar.close()
     t_evaluate = time.perf_counter() - t1
     if not rows_out:
-        raise ConfigError(_infeasible(model, cluster, global_batch, rejected, best_memory,
-                                      float(cluster.device.memory) * (1.0 - headroom), recompute, zero, tensors))
+        best_memory = min(needs.values(), default=math.inf)
+        reason, changes = _infeasible(model, cluster, global_batch, rejected, best_memory, capacity, recompute,
+                                      zero, tensors)
+        request = dict(model=model, cluster=cluster, global_batch=global_batch, families=families, tensor=tensor,
+                       pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=sizes,
+                       recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
+                       communication=communication)
+        raise ConfigError(_checked_suggestion(reason, changes, request))
     rows_out.sort(key=lambda r: r["step_time"])
 
     t2 = time.perf_counter()
