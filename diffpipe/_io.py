@@ -54,10 +54,26 @@ def check_output(path: str | os.PathLike, what: str = "output") -> Path:
     return p
 
 
+#: Temporary files of the ``Staged`` blocks not yet left: what ``remove_temporaries`` removes when
+#: the process must end at once (the CLI, a while after SIGTERM, ``diffpipe.cli._main``).
+_LIVE: set[Path] = set()
+
+
 def _temporary(target: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     os.close(fd)
+    _LIVE.add(Path(tmp))
     return Path(tmp)
+
+
+def remove_temporaries() -> None:
+    """Remove every staged temporary file still on disk (safe from any thread; targets untouched)."""
+    for tmp in list(_LIVE):
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _LIVE.discard(tmp)
 
 
 def _fill(tmp: Path, data: str | bytes | Writer) -> None:
@@ -113,6 +129,7 @@ class Staged:
         finally:
             for _, tmp, _ in self._pending:
                 tmp.unlink(missing_ok=True)
+                _LIVE.discard(tmp)
             self._pending = []
 
 
@@ -166,3 +183,26 @@ def read_text(path: str | os.PathLike, what: str = "input") -> str:
         line = text[: text.index("\x00")].count("\n") + 1
         raise ConfigError(f"{p}:{line}: not a text file (NUL byte)")
     return text.removeprefix("\ufeff")
+
+
+class _NotStrict(ValueError):
+    pass
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotStrict(token)
+
+
+def load_json(path: str | os.PathLike, what: str = "input", kind: str = "a JSON file") -> Any:
+    """A strict JSON file's value (``read_text``, then ``json``): malformed text, ``NaN``/``Infinity``
+    and nesting deeper than the parser's recursion limit (a few hundred levels; no file diffpipe
+    reads nests more than a few) are one ``ConfigError`` naming the file, never a traceback."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: not JSON: {e.msg}, so not {kind}") from None
+    except _NotStrict as e:
+        raise ConfigError(f"{path}: not strict JSON: {e.args[0]} is not a number, so not {kind}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply, so not {kind}") from None

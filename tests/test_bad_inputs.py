@@ -556,6 +556,55 @@ def test_size_guard_refuses_before_allocating(argv, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def _long_trace(folder: Path, microbatches: int = 2000) -> list[str]:
+    """Two ranks of a GPipe-ordered step: calibrating it simulates the traced schedule (seconds)."""
+    names = []
+    for rank in range(2):
+        events, t = [], 0
+        for kind, dur in (("F", 10), ("B", 20)):
+            for i in range(microbatches):
+                events.append({"ph": "X", "name": f"PP:{rank}{kind}{i}", "ts": t, "dur": dur, "pid": 1, "tid": 1})
+                t += dur + 2
+        (folder / f"r{rank}.json").write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2},
+                                                          "host_name": "h", "traceEvents": events}))
+        names.append(f"r{rank}.json")
+    return names
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep", "calibrate"])
+def test_sigterm_ends_a_long_command_promptly_leaving_nothing(command, tmp_path):
+    """SIGTERM a few seconds into a long plan, sweep or calibrate (each runs for tens of seconds
+    or more): exit code 143 within 5 s, one line, and nothing new in the output directory. The
+    signal's exception may land where it is swallowed (JAX's callbacks) or wait behind a compiled
+    call: the CLI then ends itself after its grace (``cli._main.GRACE_S``)."""
+    import time
+
+    argv = {"plan": ["plan", "--model", "llama-3-70b", "--gpus", "64", "--global-batch", "64", "--export",
+                     "megatron", "--out", "out.txt"],
+            "sweep": ["sweep", "--families", "gpipe,1f1b,zb-h1,interleaved-1f1b", "--devices", "4,8,16",
+                      "--microbatches", "16,32,64,128", "--csv", "out.csv", "--max-ops", "100000000"],
+            "calibrate": ["calibrate", *_long_trace(tmp_path), "--out", "out.toml"]}[command]
+    before = snapshot(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "diffpipe", *argv], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert child.poll() is None, child.stderr.read()  # still working: the input is long enough
+        child.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, err = child.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 143, err
+    assert err.count("\n") == 1 and "terminated" in err, err
+    assert took < 5, took
+    assert snapshot(tmp_path) == before
+
+
 # -- defaults --------------------------------------------------------------------------------------------
 def test_compare_cli_and_library_agree_on_the_default_question():
     code, out, err = run_cli(["compare", "--json"])

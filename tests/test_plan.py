@@ -224,3 +224,45 @@ def test_cli_plan_reads_a_hf_config(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert all(not r["sequence_parallel"] and r["pipeline"] == 2 for r in data["rows"])
     assert "--seq-length 512" in data["export"]["text"] and "--num-layers 8" in data["export"]["text"]
+
+
+def _apply(suggestion, request):
+    """The plan keyword change a suggestion's text names (``_infeasible``'s wording)."""
+    import re
+
+    changes = {}
+    for part in suggestion.removeprefix("together: ").split(", "):
+        if part == "allow recompute='full'":
+            changes["recompute"] = (*request.get("recompute", ()), "full")
+        elif part == "allow zero=3":
+            changes["zero"] = (*request.get("zero", ()), 3)
+        elif found := re.match(r"allow tensor=(\d+)$", part):
+            changes["tensor"] = (*request.get("tensor", (1, 2, 4)), int(found[1]))
+        elif found := re.match(r"use about \d+x the GPUs \((\d+)\)$", part):
+            changes["cluster"] = cluster(request["cluster"].device, int(found[1]))
+        elif found := re.match(r"use a global batch that is a multiple of \d+ \(e\.g\. (\d+)\)$", part):
+            changes["global_batch"] = int(found[1])
+        else:
+            raise AssertionError(f"unknown suggestion {part!r}")
+    return changes
+
+
+@pytest.mark.parametrize("request_", [
+    dict(cluster=cluster(dp.Device(peak_flops=1e15, memory=2.2e7, name="d")), global_batch=64, recompute=("none",),
+         microbatch_sizes=(1,), families=("1f1b",)),
+    dict(cluster=cluster(dp.Device(peak_flops=1e15, memory=1.5e7, name="d")), global_batch=64,
+         recompute=("none", "selective"), zero=(0,), microbatch_sizes=(1,), families=("1f1b",)),
+    dict(cluster=cluster(SMALL), global_batch=7, pipeline=(1,), microbatch_sizes=(1,), families=("1f1b",)),
+])
+def test_every_infeasible_suggestion_applied_makes_the_request_feasible(request_):
+    """Issue 20: the binding constraint is named with its numbers, and the change suggested (each
+    is re-checked by a search before it is printed) makes the request feasible when applied."""
+    with pytest.raises(dp.ConfigError) as info:
+        dp.plan(TINY, **request_, balance=False, progress=False)
+    message = str(info.value)
+    assert "\n" not in message and "inf GB" not in message and "none of these" not in message, message
+    if "no configuration fits" in message:
+        assert "binding constraint" in message and " GB" in message
+    suggestion = message.rsplit(": ", 1)[1]
+    table = dp.plan(TINY, **{**request_, **_apply(suggestion, request_)}, balance=False, progress=False)
+    assert table.rows

@@ -228,3 +228,17 @@ def test_a_half_budget_ranked_at_the_times_is_zero_bubble_when_the_condition_hol
     holds = w + 2 * i >= 2 * f and w + 2 * f >= 2 * i
     idle = steady_idle(s, {"F": f, "I": i, "W": w, "B": i + w})
     assert (idle == pytest.approx(0.0, abs=1e-9)) == holds
+
+
+def test_the_ranking_estimate_bounds_the_candidates_and_refuses_long_rankings():
+    """``_ranking_ops`` counts ``candidates_bound(D)`` blocks; it must not undercount them, and a
+    ranking of minutes (issue 20: 64 devices x 2048 microbatches ranked at F = 2) is refused before
+    any block is built."""
+    from diffpipe.schedules.families.controllable_memory import candidates_bound
+
+    for d in range(1, 9):
+        assert len(strided_blocks(d)) + 3 <= candidates_bound(d), d
+    ranked.cache_clear()
+    with pytest.raises(dp.ScheduleError, match="over the limit"):
+        get("v-schedule", devices=64, microbatches=2048, forward=2.0)
+    assert ranked.cache_info().currsize == 0

@@ -75,7 +75,12 @@ def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: b
     if np.any(bad):
         what = "positive" if positive else "non-negative"
         what += " (inf allowed)" if allow_inf else " and finite"
-        raise ConfigError(f"hardware: {name} must be {what}, got {x.ravel()[np.argmax(bad.ravel())]!r}")
+        got = x.ravel()[np.argmax(bad.ravel())]
+        hint = ""
+        if np.isinf(got) and x.dtype == np.float32:  # a finite input past float32's range becomes inf
+            hint = (f"; a value past float32's range ({float(np.finfo(np.float32).max):.4g})? enable 64-bit "
+                    "floats (JAX_ENABLE_X64=1) or use smaller sizes")
+        raise ConfigError(f"hardware: {name} must be {what}, got {float(got)!r}{hint}")
 
 
 def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:

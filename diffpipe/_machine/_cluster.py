@@ -15,8 +15,12 @@ from .._errors import ConfigError
 from . import _presets, _specs
 from ._device import Device
 
-
 # -- the cluster ------------------------------------------------------------------------------------
+#: The most GPUs a cluster may have (2**20): past any machine built, and it bounds the planner's
+#: search (every divisor of the GPU count) before it starts.
+MAX_GPUS = 1 << 20
+
+
 def _link(value: Any, what: str) -> tuple[str, float, float]:
     """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
     if isinstance(value, str):
@@ -65,8 +69,11 @@ class Cluster(eqx.Module):
         if bandwidth is not None and not np.all(np.isfinite(bandwidth)):
             raise ConfigError(f"cluster: device {device.name!r} has no memory bandwidth: give memory_bandwidth= "
                               "(bytes/s)")
+        if bandwidth is not None and not np.all(bandwidth > 0):
+            got = float(bandwidth.ravel()[0])
+            raise ConfigError(f"cluster: memory_bandwidth must be positive (bytes/s), got {got!r}")
         self.device = device
-        self.gpus = check_int("cluster: gpus", gpus, 1)
+        self.gpus = check_int("cluster: gpus", gpus, 1, MAX_GPUS)
         self.intra, intra_bw, intra_lat = _link(intra, "intra")
         self.inter, inter_bw, inter_lat = _link(inter, "inter")
         if devices_per_node is None:

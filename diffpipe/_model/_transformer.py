@@ -97,6 +97,9 @@ _LOGIT_BYTES = 4
 _STAT_BYTES = 4
 
 ACTIVATIONS = ("gelu", "swiglu")
+#: The most transformer blocks a model may have: every per-layer table holds ``layers + 2`` rows
+#: (the largest published models have a few hundred blocks).
+MAX_LAYERS = 100_000
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rotary")
 
@@ -233,6 +236,8 @@ class Transformer:
         for name in ("shared_experts", "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
             if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
                 fail(name, "an int >= 0")
+        if self.layers > MAX_LAYERS:
+            raise ConfigError(f"transformer: layers must be at most {MAX_LAYERS:,}, got {self.layers!r}")
         f = self.ffn_multiplier
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
             fail("ffn_multiplier", "a positive number")

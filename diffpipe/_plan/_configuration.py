@@ -108,7 +108,11 @@ class Configuration:
             raise ConfigError(f"configuration: global_batch={global_batch} is not a multiple of microbatch_size x "
                               f"data = {model.microbatch_size} x {parallelism.data} = {per_step}")
         if layers_per_stage is not None:
-            layers_per_stage = tuple(int(c) for c in layers_per_stage)
+            if isinstance(layers_per_stage, (str, bytes)) or not hasattr(layers_per_stage, "__iter__"):
+                raise ConfigError(f"configuration: layers_per_stage must be a sequence of ints, got "
+                                  f"{layers_per_stage!r}")
+            layers_per_stage = tuple(check_int("configuration: layers_per_stage entry", c, 0)
+                                     for c in layers_per_stage)
             if len(layers_per_stage) != parallelism.stages:
                 raise ConfigError(f"configuration: layers_per_stage has {len(layers_per_stage)} entries, the "
                                   f"parallelism has pipeline x virtual = {parallelism.stages} stages")

@@ -156,6 +156,10 @@ def megatron_layout(layers_per_stage: Any) -> str:
 
 
 _TOKEN = re.compile(r"(\(|\)|\*\d+|[|ELtm,])")
+#: The most layer symbols a layout may unroll to, and the deepest nesting of its groups: checked
+#: from the repetition counts before anything is unrolled (no model has a million layers).
+MAX_LAYOUT = 1_000_000
+MAX_LAYOUT_DEPTH = 64
 
 
 def _expand(text: str) -> str:
@@ -170,6 +174,8 @@ def _expand(text: str) -> str:
         pos = match.end()
 
     def sequence(i: int, depth: int) -> tuple[str, int]:
+        if depth > MAX_LAYOUT_DEPTH:
+            raise ConfigError(f"megatron layout: groups nested past {MAX_LAYOUT_DEPTH} deep")
         out: list[str] = []
         while i < len(tokens):
             token = tokens[i]
@@ -185,7 +191,12 @@ def _expand(text: str) -> str:
             elif token.startswith("*"):
                 if not out or out[-1] in ("", ","):
                     raise ConfigError(f"megatron layout {text!r}: '{token}' repeats nothing")
-                out[-1] = out[-1] * int(token[1:])
+                count = int(token[1:]) if len(token) <= 8 else MAX_LAYOUT + 1
+                if len(out[-1]) * count + sum(map(len, out[:-1])) > MAX_LAYOUT:
+                    shown = token if len(token) <= 16 else token[:13] + "..."
+                    raise ConfigError(f"megatron layout {text[:60]!r}: '{shown}' unrolls past {MAX_LAYOUT:,} "
+                                      "layer symbols")
+                out[-1] = out[-1] * count
             elif token != ",":
                 out.append(token)
             i += 1
@@ -243,6 +254,8 @@ def megatron_args(launch: Launch) -> list[str]:
         ConfigError: for a schedule family Megatron-LM does not run (only ``1f1b`` and, with virtual
             stages, ``interleaved-1f1b``), or a V placement.
     """
+    if not isinstance(launch, Launch):
+        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
     if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
         raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
@@ -321,6 +334,8 @@ def torchtitan_toml(launch: Launch) -> str:
             sequence parallelism (torchtitan applies it with every tensor-parallel plan), or a
             family torch's pipelining has no schedule for.
     """
+    if not isinstance(launch, Launch):
+        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
     if par.zero == 1:
         raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")

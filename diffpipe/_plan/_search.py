@@ -41,6 +41,7 @@ closed forms that make it fast.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 import sys
@@ -57,7 +58,7 @@ import numpy as np
 
 from .. import schedules
 from .._caches import BoundedDict, bounded
-from .._checks import check_int, check_number
+from .._checks import check_int, check_number, is_int
 from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
@@ -142,21 +143,26 @@ class PlanTable:
         """The fastest configuration that fits (never slower than any evaluated one)."""
         return self.rows[0]
 
+    def _row(self, i: Any) -> dict[str, Any]:
+        if not is_int(i) or not -len(self.rows) <= i < len(self.rows):
+            raise ConfigError(f"plan table: row i must be an integer in [0, {len(self.rows)}), got {i!r}")
+        return self.rows[i]
+
     def configuration(self, i: int = 0) -> Configuration:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
-        row = self.rows[i]
+        row = self._row(i)
         model = dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
         return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
                              communication=self.communication, layers_per_stage=row["layers_per_stage"])
 
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
-        row = self.rows[i]
+        row = self._row(i)
         return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism)})
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
-        row = self.rows[i]
+        row = self._row(i)
         return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
                       global_batch=self.global_batch, sequence=self.model.sequence,
                       layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
@@ -195,7 +201,9 @@ class PlanTable:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @bounded(64)
@@ -337,31 +345,77 @@ def _blocks(rows_per_stage: Sequence[int]) -> tuple[int, ...]:
     return tuple(counts)
 
 
+#: Set while ``plan`` checks a suggested change: the search stops at the first configuration that
+#: fits, and an infeasible answer is not checked again (no recursion).
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("diffpipe_plan_checking", default=False)
+#: The most suggested changes an infeasible plan checks (each is a search of its own).
+MAX_SUGGESTIONS = 4
+
+
 def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejected: Counter, best_memory: float,
-                capacity: float, recompute: tuple, zero: tuple, tensors: list[int]) -> str:
-    """One line: why nothing fits, and the smallest change that would."""
-    g = cluster.gpus
-    if rejected.get("memory", 0) + rejected.get("memory (simulated)", 0) == 0:
+                capacity: float, recompute: tuple, zero: tuple, tensors: list[int]) -> tuple[str, list]:
+    """Why nothing fits (one line, with the binding constraint's numbers) and the changes that
+    might make it fit, smallest first: ``(text, plan keyword overrides)`` (checked by the caller)."""
+    g, node = cluster.gpus, cluster.devices_per_node
+    if rejected.get("memory", 0) + rejected.get("memory (simulated)", 0) == 0 or not math.isfinite(best_memory):
         main = max(rejected, key=rejected.get) if rejected else "nothing to evaluate"
         if main == "batch":
-            return (f"plan: no split divides global_batch={global_batch} by microbatch_size x data on {g} GPUs: "
-                    f"use a global batch that is a multiple of {g // max(1, min(tensors or [1]))}")
+            unit = g // max(1, min(tensors or [1]))
+            multiple = -(-global_batch // unit) * unit
+            return (f"plan: no split divides global_batch={global_batch} by microbatch_size x data on {g} GPUs",
+                    [(f"use a global batch that is a multiple of {unit} (e.g. {multiple})",
+                      {"global_batch": multiple})])
         if main == "tensor":
-            return (f"plan: no tensor size inside a {cluster.devices_per_node}-GPU node divides the model's heads "
-                    f"({model.heads}) and the GPU count {g}")
-        return f"plan: no configuration can be evaluated on {g} GPUs (most rejected for: {main})"
-    hints = []
+            return (f"plan: no tensor size inside a {node}-GPU node divides the model's heads "
+                    f"({model.heads}) and the GPU count {g}", [])
+        return f"plan: no configuration can be evaluated on {g} GPUs (most rejected for: {main})", []
+    reason = (f"plan: no configuration fits {capacity / 1e9:.1f} GB per GPU (memory is the binding constraint: "
+              f"the smallest candidate needs at least {best_memory / 1e9:.1f} GB)")
+    changes: list[tuple[str, dict[str, Any]]] = []
     if "full" not in recompute:
-        hints.append("allow recompute='full'")
+        changes.append(("allow recompute='full'", {"recompute": (*recompute, "full")}))
     if 3 not in zero:
-        hints.append("allow zero=3")
-    if cluster.devices_per_node not in tensors:
-        hints.append(f"allow tensor={cluster.devices_per_node}")
-    need = max(1, math.ceil(best_memory / capacity)) if math.isfinite(best_memory) else 2
-    more = f"about {need}x the GPUs ({need * g})" if need > 1 else "more GPUs"
-    change = hints[0] if hints else f"use {more} or a smaller model"
-    return (f"plan: no configuration fits {capacity / 1e9:.1f} GB per GPU (the smallest needs "
-            f"{best_memory / 1e9:.1f} GB): {change}")
+        changes.append(("allow zero=3", {"zero": (*zero, 3)}))
+    if node not in tensors and g % node == 0:
+        changes.append((f"allow tensor={node}", {"tensor": (*tensors, node)}))
+    need = max(2, math.ceil(best_memory / capacity))
+    for factor in (need, 2 * need):
+        gpus = factor * g
+        try:
+            more = Cluster(cluster.device, gpus, node, intra=(cluster.intra_bandwidth, cluster.intra_latency),
+                           inter=(cluster.inter_bandwidth, cluster.inter_latency))
+        except ConfigError:  # past MAX_GPUS, or not whole nodes
+            continue
+        changes.append((f"use about {factor}x the GPUs ({gpus})", {"cluster": more}))
+    return reason, changes
+
+
+def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> str:
+    """``reason`` and the first of ``changes`` after which the search finds a configuration that
+    fits (each re-run with the change); when none does, the line says so."""
+    if _CHECKING.get():
+        return reason
+    tried = []
+    token = _CHECKING.set(True)
+    try:
+        singles = [(text, change) for text, change in changes[:MAX_SUGGESTIONS]]
+        together = {k: v for _, change in singles for k, v in change.items()}  # the largest GPU count last
+        texts = [t for t, c in singles if "cluster" not in c] + [t for t, c in singles if "cluster" in c][-1:]
+        combined = [("together: " + ", ".join(texts), together)] if len(singles) > 1 else []
+        for text, change in singles + combined:
+            tried.append(text)
+            try:
+                plan(**{**request, **change}, top_k=0, balance=False, progress=False)
+            except ConfigError:
+                continue
+            return f"{reason}: {text}"
+        if combined:
+            tried.pop()
+    finally:
+        _CHECKING.reset(token)
+    if not tried:
+        return reason
+    return f"{reason}; none of these alone makes it fit: {'; '.join(tried)} (use a smaller model or more GPUs)"
 
 
 def plan(
@@ -374,7 +428,7 @@ def plan(
     tensor: int | Sequence[int] | None = None,
     pipeline: int | Sequence[int] | None = None,
     expert: int | Sequence[int] | None = None,
-    virtual: int | Sequence[int] = DEFAULT_VIRTUAL,
+    virtual: int | Sequence[int] | None = None,
     microbatch_sizes: int | Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     recompute: str | Sequence[str] = RECOMPUTE,
     zero: int | Sequence[int] = ZERO_STAGES,
@@ -396,7 +450,8 @@ def plan(
             ``virtual`` values, others their own stages per device (``zb-v``: 2).
         tensor, pipeline, expert: sizes to try (default: every divisor that fits: tensor within a
             node, pipeline up to the layers, expert dividing data and the experts of a MoE model).
-        virtual: virtual stages per pipeline rank for families with chunks.
+        virtual: virtual stages per pipeline rank for families with chunks (default
+            ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         microbatch_sizes, recompute, zero, sequence_parallel: the other axes.
         headroom: fraction of each GPU's memory kept free (0.1: plans use at most 90%).
         top_k: how many of the best configurations get their stages balanced.
@@ -421,6 +476,11 @@ def plan(
     if headroom >= 1:
         raise ConfigError(f"plan: headroom must be below 1, got {headroom!r}")
     top_k = check_int("plan: top_k", top_k, 0)
+    for name, value in (("balance", balance), ("progress", progress)):
+        if not isinstance(value, bool) and not (name == "progress" and value is None):
+            raise ConfigError(f"plan: {name} must be True or False, got {value!r}")
+    if not isinstance(communication, str):
+        raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
     families = _values("families", families)
@@ -433,10 +493,24 @@ def plan(
     zero = _values("zero", zero, ZERO_STAGES)
     sps = _values("sequence_parallel", sequence_parallel, (True, False))
     sizes = tuple(check_int("plan: microbatch size", b) for b in _values("microbatch_sizes", microbatch_sizes))
-    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", virtual))
+    if virtual is not None and not any(_family_shape(f)[0] for f in families):
+        raise ConfigError(f"plan: virtual={virtual!r} cannot take effect: none of {', '.join(families)} takes "
+                          "chunks (e.g. interleaved-1f1b does)")
+    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", DEFAULT_VIRTUAL if virtual is None
+                                                                     else virtual))
+    if expert is not None:
+        experts_given = [check_int("plan: expert", e) for e in _values("expert", expert)]
+        if model.experts == 1 and experts_given != [1]:
+            raise ConfigError(f"plan: expert={expert!r} needs a mixture-of-experts model (this one is dense)")
+        for e in experts_given:
+            if model.experts % e:
+                raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     g, node = cluster.gpus, cluster.devices_per_node
     tensors = [check_int("plan: tensor", t) for t in _values("tensor", tensor)] if tensor is not None else [
         t for t in _divisors(node) if g % t == 0]
+    if tuple(sps) == (True,) and all(t == 1 for t in tensors):
+        raise ConfigError("plan: sequence_parallel=True needs a tensor size above 1 (it splits the tensor group); "
+                          f"tensor sizes searched: {', '.join(map(str, tensors))}")
     capacity = float(cluster.device.memory) * (1.0 - headroom)
 
     rejected: Counter = Counter()
@@ -491,6 +565,7 @@ def plan(
     cluster_key = _cluster_key(cluster)
     lower: list[tuple[float, int]] = []
     static_lb: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    needs: dict[int, float] = {}  # candidate -> the tightest known lower bound on its peak memory
     for index, c in enumerate(candidates):
         key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute)
         if key not in costs:
@@ -515,7 +590,8 @@ def plan(
         if shape not in closed:
             closed[shape] = _closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
         dev_static, dev_act, fwd_before, dev_work, dev_update = closed[shape]
-        if np.max(dev_static + dev_act) > capacity:
+        needs[index] = float(np.max(dev_static + dev_act))
+        if needs[index] > capacity:
             rejected["memory"] += 1
             continue
         m = global_batch // (c.microbatch_size * c.data)
@@ -539,7 +615,6 @@ def plan(
 
     rows_out: list[dict[str, Any]] = []
     best = math.inf
-    best_memory = min((float(np.max(s + a)) for s, a in static_lb.values()), default=math.inf)
     simulated = 0
     graphs: dict[tuple, Any] = {}
     if progress is None:
@@ -564,13 +639,16 @@ def plan(
                 schedule = cfgs[0].schedule()
             except (ScheduleError, ConfigError):  # the family refuses these sizes
                 rejected["schedule"] += len(members)
+                for i in members:
+                    needs.pop(i, None)
                 bar.update(len(groups[key]))
                 continue
             count = np.asarray(peak_activations(schedule), np.float64)
             keep = []
             for i, cfg in zip(members, cfgs):
                 dev_static, dev_act = static_lb[i]
-                if np.max(dev_static + count * dev_act) > capacity:
+                needs[i] = max(needs[i], float(np.max(dev_static + count * dev_act)))
+                if needs[i] > capacity:
                     rejected["memory"] += 1
                 else:
                     keep.append((i, cfg))
@@ -589,7 +667,7 @@ def plan(
                 simulated += len(keep)
                 for j, (i, cfg) in enumerate(keep):
                     peak = float(np.max(memory[j]))
-                    best_memory = min(best_memory, peak)
+                    needs[i] = peak
                     if peak > capacity:
                         rejected["memory (simulated)"] += 1
                         continue
@@ -600,12 +678,20 @@ def plan(
                     figures = _metrics(cfg, schedule, step, float(bubbles[j]), memory[j]) | {"bound": bound[i]}
                     rows_out.append(_row(c, cfg, counts, False, figures))
             bar.update(len(groups[key]))
+            if rows_out and _CHECKING.get():  # checking a suggestion: one configuration that fits is enough
+                break
     finally:
         bar.close()
     t_evaluate = time.perf_counter() - t1
     if not rows_out:
-        raise ConfigError(_infeasible(model, cluster, global_batch, rejected, best_memory,
-                                      float(cluster.device.memory) * (1.0 - headroom), recompute, zero, tensors))
+        best_memory = min(needs.values(), default=math.inf)
+        reason, changes = _infeasible(model, cluster, global_batch, rejected, best_memory, capacity, recompute,
+                                      zero, tensors)
+        request = dict(model=model, cluster=cluster, global_batch=global_batch, families=families, tensor=tensor,
+                       pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=sizes,
+                       recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
+                       communication=communication)
+        raise ConfigError(_checked_suggestion(reason, changes, request))
     rows_out.sort(key=lambda r: r["step_time"])
 
     t2 = time.perf_counter()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from .._io import check_output
 from ..schedules import Op, from_torch, from_torch_csv
 from ._calibration import Calibration
@@ -29,7 +30,14 @@ def cli_calibrate(trace: str | os.PathLike | Sequence[str | os.PathLike], schedu
     """Calibrate from ``trace`` (one file per rank); with ``schedule``, check the trace ran it and
     time the machine file for it; write the machine file to ``out`` (atomically) when given."""
     if out is not None:
-        check_output(out, "--out")
+        target = os.path.realpath(check_output(out, "--out"))
+        files = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
+        if schedule is not None:
+            files.append(schedule)
+        for path in files:
+            if isinstance(path, (str, os.PathLike)) and os.path.realpath(path) == target:
+                raise ConfigError(f"--out: {os.fspath(out)!r} is also an input ({os.fspath(path)!r}); write to "
+                                  "another file")
     calibration = from_torch_trace(trace)
     target = None
     if schedule is not None:

@@ -24,7 +24,7 @@ only when every trace names the same ``host_name``.
 from __future__ import annotations
 
 import bisect
-import json
+import math
 import os
 import re
 import statistics
@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._checks import is_int, is_number
 from .._errors import ConfigError, ScheduleError
-from .._io import read_text
+from .._io import load_json
 from ..schedules import Op, Placement, Schedule
 from ._calibration import Calibration, robust_mean
 
@@ -88,13 +89,7 @@ class _Step:
 
 
 def _load(path: str | os.PathLike) -> dict[str, Any]:
-    text = read_text(path, "trace")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(
-            f"{path}: not a torch.profiler Chrome trace (not JSON: {error.msg} at line {error.lineno})"
-        ) from None
+    data = load_json(path, "trace", "a torch.profiler Chrome trace")
     if isinstance(data, list):
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -102,17 +97,35 @@ def _load(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def _spans(events: list[Any]) -> list[tuple[float, float, str, Any]]:
-    """Complete events as ``(start, end, name, thread)`` in seconds, sorted by start."""
+def _read(name: str) -> bool:
+    """Whether the reader uses events of this name (action labels, P2P spans, the step label)."""
+    return bool(_RUNTIME.match(name) or _OVERLAP.match(name) or _SINGLE.match(name) or _RECV.match(name)
+                or _SEND.match(name) or name == STEP_LABEL)
+
+
+def _spans(path: Any, events: list[Any]) -> list[tuple[float, float, str, Any]]:
+    """Complete events as ``(start, end, name, thread)`` in seconds, sorted by start. An event the
+    reader uses must have a finite ``ts`` and a finite ``dur >= 0`` (JSON numbers); others are
+    skipped when unreadable."""
     out = []
-    for e in events:
+    for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        try:
-            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            continue
-        out.append((ts * _US, (ts + dur) * _US, str(e.get("name", "")), (e.get("pid"), e.get("tid"))))
+        name = str(e.get("name", ""))
+        if _read(name):
+            ts, dur = e.get("ts"), e.get("dur", 0.0)
+            for key, value in (("ts", ts), ("dur", dur)):
+                if not is_number(value) or not math.isfinite(value) or (key == "dur" and value < 0):
+                    want = "a finite number >= 0" if key == "dur" else "a finite number"
+                    raise ConfigError(f"{path}: traceEvents[{i}] ({name[:40]!r}): {key} must be {want} "
+                                      f"(microseconds), got {value!r}")
+            ts, dur = float(ts), float(dur)
+        else:
+            try:
+                ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+        out.append((ts * _US, (ts + dur) * _US, name, (e.get("pid"), e.get("tid"))))
     out.sort(key=lambda x: (x[0], -x[1]))
     return out
 
@@ -203,7 +216,12 @@ def _ops(step: _Step) -> tuple[str, ...]:
 def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[int, list[_Step]], bool]:
     """Every rank's steps, keyed by rank (checks the trace covers every rank of its world), and
     whether all ranks ran on one host (one clock)."""
-    files = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if isinstance(paths, (str, os.PathLike)):
+        files = [paths]
+    elif isinstance(paths, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in paths):
+        files = list(paths)
+    else:
+        raise ConfigError(f"trace: paths must be a file path or a list of them, got {paths!r}"[:200])
     if not files:
         raise ConfigError("trace: no trace files given")
     ranks: dict[int, list[_Step]] = {}
@@ -215,13 +233,20 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[
         if not isinstance(info, dict):
             info = {}
         rank = info.get("rank", index)
-        if not isinstance(rank, int):
-            raise ConfigError(f"{path}: distributedInfo.rank is {rank!r}, expected an int")
-        if isinstance(info.get("world_size"), int):
-            world = max(world or 0, info["world_size"])
+        if not is_int(rank) or rank < 0:
+            raise ConfigError(f"{path}: distributedInfo.rank is {rank!r}, expected an int >= 0")
+        size = info.get("world_size")
+        if size is not None:
+            if not is_int(size) or size < 1:
+                raise ConfigError(f"{path}: distributedInfo.world_size is {size!r}, expected an int >= 1")
+            if world is not None and size != world:
+                raise ConfigError(f"{path}: distributedInfo.world_size is {size}, another trace's is {world}")
+            if rank >= size:
+                raise ConfigError(f"{path}: distributedInfo.rank {rank} is outside world_size {size}")
+            world = size
         if rank in ranks:
             raise ConfigError(f"{path}: a second trace of rank {rank} (give one trace file per rank)")
-        steps = _rank_steps(path, _spans(data["traceEvents"]), rank)
+        steps = _rank_steps(path, _spans(path, data["traceEvents"]), rank)
         if not steps or not any(s.computes for s in steps):
             raise ConfigError(
                 f"{path}: no torch.distributed.pipelining action labels ('PP:<action>' or 'Forward <i>'/"
@@ -229,11 +254,12 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[
             )
         ranks[rank] = steps
         hosts.add(data.get("host_name"))
-    expected = set(range(world if world is not None else max(ranks) + 1))
-    missing = sorted(expected - set(ranks))
-    if missing:
-        raise ConfigError(f"trace: covers rank(s) {sorted(ranks)} of {len(expected)}; no trace of rank {missing[0]} "
-                          "(give one trace file per rank)")
+    size = world if world is not None else max(ranks) + 1
+    if size != len(ranks):  # the ranks are distinct and below size: one is missing (found in len(ranks) steps)
+        missing = next(r for r in range(len(ranks) + 1) if r not in ranks)
+        shown = sorted(ranks)[:8]
+        raise ConfigError(f"trace: covers rank(s) {shown}{' ...' if len(ranks) > 8 else ''} of {size}; no trace of "
+                          f"rank {missing} (give one trace file per rank)")
     counts = {r: len(s) for r, s in ranks.items()}
     if len(set(counts.values())) != 1:
         raise ConfigError(f"trace: ranks ran different numbers of steps: {counts}")
@@ -279,6 +305,9 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
     """
 
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise ConfigError(f"from_torch_trace: schedule must be a diffpipe Schedule (schedules.get(...), "
+                          f"from_torch(...)) or None, got {schedule!r}")
     ranks, one_clock = parse(paths)
     orders = {r: _ops(steps[0]) for r, steps in ranks.items()}
     stage_ranks: dict[int, int] = {}
@@ -288,9 +317,16 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
             if stage_ranks.setdefault(stage, r) != r:
                 raise ConfigError(f"trace: stage {stage} ran on ranks {stage_ranks[stage]} and {r}")
     n_stages = max(stage_ranks) + 1
-    missing = sorted(set(range(n_stages)) - set(stage_ranks))
-    if missing:
-        raise ConfigError(f"trace: no compute op of stage {missing[0]} (of {n_stages}) in any rank's trace")
+    if n_stages != len(stage_ranks):  # found without counting to a stage number the trace may inflate
+        missing = next(s for s in range(len(stage_ranks) + 1) if s not in stage_ranks)
+        raise ConfigError(f"trace: no compute op of stage {missing} (of {n_stages}) in any rank's trace")
+    # a microbatch number past the ops of a step names microbatches the trace never ran (sizes
+    # built from it, such as the traced schedule's, stay bounded by the trace itself)
+    ops = [Op.parse(text) for order in orders.values() for text in order]
+    top = max(ops, key=lambda op: op.microbatch)
+    if top.microbatch >= len(ops):
+        raise ConfigError(f"trace: action {str(top)[:40]!r} names microbatch {top.microbatch}, but a step holds only "
+                          f"{len(ops)} compute ops (microbatches are numbered from 0)")
     if schedule is not None:
         _check_schedule(schedule, orders)
 

@@ -34,6 +34,12 @@ class _Terminated(BaseException):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse, with one-line errors and no abbreviations: ``--mode`` never becomes ``--model``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> Any:  # argparse prints usage + message over two lines
         command = self.prog.removeprefix("diffpipe").strip()
         raise _UsageError(f"{command}: {message}" if command else message)

@@ -44,6 +44,7 @@ from ._inputs import (
 from ._outputs import (
     _check_outputs,
     _configuration_summary,
+    _input_paths,
     _pictures,
     _print_json,
     _simulation_summary,
@@ -88,10 +89,16 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     from .._levels import DEFAULT_SCHEDULES
 
     families = list(args.families) or ([training.family] if training.family else [])
-    items = [(f, training.options) for f in families] if families else list(DEFAULT_SCHEDULES.values())
+    if training.options and not families:
+        raise ConfigError("compare: --option (or [schedule] options) applies to the families named on the "
+                          "command line; the default set has its own options")
+    items = _compare_items(families, training.options) if families else list(DEFAULT_SCHEDULES.values())
     configs = {}
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
+        if training.virtual_given and "chunks" not in schedules.family(name).option_names:
+            raise ConfigError(f"compare: --vpp (parallelism.virtual) cannot take effect on {name}: it places its "
+                              "own stages; name families with chunks (e.g. interleaved-1f1b)")
         cfg = training.build(name, dict(opts), adapt=True, max_ops=args.max_ops)
         configs[cfg.schedule()] = cfg
     def hardware(schedule: Any) -> Any:
@@ -149,7 +156,8 @@ def _cmd_show(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)))
+    outputs = _check_outputs(("--gantt", args.gantt, (".png", ".svg")), ("--trace", args.trace, (".json",)),
+                             inputs=_input_paths(args))
     config = _load_config(args.config, "simulate")
     if _wants_configuration(args, config):
         if args.torch_csv:
@@ -286,7 +294,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     if args.json and args.limit is not None:
         raise ConfigError("--limit sets the rows of the printed table; --json prints every row")
     _check_outputs(("--csv", args.csv, None), ("--json-out", args.json_out, None),
-                   ("--markdown-out", args.markdown_out, None))
+                   ("--markdown-out", args.markdown_out, None), inputs=_input_paths(args))
     config = _load_config(args.config, "sweep")
     section = config.get("schedule")
     families = _names(args.families, "--families") if args.families is not None else \
@@ -343,7 +351,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     if not (args.csv or args.gantt or args.trace):
         raise ConfigError("export: give --csv, --gantt and/or --trace")
     _check_outputs(("--csv", args.csv, None), ("--gantt", args.gantt, (".png", ".svg")),
-                   ("--trace", args.trace, (".json",)))
+                   ("--trace", args.trace, (".json",)), inputs=_input_paths(args))
     pictures = bool(args.gantt or args.trace)
     if not pictures and _machine_flags(args):
         raise ConfigError(f"export: {_machine_flags(args)[0]} is used only with --gantt/--trace")
@@ -370,7 +378,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
-    _check_outputs(("--out", args.out, None))
+    _check_outputs(("--out", args.out, None), inputs=_input_paths(args))
     train, par, clu = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")

@@ -53,6 +53,15 @@ def _guard(detail: str, ops: int, max_ops: int) -> None:
 def _guard_schedule(family: str, devices: int, microbatches: int, options: dict[str, Any],
                     max_ops: int, factor: int = 1, why: str = "") -> None:
     ops = estimated_ops(family, devices, microbatches, options)
+    if factor > 1:  # a family's one-time work (v-schedule's ranking) is done once, not per step
+        fam = schedules.family(family)
+        try:
+            setup = fam.setup_estimate(devices, microbatches, fam.check(devices, microbatches, {
+                k: v for k, v in options.items() if k in fam.option_names}))
+        except ScheduleError:
+            setup = 0
+        ops = (ops - setup) * factor + setup
+        factor = 1
     extra = "".join(f", {k}={v}" for k, v in options.items() if k in ("chunks", "waves", "steps"))
     detail = f"{family} on {devices} devices x {microbatches} microbatches{extra}{why}"
     _guard(detail, max(ops * factor, devices * devices), max_ops)

@@ -293,6 +293,7 @@ class _Training:
     family: str | None
     options: dict[str, Any]
     label: str
+    virtual_given: bool = False
 
     def build(self, family: str | None = None, options: dict[str, Any] | None = None,
               adapt: bool = False, max_ops: int = MAX_OPS) -> Any:
@@ -360,7 +361,8 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
              f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
     family = getattr(args, "family", None) or section.get("family")
     options = {**section.get("options", {}), **_family_options(args.option)}
-    return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label)
+    return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label,
+                     "virtual" in par)
 
 
 def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict]:

@@ -18,16 +18,21 @@ JAX is imported only by commands that simulate.
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import gc
 import logging
+import os
 import re
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _io
 from .._errors import ConfigError, ScheduleError
 from ._args import (
     DEFAULT_DEVICES,
@@ -185,8 +190,110 @@ def _error_line(error: BaseException) -> tuple[int, str]:
     return 1, f"diffpipe: internal error: {type(error).__name__}: {first}; {REPORT}"
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+#: Seconds a command has to unwind after SIGTERM or Ctrl-C (its ``finally`` blocks remove its
+#: temporary files) before the process ends itself: the exception a signal raises can land inside
+#: a callback that swallows it (JAX's garbage-collection callback), or never be raised while the
+#: main thread waits inside a long compiled call.
+GRACE_S = 1.5
+_ENDED = {signal.SIGTERM: (143, "terminated"), signal.SIGINT: (130, "interrupted")}
+
+
+def _in_callback(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a callback whose exceptions Python swallows (a
+    garbage-collection callback such as JAX's, or a ``__del__``)."""
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again(signum: int) -> None:
+    """Deliver ``signum`` to the main thread again shortly (after the callback it hit returned)."""
+    timer = threading.Timer(0.01, _thread.interrupt_main, args=(signum,))
+    timer.daemon = True
+    timer.start()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _in_callback(frame):
+        _again(signum)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise _Terminated()
+
+
+class _Signals:
+    """SIGTERM and SIGINT for one ``main`` call: the handler raises (``_Terminated``,
+    ``KeyboardInterrupt``) so that the command unwinds; a watcher thread, woken by the signal
+    itself (``signal.set_wakeup_fd``: it wakes even while the main thread is inside C code),
+    gives it ``GRACE_S`` seconds, then removes the staged temporary files and ends the process
+    with the signal's exit code (143, 130). Only in the main thread; a no-op elsewhere."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.previous: dict[int, Any] = {}
+        self.pipe: tuple[int, int] | None = None
+        self.wakeup = -1
+        self.hook = sys.unraisablehook
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self.pipe = os.pipe()
+        os.set_blocking(self.pipe[1], False)
+        self.wakeup = signal.set_wakeup_fd(self.pipe[1], warn_on_full_buffer=False)
+        for signum in _ENDED:
+            self.previous[signum] = signal.signal(signum, _on_signal)
+        self.hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        threading.Thread(target=self._watch, args=(self.pipe[0],), name="diffpipe-signals", daemon=True).start()
+        return self
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """A signal's exception raised inside a callback that cannot raise (a garbage-collection
+        callback, ``__del__``): send the signal again, so that it lands where it unwinds."""
+        error = unraisable.exc_value
+        if isinstance(error, (_Terminated, KeyboardInterrupt)):
+            if not self.done.is_set():
+                _again(signal.SIGTERM if isinstance(error, _Terminated) else signal.SIGINT)
+        else:
+            self.hook(unraisable)
+
+    def _watch(self, read: int) -> None:
+        try:
+            while True:
+                data = os.read(read, 64)
+                if not data or self.done.is_set():
+                    return
+                ended = [_ENDED[s] for s in data if s in _ENDED]
+                if ended:
+                    break
+            if self.done.wait(GRACE_S):
+                return
+            code, word = ended[0]
+            _io.remove_temporaries()
+            os.write(2, f"diffpipe: {word} (no file was changed)\n".encode())
+            os._exit(code)
+        except OSError:
+            return
+        finally:
+            try:
+                os.close(read)
+            except OSError:
+                pass
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        if self.pipe is None:
+            return
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        sys.unraisablehook = self.hook
+        signal.set_wakeup_fd(self.wakeup)
+        os.close(self.pipe[1])  # the watcher reads the end of the pipe and returns
+        self.pipe = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,10 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     if not debug:  # jax logs a failed check inside jit as a traceback of its own
         logging.getLogger("jax._src.callback").setLevel(logging.CRITICAL)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code, line, caught = 0, "", None
+    signals = _Signals().__enter__()
+    quiet = warnings.catch_warnings()
+    quiet.__enter__()
+    if not debug:  # a number past float32's range is named by the check that meets it, in one line
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
     try:
         args = build_parser().parse_args(argv)
         args.run(args)
@@ -215,8 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         (code, line), caught = _error_line(error), error
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        quiet.__exit__(None, None, None)
+        signals.__exit__()
     if code:
         if debug and caught is not None:
             traceback.print_exception(caught)

@@ -28,11 +28,20 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
 
 
 # -- outputs -----------------------------------------------------------------------------------------
-def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> list[tuple[str, Path]]:
+def _input_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The files a command reads, by flag (``--config``, ``--torch-csv``, ``--hf-config``)."""
+    named = (("--config", "config"), ("--torch-csv", "torch_csv"), ("--hf-config", "hf_config"))
+    return [(flag, getattr(args, dest)) for flag, dest in named if isinstance(getattr(args, dest, None), str)]
+
+
+def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None],
+                   inputs: Sequence[tuple[str, str]] = ()) -> list[tuple[str, Path]]:
     """Check every ``(flag, path, suffixes)`` given before any work: directory exists and is
-    writable, target is no directory, suffix allowed, no path named twice."""
+    writable, target is no directory, suffix allowed, no path named twice, and none is one of the
+    command's ``inputs`` (``(flag, path)``: writing it would destroy what was read)."""
     checked: list[tuple[str, Path]] = []
     seen: dict[str, str] = {}
+    read = {os.path.realpath(path): flag for flag, path in inputs if path}
     for flag, path, suffixes in outputs:
         if path is None:
             continue
@@ -40,6 +49,8 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None]) -> 
         if suffixes and p.suffix.lower() not in suffixes:
             raise ConfigError(f"{flag}: cannot write {path!r}: the suffix must be one of {', '.join(suffixes)}")
         key = os.path.realpath(p)
+        if key in read:
+            raise ConfigError(f"{flag}: {path!r} is also the input of {read[key]}; write to another file")
         if key in seen:
             raise ConfigError(f"{flag}: {path!r} is also the target of {seen[key]}")
         seen[key] = flag

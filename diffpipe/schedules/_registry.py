@@ -25,7 +25,7 @@ from ._schedule import Placement, Schedule
 MAX_OPS = 1_000_000
 #: Largest placement table ``estimate_ops`` builds to count stages (past it, an upper bound is used).
 PLACEMENT_CELLS = 10_000_000
-_TYPE_NAMES = {int: "an integer", bool: "True or False", float: "a number", str: "a string"}
+_TYPE_NAMES = {int: "an integer", bool: "True or False", float: "a finite number", str: "a string"}
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Option:
         elif self.type is int:
             ok = is_int(value)
         elif self.type is float:
-            ok = is_number(value)
+            ok = is_number(value) and math.isfinite(value)
         else:
             ok = isinstance(value, self.type)
         if not ok:
@@ -112,6 +112,9 @@ class Family:
     - ``ops_per_cell``: ops per (stage, microbatch): 2 for F and B (default), 3 for F, I and W.
     - ``ops``: ``(devices=, microbatches=, **options) -> int``, an estimate of the op count; default
       ``stages * microbatches * ops_per_cell``, the stages from ``placement`` (else ``devices``).
+    - ``setup_ops``: ``(devices=, microbatches=, **options) -> int``, one-time work before the
+      schedule exists, in op units (v-schedule's ranking of its candidate blocks); counted by
+      ``estimate_ops``, once (not per use of the schedule: ``setup_estimate``).
     - ``asynchronous``: whether its schedules update weights while microbatches are in flight.
     - ``units_per_sample``: ``(**options) -> int``, how many schedule microbatch ids make up one
       sample (one microbatch of the global batch); default 1. Sequence-level families (Seq1F1B,
@@ -129,6 +132,7 @@ class Family:
     placement: Callable[..., Placement] | None = None
     ops_per_cell: int = 2
     ops: Callable[..., int] | None = None
+    setup_ops: Callable[..., int] | None = None
     asynchronous: bool = False
     units_per_sample: Callable[..., int] | None = None
 
@@ -178,7 +182,17 @@ class Family:
         return resolved
 
     def estimate_ops(self, devices: int, microbatches: int, options: Mapping[str, Any]) -> int:
-        """About how many ops ``generate`` makes at these (checked) sizes and options."""
+        """About how many ops ``generate`` makes at these (checked) sizes and options, plus its
+        one-time work (``setup_estimate``)."""
+        return self._schedule_ops(devices, microbatches, options) + self.setup_estimate(devices, microbatches, options)
+
+    def setup_estimate(self, devices: int, microbatches: int, options: Mapping[str, Any]) -> int:
+        """The one-time work of ``generate`` before its ops (``setup_ops``; 0 without one)."""
+        if self.setup_ops is None:
+            return 0
+        return int(self.setup_ops(devices=devices, microbatches=microbatches, **options))
+
+    def _schedule_ops(self, devices: int, microbatches: int, options: Mapping[str, Any]) -> int:
         if self.ops is not None:
             return int(self.ops(devices=devices, microbatches=microbatches, **options))
         if self.placement is None:

@@ -211,6 +211,14 @@ def from_torch_csv(path: str | os.PathLike[str], *, placement: None | str | Plac
     devices = len(rows)
     stages = 1 + max(op.stage for *_, op in cells)
     microbatches = 1 + max(op.microbatch for *_, op in cells)
+    # every stage runs every microbatch: numbers past the cells' count are wrong (checked before
+    # the placement or the schedule is built from them)
+    for number, what in ((stages, "stage"), (microbatches, "microbatch")):
+        if number > len(cells):
+            r, c, raw, op = max(cells, key=lambda x: x[3].stage if what == "stage" else x[3].microbatch)
+            raise ScheduleError(f"{_where(name, r, c, raw[:40])}: {what} {number - 1} is past the {len(cells)} "
+                                f"compute actions of the file (every {what} runs every "
+                                f"{'microbatch' if what == 'stage' else 'stage'})")
     chosen = _resolve_placement(name, cells, devices, stages, placement)
     orders: list[list[Op]] = [[] for _ in range(devices)]
     for r, _, _, op in cells:

@@ -437,7 +437,7 @@ def ranked(devices: int, microbatches: int, times: tuple[float, float, float] = 
 def cap(devices: int, memory: float) -> int:
     """A budget of ``memory`` x 1F1B's activations in chunk-microbatches: 1F1B holds ``D``
     full-stage microbatches, and a full-stage microbatch is two chunk-microbatches."""
-    return math.floor(2 * memory * devices + 1e-9)
+    return math.floor(min(2 * memory * devices, 2.0**62) + 1e-9)  # past every block's need: no overflow
 
 
 def least_peak(devices: int, microbatches: int) -> int:
@@ -487,6 +487,25 @@ def generate_budget(*, devices: int, microbatches: int, memory: float = 1.0, for
     return built.replace(family="v-schedule", options=options)
 
 
+def candidates_bound(devices: int) -> int:
+    """At most how many blocks ``ranked`` measures: zb-v, v-half, v-min and the strided blocks, of
+    which there are 4D + 1 for 4 <= D <= 12 (5, 15 at D = 2, 3; ``tests/test_v_schedule.py``)."""
+    return 4 * devices + 6
+
+
+def _ranking_ops(*, devices: int, microbatches: int, memory: float = 1.0, forward: float = 1.0,
+                 input_grad: float = 1.0, weight: float = 1.0) -> int:
+    """The ranking's work, in op units, from the sizes alone (the block at N adds its 6DN ops):
+    each candidate's construction at ``search_size`` microbatches costs about its
+    6D·n ops times D (the squeeze walks the devices for each op), and finding the strided blocks
+    about 150 D^2. Measured on 2 CPU cores while writing: 10-17 µs per unit (D = 8: 2.0 s at
+    N = 16, 5.2 s at N = 32 ranked at F = 2; D = 16: 35 s at N = 32, 109 s at N = 64, F = 2), so
+    the default limit of a million ops stops a ranking past about 10-20 s."""
+    times = (float(forward), float(input_grad), float(weight))
+    ranked_at = search_size(devices, microbatches, times)
+    return candidates_bound(devices) * 6 * devices * ranked_at * devices + 150 * devices * devices
+
+
 def _positive(value: float) -> str | None:
     return None if value > 0 else "must be > 0"
 
@@ -522,5 +541,6 @@ V_SCHEDULE = register(Family(
           for name, kind in (("forward", "F"), ("input_grad", "I"), ("weight", "W"))),
     ),
     accepts=_accepts_budget,
+    setup_ops=_ranking_ops,
     **_V,
 ))
