@@ -16,12 +16,12 @@ import math
 import tomllib
 from pathlib import Path
 
+import chex
 import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe import calibrate
-from diffpipe import cli
+from diffpipe import calibrate, cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
 
@@ -277,6 +277,138 @@ def test_hardware_takes_the_backward_each_schedule_runs():
     assert split_only.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == [1.5, 1.5]
 
 
+def test_a_full_backward_hardware_refuses_split_schedules():
+    # From full-backward runs only, I/W are unknown: a split schedule must not be priced as I = B, W = 0.
+    cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], overhead=0.1)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    for hw in (cal.hardware(), cal.hardware(gpipe)):
+        assert not hw.split_known
+        assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe))
+        with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
+            dp.simulate(zb, hw)
+        assert "\n" not in str(info.value)
+    with pytest.raises(dp.ConfigError, match="no measured I/W split"):
+        cal.hardware(zb)
+    # With a split (here a fraction), one hardware prices every schedule: B at the measured B.
+    hw = cal.hardware(weight_fraction=0.25)
+    assert hw.split_known and np.asarray(hw.full_backward).tolist() == [3.0, 3.0]
+    assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    assert float(dp.simulate(zb, hw).makespan) == pytest.approx(cal.predict(zb, weight_fraction=0.25), rel=1e-6)
+    chex.assert_trees_all_close(np.asarray(hw.input_grad), np.asarray([2.25, 2.25]))
+
+
+def test_the_split_of_a_full_backward_from_a_probe_or_the_model():
+    full = calibrate.from_measurements([1.0, 1.0], [3.0, 8.0])
+    # a probe of the same stages (profile_stages' convention: stage 0 has no I), split costs more than B
+    probe = calibrate.from_measurements([1.0, 1.0], [2.0, 4.0], input_grad=[0.0, 2.5], weight=[2.0, 2.0])
+    cal = full.with_split(probe=probe)
+    chex.assert_trees_all_close(np.asarray(cal.backward_split), np.asarray([(0.0, 1.0), (0.625, 0.5)]))
+    assert "probe" in cal.split_source
+    zb = cal.times(get("zb-h1", devices=2, microbatches=4))
+    assert zb["input_grad"] == pytest.approx([0.0, 5.0]) and zb["weight"] == pytest.approx([3.0, 4.0])
+    assert zb["full_backward"] == pytest.approx([3.0, 8.0])  # measured B stays the B
+    # the other way: a split source prices a full B as (I + W) x B / (I + W) of the probe
+    split = calibrate.from_measurements([1.0, 1.0], input_grad=[0.0, 5.0], weight=[3.0, 4.0]).with_split(probe=probe)
+    assert split.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == pytest.approx([3.0, 8.0])
+    # a Transformer's FLOPs (GPT block: I = M + 2A, W = M with M = 24 b s h^2, A = 4 b s^2 h; head F = I = W)
+    b, s, h, v = 1, 32, 64, 100
+    model = dp.Transformer(4, h, 4, s, v)
+    by_model = calibrate.from_measurements([1.0] * 4, [2.0] * 4).with_split(model=model)
+    m, a, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * v
+    expected = [(0.0, 1.0), *[((m + 2 * a) / (2 * m + 2 * a), m / (2 * m + 2 * a))] * 2,
+                ((m + 2 * a + head) / (2 * m + 2 * a + 2 * head), (m + head) / (2 * m + 2 * a + 2 * head))]
+    chex.assert_trees_all_close(np.asarray(by_model.backward_split), np.asarray(expected), rtol=1e-9)
+    uneven = calibrate.from_measurements([1.0] * 2, [2.0] * 2).with_split(model=model, layers_per_stage=[1, 3])
+    assert uneven.backward_split[1] != pytest.approx(expected[1])
+    assert by_model.hardware().split_known
+    for kwargs, message in [({}, "exactly one of model= or probe="),
+                            ({"model": model, "probe": probe}, "exactly one"),
+                            ({"probe": calibrate.from_measurements([1.0], [1.0])}, "probe timed 1 stages"),
+                            ({"probe": full}, "no full backward and I/W split for stage 0"),
+                            ({"model": "gpt"}, "must be a diffpipe.Transformer")]:
+        with pytest.raises(dp.ConfigError, match=message):
+            full.with_split(**kwargs)
+
+
+def test_the_trace_takes_the_model_for_the_split(tmp_path):
+    files = _runtime_files(tmp_path)
+    model = dp.Transformer(2, 64, 4, 32, 100)
+    cal = calibrate.from_torch_trace(files, model=model)
+    assert cal.backward_split[0] == (0.0, 1.0) and 0 < cal.backward_split[1][1] < 1
+    zb = get("zb-h1", devices=2, microbatches=2)
+    assert cal.predict(zb) > 0 and math.isfinite(cal.residual["step"])
+    assert cal.spread["F0"] == pytest.approx(0.0, abs=1e-9)  # every synthetic op lasts the same
+    assert calibrate.from_torch_trace(files).predict(get("gpipe", devices=2, microbatches=2)) == pytest.approx(
+        cal.predict(get("gpipe", devices=2, microbatches=2)), rel=1e-6)  # the split does not move a full B
+
+
+def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
+    pytest.importorskip("torch.distributed.pipelining")
+    cal = calibrate.from_measurements([1.0, 1.2], [2.0, 2.4], overhead=0.05, p2p=0.3)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    full = tmp_path / "full.toml"
+    cal.to_toml(full, mode="torch-runtime")
+    assert tomllib.loads(full.read_text())["network"] == {"mode": "torch-runtime"}
+    args = ["--devices", "2", "--microbatches", "4", "--json"]
+    assert cli.main(["simulate", "gpipe", *args, "--config", str(full)]) == 0
+    got = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert got == pytest.approx(cal.predict(gpipe, mode="torch-runtime"), rel=1e-6)
+    assert got != pytest.approx(cal.predict(gpipe), rel=1e-6)  # the mode was read, not defaulted
+    assert cli.main(["simulate", "zb-h1", *args, "--config", str(full)]) == 2  # split_known = false
+    assert "knows only full backwards" in capsys.readouterr().err
+    split = tmp_path / "split.toml"
+    cal.to_toml(split, mode=calibrate.TorchRuntime(), weight_fraction=0.4)
+    data = tomllib.loads(split.read_text())
+    assert "split_known" not in data["times"] and data["times"]["full_backward"] == [2.0, 2.4]
+    for name, schedule in (("gpipe", gpipe), ("zb-h1", zb)):
+        assert cli.main(["simulate", name, *args, "--config", str(split)]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(
+            cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
+
+
+def test_several_runs_combine_with_each_terms_spread():
+    # a full-backward run (B) and a zero-bubble run (I, W) of the same 2 stages
+    full = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), overhead=0.1, p2p=0.2, setup=0.5,
+                                 overhead_by_kind={"F": 0.1}, samples={"F0": 4, "F1": 4, "B0": 4, "B1": 4},
+                                 stage_ranks=(0, 1), residual={"step": -0.02})
+    split = calibrate.Calibration(forward=(1.6, 2.0), input_grad=(1.0, 2.5), weight=(2.5, 2.0), overhead=0.3,
+                                  p2p=0.2, setup=0.7, overhead_by_kind={"F": 0.2, "W": 0.4},
+                                  samples={"F0": 12, "F1": 12, "I0": 12, "I1": 12, "W0": 12, "W1": 12},
+                                  spread={"I0": 0.05}, stage_ranks=(0, 1), residual={"step": 0.03})
+    cal = calibrate.combine([full, split])
+    assert cal.forward == pytest.approx((1.45, 2.0))  # weighted by samples: (4 x 1.0 + 12 x 1.6) / 16
+    assert cal.backward == (3.0, 4.0) and cal.input_grad == (1.0, 2.5) and cal.weight == (2.5, 2.0)
+    assert cal.samples["F0"] == 16 and cal.samples["B1"] == 4
+    assert cal.overhead == pytest.approx(0.2) and cal.overhead_by_kind == pytest.approx({"F": 0.15, "W": 0.4})
+    assert cal.setup == pytest.approx(0.6) and cal.p2p == pytest.approx(0.2)
+    # the spread between runs (relative standard deviation), where two runs measured a term; else the run's own
+    assert cal.spread["F0"] == pytest.approx(np.std([1.0, 1.6], ddof=1) / 1.3)
+    assert cal.spread["F1"] == pytest.approx(0.0) and cal.spread["p2p"] == pytest.approx(0.0)
+    assert cal.spread["overhead"] == pytest.approx(np.std([0.1, 0.3], ddof=1) / 0.2)
+    assert cal.spread["I0"] == 0.05 and "overhead_W" not in cal.spread
+    assert cal.residual["step"] == pytest.approx(0.03) and cal.stage_ranks == (0, 1)
+    # both backwards measured: every schedule is priced, a B at the measured B
+    times = cal.times(get("zb-h1", devices=2, microbatches=4))
+    assert times["input_grad"] == [1.0, 2.5] and times["full_backward"] == [3.0, 4.0]
+    with pytest.raises(dp.ConfigError, match="run 1 has 1 stages, run 0 has 2"):
+        calibrate.combine([full, calibrate.from_measurements([1.0], [2.0])])
+    with pytest.raises(dp.ConfigError, match="non-empty list"):
+        calibrate.combine([])
+
+
+def test_the_calibrate_command_takes_several_runs(tmp_path, capsys):
+    first = _runtime_files(tmp_path)
+    (tmp_path / "b").mkdir()
+    second = _runtime_files(tmp_path / "b", steps=3)
+    files = [str(f) for f in (*first, *second)]
+    assert cli.main(["calibrate", *files, "--schedule", "gpipe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["source"].startswith("2 runs:") and data["samples"]["F0"] == 4 + 6
+    assert data["forward"] == pytest.approx([100 * US, 150 * US]) and data["spread"]["overhead"] == pytest.approx(0.0)
+    assert cli.main(["calibrate", *files, "--schedule", "gpipe,gpipe,gpipe"]) == 2
+    assert "3 schedule(s) for 2 run(s)" in capsys.readouterr().err
+
+
 def test_workload_spreads_each_stage_over_its_layers():
     cal = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, p2p=0.2)
     workload = cal.workload(layers=[2, 3])
@@ -311,7 +443,7 @@ def test_machine_file_runs_in_the_cli(tmp_path, capsys):
     cal.to_toml(path)
     data = tomllib.loads(path.read_text())
     assert data["times"] == {"forward": [1.0, 2.0], "backward": [2.0, 4.0], "weight": [0.0, 0.0],
-                             "p2p": 0.05, "overhead": 0.1, "setup": 0.3, "wind_down": 0.0}
+                             "p2p": 0.05, "overhead": 0.1, "setup": 0.3, "wind_down": 0.0, "split_known": False}
     assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(path),
                      "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)["makespan_s"]
@@ -390,6 +522,7 @@ def real_run(tmp_path_factory):
         run.job("gpipe", "GPipe", microbatches=4),
         run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
+        run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -418,7 +551,13 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     if not all(f.exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
     schedule = RAN[name]()
-    cal = calibrate.from_torch_trace(files, schedule)  # raises unless every rank ran the predicted order
+    probe = None
+    if name == "gpipe":  # full backwards only: the I/W split from a probe of the same torch modules
+        import torch
+
+        probe = calibrate.profile_stages(list(_runner()._blocks(2, 64)), torch.randn(8, 64), repeats=3, warmup=1)
+    cal = calibrate.from_torch_trace(files, schedule, probe=probe)  # raises unless every rank ran the order
+    assert cal.hardware().split_known == (name != "1f1b")
     assert cal.orders == tuple(tuple(str(op) for op in order) for order in schedule.orders)
     # Every fitted term positive (or, for p2p beyond the overhead, non-negative) and finite.
     measured = [v for kind in (cal.forward, cal.backward, cal.input_grad, cal.weight) if kind for v in kind]
@@ -428,7 +567,7 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     # A prediction for every schedule with the same stage count (in the study's headline mode;
     # the residual above replayed the traced schedule in the default overlap mode).
     for other in PREDICT[name]():
-        predicted = cal.predict(other, weight_fraction=0.5, mode="torch-runtime")
+        predicted = cal.predict(other, mode="torch-runtime")
         assert math.isfinite(predicted) and predicted > 0, other
     # torch posted every receive where TorchRuntime says it does (ScheduleGPipe labels no receives).
     if name != "gpipe":
@@ -439,8 +578,29 @@ def test_real_run_calibrates_and_predicts(real_run, name):
         assert traced == {op: posts[op] for op in traced} and len(traced) == len(posts)
     # Memory: diffpipe's peak stored activations equal what torch held, on every rank.
     peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
-    result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
+    result = dp.simulate(schedule, cal.hardware(schedule))
     assert [int(x) for x in result.peak_activations] == peaks
+
+
+@pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
+                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b"))])
+def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
+                                                                         schedules):
+    # 2 ranks holding 2 stages each (a V and a loop): the schedule is sized by ranks, not stages
+    work, failure = real_run
+    files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
+    if not all(Path(f).exists() for f in files):
+        pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
+    for schedule in schedules:
+        out = tmp_path / f"{schedule}.toml"
+        assert cli.main(["calibrate", *files, "--schedule", schedule, "--out", str(out)]) == 0, \
+            capsys.readouterr().err
+        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == 4
+    capsys.readouterr()
+    # a schedule of the wrong shape is still refused, in one line
+    assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diffpipe: error:") and err.count("\n") == 1
 
 
 def _traced_receive_posts(path: Path) -> dict:
@@ -477,9 +637,27 @@ def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys)
     out = tmp_path / "machine.toml"
     assert cli.main(["calibrate", *files, "--schedule", "gpipe", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "stage(s); ms per stage: forward" in printed and f"wrote {out}" in printed
+    assert "calibrated 2 stage(s), 2 rank(s)" in printed and f"wrote {out}" in printed
+    # per stage and kind: the mean (ms), its spread and its sample count; no column for unmeasured kinds
+    assert "stage  rank  F                 B\n" in printed and "0.15 (0.0%, n=4)" in printed and " I " not in printed
+    assert "no I/W split" in printed
     assert tomllib.loads(out.read_text())["times"]["forward"] == pytest.approx([100 * US, 150 * US])
     assert cli.main(["calibrate", *files, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["forward"] == pytest.approx([100 * US, 150 * US])
+    # the prediction table: every named schedule, sized like the trace, n/a with the reason
+    assert cli.main(["calibrate", *files, "--predict", "gpipe,1f1b,zb-h1,zb-v"]) == 0
+    printed = capsys.readouterr().out
+    gpipe = calibrate.from_torch_trace(files).predict(get("gpipe", devices=2, microbatches=2))
+    assert f"  gpipe  {1e3 * gpipe:.4g} ms" in printed
+    assert "zb-h1  n/a: calibration: stage 0 has no measured I/W split" in printed
+    assert "zb-v   n/a: calibration: measured 2 stages, the schedule has 4" in printed
+    # with the model's FLOPs for the split: the split schedule is predicted, in the mode asked for
+    assert cli.main(["calibrate", *files, "--predict", "zb-h1", "--model", "llama-3-8b", "--mode", "torch-runtime",
+                     "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.split("wrote")[0])
+    expected = calibrate.from_torch_trace(files, model=dp.presets.model("llama-3-8b")).predict(
+        from_torch("zb-h1", 2, 2), mode="torch-runtime")
+    assert data["predictions"] == [{"schedule": "zb-h1", "step_s": pytest.approx(expected), "why": None}]
+    assert tomllib.loads(out.read_text())["network"]["mode"] == "torch-runtime"
     assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
     assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()

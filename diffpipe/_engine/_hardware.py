@@ -43,7 +43,7 @@ from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
-from ._graph import COST_F, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
 
 
 def _numbers(value: Any) -> bool:
@@ -92,6 +92,12 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
         bad = bad | jnp.isinf(x)
     return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
                         f"{'' if allow_inf else ' and finite'}")
+
+
+#: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
+SPLIT_UNKNOWN = ("hardware: the schedule splits its backward (I/W ops) but this hardware knows only full "
+                 "backwards (calibrated from full-backward runs); give the calibration the W share "
+                 "(from_torch_trace(..., model=) or (..., probe=profile_stages(...))) or weight_fraction=")
 
 
 #: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
@@ -223,6 +229,9 @@ class Hardware(eqx.Module):
     pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring).
     All are float leaves, differentiable; their default, None (no leaf: the pytree of a plain
     hardware is unchanged), is the plain model: overhead, I + W, 0, 0, pairs lasting F + B.
+    ``split_known`` (static, default True): False when only full backwards were measured (a
+    calibration from full-backward runs: ``input_grad`` holds the whole ``B``, ``weight`` 0), so
+    a graph with ``I`` or ``W`` ops is refused (``SPLIT_UNKNOWN``) instead of priced as I = B, W = 0.
     """
 
     forward: Float[Array, "..."]
@@ -243,6 +252,7 @@ class Hardware(eqx.Module):
     wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
     pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
                                                          converter=lambda v: _optional(v, "pair_overlap"))
+    split_known: bool = eqx.field(default=True, static=True)
 
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
@@ -280,18 +290,19 @@ class Hardware(eqx.Module):
         setup: Any = None,
         wind_down: Any = None,
         pair_overlap: Any = None,
+        split_known: bool = True,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
         ``input_grad`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
         so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
         transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
-        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``full_backward`` is the time of
-        a full ``B`` when it is not ``input_grad + weight``. ``kind_overhead``: per-op overheads by
-        kind replacing ``overhead``, a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds
-        take ``overhead``) or four values in that order. ``setup``/``wind_down``: seconds before the
-        first op and after the last op of the step. ``pair_overlap``: the hidden fraction of an
-        overlapped pair (in [0, 1]).
+        so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``full_backward`` is the time of a full ``B`` when it is not
+        ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
+        a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
+        values in that order. ``setup``/``wind_down``: seconds before the first op and after the
+        last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
+        ``split_known=False``: only full backwards are known (the class docstring).
         """
         input_grad = _required("hardware", "input_grad", input_grad)
         zero = _float(0.0)
@@ -305,7 +316,7 @@ class Hardware(eqx.Module):
                             _float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
-            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap,
+            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
         )
 
     # -- broadcasting against a graph ----------------------------------------------------------
@@ -362,6 +373,10 @@ class Hardware(eqx.Module):
         self.check_graph(graph)
         t = {name: _traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
+        if not self.split_known:  # only full backwards known: an I or W op has no price
+            rows = graph.node_cost[..., 0]
+            t["input_grad"] = eqx.error_if(t["input_grad"], jnp.any((rows == COST_I) | (rows == COST_W)),
+                                           SPLIT_UNKNOWN)
         if self.full_backward is None:
             full = t["input_grad"] + t["weight"]
         else:

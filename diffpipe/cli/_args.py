@@ -20,6 +20,9 @@ from ._guards import MAX_OPS
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
+#: The modes a machine (``--mode``, ``[network] mode``) may name: the built-in ones and
+#: ``torch-runtime`` (``diffpipe.calibrate.TorchRuntime``, which ``diffpipe calibrate`` may write).
+MACHINE_MODES = (*COMMUNICATION_MODES, "torch-runtime")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
 SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
@@ -275,5 +278,5 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--intra", help="intra-node network preset (nvlink3, nvlink4, ib-ndr, 100gbe)")
     g.add_argument("--inter", help="inter-node network preset")
     g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
-    g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
+    g.add_argument("--mode", choices=MACHINE_MODES, help="communication model")
 
