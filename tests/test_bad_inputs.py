@@ -26,8 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
-from diffpipe import _io
-from diffpipe import cli
+from diffpipe import _io, cli
 from diffpipe.schedules import Op, Placement, Schedule, from_torch_csv, to_torch_csv
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _io, schedules
 from .._checks import check_int, is_int, is_number
-from .._choices import COMMUNICATION_MODES, RECOMPUTE, ZERO_STAGES
+from .._choices import RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._args import (
     _CLUSTER_FLAGS,
