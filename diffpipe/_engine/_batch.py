@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._graph import Graph
+from ._hardware import nan_checked
 from ._simulate import makespan, peak_memory
 
 #: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.
@@ -24,6 +25,7 @@ _BUCKETS = (64, 512)
 
 
 @eqx.filter_jit
+@nan_checked
 def _exact(graph: Graph, build: Any, inputs: Any):
     hws = jax.vmap(build)(inputs)
     times = makespan(graph, hws, batched=True)

@@ -30,7 +30,7 @@ from ..schedules._analysis import staleness as schedule_staleness
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
-from ._hardware import CostTables, Hardware
+from ._hardware import CostTables, Hardware, checks, error_if, on_error_for
 
 
 def _temperature(temperature: Any, dtype) -> Array | None:
@@ -48,23 +48,29 @@ def _temperature(temperature: Any, dtype) -> Array | None:
         if value.shape != () or not (np.isfinite(value) and value > 0):
             raise ConfigError(f"temperature must be a positive finite scalar or None, got {value.tolist()!r}")
     t = jnp.asarray(temperature, dtype=dtype)
-    return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+    return error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
 
 
 _RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
 
 
-def _checked(fn, hw: Hardware, *args, **kwargs):
-    """``fn(*args)``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
-    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun)."""
+def _checked(fn, hw: Hardware, on_error: str, total=lambda out: out):
+    """``fn()``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
+    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun). A
+    program traced with ``on_error="nan"`` (``_hardware.checks``: concrete inputs) reports a failed
+    check as a NaN makespan (``total(out)``): the eager checks then name the culprit."""
     try:
-        return fn(*args, **kwargs)
+        out = fn(on_error=on_error)
     except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
             hw.network.__check_init__()
             hw.__check_init__()  # raises ConfigError with the culprit and its value
         found = _RUNTIME_MESSAGE.findall(str(error))
         raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
+    if on_error == "nan" and not isinstance(total(out), jax.core.Tracer) and np.isnan(np.asarray(total(out))).any():
+        hw.network.__check_init__()
+        hw.__check_init__()
+    return out
 
 
 def _check_types(graph: Any, hw: Any) -> None:
@@ -84,13 +90,14 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
 
 
 def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
-                       adjoint: AbstractAdjoint) -> Array:
-    out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
+                       adjoint: AbstractAdjoint, on_error: str = "raise") -> Array:
+    with checks(on_error):
+        out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
     return out if batched else out[0]
 
 
 #: ``makespan`` for any graph (the graph's arrays are arguments: graphs of one structure share it).
-_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
+_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched", "on_error"))
 #: Per graph structure, single-variant ``makespan`` with the graph's arrays baked in as constants:
 #: XLA specialises the gathers and a call passes only the hardware (measured in
 #: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
@@ -128,7 +135,7 @@ def _baked(graph: Graph):
     key = _content_key(graph)
     function = _BAKED.get(key)
     if function is None:
-        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
+        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched", "on_error"))
         _remember(_BAKED, key, function)
     _remember(_SEEN, id(graph), (graph, function))
     return function
@@ -167,8 +174,8 @@ def makespan(
     tau, adjoint = _temperature(temperature, hw.forward.dtype), as_adjoint(adjoint)
     if (batched or graph.kind.shape[-1] > _BAKED_ROWS  # overhead amortised by the evaluation
             or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph))):  # e.g. vmapped stacked graphs
-        return _checked(_makespan, hw, graph, hw, tau, batched, adjoint)
-    return _checked(partial(_baked(graph), batched=batched), hw, hw, tau, adjoint=adjoint)
+        return _checked(partial(_makespan, graph, hw, tau, batched, adjoint), hw, on_error_for(hw, tau))
+    return _checked(partial(_baked(graph), hw, tau, adjoint=adjoint, batched=batched), hw, on_error_for(hw, tau))
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
@@ -274,11 +281,17 @@ def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None)
     callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
     ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
     arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
-    return _checked(_simulate_graph, hw, graph, hw, temperature)
+    return _checked(partial(_simulate_graph, graph, hw, temperature), hw, on_error_for(hw, temperature),
+                    lambda out: out.makespan)
 
 
 @eqx.filter_jit
-def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
+def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None, on_error: str = "raise") -> GraphTimes:
+    with checks(on_error):
+        return _simulate_graph_checked(graph, hw, temperature)
+
+
+def _simulate_graph_checked(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
     tables = _tables(graph, hw, False)
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]

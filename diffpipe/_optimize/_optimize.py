@@ -36,7 +36,7 @@ from jax import lax
 
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
-from .._engine._hardware import Hardware
+from .._engine._hardware import Hardware, nan_checked
 from .._engine._simulate import makespan, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
@@ -180,6 +180,7 @@ def _plan_dict(plan: StagePlan) -> dict[str, Any]:
 
 # -- the continuous phase ----------------------------------------------------------------------------
 @eqx.filter_jit
+@nan_checked
 def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, stages):
     """Run ``optimizer`` from every start (``params`` leaves carry a leading ``starts`` axis)."""
     capacity = jnp.broadcast_to(workload.capacity, (graph.devices,))

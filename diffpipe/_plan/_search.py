@@ -55,6 +55,7 @@ import numpy as np
 
 from .. import schedules
 from .._checks import check_int, check_number
+from .._engine._hardware import nan_checked
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -300,6 +301,7 @@ def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, sty
 
 
 @eqx.filter_jit
+@nan_checked
 def _batched(graph, hws):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
     (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last layout)."""
