@@ -395,6 +395,8 @@ class Hardware(eqx.Module):
     def per_device(self, graph: Graph) -> Array:
         x = self.capacity
         if x.ndim == 0:
+            if not isinstance(x, jax.core.Tracer):  # no eager op to compile
+                return jax.device_put(np.broadcast_to(np.asarray(x), (graph.devices,)))
             return jnp.broadcast_to(x, (graph.devices,))
         if x.shape == (graph.devices,):
             return x

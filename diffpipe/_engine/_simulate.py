@@ -344,9 +344,16 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]
+    capacity = hw.per_device(graph)
+    if any(isinstance(x, jax.core.Tracer) for x in (start, memory, capacity)):
+        start, finish, fits, period = start[order], finish[order], memory <= capacity, jnp.diff(step_finish)
+    else:  # gathers, a comparison and differences: exact in NumPy, and no eager op compiles
+        start, finish = (jax.device_put(np.asarray(x)[order]) for x in (start, finish))  # jnp.asarray compiles
+        fits = jax.device_put(np.asarray(memory) <= np.asarray(capacity))
+        period = jax.device_put(np.diff(np.asarray(step_finish)))
     return Result(
-        start=start[order], finish=finish[order], makespan=total, busy=busy, bubble_ratio=bubble,
-        peak_memory=memory, peak_activations=count, fits=memory <= hw.per_device(graph),
-        communication_bytes=volume, step_finish=step_finish, period=jnp.diff(step_finish),
+        start=start, finish=finish, makespan=total, busy=busy, bubble_ratio=bubble,
+        peak_memory=memory, peak_activations=count, fits=fits,
+        communication_bytes=volume, step_finish=step_finish, period=period,
         ops=ops, staleness=stale,
     )
