@@ -183,7 +183,14 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
 
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
     maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
+    Concrete arguments run as one compiled program (eagerly, each operation would compile alone).
     """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((graph, hw))):
+        return _peak_memory(graph, hw)
+    return _peak_memory_compiled(graph, hw)
+
+
+def _peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
     static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
     static_per_device = jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
     act = hw.per_stage("activation_bytes", graph)
@@ -196,6 +203,9 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
     peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
     return static_per_device + peak_bytes, peak_count
+
+
+_peak_memory_compiled = eqx.filter_jit(_peak_memory)
 
 
 def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -100,7 +101,8 @@ class Device(eqx.Module):
         alone, in every process); tracers stay in the caller's trace."""
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((self, flops, bytes, tokens))):
             return self._seconds(flops, bytes, tokens)
-        return _seconds(self, flops, bytes, tokens)
+        unnamed = self if self.name == "custom" else dataclasses.replace(self, name="custom")  # static: one program
+        return _seconds(unnamed, flops, bytes, tokens)
 
     def _seconds(self, flops: Any, bytes: Any = None, tokens: Any = None) -> Array:
         dtype = self.peak_flops.dtype

@@ -50,7 +50,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
@@ -313,7 +312,9 @@ def _batched(graph, hws):
 
 
 def _stack(hws: Sequence[Any]) -> Any:
-    return jax.tree.map(lambda *x: jnp.stack(x), *hws)
+    """One batched ``Hardware``: stacked in NumPy (exact) and put on the device once per leaf
+    (``jnp.stack`` compiles a program per shape and count)."""
+    return jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *hws)
 
 
 #: The ``ConfigResult`` figures a plan row reports.
