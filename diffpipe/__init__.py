@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from . import presets as presets
     from . import viz as viz
     from ._caches import clear_caches as clear_caches
+    from ._caches import enable_compilation_cache as enable_compilation_cache
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare

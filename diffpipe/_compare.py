@@ -387,9 +387,9 @@ def _simulation_level(schedule: Schedule, hw: Any) -> dict:
     return {
         "makespan_s": float(result.makespan),
         "bubble_ratio": float(result.bubble_ratio),
-        "peak_memory_bytes": float(np.max(result.peak_memory)),
+        "peak_memory_bytes": float(np.max(np.asarray(result.peak_memory))),  # np.max(jax array) compiles
         "peak_activation_bytes": max(activation_bytes_peaks(schedule, hw.activation_bytes, hw.size), default=0.0),
-        "fits": bool(np.all(result.fits)),
+        "fits": bool(np.all(np.asarray(result.fits))),
     }
 
 

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a small pipeline (4 stages, 8 microbatches)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     if args.fast:
         case(blocks=6, stages=4, device="A100", batch=16, microbatches=8, steps=100)
     else:

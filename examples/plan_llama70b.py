@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fast", action="store_true", help="a narrow search")
     parser.add_argument("--out", type=Path, default=Path("."), help="directory of the plot (default .)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
 
     model = dp.presets.model("llama-3-70b")
     cluster = dp.Cluster(device="H100", gpus=256)

@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a small pipeline (4 devices, 8 microbatches)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     devices, microbatches = (4, 8) if args.fast else (8, 32)
 
     # 1. A schedule is data: a placement and one order of ops per device.

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="one small configuration (14 blocks, 4 stages)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     if args.fast:
         case(blocks=14, stages=4, device="A100", link="nvlink3", microbatches=8, steps=100)
         return

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fast", action="store_true", help="a small grid (5 families, 4 devices)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: a new temp dir)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="diffpipe-sweep-"))
     out.mkdir(parents=True, exist_ok=True)
 

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fast", action="store_true", help="2 ranks, 4 microbatches, two schedules")
     parser.add_argument("--out", type=Path, default=None, help="folder for the CSV (default: a temporary one)")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     ranks, microbatches = (2, 4) if args.fast else (4, 8)
     chosen = TORCH_SCHEDULES[:2] if args.fast else TORCH_SCHEDULES
 

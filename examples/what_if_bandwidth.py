@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="4 devices, 8 microbatches, 9 bandwidths")
     args = parser.parse_args(argv)
+    dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
     devices, microbatches, points = (4, 8, 9) if args.fast else (8, 32, 41)
     bandwidths = np.logspace(8, 12, points)  # 0.1 GB/s .. 1 TB/s
 

@@ -5,6 +5,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The suite never writes into the user's compilation cache (the CLI and the examples keep one by
+# default): off for this process and every command it starts; tests of the cache give a folder.
+os.environ["DIFFPIPE_CACHE"] = "0"
+os.environ.pop("DIFFPIPE_CACHE_DIR", None)
+
 settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

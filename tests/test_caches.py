@@ -27,7 +27,7 @@ def test_clear_caches_empties_every_cache():
     hw = dp.Hardware.from_times(1.0, 2.0)
     dp.makespan(dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=4)), hw)  # bakes a graph
     dp.sweep(hw, families=["1f1b"], devices=[2], microbatches=[2])  # compiles through graph_of
-    dp.schedules.get("zb-v", devices=2, microbatches=4)  # the controllable-memory family's blocks
+    dp.schedules.get("v-schedule", devices=4, microbatches=8, memory=0.75)  # ranks the strided V blocks
     filled = _sizes()
     assert all(n > 0 for n in filled.values()), filled
     dp.clear_caches()

@@ -10,10 +10,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._graph import Graph
+from ._hardware import nan_checked
 from ._simulate import makespan, peak_memory
 
 #: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.
@@ -24,6 +24,7 @@ _BUCKETS = (64, 512)
 
 
 @eqx.filter_jit
+@nan_checked
 def _exact(graph: Graph, build: Any, inputs: Any):
     hws = jax.vmap(build)(inputs)
     times = makespan(graph, hws, batched=True)
@@ -49,7 +50,7 @@ def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype
         hi = min(lo + chunk, n)
         bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
         index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
-        batch = jax.tree.map(lambda x, index=index: jnp.asarray(np.asarray(x)[index], dtype), inputs)
+        batch = jax.tree.map(lambda x, index=index: jax.device_put(np.asarray(np.asarray(x)[index], dtype)), inputs)
         t, m = _exact(graph, build, batch)
         times[lo:hi] = np.asarray(t)[: hi - lo]
         memory[lo:hi] = np.asarray(m)[: hi - lo]

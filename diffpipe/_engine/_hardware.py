@@ -29,7 +29,10 @@ Cost model (summarised in docs/architecture.md, "The cost model"):
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -83,15 +86,59 @@ def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: b
         raise ConfigError(f"hardware: {name} must be {what}, got {float(got)!r}{hint}")
 
 
+#: How a check inside jit fails, while a diffpipe program is traced (``checks``): ``"raise"``, a host
+#: callback raising ``EquinoxRuntimeError`` (the default: inside a user's own ``jit`` the inputs are
+#: tracers and only the program can check them), or ``"nan"``, the checked value becomes NaN. A
+#: program with a host callback cannot be kept by JAX's persistent compilation cache, so diffpipe's
+#: programs for concrete inputs use ``"nan"`` and their callers check a NaN result's inputs eagerly
+#: (``Hardware.__check_init__`` names the culprit).
+_ON_ERROR: list[str] = []
+
+
+@contextlib.contextmanager
+def checks(on_error: str) -> Iterator[None]:
+    """Trace-time: the checks traced inside fail as ``on_error`` (``"raise"`` or ``"nan"``)."""
+    _ON_ERROR.append(on_error)
+    try:
+        yield
+    finally:
+        _ON_ERROR.pop()
+
+
+def on_error_for(*trees: Any) -> str:
+    """How the checks of a program about to be traced for ``trees`` fail: as the enclosing diffpipe
+    program's; else ``"nan"`` when every leaf is concrete (the caller can check them), else ``"raise"``."""
+    if _ON_ERROR:
+        return _ON_ERROR[-1]
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees))
+    return "raise" if traced else "nan"
+
+
+def nan_checked(fn: Any) -> Any:
+    """``fn`` with the checks it traces failing as NaN (``checks("nan")``): diffpipe's own programs
+    of inputs checked before (no host callback, so the compiled program can be kept on disk)."""
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with checks("nan"):
+            return fn(*args, **kwargs)
+
+    return traced
+
+
+def error_if(x: Array, pred: Array, message: str) -> Array:
+    """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one)."""
+    return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")
+
+
 def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
-    """The same check inside jit (``eqx.error_if``)."""
+    """The same check inside jit (``error_if``)."""
     bad = jnp.isnan(x) | (x < 0)
     if positive:
         bad = bad | (x <= 0)
     if not allow_inf:
         bad = bad | jnp.isinf(x)
-    return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
-                        f"{'' if allow_inf else ' and finite'}")
+    return error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
+                    f"{'' if allow_inf else ' and finite'}")
 
 
 #: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
@@ -348,6 +395,8 @@ class Hardware(eqx.Module):
     def per_device(self, graph: Graph) -> Array:
         x = self.capacity
         if x.ndim == 0:
+            if not isinstance(x, jax.core.Tracer):  # no eager op to compile
+                return jax.device_put(np.broadcast_to(np.asarray(x), (graph.devices,)))
             return jnp.broadcast_to(x, (graph.devices,))
         if x.shape == (graph.devices,):
             return x
@@ -437,7 +486,7 @@ class Hardware(eqx.Module):
 
     def _checked_overlap(self, graph: Graph) -> Array:
         x = _traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
-        return eqx.error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
+        return error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
 
     def _checked_kind_overhead(self) -> Array:
         if self.kind_overhead.shape != (len(OVERHEAD_KINDS),):

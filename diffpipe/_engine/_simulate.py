@@ -30,7 +30,7 @@ from ..schedules._analysis import staleness as schedule_staleness
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
-from ._hardware import CostTables, Hardware
+from ._hardware import CostTables, Hardware, checks, error_if, on_error_for
 
 
 def _temperature(temperature: Any, dtype) -> Array | None:
@@ -48,23 +48,29 @@ def _temperature(temperature: Any, dtype) -> Array | None:
         if value.shape != () or not (np.isfinite(value) and value > 0):
             raise ConfigError(f"temperature must be a positive finite scalar or None, got {value.tolist()!r}")
     t = jnp.asarray(temperature, dtype=dtype)
-    return eqx.error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
+    return error_if(t, ~(t > 0) | ~jnp.isfinite(t), "temperature must be positive and finite")
 
 
 _RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
 
 
-def _checked(fn, hw: Hardware, *args, **kwargs):
-    """``fn(*args)``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
-    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun)."""
+def _checked(fn, hw: Hardware, on_error: str, total=lambda out: out):
+    """``fn()``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
+    ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun). A
+    program traced with ``on_error="nan"`` (``_hardware.checks``: concrete inputs) reports a failed
+    check as a NaN makespan (``total(out)``): the eager checks then name the culprit."""
     try:
-        return fn(*args, **kwargs)
+        out = fn(on_error=on_error)
     except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
             hw.network.__check_init__()
             hw.__check_init__()  # raises ConfigError with the culprit and its value
         found = _RUNTIME_MESSAGE.findall(str(error))
         raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
+    if on_error == "nan" and not isinstance(total(out), jax.core.Tracer) and np.isnan(np.asarray(total(out))).any():
+        hw.network.__check_init__()
+        hw.__check_init__()
+    return out
 
 
 def _check_types(graph: Any, hw: Any) -> None:
@@ -84,13 +90,14 @@ def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
 
 
 def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
-                       adjoint: AbstractAdjoint) -> Array:
-    out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
+                       adjoint: AbstractAdjoint, on_error: str = "raise") -> Array:
+    with checks(on_error):
+        out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
     return out if batched else out[0]
 
 
 #: ``makespan`` for any graph (the graph's arrays are arguments: graphs of one structure share it).
-_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched",))
+_makespan = jax.jit(_evaluate_makespan, static_argnames=("batched", "on_error"))
 #: Per graph structure, single-variant ``makespan`` with the graph's arrays baked in as constants:
 #: XLA specialises the gathers and a call passes only the hardware (measured in
 #: benchmarks/bench_simulator.py: the same speed as the call inside a user's own ``jax.jit``).
@@ -122,7 +129,7 @@ def _baked(graph: Graph):
     key = _content_key(graph)
     function = _BAKED.get(key)
     if function is None:
-        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched",))
+        function = jax.jit(partial(_evaluate_makespan, graph), static_argnames=("batched", "on_error"))
         _BAKED[key] = function
     _SEEN[id(graph)] = (graph, function)
     return function
@@ -161,8 +168,8 @@ def makespan(
     tau, adjoint = _temperature(temperature, hw.forward.dtype), as_adjoint(adjoint)
     if (batched or graph.kind.shape[-1] > _BAKED_ROWS  # overhead amortised by the evaluation
             or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph))):  # e.g. vmapped stacked graphs
-        return _checked(_makespan, hw, graph, hw, tau, batched, adjoint)
-    return _checked(partial(_baked(graph), batched=batched), hw, hw, tau, adjoint=adjoint)
+        return _checked(partial(_makespan, graph, hw, tau, batched, adjoint), hw, on_error_for(hw, tau))
+    return _checked(partial(_baked(graph), hw, tau, adjoint=adjoint, batched=batched), hw, on_error_for(hw, tau))
 
 
 def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
@@ -170,7 +177,14 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
 
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
     maximum prefix sum of activation allocations (+ at F) and frees (- at B, or W when split).
+    Concrete arguments run as one compiled program (eagerly, each operation would compile alone).
     """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((graph, hw))):
+        return _peak_memory(graph, hw)
+    return _peak_memory_compiled(graph, hw)
+
+
+def _peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
     act = hw.per_stage("activation_bytes", graph)
     size = hw.per_microbatch(graph)
     nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
@@ -188,6 +202,9 @@ def static_memory(graph: Graph, hw: Hardware) -> Float[Array, " devices"]:
     weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""
     static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
     return jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
+
+
+_peak_memory_compiled = eqx.filter_jit(_peak_memory)
 
 
 def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:
@@ -273,11 +290,17 @@ def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None)
     callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
     ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
     arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
-    return _checked(_simulate_graph, hw, graph, hw, temperature)
+    return _checked(partial(_simulate_graph, graph, hw, temperature), hw, on_error_for(hw, temperature),
+                    lambda out: out.makespan)
 
 
 @eqx.filter_jit
-def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
+def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None, on_error: str = "raise") -> GraphTimes:
+    with checks(on_error):
+        return _simulate_graph_checked(graph, hw, temperature)
+
+
+def _simulate_graph_checked(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
     tables = _tables(graph, hw, False)
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
@@ -330,9 +353,16 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]
+    capacity = hw.per_device(graph)
+    if any(isinstance(x, jax.core.Tracer) for x in (start, memory, capacity)):
+        start, finish, fits, period = start[order], finish[order], memory <= capacity, jnp.diff(step_finish)
+    else:  # gathers, a comparison and differences: exact in NumPy, and no eager op compiles
+        start, finish = (jax.device_put(np.asarray(x)[order]) for x in (start, finish))  # jnp.asarray compiles
+        fits = jax.device_put(np.asarray(memory) <= np.asarray(capacity))
+        period = jax.device_put(np.diff(np.asarray(step_finish)))
     return Result(
-        start=start[order], finish=finish[order], makespan=total, busy=busy, bubble_ratio=bubble,
-        peak_memory=memory, peak_activations=count, fits=memory <= hw.per_device(graph),
-        communication_bytes=volume, step_finish=step_finish, period=jnp.diff(step_finish),
+        start=start, finish=finish, makespan=total, busy=busy, bubble_ratio=bubble,
+        peak_memory=memory, peak_activations=count, fits=fits,
+        communication_bytes=volume, step_finish=step_finish, period=period,
         ops=ops, staleness=stale,
     )

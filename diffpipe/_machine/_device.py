@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -86,7 +88,15 @@ class Device(eqx.Module):
     def seconds(self, flops: Any, bytes: Any = None, tokens: Any = None) -> Array:
         """Roofline seconds of ops of ``flops`` FLOPs moving ``bytes`` over matmuls of ``tokens``
         rows: ``max(flops / (peak_flops x kernel_efficiency(tokens)), bytes / memory_bandwidth)``;
-        ``bytes`` None has no memory roof, ``tokens`` None runs at the curve's maximum."""
+        ``bytes`` None has no memory roof, ``tokens`` None runs at the curve's maximum.
+        Concrete arguments run as one compiled program (each operation run eagerly would compile
+        alone, in every process); tracers stay in the caller's trace."""
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((self, flops, bytes, tokens))):
+            return self._seconds(flops, bytes, tokens)
+        unnamed = self if self.name == "custom" else dataclasses.replace(self, name="custom")  # static: one program
+        return _seconds(unnamed, flops, bytes, tokens)
+
+    def _seconds(self, flops: Any, bytes: Any = None, tokens: Any = None) -> Array:
         dtype = self.peak_flops.dtype
         flops = jnp.asarray(flops, dtype=dtype)
         rate = self.throughput if tokens is None else self.peak_flops * self.kernel_efficiency(tokens)
@@ -98,4 +108,9 @@ class Device(eqx.Module):
     def flat(self, efficiency: Any) -> Device:
         """This device with the flat curve ``efficiency`` (its memory bandwidth kept)."""
         return Device(self.peak_flops, self.memory, efficiency, self.memory_bandwidth, 0.0, name=self.name)
+
+
+#: ``Device.seconds`` of concrete arguments, compiled once per shape (and kept on disk with the
+#: compilation cache). The arguments are traced, never baked in, so XLA folds no constant.
+_seconds = eqx.filter_jit(Device._seconds)
 

@@ -39,7 +39,7 @@ from jax import lax
 
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
-from .._engine._hardware import STAGE_FIELDS, Hardware
+from .._engine._hardware import STAGE_FIELDS, Hardware, nan_checked
 from .._engine._simulate import makespan, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
@@ -177,6 +177,7 @@ def _plan_dict(plan: StagePlan) -> dict[str, Any]:
 
 # -- the continuous phase ----------------------------------------------------------------------------
 @eqx.filter_jit
+@nan_checked
 def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, stages):
     """Run ``optimizer`` from every start (``params`` leaves carry a leading ``starts`` axis)."""
     capacity = jnp.broadcast_to(workload.capacity, (graph.devices,))
@@ -369,7 +370,7 @@ def optimize(
     if "size" not in sets and workload.samples is not None:
         workload = dataclasses.replace(workload, samples=None)  # unused here; lets workloads share compiled code
     problem = Problem(workload, stages, micro, devices, holder, versions, _peak_in_flight(graph),
-                      1.0 if "size" in sets else float(np.max(workload.size)))
+                      1.0 if "size" in sets else float(np.max(np.asarray(workload.size))))
     for k in knobs:
         k.check(problem)
     if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
@@ -410,7 +411,7 @@ def optimize(
         raise ConfigError(f"optimize: the loss became non-finite at step {bad}; lower the learning rate or raise "
                           "the temperature")
     best = int(np.argmin(losses[:, -1]))
-    chosen = tuple(p[best] for p in params)
+    chosen = tuple(jax.device_put(np.asarray(p)[best]) for p in params)
     continuous_makespan = float(search.exact(tuple(np.asarray(x[best:best + 1]) for x in xs))[0][0])
 
     # Rounding every start's optimum, then the exact local search from the best rounded plan, from

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -60,6 +61,13 @@ def gradient_sync(schedule: Schedule) -> bool:
     own ``R`` or ``U`` ops (``compile`` refuses both at once)."""
     return not any(op.kind in ("R", "U") for op in schedule.ops)
 
+
+
+
+def _xp(values: Any) -> Any:
+    """NumPy where every value is concrete (float32 arithmetic element by element is IEEE-exact in
+    both, and NumPy compiles nothing), ``jax.numpy`` where one is traced."""
+    return jnp if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)) else np
 
 @dataclass(frozen=True, init=False)
 class Configuration:
@@ -166,13 +174,14 @@ class Configuration:
     def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for."""
         costs = self.costs() if costs is None else costs
-        dtype = self.cluster.device.throughput.dtype
-        total = jnp.zeros(costs.collective_bytes["tensor"].shape, dtype)
-        for group in GROUPS:
-            bandwidth, latency = self.cluster.link(self.placement.links[group])
-            total = total + (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
-                             + jnp.asarray(costs.collective_hops[group], dtype) * latency)
-        return total
+        dtype = self.cluster.device.peak_flops.dtype
+        links = [self.cluster.link(self.placement.links[group]) for group in GROUPS]
+        xp = _xp(links)
+        total = xp.zeros(costs.collective_bytes["tensor"].shape, dtype)
+        for group, (bandwidth, latency) in zip(GROUPS, links):
+            total = total + (xp.asarray(costs.collective_bytes[group], dtype) / xp.asarray(bandwidth)
+                             + xp.asarray(costs.collective_hops[group], dtype) * xp.asarray(latency))
+        return total if xp is jnp else jax.device_put(total)
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
@@ -190,13 +199,16 @@ class Configuration:
         dtype = forward.dtype
         comm = self.collective_seconds(costs)
         rows = tuple(np.bincount(self.stage_rows()).tolist())
+        xp = _xp((forward, input_grad, weight, comm, self.cluster.memory_bandwidth))
+        forward, input_grad, weight, comm = (xp.asarray(x) for x in (forward, input_grad, weight, comm))
+        put = (lambda x: x) if xp is jnp else jax.device_put  # jnp.asarray of a NumPy array compiles
         return Workload.from_table(
-            forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
-            update=jnp.asarray(costs.update_bytes, dtype) / self.cluster.memory_bandwidth,
-            static_bytes=jnp.asarray(costs.static_bytes, dtype),
-            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
-            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
-            output_bytes=jnp.asarray(costs.output_bytes, dtype),
+            put(forward + comm[_F]), put(input_grad + comm[_I]), put(weight + comm[_W]),
+            update=put(xp.asarray(costs.update_bytes, dtype) / xp.asarray(self.cluster.memory_bandwidth)),
+            static_bytes=put(xp.asarray(costs.static_bytes, dtype)),
+            gradient_bytes=put(xp.asarray(costs.gradient_bytes, dtype)),
+            activation_bytes=put(xp.asarray(costs.activation_bytes, dtype)),
+            output_bytes=put(xp.asarray(costs.output_bytes, dtype)),
             capacity=device.memory, network=self.network(), samples=float(self.model.microbatch_size),
             layers_per_stage=rows, shared_static_bytes=costs.shared_static_bytes,
             shared_gradient_bytes=costs.shared_gradient_bytes,

@@ -53,13 +53,13 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
 from .._caches import BoundedDict, bounded
 from .._checks import check_int, check_number, is_int
 from .._choices import RECOMPUTE, ZERO_STAGES
+from .._engine._hardware import nan_checked
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -305,6 +305,7 @@ def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, sty
 
 
 @eqx.filter_jit
+@nan_checked
 def _batched(graph, hws):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
     (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last layout)."""
@@ -316,7 +317,9 @@ def _batched(graph, hws):
 
 
 def _stack(hws: Sequence[Any]) -> Any:
-    return jax.tree.map(lambda *x: jnp.stack(x), *hws)
+    """One batched ``Hardware``: stacked in NumPy (exact) and put on the device once per leaf
+    (``jnp.stack`` compiles a program per shape and count)."""
+    return jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *hws)
 
 
 #: The ``ConfigResult`` figures a plan row reports.

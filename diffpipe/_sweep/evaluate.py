@@ -29,7 +29,7 @@ from jaxtyping import Array
 from .._caches import BoundedDict
 from .._engine._evaluate import batched_makespan
 from .._engine._graph import KIND_CODES, Graph, stack_graphs
-from .._engine._hardware import Hardware
+from .._engine._hardware import Hardware, nan_checked
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
 from .variants import as_hardware, pad_variants
 
@@ -175,7 +175,7 @@ def _evaluator(mesh: Mesh, axis: int) -> Callable:
             mapped = chunk_metrics
         else:  # check_vma=False: equinox's runtime checks (error_if) are not annotated for shard_map
             mapped = jax.shard_map(chunk_metrics, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
-        _EVALUATORS[key] = eqx.filter_jit(mapped)
+        _EVALUATORS[key] = eqx.filter_jit(nan_checked(mapped))  # checked hardware: no host callback
     return _EVALUATORS[key]
 
 

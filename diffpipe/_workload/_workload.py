@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -193,7 +194,8 @@ class Workload(eqx.Module):
         share = costs.parameters / costs.parameters.sum()
         return cls.from_table(
             forward, input_grad, weight,
-            update=jnp.asarray(update, dtype) * jnp.asarray(share, dtype),
+            update=(jnp.asarray(update, dtype) * jnp.asarray(share, dtype) if isinstance(update, jax.core.Tracer)
+                    else jax.device_put(np.asarray(update, dtype) * np.asarray(share, dtype))),
             static_bytes=jnp.asarray(costs.static_bytes, dtype),
             gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
             activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
@@ -222,6 +224,10 @@ class Workload(eqx.Module):
 
     def boundaries(self, layers_per_stage: Sequence[int] | Array) -> Float[Array, "... stages+1"]:
         """Stage boundary positions ``[0, c_0, c_0 + c_1, ..., layers]`` of integer splits."""
+        if not isinstance(layers_per_stage, (jax.Array, jax.core.Tracer)):  # sums of small integers: exact
+            counts = np.asarray(layers_per_stage).astype(self.forward.dtype)
+            zero = np.zeros((*counts.shape[:-1], 1), dtype=counts.dtype)
+            return jax.device_put(np.concatenate([zero, np.cumsum(counts, axis=-1)], axis=-1))
         counts = jnp.asarray(layers_per_stage)
         zero = jnp.zeros((*counts.shape[:-1], 1), dtype=self.forward.dtype)
         return jnp.concatenate([zero, jnp.cumsum(counts.astype(self.forward.dtype), axis=-1)], axis=-1)
@@ -246,7 +252,11 @@ class Workload(eqx.Module):
         x = jnp.asarray(boundaries, dtype=self.forward.dtype)
         if x.ndim != 1 or x.shape[0] < 2:
             raise ConfigError(f"workload: boundaries must be [stages + 1] positions, got shape {x.shape}")
+        if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, x))):
+            return self._stage_fields(x)
+        return _stage_fields(self, x)  # concrete: one compiled program, not one per operation
 
+    def _stage_fields(self, x: Float[Array, " stages+1"]) -> dict[str, Array]:
         def per_stage(q: Array) -> Array:
             return jnp.diff(_cumulative_at(q, x))
 
@@ -320,7 +330,7 @@ def hardware_from_model(
         raise ConfigError(f"from_model expects a Network, got {type(network).__name__}")
     stage = stage_of_layers(model, stages, layers_per_stage)
     rows = np.bincount(stage)  # layer-table rows per stage (every stage has at least one)
-    dtype = device.throughput.dtype
+    dtype = device.peak_flops.dtype  # the throughput's, without an eager multiply
     size = jnp.asarray(size, dtype=dtype)
     if microbatches is not None:
         if not is_positive_int(microbatches):
@@ -331,6 +341,10 @@ def hardware_from_model(
     workload = Workload.from_model(model, device, network, overhead=overhead)
     hw = workload.hardware(workload.boundaries(tuple(rows.tolist())), size)
     return eqx.tree_at(lambda h: h.update, hw, jnp.asarray(update, dtype=dtype))  # per stage, as given
+
+
+#: ``Workload.stage_fields`` of a concrete workload, compiled once per shape.
+_stage_fields = eqx.filter_jit(Workload._stage_fields)
 
 
 def _cumulative_at(q: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:

@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import schedules
+from .._caches import (
+    CACHE_SWITCH,
+    clear_compilation_cache,
+    compilation_cache_info,
+    compilation_cache_root,
+)
 from .._checks import is_int
 from .._choices import COMMUNICATION_MODES
 from .._errors import ConfigError, ScheduleError
@@ -124,6 +130,31 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
 
 
 # -- commands --------------------------------------------------------------------------------------
+def _cmd_cache(args: argparse.Namespace) -> None:
+    if args.action == "clear":
+        removed = clear_compilation_cache()
+        if args.json:
+            _print_json({"removed": [str(p) for p in removed]})
+            return
+        for folder in removed:
+            print(f"removed {folder}")
+        if not removed:
+            print(f"nothing to remove under {compilation_cache_root()}")
+        return
+    info = compilation_cache_info()
+    if args.json:
+        _print_json(info)
+        return
+    state = "on" if info["enabled"] else f"off ({CACHE_SWITCH}=0)"
+    print(f"compilation cache  {state}")
+    print(f"  path             {info['path']}")
+    print(f"  entries          {info['entries']}")
+    print(f"  size             {info['bytes'] / 2**20:.1f} MiB")
+    for other in info["other_versions"]:
+        print(f"  other version    {other['path']}: {other['entries']} entries, {other['bytes'] / 2**20:.1f} MiB "
+              "(unused; 'diffpipe cache clear' removes it)")
+
+
 def _cmd_list(args: argparse.Namespace) -> None:
     rows = []
     for name in schedules.names():

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _io
+from .._caches import enable_compilation_cache
 from .._errors import ConfigError, ScheduleError
 from ._args import (
     DEFAULT_DEVICES,
@@ -51,6 +52,7 @@ from ._args import (
     _UsageError,
 )
 from ._commands import (
+    _cmd_cache,
     _cmd_calibrate,
     _cmd_compare,
     _cmd_export,
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "export them.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--no-cache", action="store_true", dest="no_cache",
+                        help="do not keep compiled programs on disk (also DIFFPIPE_CACHE=0)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, example: str, sizes: bool = True) -> argparse.ArgumentParser:
@@ -176,7 +180,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="TOML", help="write a machine file the other commands read (--config)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_calibrate)
+    p = command("cache", "the compiled programs kept on disk between runs: where, how many, how large; or "
+                "remove them (DIFFPIPE_CACHE=0 or --no-cache: keep none; DIFFPIPE_CACHE_DIR=PATH: keep them there)",
+                "diffpipe cache info", sizes=False)
+    p.add_argument("action", choices=["info", "clear"], help="info: path, entries and size; clear: remove them")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_cmd_cache)
     return parser
+
+
+#: The commands that compile with JAX (export only with --gantt or --trace).
+_COMPILING = ("simulate", "compare", "optimize", "sweep", "plan", "calibrate")
+
+
+def _compiles(args: argparse.Namespace) -> bool:
+    if args.command == "export":
+        return bool(args.gantt or args.trace)
+    return args.command in _COMPILING
+
+
+def _keep_compiled(args: argparse.Namespace) -> None:
+    """JAX's persistent compilation cache for a command that compiles, unless turned off."""
+    if getattr(args, "no_cache", False) or not _compiles(args):
+        return
+    enable_compilation_cache()
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -318,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
     try:
         args = build_parser().parse_args(argv)
+        _keep_compiled(args)
         args.run(args)
     except _UsageError as error:
         code, line, caught = 2, f"diffpipe: error: {error}", error

@@ -26,7 +26,7 @@ from .. import _io
 from .._caches import bounded
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
-from .._engine._hardware import Hardware
+from .._engine._hardware import Hardware, nan_checked
 from .._engine._simulate import Result, simulate, simulate_graph, static_memory
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
@@ -228,7 +228,7 @@ def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:
 
 @bounded(1)
 def _jitted_costs():
-    return eqx.filter_jit(lambda graph, hw: hw.costs(graph))
+    return eqx.filter_jit(nan_checked(lambda graph, hw: hw.costs(graph)))
 
 
 def _costs(graph: Any, hw: Any):
