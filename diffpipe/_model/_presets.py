@@ -78,6 +78,13 @@ def models() -> tuple[str, ...]:
     return tuple(MODELS)
 
 
+def longest_context(name: str) -> int:
+    """The longest context of model preset ``name``: its ``max_position_embeddings`` (the
+    pre-training sequence for a preset given as ``Transformer`` fields)."""
+    spec = MODELS[model_key(name)]
+    return int(spec.config["max_position_embeddings"]) if spec.hf else spec.sequence
+
+
 def model(name: str, **overrides: Any) -> Transformer:
     """The ``Transformer`` preset ``name`` (case-insensitive; see ``MODELS``) at its pre-training
     sequence length; ``overrides`` set any field (``microbatch_size=2``, ``recompute="selective"``,

@@ -19,6 +19,14 @@ from ._guards import MAX_OPS
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
+#: The sequence length of a training configuration when neither a flag nor a file gives one: the
+#: pre-training length of today's open recipes (Llama 3: 8,192 tokens before its long-context
+#: stage, Dubey et al. 2024 §3.4; Megatron-LM's and torchtitan's Llama 3 examples train at 8,192),
+#: not the model's longest context (131,072 in a Llama 3.1 config.json). ``--sequence max`` asks for that.
+DEFAULT_SEQUENCE = 8192
+#: Fused (flash) attention unless ``--no-flash-attention``: Megatron-LM's default attention backend
+#: and torchtitan's SDPA both run a fused kernel, storing no ``s x s`` tensors.
+DEFAULT_FLASH_ATTENTION = True
 #: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
 #: ``Transformer.recompute`` modes (``_transformer.RECOMPUTE``), copied for the same reason (tested).
@@ -57,6 +65,19 @@ def _integer_at_least(minimum: int) -> Callable[[str], int]:
 
 
 _count = _integer_at_least(1)
+
+
+def _sequence(text: str) -> int | str:
+    """``--sequence``: tokens per sample, or ``max`` (the model's longest context)."""
+    if text.strip().lower() == "max":
+        return "max"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'max', got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -154,14 +175,15 @@ def _zero(text: str) -> int:
 _CONFIG_FLAGS = (
     _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())"),
     _Flag("--hf-config", "hf_config", "training", "a Hugging Face config.json", metavar="PATH"),
-    _Flag("--sequence", "sequence", "training", "tokens per sample (default: the model's)", _count),
+    _Flag("--sequence", "sequence", "training", f"tokens per sample (default {DEFAULT_SEQUENCE:,}; 'max': the "
+          "model's longest context)", _sequence, metavar="N|max"),
     _Flag("--microbatch-size", "microbatch_size", "training", "samples per microbatch", _count, search="list",
           default="1,2,4,8", alias="--microbatch-sizes"),
     _Flag("--global-batch", "global_batch", "training", "samples per optimizer step", _count),
     _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE_MODES,
           search="list", default="all"),
-    _Flag("--flash-attention", "flash_attention", "training", "fused attention (no s x s tensors stored)",
-          switch=True),
+    _Flag("--flash-attention", "flash_attention", "training", "fused attention, no s x s tensors stored (default: "
+          "on; --no-flash-attention: off)", switch=True),
     _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",
           default="every divisor of a node", alias="--tensor"),
     _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",
@@ -230,7 +252,7 @@ def _add_training(p: argparse.ArgumentParser, plan: bool = False) -> None:
             g.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{f.help}: only with it, or only without (default: search both)")
         elif f.switch:
-            g.add_argument(*names, dest=f.key, action="store_true", default=None, help=f.help)
+            g.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, default=None, help=f.help)
         elif plan and f.search == "list":
             g.add_argument(*names, dest=f.key, type=_listed(f.parse, f.choices),
                            metavar=f.metavar or ("N[,N...]" if f.parse else "NAME[,NAME...]"),

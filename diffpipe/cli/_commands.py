@@ -37,6 +37,7 @@ from ._inputs import (
     _machine_flags,
     _model,
     _schedule,
+    _settings_line,
     _Training,
     _training,
     _wants_configuration,
@@ -62,12 +63,14 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     if outputs:
         _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
     summary = _configuration_summary(cfg, schedule, result, training.label)
+    summary["settings"] = training.settings
     if args.json:
         _print_json(summary)
         return
     gb = 1e9
     r = result
     print(f"{schedule.family} {dict(schedule.options) or ''}: {training.label}".replace("  ", " "))
+    print(f"  {_settings_line(training.settings)}")
     print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
                                                         f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
@@ -101,12 +104,13 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     results = {entry.name: configs[s].evaluate() for entry, s in zip(comparison.entries, configs)}
     if args.json:
         data = json.loads(comparison.to_json())
-        data["configuration"] = {"machine": training.label,
+        data["configuration"] = {"machine": training.label, "settings": training.settings,
                                  "results": {name: r.to_dict() for name, r in results.items()}}
         _print_json(data)
         return
     print(comparison.to_markdown() if args.markdown else comparison)
     print(f"\nwhole step of each schedule: {training.label}")
+    print(f"  {_settings_line(training.settings)}")
     width = max(len(n) for n in results)
     print(f"  {'schedule':<{width}}  step(s)  tokens/s/GPU    MFU  memory/GPU(GB)  fits")
     for name, r in results.items():
@@ -368,7 +372,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
     _check_outputs(("--out", args.out, None))
-    train, par, clu = _configuration_values(args, _Config())
+    train, par, clu, settings = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
     model, name = _model(train, ("flash_attention",))
@@ -399,6 +403,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         _write_all([("--out", args.out, text)])
     if args.json:
         data = table.to_dict()
+        data["settings"] = settings
         data["rows"] = data["rows"][: args.top]
         if text is not None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
@@ -406,6 +411,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         return
     print(f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
           f"{table.model.sequence} tokens")
+    print(_settings_line(settings))
     print(table.to_markdown(args.top), end="")
     if text is not None:
         which = "the best row" if exported == 0 else f"row {exported + 1}, the fastest it runs"
