@@ -64,3 +64,40 @@ def test_sequence_from_a_file_names_the_file(tiny, tmp_path):
 def test_bad_sequence_is_one_line(tiny):
     code, _, err = run(["simulate", "--hf-config", tiny, "--global-batch", 8, "--sequence", "long"])
     assert code == 2 and "expected an integer >= 1 or 'max'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_base_install_brings_matplotlib_and_tqdm():
+    import tomllib
+    from pathlib import Path
+
+    data = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    names = {d.split(">")[0].split("=")[0].split("[")[0].strip() for d in data["project"]["dependencies"]}
+    assert {"matplotlib", "tqdm"} <= names
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        _main.main(["--version"])
+    assert exit.value.code == 0 and capsys.readouterr().out.startswith("diffpipe ")
+
+
+@pytest.mark.parametrize("what, name", [("devices", "MI300X"), ("networks", "nvl72"), ("models", "deepseek-v3")])
+def test_list_presets(what, name):
+    from diffpipe import presets
+
+    code, out, _ = run(["list", what])
+    assert code == 0 and name in out and f"diffpipe list {what} --json" in out
+    code, out, _ = run(["list", what, "--json"])
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == list(presets.preset_names()[what])
+    if what == "devices":
+        h100 = next(r for r in rows if r["name"] == "H100")
+        assert h100["memory_gb"] == pytest.approx(presets.DEVICES["H100"].memory / 1e9)
+
+
+def test_device_help_says_where_all_presets_are():
+    code, out, _ = 0, io.StringIO(), None
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        _main.main(["plan", "--help"])
+    text = " ".join(out.getvalue().split())
+    assert "all: diffpipe list devices" in text and "all: diffpipe list models" in text

@@ -173,7 +173,7 @@ def _zero(text: str) -> int:
 
 
 _CONFIG_FLAGS = (
-    _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())"),
+    _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; all: diffpipe list models)"),
     _Flag("--hf-config", "hf_config", "training", "a Hugging Face config.json", metavar="PATH"),
     _Flag("--sequence", "sequence", "training", f"tokens per sample (default {DEFAULT_SEQUENCE:,}; 'max': the "
           "model's longest context)", _sequence, metavar="N|max"),
@@ -199,10 +199,13 @@ _CONFIG_FLAGS = (
           "Megatron's sequence parallelism in the tensor group", switch=True, search="both"),
     _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x pp x dp; plan: "
           "required, or --cluster)", _count),
-    _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100", metavar="GPUSxDEVICE"),
-    _Flag("--device", "device", "cluster", "device preset (default H100)", machine=True),
-    _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4)", machine=True),
-    _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr)", machine=True),
+    _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100 (devices: diffpipe list "
+          "devices)", metavar="GPUSxDEVICE"),
+    _Flag("--device", "device", "cluster", "device preset (default H100; all: diffpipe list devices)", machine=True),
+    _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4; all: diffpipe list networks)",
+          machine=True),
+    _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr; all: diffpipe list networks)",
+          machine=True),
     _Flag("--devices-per-node", "devices_per_node", "cluster",
           "GPUs per node (default: the intra link's switch domain, 8 for NVLink)", _count, machine=True),
 )
@@ -290,9 +293,9 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backward", type=_seconds, help="seconds per stage input-gradient backward")
     g.add_argument("--weight", type=_seconds, help="seconds per stage weight-gradient backward")
     g.add_argument("--p2p", type=_seconds, help="seconds per cross-device transfer")
-    g.add_argument("--device", help="device preset (A100, H100, H200)")
-    g.add_argument("--intra", help="intra-node network preset (nvlink3, nvlink4, ib-ndr, 100gbe)")
-    g.add_argument("--inter", help="inter-node network preset")
+    g.add_argument("--device", help="device preset (A100, H100, H200, B200, MI300X, ...; all: diffpipe list devices)")
+    g.add_argument("--intra", help="intra-node network preset (nvlink4, ...; all: diffpipe list networks)")
+    g.add_argument("--inter", help="inter-node network preset (ib-ndr, ...; all: diffpipe list networks)")
     g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
     g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
 

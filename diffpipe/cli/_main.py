@@ -57,6 +57,18 @@ from ._commands import (
 )
 
 _natural = _integer_at_least(0)
+#: What ``diffpipe list`` lists.
+LISTS = ("families", "devices", "networks", "models")
+
+
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``), without importing the package's JAX parts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("diffpipe")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "export them.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"diffpipe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, example: str, sizes: bool = True) -> argparse.ArgumentParser:
@@ -73,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p, sizes)
         return p
 
-    p = command("list", "schedule families and their options", "diffpipe list --json", sizes=False)
+    p = command("list", "schedule families and their options, or the device, network and model presets",
+                "diffpipe list devices --json", sizes=False)
+    p.add_argument("what", nargs="?", choices=LISTS, default="families",
+                   help="what to list (default families)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_list)
 
