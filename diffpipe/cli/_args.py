@@ -32,7 +32,8 @@ COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous"
 #: ``Transformer.recompute`` modes (``_transformer.RECOMPUTE``), copied for the same reason (tested).
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
-SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
+SWEEP_UNITS = ("units: makespan in s, throughput in microbatches/s, peak memory in GB (10^9 bytes), bubble in % of "
+               "the makespan (--csv and --json-out keep SI units: s, bytes, a fraction)")
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from .. import schedules
 from .._checks import is_int
 from .._errors import ConfigError, ScheduleError
+from .._progress import Progress
 from ._args import (
     COMMUNICATION_MODES,
     DEFAULT_DEVICES,
@@ -49,6 +50,7 @@ from ._outputs import (
     _print_json,
     _simulation_summary,
     _strict,
+    _with_units,
     _write_all,
 )
 
@@ -57,11 +59,14 @@ _natural = _integer_at_least(0)
 
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
-    cfg = training.build(max_ops=args.max_ops)
-    result = cfg.evaluate()
-    schedule = cfg.schedule()
-    if outputs:
-        _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
+    with Progress("simulate") as bar:
+        bar.stage("compiling and simulating one step")
+        cfg = training.build(max_ops=args.max_ops)
+        result = cfg.evaluate()
+        schedule = cfg.schedule()
+        if outputs:
+            bar.stage("drawing")
+            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:
@@ -76,14 +81,15 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
     print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
-          f"{'fits' if r.fits else 'does NOT fit'}")
+          f"{'fits' if r.fits else 'does NOT fit'} (at most {r.usable / gb:.1f} GB: {r.headroom:.0%} kept free, "
+          "as plan does)")
     print(f"  bubble          {100 * r.bubble_ratio:.1f}%   blocking collectives {100 * r.communication_share:.1f}%"
           f" of the step")
     print(f"  microbatches    {r.microbatches} per pipeline ({cfg.global_batch} = {cfg.model.microbatch_size} x "
           f"{r.microbatches} x {cfg.parallelism.data} data-parallel)")
     print("  rank  busy(s)  peak memory(GB)  fits")
     for d, mem in enumerate(r.memory):
-        print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.capacity else 'NO'}")
+        print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.usable else 'NO'}")
 
 
 def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
@@ -100,12 +106,18 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
         return configs[schedule].hardware()
 
     hardware.__name__ = training.label  # compare names the machine by it
-    comparison = compare(list(configs), hardware)
-    results = {entry.name: configs[s].evaluate() for entry, s in zip(comparison.entries, configs)}
+    with Progress("compare") as bar:
+        bar.stage("comparing at three levels (compiling and simulating)")
+        comparison = compare(list(configs), hardware)
+        bar.stage("simulating each whole step", len(configs))
+        results = {}
+        for entry, s in zip(comparison.entries, configs):
+            results[entry.name] = configs[s].evaluate()
+            bar.update(1)
     if args.json:
         data = json.loads(comparison.to_json())
         data["configuration"] = {"machine": training.label, "settings": training.settings,
-                                 "results": {name: r.to_dict() for name, r in results.items()}}
+                                 "results": {name: _with_units(r.to_dict()) for name, r in results.items()}}
         _print_json(data)
         return
     print(comparison.to_markdown() if args.markdown else comparison)
@@ -116,6 +128,9 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     for name, r in results.items():
         print(f"  {name:<{width}}  {r.step_time:7.3f}  {r.tokens_per_second_per_gpu:12,.0f}  {100 * r.mfu:4.1f}%"
               f"  {r.memory_per_gpu / 1e9:14.1f}  {'yes' if r.fits else 'NO'}")
+    first = next(iter(results.values()))
+    print(f"  (fits: at most {first.usable / 1e9:.1f} GB of {first.capacity / 1e9:.0f} GB, {first.headroom:.0%} "
+          "kept free, as plan does)")
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -212,27 +227,30 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     machine = _machine(args, config)
     from .._engine._simulate import simulate
 
-    hw = machine.hardware(schedule)
-    result = simulate(schedule, hw)
-    summary = _simulation_summary(schedule, result, machine)
-    if outputs:
-        _write_all(_pictures(args, schedule, hw, result))
+    with Progress("simulate") as bar:
+        bar.stage("compiling and simulating")
+        hw = machine.hardware(schedule)
+        result = simulate(schedule, hw)
+        summary = _simulation_summary(schedule, result, machine)
+        if outputs:
+            bar.stage("drawing")
+            _write_all(_pictures(args, schedule, hw, result))
     if args.json:
         _print_json(summary)
         return
-    gib = 2**30
+    gb = 1e9
     print(f"{schedule.family} {dict(schedule.options) or ''} on {machine.name}".replace("  ", " "))
     rate, bubble = summary["microbatches_per_s"], summary["bubble_ratio"]
     rate_text = "undefined: no work" if rate is None else f"{rate:.1f} microbatches/s"
     print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({rate_text})")
-    print(f"  bubble ratio   {'undefined (zero makespan)' if bubble is None else f'{bubble:.3f}'}")
-    print(f"  communication  {summary['communication_bytes'] / gib:.3f} GiB")
+    print(f"  bubble         {'undefined (zero makespan)' if bubble is None else f'{100 * bubble:.1f}%'}")
+    print(f"  communication  {summary['communication_bytes'] / gb:.3f} GB")
     if "step_period_s" in summary:
         periods = ", ".join(f"{p * 1e3:.3f}" for p in summary["step_period_s"])
         print(f"  step period    {periods} ms   max staleness {summary['max_staleness']}")
-    print("  device  busy(ms)  peak memory(GiB)  activations  fits")
+    print("  device  busy(ms)  peak memory(GB)  activations  fits")
     for d in range(schedule.devices):
-        print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gib:16.2f}"
+        print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gb:15.2f}"
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
 
 
@@ -275,8 +293,10 @@ def _cmd_compare(args: argparse.Namespace) -> None:
                         (COMPARE_MICROBATCHES if microbatches is None else microbatches) * units, dict(opts),
                         args.max_ops)
     machine = _machine(args, config)
-    comparison = compare(items, machine.hardware if machine.given else None,
-                         devices=devices, microbatches=microbatches)
+    with Progress("compare") as bar:
+        bar.stage("comparing at three levels (compiling and simulating)")
+        comparison = compare(items, machine.hardware if machine.given else None,
+                             devices=devices, microbatches=microbatches)
     if args.json:
         sys.stdout.write(_strict(comparison.to_json()))
     elif args.markdown:
@@ -307,7 +327,9 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
         batch = machine.model.microbatch_size * schedule.microbatches if args.batch is None else args.batch
         knobs.append(MicrobatchSplit(batch, schedule.microbatches))
     steps = {} if args.steps is None else {"steps": args.steps}
-    result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
+    with Progress("optimize") as bar:
+        bar.stage("optimizing (compiling, gradient descent, exact verification)")
+        result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
     plan, base = result.plan, result.baseline_plan
     out = {
         "family": schedule.family, "devices": schedule.devices, "stages": schedule.stages,
@@ -373,7 +395,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     from .._sweep import sweep
 
     result = sweep(machine.hardware, families=families, options=options or None, communication=modes,
-                   progress=False if args.json else None, **sizes)
+                   progress=None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),
         ("--markdown-out", args.markdown_out, lambda: f"{result.to_markdown()}\n{SWEEP_UNITS}\n")) if path]
@@ -433,9 +455,10 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             "zero": par.get("zero"), "sequence_parallel": par.get("sequence_parallel")}
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
                  **{k: tuple(v) if isinstance(v, list) else v for k, v in axes.items() if v is not None},
-                 headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None)
+                 headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
+                 export=args.export if args.export in ("megatron", "torchtitan") else None)
     text, exported = None, None
-    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i))) + "\n",
+    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i), table.model_of(i))) + "\n",
                  "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
                  "csv": lambda i: to_torch_csv(table.configuration(i).schedule())}
     if args.export:  # the fastest row the framework can run (e.g. Megatron-LM runs no zb-h1)
@@ -453,7 +476,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     if args.json:
         data = table.to_dict()
         data["settings"] = settings
-        data["rows"] = data["rows"][: args.top]
+        data["rows"] = [_with_units({**r, "headroom": table.headroom}) for r in data["rows"][: args.top]]
         if text is not None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
         _print_json(data)

@@ -57,6 +57,8 @@ from ._commands import (
 )
 
 _natural = _integer_at_least(0)
+#: ``diffpipe._plan._configuration.HEADROOM``, copied so that parsing never imports JAX (tested).
+HEADROOM = 0.1
 #: What ``diffpipe list`` lists.
 LISTS = ("families", "devices", "networks", "models")
 
@@ -163,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training(p, plan=True)
     p.add_argument("--families", type=_listed(), metavar="NAME[,NAME...]",
                    help="schedule families to search, comma-separated (default: dp.plan's)")
-    p.add_argument("--headroom", type=float, default=0.1, help="memory fraction kept free (default 0.1)")
+    p.add_argument("--headroom", type=float, default=HEADROOM,
+                   help=f"memory fraction kept free (default {HEADROOM}, the rule simulate's 'fits' uses)")
     p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
                    help="balance the stages of the best N by gradient (default 3; 0: off)")
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
