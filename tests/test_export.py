@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import shlex
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -392,3 +393,30 @@ def test_export_problem_is_one_list():
     assert "ZeRO-1" in export_problem("torchtitan", "interleaved-1f1b", par, 32)
     with pytest.raises(dp.ConfigError, match="unknown framework"):
         export_problem("deepspeed", "1f1b", par, 8)
+
+
+MEGATRON_LIST = Path(__file__).resolve().parent / "data" / "megatron_arguments_d98e8a6.txt"
+
+
+@pytest.mark.skipif(not MEGATRON_LIST.exists(), reason="the fetched Megatron-LM argument list (branch fwdata) is "
+                                                       "not merged yet")
+@pytest.mark.parametrize("name", ["llama-3-70b", "mixtral-8x7b", "deepseek-v3", "qwen2.5-72b", "gpt-3-175b"])
+def test_megatron_flags_are_in_megatron_s_own_list(name):
+    # tests/data/megatron_arguments_d98e8a6*.txt: every option string of Megatron-LM d98e8a6's parser
+    # (add_megatron_arguments), and those that take no value
+    known = {line.strip() for line in MEGATRON_LIST.read_text().splitlines() if line.startswith("--")}
+    novalue_path = MEGATRON_LIST.with_name("megatron_arguments_d98e8a6_novalue.txt")
+    novalue = {line.strip() for line in novalue_path.read_text().splitlines() if line.startswith("--")}
+    model = dp.presets.model(name, flash_attention=True)
+    for cfg in LAUNCHES:
+        for zero in (0, 1, 2, 3):
+            cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, zero=zero))
+            per = model.layers // cfg.parallelism.stages
+            split = (per,) * (cfg.parallelism.stages - 1) + (model.layers - per * (cfg.parallelism.stages - 1),)
+            args = dp.megatron_args(dataclasses.replace(cfg, layers_per_stage=split), model)
+            for i, arg in enumerate(args):
+                if not arg.startswith("--"):
+                    continue
+                assert arg in known, arg
+                takes_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+                assert takes_value == (arg not in novalue), arg
