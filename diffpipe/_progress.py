@@ -71,7 +71,7 @@ class Progress:
                 tqdm = None
             self._tqdm = tqdm
         self._thread = None
-        if self.enabled and show_now:
+        if self.enabled and self.delay <= 0:
             self._show()
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name=f"diffpipe-{label}-progress", daemon=True)
