@@ -45,12 +45,12 @@ if TYPE_CHECKING:
     from ._engine._simulate import makespan as makespan
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
+    from ._io import write_atomic as write_atomic
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
     from ._model._transformer import Transformer as Transformer
     from ._model._transformer import layer_costs as layer_costs
     from ._optimize._baselines import StagePlan as StagePlan
-    from ._io import write_atomic as write_atomic
     from ._optimize._baselines import brute_force_partition as brute_force_partition
     from ._optimize._baselines import compositions as compositions
     from ._optimize._baselines import evaluate_plans as evaluate_plans
