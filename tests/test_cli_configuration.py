@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import diffpipe as dp
-from diffpipe._model._transformer import RECOMPUTE
 from diffpipe import cli
+from diffpipe._model._transformer import RECOMPUTE
 from diffpipe.cli._outputs import UNIT_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
