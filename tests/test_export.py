@@ -398,12 +398,10 @@ def test_export_problem_is_one_list():
 MEGATRON_LIST = Path(__file__).resolve().parent / "data" / "megatron_arguments_d98e8a6.txt"
 
 
-@pytest.mark.skipif(not MEGATRON_LIST.exists(), reason="the fetched Megatron-LM argument list (branch fwdata) is "
-                                                       "not merged yet")
 @pytest.mark.parametrize("name", ["llama-3-70b", "mixtral-8x7b", "deepseek-v3", "qwen2.5-72b", "gpt-3-175b"])
 def test_megatron_flags_are_in_megatron_s_own_list(name):
     # tests/data/megatron_arguments_d98e8a6*.txt: every option string of Megatron-LM d98e8a6's parser
-    # (add_megatron_arguments), and those that take no value
+    # (add_megatron_arguments), and those that take no value (docs/framework-notes.md §1a)
     known = {line.strip() for line in MEGATRON_LIST.read_text().splitlines() if line.startswith("--")}
     novalue_path = MEGATRON_LIST.with_name("megatron_arguments_d98e8a6_novalue.txt")
     novalue = {line.strip() for line in novalue_path.read_text().splitlines() if line.startswith("--")}
