@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ._engine._simulate import makespan as makespan
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
+    from ._io import write_atomic as write_atomic
     from ._levels import kendall_tau as kendall_tau
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from ._model._transformer import layer_costs as layer_costs
     from ._optimize._baselines import StagePlan as StagePlan
     from ._optimize._baselines import brute_force_partition as brute_force_partition
+    from ._optimize._baselines import compositions as compositions
     from ._optimize._baselines import evaluate_plans as evaluate_plans
     from ._optimize._baselines import minmax_partition as minmax_partition
     from ._optimize._knobs import AbstractKnob as AbstractKnob
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
     from ._plan._export import Launch as Launch
     from ._plan._export import megatron_args as megatron_args
     from ._plan._export import megatron_layout as megatron_layout
+    from ._plan._export import megatron_model_args as megatron_model_args
     from ._plan._export import parse_megatron_layout as parse_megatron_layout
     from ._plan._export import torchtitan_toml as torchtitan_toml
     from ._plan._search import PlanTable as PlanTable

@@ -19,7 +19,6 @@ import math
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._optimize._baselines import compositions, evaluate_plans, minmax_partition
 
 #: Every split of the batch is evaluated when there are at most this many (C(batch - 1, microbatches - 1)).
 BRUTE_FORCE_SPLITS = 20_000
@@ -33,7 +32,7 @@ def case(blocks: int, stages: int, device: str, batch: int, microbatches: int, s
                            microbatch_size=batch // microbatches)
     network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=2)
     workload = dp.Workload.from_model(model, dp.presets.device(device), network, overhead=OVERHEAD)
-    workload = workload.with_split(minmax_partition(workload, stages))
+    workload = workload.with_split(dp.minmax_partition(workload, stages))
     graph = dp.compile(dp.schedules.get("1f1b", devices=stages, microbatches=microbatches))
     split = dp.MicrobatchSplit(batch, microbatches)
     result = dp.optimize(graph, workload, split, steps=steps)
@@ -42,8 +41,8 @@ def case(blocks: int, stages: int, device: str, batch: int, microbatches: int, s
     equal = np.full(microbatches, batch // microbatches)
     rows = {"equal": equal, "optimize": np.asarray(result.samples)}
     if math.comb(batch - 1, microbatches - 1) <= BRUTE_FORCE_SPLITS:
-        every = compositions(batch, microbatches)
-        times, _, _ = evaluate_plans(graph, workload, np.repeat(counts, len(every), axis=0),
+        every = dp.compositions(batch, microbatches)
+        times, _, _ = dp.evaluate_plans(graph, workload, np.repeat(counts, len(every), axis=0),
                                      every / (batch / microbatches))
         rows["brute force"] = every[int(np.argmin(times))]
 
@@ -53,7 +52,7 @@ def case(blocks: int, stages: int, device: str, batch: int, microbatches: int, s
     print(f"  {'split':<12} {'samples per microbatch':<52} {'makespan':>10} {'peak mem':>9}")
     out = {}
     for name, samples in rows.items():
-        time, memory, _ = evaluate_plans(graph, workload, counts, (samples / (batch / microbatches))[None, :])
+        time, memory, _ = dp.evaluate_plans(graph, workload, counts, (samples / (batch / microbatches))[None, :])
         out[name] = (samples.tolist(), float(time[0]), float(memory[0].max()))
         print(f"  {name:<12} {str(samples.tolist()):<52} {time[0] * 1e3:8.2f}ms {memory[0].max() / 2**30:7.1f}G")
     print(f"  {result.message}; {out['equal'][1] / out['optimize'][1]:.3f}x vs equal sizes\n")

@@ -22,7 +22,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import diffpipe as dp  # noqa: E402
-from diffpipe._io import write_atomic  # noqa: E402
 
 
 def pareto_plot(table: dp.PlanTable, path: Path) -> None:
@@ -46,7 +45,7 @@ def pareto_plot(table: dp.PlanTable, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), "pareto plot")
+    dp.write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), "pareto plot")
     plt.close(fig)
 
 
@@ -57,19 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     dp.enable_compilation_cache()  # keep compiled programs for the next run (DIFFPIPE_CACHE=0: off)
 
-    model = dp.presets.model("llama-3-70b")
+    model = dp.presets.model("llama-3-70b", flash_attention=True)  # 8,192 tokens, flash attention: the CLI's defaults
     cluster = dp.Cluster(device="H100", gpus=256)
     # --fast: TP8 with PP2 or 4 only (fewer graphs to compile than every tensor and pipeline
     # size); it still finds a balanced, uneven split to export
     axes = dict(families=("1f1b", "interleaved-1f1b"), tensor=(8,), pipeline=(2, 4), microbatch_sizes=(1,),
                 recompute=("selective", "full"), zero=(1,), top_k=1) if args.fast else {}
-    table = dp.plan(model, cluster, 256, **axes)
+    table = dp.plan(model, cluster, 256, export="megatron", **axes)  # only what Megatron-LM runs
     print(table.to_markdown(8))
-    for i, row in enumerate(table.rows):
-        if row["family"] in ("1f1b", "interleaved-1f1b"):
-            print(f"Megatron-LM flags (row {i + 1}, the fastest Megatron-LM runs):")
-            print(shlex.join(dp.megatron_args(table.launch(i))))
-            break
+    print("Megatron-LM flags of the best row (the model's shape included):")
+    print(shlex.join(table.megatron_args(0)))
     path = args.out / "plan_llama70b_pareto.png"
     pareto_plot(table, path)
     print(f"wrote {path}")

@@ -18,7 +18,6 @@ import argparse
 import math
 
 import diffpipe as dp
-from diffpipe._optimize._baselines import brute_force_partition, evaluate_plans, minmax_partition, uniform_partition
 
 GIB = 2.0**30
 #: Brute force is run when there are at most this many splits (C(layers - 1, stages - 1)).
@@ -34,14 +33,15 @@ def case(blocks: int, stages: int, device: str, link: str, microbatches: int, st
     result = dp.optimize(graph, workload, dp.StageBalance(stages), steps=steps)
 
     rows = {}
-    splits = {"uniform": uniform_partition(workload.layers, stages), "min-max DP": minmax_partition(workload, stages)}
+    splits = {"uniform": dp.uniform_partition(workload.layers, stages),
+              "min-max DP": dp.minmax_partition(workload, stages)}
     for name, counts in splits.items():
-        time, memory, fits = evaluate_plans(graph, workload, [counts])
+        time, memory, fits = dp.evaluate_plans(graph, workload, [counts])
         rows[name] = (counts, float(time[0]), float(memory[0].max()), bool(fits[0]))
     plan = result.plan
     rows["optimize"] = (plan.layers_per_stage, plan.makespan, max(plan.peak_memory), plan.fits)
     if math.comb(workload.layers - 1, stages - 1) <= BRUTE_FORCE_SPLITS:
-        best = brute_force_partition(graph, workload)
+        best = dp.brute_force_partition(graph, workload)
         rows["brute force"] = (best.layers_per_stage, best.makespan, max(best.peak_memory), best.fits)
 
     print(f"GPT {blocks} blocks + embedding + LM head = {workload.layers} layers, 1F1B on {stages} x {device} "

@@ -14,6 +14,9 @@ settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# A command's stderr is its one error line: the automatic progress of long commands
+# (diffpipe._progress) stays off in the tests, which ask for it where it is the point.
+os.environ.setdefault("DIFFPIPE_PROGRESS", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -162,7 +162,7 @@ def test_a_check_inside_jit_is_one_line_naming_it():
 
 def test_sweep_and_compare_tables_state_units(capsys):
     code, out, _ = run(["sweep", "--families", "gpipe", "--forward", "1", "--backward", "1"], capsys)
-    assert code == 0 and "makespan in s" in out and "peak_memory in bytes" in out
+    assert code == 0 and "makespan in s" in out and "peak memory in GB" in out and "| peak memory (GB) |" in out
     code, out, _ = run(["compare", "gpipe", "--devices", "2", "--microbatches", "2", "--forward", "1e-3",
                         "--backward", "2e-3"], capsys)
     assert code == 0 and "sim makespan (µs)" in out  # 9 ms of work: shown in µs

@@ -13,6 +13,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import cli
+from diffpipe.cli._outputs import UNIT_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A small Llama-style config.json (GQA, SwiGLU, RMSNorm, rotary, untied).
@@ -47,7 +48,8 @@ def test_simulate_reports_the_configuration_s_figures(tiny):
     par = dp.Parallelism(tensor=2, pipeline=2, data=2, virtual=2, zero=1, sequence_parallel=True)
     want = dp.Configuration(model, par, dp.Cluster("A100", gpus=8), 16, schedule="interleaved-1f1b").evaluate()
     for key in ("step_time", "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "bubble_ratio"):
-        assert got[key] == pytest.approx(getattr(want, key), rel=1e-6), key
+        name, factor = UNIT_KEYS.get(key, (key, 1.0))  # the command line's keys say their unit
+        assert got[name] == pytest.approx(getattr(want, key) * factor, rel=1e-6), key
     assert got["fits"] is True and got["options"] == {"chunks": 2} and got["microbatches"] == 4
     assert (got["tensor"], got["pipeline"], got["data"], got["virtual"], got["zero"]) == (2, 2, 2, 2, 1)
     code, text, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS])
@@ -84,7 +86,7 @@ gpus = 8
     code2, flags, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS, "--json"])
     assert code2 == 0, err
     a, b = json.loads(out), json.loads(flags)
-    assert a["step_time"] == b["step_time"] and a["memory_per_gpu"] == b["memory_per_gpu"]
+    assert a["step_time_s"] == b["step_time_s"] and a["memory_per_gpu_gb"] == b["memory_per_gpu_gb"]
     code, out, err = run(["simulate", "--config", toml, "--json", "--gpus", "16"])  # a flag overrides the file
     assert code == 2 and "= 8, but the cluster has 16 GPUs" in err, err
 
@@ -106,8 +108,8 @@ def test_example_config_is_the_quality_bar_run():
     assert got["microbatches"] == 256 and got["fits"] is True
     # The right magnitude, no more: on H100 the roofline's GEMM-fitted curve overshoots published MFU
     # by about a third (papers/published-runs: Llama 3 405B, 41-43% published).
-    assert 0.2 < got["mfu"] < 0.7
-    assert got["tokens_per_second_per_gpu"] == pytest.approx(512 * 8192 / got["step_time"] / 64)
+    assert 20 < got["mfu_percent"] < 70
+    assert got["tokens_per_second_per_gpu"] == pytest.approx(512 * 8192 / got["step_time_s"] / 64)
 
 
 def test_compare_adds_the_whole_step_of_each_schedule(tiny):
@@ -118,7 +120,7 @@ def test_compare_adds_the_whole_step_of_each_schedule(tiny):
     results = got["configuration"]["results"]
     assert set(results) == {"1f1b", "interleaved-1f1b", "zb-v"}
     for r in results.values():
-        assert r["step_time"] > 0 and 0 < r["mfu"] < 1 and r["memory_per_gpu"] > 0
+        assert r["step_time_s"] > 0 and 0 < r["mfu_percent"] < 100 and r["memory_per_gpu_gb"] > 0
     code, text, err = run(["compare", "1f1b", "zb-v", "--hf-config", tiny, *flags])
     assert code == 0, err
     assert "tokens/s/GPU" in text and "MFU" in text

@@ -15,8 +15,22 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
   ``--pipeline-model-parallel-layout``, ``--num-layers-per-virtual-pipeline-stage``,
   ``--use-distributed-optimizer``, ``--data-parallel-sharding-strategy`` with choices no_shard, optim,
   optim_grads, optim_grads_params). Layout grammar: ``megatron/core/transformer/pipeline_parallel_layer_layout.py``.
+  The model's shape: ``TransformerConfig`` fields ``hidden_size``, ``num_attention_heads``,
+  ``num_query_groups``, ``ffn_hidden_size``, ``kv_channels``, ``normalization`` Literal['LayerNorm',
+  'RMSNorm'], ``add_bias_linear`` (its flag ``--disable-bias-linear``), ``add_qkv_bias``,
+  ``qk_layernorm``, ``hidden_dropout``, ``attention_dropout``, ``attention_backend`` (``AttnBackend``:
+  flash, fused, unfused, local, auto), ``multi_latent_attention``, ``moe_router_topk``,
+  ``moe_ffn_hidden_size``, ``moe_shared_expert_intermediate_size``, ``moe_expert_capacity_factor``,
+  ``bf16`` (``ModelParallelConfig``); ``TokenizerConfig.vocab_size``; ``TrainingConfig.ckpt_format``
+  Literal['torch', 'torch_dist', 'torch_dcp', 'fsdp_dtensor'] (``megatron/training/config/``); and
+  ``arguments.py``'s own ``--group-query-attention``, ``--swiglu``, ``--position-embedding-type``,
+  ``--untie-embeddings-and-output-weights``, ``--max-position-embeddings``, ``--num-experts``,
+  ``--moe-layer-freq``, ``--q-lora-rank``, ``--kv-lora-rank``, ``--qk-head-dim``,
+  ``--qk-pos-emb-head-dim``, ``--v-head-dim``.
 - torchtitan, commit e347b1e5e6b6941d789d16d340145294d82dc71e (Feb 2026, the last that read TOML):
-  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism``, ``ActivationCheckpoint``.
+  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism``, ``ActivationCheckpoint``;
+  the stage count from ``pipeline_parallel_layers_per_stage``: ``torchtitan/distributed/pipeline_parallel.py``
+  (v0.2.0-v0.2.2), ``ceil((n_layers + first_stage_less_layers + last_stage_less_layers) / layers_per_stage)``.
   Schedule names: torch's own ``get_schedule_class`` (imported: torch is installed).
 """
 
@@ -26,6 +40,7 @@ import argparse
 import dataclasses
 import shlex
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +65,24 @@ MEGATRON_FLAGS: dict[str, dict] = {
     "--use-megatron-fsdp": {"action": "store_true"},
     "--data-parallel-sharding-strategy": {"type": str,
                                           "choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"]},
+    "--ckpt-format": {"type": str, "choices": ["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"]},
+    # the model's shape
+    "--hidden-size": {"type": int}, "--num-attention-heads": {"type": int}, "--ffn-hidden-size": {"type": int},
+    "--group-query-attention": {"action": "store_true"}, "--num-query-groups": {"type": int},
+    "--kv-channels": {"type": int}, "--swiglu": {"action": "store_true"},
+    "--normalization": {"type": str, "choices": ["LayerNorm", "RMSNorm"]},
+    "--position-embedding-type": {"type": str, "choices": ["learned_absolute", "rope", "mrope", "relative", "none"]},
+    "--untie-embeddings-and-output-weights": {"action": "store_true"},
+    "--disable-bias-linear": {"action": "store_false", "dest": "add_bias_linear"},
+    "--add-qkv-bias": {"action": "store_true"}, "--qk-layernorm": {"action": "store_true"},
+    "--attention-dropout": {"type": float}, "--hidden-dropout": {"type": float},
+    "--attention-backend": {"type": str, "choices": ["flash", "fused", "unfused", "local", "auto"]},
+    "--bf16": {"action": "store_true"}, "--vocab-size": {"type": int}, "--max-position-embeddings": {"type": int},
+    "--num-experts": {"type": int}, "--moe-router-topk": {"type": int}, "--moe-ffn-hidden-size": {"type": int},
+    "--moe-shared-expert-intermediate-size": {"type": int}, "--moe-layer-freq": {"type": str},
+    "--moe-expert-capacity-factor": {"type": float}, "--multi-latent-attention": {"action": "store_true"},
+    "--q-lora-rank": {"type": int}, "--kv-lora-rank": {"type": int}, "--qk-head-dim": {"type": int},
+    "--qk-pos-emb-head-dim": {"type": int}, "--v-head-dim": {"type": int},
 }
 
 TORCHTITAN_FIELDS = {
@@ -59,6 +92,7 @@ TORCHTITAN_FIELDS = {
         "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "module_fqns_per_model_part": list,
         "pipeline_parallel_layers_per_stage": int, "pipeline_parallel_schedule": str,
         "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int,
+        "pipeline_parallel_first_stage_less_layers": int, "pipeline_parallel_last_stage_less_layers": int,
     },
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
 }
@@ -118,9 +152,12 @@ def test_megatron_args_parse_back(cfg):
         assert virtual == cfg.parallelism.virtual
         assert ns.num_layers % (ns.pipeline_model_parallel_size * virtual) == 0
     assert ns.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[cfg.recompute]
-    zero = 3 if ns.data_parallel_sharding_strategy == "optim_grads_params" else \
-        2 if ns.data_parallel_sharding_strategy == "optim_grads" else int(ns.use_distributed_optimizer)
-    assert zero == cfg.parallelism.zero and ns.use_megatron_fsdp == (cfg.parallelism.zero >= 2)
+    # ZeRO-1 and 2: the distributed optimizer, as Megatron users run it; ZeRO-3: Megatron-FSDP, with the
+    # checkpoint format its validate_args requires
+    zero = cfg.parallelism.zero
+    assert ns.use_distributed_optimizer == (zero >= 1) and ns.use_megatron_fsdp == (zero == 3)
+    assert ns.data_parallel_sharding_strategy == ("optim_grads_params" if zero == 3 else None)
+    assert ns.ckpt_format == ("fsdp_dtensor" if zero == 3 else None)
 
 
 @pytest.mark.parametrize("cfg", LAUNCHES)
@@ -152,7 +189,11 @@ def test_torchtitan_toml_parses_back(cfg):
             parts = par["module_fqns_per_model_part"]
             assert tuple(sum(m.startswith("layers.") for m in p) for p in parts) == cfg.layers_per_stage
         else:
-            assert par["pipeline_parallel_layers_per_stage"] * cfg.parallelism.stages == cfg.layers
+            per, first = par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"]
+            assert per * cfg.parallelism.stages == cfg.layers
+            # torchtitan's own count of stages (module docstring) is the launch's
+            stages = -(-(cfg.layers + first + par["pipeline_parallel_last_stage_less_layers"]) // per)
+            assert stages == cfg.parallelism.stages
     else:
         steps = training["global_batch_size"] // (training["local_batch_size"] * degrees)
         assert steps * cfg.microbatch_size * cfg.parallelism.data == cfg.global_batch
@@ -254,7 +295,7 @@ MEGATRON_TEXT = {
        "--sequence-parallel --num-layers 80 --seq-length 8192 --micro-batch-size 1 --global-batch-size 256 "
        "--pipeline-model-parallel-layout 'Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L' --recompute-granularity "
        "selective --use-distributed-optimizer --use-megatron-fsdp --data-parallel-sharding-strategy "
-       "optim_grads_params",
+       "optim_grads_params --ckpt-format fsdp_dtensor",
 }
 TORCHTITAN_TEXT = {
     3: '[training]\nlocal_batch_size = 1\nglobal_batch_size = 64\nseq_len = 8192\n\n[parallelism]\n'
@@ -305,3 +346,76 @@ def test_launch_sizes_are_the_parallelism_s():
                layers_per_stage=(1,))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         launch().nothing  # noqa: B018
+
+
+# -- exports that launch (issue 24) -----------------------------------------------------------------------
+def test_megatron_args_carry_the_model_shape():
+    model = dp.presets.model("llama-3-70b", flash_attention=True)
+    cfg = launch(layers_per_stage=(10,) * 8)
+    ns = megatron_parser().parse_args(dp.megatron_args(cfg, model))
+    assert (ns.num_layers, ns.hidden_size, ns.num_attention_heads, ns.ffn_hidden_size) == (80, 8192, 64, 28672)
+    assert ns.group_query_attention and ns.num_query_groups == 8 and ns.kv_channels is None
+    assert ns.swiglu and ns.normalization == "RMSNorm" and ns.position_embedding_type == "rope"
+    assert ns.untie_embeddings_and_output_weights and not ns.add_bias_linear and not ns.add_qkv_bias
+    assert ns.vocab_size == 128256 and ns.seq_length == ns.max_position_embeddings == 8192
+    assert ns.attention_dropout == ns.hidden_dropout == 0.0 and ns.attention_backend == "flash" and ns.bf16
+    with pytest.raises(dp.ConfigError, match="the model has 32 layers, the launch 80"):
+        dp.megatron_args(cfg, dp.presets.model("llama-3-8b"))
+
+
+def test_megatron_args_carry_experts_and_latent_attention():
+    model = dp.presets.model("deepseek-v3")
+    ns = megatron_parser().parse_args(dp.megatron_model_args(model))
+    assert ns.multi_latent_attention and (ns.q_lora_rank, ns.kv_lora_rank) == (1536, 512)
+    assert (ns.qk_head_dim, ns.qk_pos_emb_head_dim, ns.v_head_dim) == (128, 64, 128)
+    assert (ns.num_experts, ns.moe_router_topk, ns.moe_ffn_hidden_size) == (256, 8, 2048)
+    assert ns.moe_shared_expert_intermediate_size == 2048 and ns.group_query_attention is False
+    assert eval(ns.moe_layer_freq) == [0] * 3 + [1] * 58  # Megatron evaluates the list (moe_freq_type)
+    qwen = megatron_parser().parse_args(dp.megatron_model_args(dp.presets.model("qwen2.5-72b"), 4096))
+    assert qwen.add_qkv_bias and not qwen.add_bias_linear and qwen.seq_length == 4096
+    gpt = megatron_parser().parse_args(dp.megatron_model_args(dp.presets.model("gpt-3-175b")))
+    assert gpt.add_bias_linear and gpt.normalization is None and not gpt.untie_embeddings_and_output_weights
+    assert gpt.attention_backend == "unfused" and gpt.attention_dropout is None
+
+
+def test_megatron_interleaving_needs_microbatches_a_multiple_of_the_pipeline():
+    # 10 microbatches on 4 stages: Megatron's interleaved schedule raises (schedules.py, d98e8a6)
+    with pytest.raises(dp.ConfigError, match="multiple of the pipeline size: 10 microbatches on 4"):
+        dp.megatron_args(launch(global_batch=80))
+    assert dp.megatron_args(launch(global_batch=64))  # 8 microbatches
+
+
+def test_export_problem_is_one_list():
+    from diffpipe._plan._export import export_problem
+
+    par = dp.Parallelism(tensor=8, pipeline=4, data=8, virtual=2, zero=1, sequence_parallel=True)
+    assert export_problem("megatron", "interleaved-1f1b", par, 32) is None
+    assert "multiple" in export_problem("megatron", "interleaved-1f1b", par, 10)
+    assert "ZeRO-1" in export_problem("torchtitan", "interleaved-1f1b", par, 32)
+    with pytest.raises(dp.ConfigError, match="unknown framework"):
+        export_problem("deepspeed", "1f1b", par, 8)
+
+
+MEGATRON_LIST = Path(__file__).resolve().parent / "data" / "megatron_arguments_d98e8a6.txt"
+
+
+@pytest.mark.parametrize("name", ["llama-3-70b", "mixtral-8x7b", "deepseek-v3", "qwen2.5-72b", "gpt-3-175b"])
+def test_megatron_flags_are_in_megatron_s_own_list(name):
+    # tests/data/megatron_arguments_d98e8a6*.txt: every option string of Megatron-LM d98e8a6's parser
+    # (add_megatron_arguments), and those that take no value (docs/framework-notes.md §1a)
+    known = {line.strip() for line in MEGATRON_LIST.read_text().splitlines() if line.startswith("--")}
+    novalue_path = MEGATRON_LIST.with_name("megatron_arguments_d98e8a6_novalue.txt")
+    novalue = {line.strip() for line in novalue_path.read_text().splitlines() if line.startswith("--")}
+    model = dp.presets.model(name, flash_attention=True)
+    for cfg in LAUNCHES:
+        for zero in (0, 1, 2, 3):
+            cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, zero=zero))
+            per = model.layers // cfg.parallelism.stages
+            split = (per,) * (cfg.parallelism.stages - 1) + (model.layers - per * (cfg.parallelism.stages - 1),)
+            args = dp.megatron_args(dataclasses.replace(cfg, layers_per_stage=split), model)
+            for i, arg in enumerate(args):
+                if not arg.startswith("--"):
+                    continue
+                assert arg in known, arg
+                takes_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+                assert takes_value == (arg not in novalue), arg

@@ -73,3 +73,10 @@ def model_key(name: object) -> str:
 def models() -> tuple[str, ...]:
     """The model preset names (see ``MODELS``)."""
     return tuple(MODELS)
+
+
+def longest_context(name: str) -> int:
+    """The longest context of model preset ``name``: its ``max_position_embeddings`` (the
+    pre-training sequence for a preset given as ``Transformer`` fields)."""
+    spec = MODELS[model_key(name)]
+    return int(spec.config["max_position_embeddings"]) if spec.hf else spec.sequence

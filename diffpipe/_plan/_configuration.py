@@ -16,7 +16,8 @@ over memory bandwidth), its ``Hardware``, and ``evaluate()`` simulates one step 
   could do at peak (Chowdhery et al., "PaLM", 2022, Appendix B; Korthikanti et al. 2022, §6.3:
   "model FLOPs" leave recomputation out, "hardware FLOPs" would count it);
 - ``memory_per_gpu``: the peak over pipeline ranks of static (ZeRO) plus stored activation bytes,
-  ``fits`` against the device memory;
+  ``fits`` against the device memory less ``HEADROOM`` (the allocator's fragmentation, the
+  communication buffers and the CUDA context are not modelled: the same rule as ``plan``'s);
 - ``bubble_ratio`` (``Result.bubble_ratio``) and ``communication_share``: the share of the step a
   pipeline rank spends in the tensor, expert and ZeRO-3 collectives inside its ops, averaged over
   the ranks (the overlapped gradient sync is not counted: what it does not hide is in the step).
@@ -51,6 +52,11 @@ from .._workload._parallel import GROUPS, ParallelCosts, Parallelism, Placement,
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+
+#: The share of each GPU's memory a configuration leaves free: it "fits" when its modelled peak is at
+#: most ``(1 - HEADROOM) x capacity``. One rule for ``Configuration.evaluate`` (``simulate``) and
+#: ``plan`` (its default ``headroom``).
+HEADROOM = 0.1
 
 #: Kind index of ``ParallelCosts.collective_*`` rows.
 _F, _I, _W = range(3)
@@ -233,15 +239,18 @@ class Configuration:
         return makespan(self.graph(), self.hardware(), temperature=temperature)
 
     # -- the answer ----------------------------------------------------------------------------------
-    def evaluate(self) -> ConfigResult:
-        """Simulate one step exactly (see the module docstring for every figure)."""
+    def evaluate(self, headroom: float = HEADROOM) -> ConfigResult:
+        """Simulate one step exactly (see the module docstring for every figure); ``fits`` keeps
+        ``headroom`` of the memory free."""
         schedule = self.schedule()
         result = simulate(self.graph(schedule), self.hardware())
         result = dataclasses.replace(result, ops=schedule.ops, staleness=schedule_staleness(schedule))
-        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory)
-        return ConfigResult(**figures, result=result)
+        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory,
+                               headroom)
+        return ConfigResult(**figures, result=result, headroom=headroom)
 
-    def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any) -> dict[str, Any]:
+    def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any,
+                headroom: float = HEADROOM) -> dict[str, Any]:
         """Every ``ConfigResult`` figure but ``result``, from a simulated step of ``schedule`` (its
         ``step`` time, ``bubble_ratio`` and per-rank peak ``memory``): the one place of the
         formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
@@ -265,7 +274,8 @@ class Configuration:
             step_time=step,
             tokens_per_second_per_gpu=self.global_batch * model.sequence / step / gpus if step > 0 else math.nan,
             mfu=flops / (step * gpus * peak) if step > 0 else math.nan,
-            memory_per_gpu=max(memory), memory=memory, capacity=capacity, fits=max(memory) <= capacity,
+            memory_per_gpu=max(memory), memory=memory, capacity=capacity,
+            fits=max(memory) <= capacity * (1.0 - headroom),
             bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
@@ -279,7 +289,8 @@ class ConfigResult:
     Attributes:
         step_time, tokens_per_second_per_gpu, mfu: the step and its throughput.
         memory_per_gpu: bytes, the peak over pipeline ranks; ``memory``: per pipeline rank.
-        capacity, fits: the device memory and whether ``memory_per_gpu`` fits it.
+        capacity, fits: the device memory and whether ``memory_per_gpu`` fits it, ``headroom`` of
+            it kept free (``usable``).
         bubble_ratio, communication_share: idle share of the step, and the share spent in the
             collectives inside ops (mean over pipeline ranks).
         microbatches, gpus, family: the configuration's sizes.
@@ -302,6 +313,12 @@ class ConfigResult:
     family: str
     gradient_sync: bool
     result: Result
+    headroom: float = HEADROOM
+
+    @property
+    def usable(self) -> float:
+        """Bytes a configuration may use: the capacity less the headroom."""
+        return self.capacity * (1.0 - self.headroom)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: every figure (seconds, bytes), without the per-op ``result``."""
@@ -313,4 +330,4 @@ class ConfigResult:
         return json_text(self.to_dict(), path, indent)
 
 
-__all__ = ["ConfigResult", "Configuration", "gradient_sync"]
+__all__ = ["HEADROOM", "ConfigResult", "Configuration", "gradient_sync"]

@@ -35,20 +35,64 @@ from typing import Any
 from .._checks import check_int
 from .._choices import RECOMPUTE
 from .._errors import ConfigError
+from .._model._transformer import Transformer
 from .._workload._parallel import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
 MEGATRON_FAMILIES = ("1f1b", "interleaved-1f1b")
-#: ZeRO stage -> Megatron-LM flags (ZeRO-1: the distributed optimizer; 2 and 3: Megatron-FSDP with
-#: its sharding strategy; FSDP v1 runs on the distributed optimizer).
+#: ZeRO stage -> Megatron-LM flags, as Megatron users run them: ZeRO-1 and ZeRO-2 are the distributed
+#: optimizer (optimizer state sharded, gradients reduce-scattered into it; Megatron keeps the whole
+#: gradient buffer, so a ZeRO-2 plan's gradient memory is below what Megatron holds by
+#: ``2 x parameters x (1 - 1/data)`` bytes: ``plan(..., export="megatron")`` searches zero=1 for
+#: it); ZeRO-3 is Megatron-FSDP sharding everything, which
+#: ``validate_args`` accepts only with ``--ckpt-format fsdp_dtensor`` (Megatron-LM d98e8a6,
+#: ``megatron/training/arguments.py``: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing
+#: format"; FSDP v1 runs on the distributed optimizer).
 _MEGATRON_ZERO = {
     0: [],
     1: ["--use-distributed-optimizer"],
-    2: ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
+    2: ["--use-distributed-optimizer"],
     3: ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-        "optim_grads_params"],
+        "optim_grads_params", "--ckpt-format", "fsdp_dtensor"],
 }
+#: The frameworks ``export_problem`` knows.
+FRAMEWORKS = ("megatron", "torchtitan")
+
+
+def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int) -> str | None:
+    """Why ``framework`` cannot run ``family`` with ``parallelism`` and ``microbatches`` per
+    pipeline (one line), or None. The one list of each export's limits: ``megatron_args`` and
+    ``torchtitan_toml`` refuse with it, and ``plan(..., export=...)`` filters its search with it
+    before evaluating anything.
+
+    Megatron-LM (d98e8a6): it runs ``1f1b`` and, with virtual stages, ``interleaved-1f1b``, whose
+    microbatches must be a multiple of the pipeline size (``megatron/core/pipeline_parallel/
+    schedules.py``, the interleaved schedule: the microbatch group per virtual stage is the pipeline
+    size by default, and a remainder below it is a ``RuntimeError``). torchtitan (v0.2.x): no
+    ZeRO-1 (FSDP2 shards gradients too), tensor parallelism always with sequence parallelism, and
+    a schedule torch's pipelining has (``TORCH_NAMES``).
+    """
+    par = parallelism
+    if framework == "megatron":
+        if par.pipeline > 1 and family not in MEGATRON_FAMILIES:
+            return (f"Megatron-LM has no schedule {family!r} (it runs {' and '.join(MEGATRON_FAMILIES)})")
+        if family == "1f1b" and par.virtual > 1:
+            return f"1f1b with virtual={par.virtual}: use interleaved-1f1b"
+        if par.pipeline > 1 and par.virtual > 1 and microbatches % par.pipeline:
+            return (f"Megatron-LM's interleaved schedule needs microbatches a multiple of the pipeline size: "
+                    f"{microbatches} microbatches on {par.pipeline} stages")
+        return None
+    if framework == "torchtitan":
+        if par.zero == 1:
+            return "torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3"
+        if par.tensor > 1 and not par.sequence_parallel:
+            return ("torchtitan's tensor parallelism always uses sequence parallelism: plan with "
+                    "sequence_parallel=True")
+        if par.pipeline > 1 and family not in TORCH_NAMES:
+            return f"torch's pipelining has no schedule {family!r} (known: {', '.join(TORCH_NAMES)})"
+        return None
+    raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
 
 
 @dataclass(frozen=True, init=False)
@@ -239,7 +283,76 @@ def parse_megatron_layout(layout: str, pipeline: int | None = None) -> tuple[int
     return tuple(stage.count("t") for stage in stages)
 
 
-def megatron_args(launch: Launch) -> list[str]:
+def megatron_model_args(model: Transformer, sequence: int | None = None) -> list[str]:
+    """Megatron-LM arguments for the shape of ``model`` (``pretrain_gpt.py``; names as in Megatron-LM
+    d98e8a6, most generated from ``TransformerConfig``'s fields): layers, hidden size, heads, query
+    groups, FFN size, SwiGLU, RMSNorm, rotary positions, untied embeddings, biases, QK-norm,
+    dropout, the attention backend (``flash`` with flash attention, else ``unfused``), bf16, the
+    vocabulary, the sequence (``sequence``, default the model's) and the maximum positions, mixture
+    of experts and multi-head latent attention. The tokenizer, data and optimizer flags stay the user's.
+
+    Raises:
+        ConfigError: for a model Megatron's GPT cannot express: a FFN width that is not an integer,
+            a value head dimension other than the key's outside latent attention.
+    """
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"megatron export: model must be a Transformer, got {type(model).__name__}")
+    m = model
+    seq = m.sequence if sequence is None else sequence
+    ffn = float(m.ffn)
+    if ffn != int(ffn):
+        raise ConfigError(f"megatron export: the FFN width {ffn} is not an integer (give ffn_hidden)")
+    args = ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
+            "--ffn-hidden-size", str(int(ffn)), "--seq-length", str(seq),
+            "--max-position-embeddings", str(seq), "--vocab-size", str(m.vocabulary)]
+    mla = m.kv_lora_rank > 0
+    if mla:
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank),
+                 "--qk-head-dim", str(m.dh - m.rope_head_dim), "--qk-pos-emb-head-dim", str(m.rope_head_dim),
+                 "--v-head-dim", str(m.dv)]
+        if m.q_lora_rank > 0:
+            args += ["--q-lora-rank", str(m.q_lora_rank)]
+    else:
+        if m.dv != m.dh:
+            raise ConfigError(f"megatron export: value heads of {m.dv} dimensions, keys of {m.dh}: Megatron's "
+                              "GPT has one head dimension (--kv-channels) outside latent attention")
+        if m.kv != m.heads:
+            args += ["--group-query-attention", "--num-query-groups", str(m.kv)]
+        if m.dh * m.heads != m.hidden:
+            args += ["--kv-channels", str(m.dh)]
+    if m.activation == "swiglu":
+        args.append("--swiglu")
+    if m.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if m.positions == "rotary":
+        args += ["--position-embedding-type", "rope"]
+    if not m.tied_embedding:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        args.append("--disable-bias-linear")
+        if m.qkv_bias:
+            args.append("--add-qkv-bias")
+    if m.qk_norm:
+        args.append("--qk-layernorm")
+    if not m.dropout:
+        args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    args += ["--attention-backend", "flash" if m.flash_attention else "unfused"]
+    if m.dtype_bytes == 2:
+        args.append("--bf16")
+    if m.experts > 1:
+        args += ["--num-experts", str(m.experts), "--moe-router-topk", str(m.experts_per_token),
+                 "--moe-ffn-hidden-size", str(int(m.expert_ffn))]
+        if m.shared_experts:
+            args += ["--moe-shared-expert-intermediate-size", str(int(m.shared_experts * m.expert_ffn))]
+        moe = set(m.moe_blocks())
+        if len(moe) != m.layers:
+            args += ["--moe-layer-freq", "[" + ",".join("1" if i in moe else "0" for i in range(m.layers)) + "]"]
+        if m.capacity_factor is not None:
+            args += ["--moe-expert-capacity-factor", repr(float(m.capacity_factor))]
+    return args
+
+
+def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]:
     """Megatron-LM command-line arguments for ``launch`` (``pretrain_gpt.py`` and friends).
 
     Parallel degrees, ``--num-layers``, ``--seq-length``, the batch, then the stage split: nothing
@@ -248,20 +361,20 @@ def megatron_args(launch: Launch) -> list[str]:
     placement) for an uneven one. Recompute: ``--recompute-granularity selective`` (Megatron's default
     selective module is the attention core, as diffpipe's), or ``full`` with ``--recompute-method
     uniform --recompute-num-layers 1`` (every layer from its input). ZeRO: see ``_MEGATRON_ZERO``.
-    Model architecture flags (hidden size, heads, ...) are the user's and are not emitted.
+    With ``model`` the model's shape too (``megatron_model_args``): the arguments then start a run
+    once the tokenizer and data are added.
 
     Raises:
-        ConfigError: for a schedule family Megatron-LM does not run (only ``1f1b`` and, with virtual
-            stages, ``interleaved-1f1b``), or a V placement.
+        ConfigError: for what Megatron-LM does not run (``export_problem``: a family other than
+            ``1f1b`` and ``interleaved-1f1b``, interleaving with microbatches not a multiple of the
+            pipeline size), or a model it cannot express.
     """
     if not isinstance(launch, Launch):
         raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
-    if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
-        raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
-                          f"{' and '.join(MEGATRON_FAMILIES)})")
-    if launch.family == "1f1b" and par.virtual > 1:
-        raise ConfigError(f"megatron export: 1f1b with virtual={par.virtual}: use interleaved-1f1b")
+    problem = export_problem("megatron", launch.family, par, launch.microbatches)
+    if problem:
+        raise ConfigError(f"megatron export: {problem}")
     args = [
         "--tensor-model-parallel-size", str(par.tensor),
         "--pipeline-model-parallel-size", str(par.pipeline),
@@ -270,9 +383,13 @@ def megatron_args(launch: Launch) -> list[str]:
         args += ["--expert-model-parallel-size", str(par.expert)]
     if par.sequence_parallel and par.tensor > 1:
         args.append("--sequence-parallel")
+    if model is not None:
+        if model.layers != launch.layers:
+            raise ConfigError(f"megatron export: the model has {model.layers} layers, the launch {launch.layers}")
+        args += megatron_model_args(model, launch.sequence)
+    else:
+        args += ["--num-layers", str(launch.layers), "--seq-length", str(launch.sequence)]
     args += [
-        "--num-layers", str(launch.layers),
-        "--seq-length", str(launch.sequence),
         "--micro-batch-size", str(launch.microbatch_size),
         "--global-batch-size", str(launch.global_batch),
     ]
@@ -325,23 +442,25 @@ def torchtitan_toml(launch: Launch) -> str:
     is the data-parallel rank's share of the batch and ``pipeline_parallel_microbatch_size`` splits it
     into the pipeline's microbatches; without, ``local_batch_size`` is the microbatch and torchtitan
     accumulates gradients up to ``global_batch_size``. The split is
-    ``pipeline_parallel_layers_per_stage`` when even, ``module_fqns_per_model_part`` when not.
+    ``pipeline_parallel_layers_per_stage`` when even (with the first- and last-stage weights of the
+    embedding and head set to 0, so that torchtitan's ``ceil((layers + first + last) /
+    layers_per_stage)`` is the stage count: ``torchtitan/distributed/pipeline_parallel.py``,
+    v0.2.0-v0.2.2), ``module_fqns_per_model_part`` when not.
     Recompute ``selective`` maps to torchtitan's per-op selective checkpointing (``selective_ac_option
     = "op"``), the closest it has to recomputing the attention core: not the same op set.
 
     Raises:
-        ConfigError: for ZeRO-1 (FSDP2 always shards gradients too), tensor parallelism without
-            sequence parallelism (torchtitan applies it with every tensor-parallel plan), or a
-            family torch's pipelining has no schedule for.
+        ConfigError: for what torchtitan does not run (``export_problem``): ZeRO-1 (FSDP2 always
+            shards gradients too), tensor parallelism without sequence parallelism (torchtitan
+            applies it with every tensor-parallel plan), or a family torch's pipelining has no
+            schedule for.
     """
     if not isinstance(launch, Launch):
         raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
     par = launch.parallelism
-    if par.zero == 1:
-        raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")
-    if par.tensor > 1 and not par.sequence_parallel:
-        raise ConfigError("torchtitan export: torchtitan's tensor parallelism always uses sequence parallelism: "
-                          "plan with sequence_parallel=True")
+    problem = export_problem("torchtitan", launch.family, par, launch.microbatches)
+    if problem:
+        raise ConfigError(f"torchtitan export: {problem}")
     lines = ["[training]"]
     pipelined = par.pipeline > 1
     local = launch.global_batch // par.data if pipelined else launch.microbatch_size
@@ -357,13 +476,15 @@ def torchtitan_toml(launch: Launch) -> str:
     if par.zero == 2:
         values["fsdp_reshard_after_forward"] = "never"
     if pipelined:
-        if launch.family not in TORCH_NAMES:
-            raise ConfigError(f"torchtitan export: torch's pipelining has no schedule {launch.family!r} "
-                              f"(known: {', '.join(TORCH_NAMES)})")
         values["pipeline_parallel_schedule"] = TORCH_NAMES[launch.family]
         values["pipeline_parallel_microbatch_size"] = launch.microbatch_size
         if launch.uniform:
+            # torchtitan counts the embedding and the head as this many layers each when it derives
+            # the stages from pipeline_parallel_layers_per_stage (default 1: 80 layers at 20 a stage
+            # would be ceil(82 / 20) = 5 stages, not 4); 0 makes its stages these.
             values["pipeline_parallel_layers_per_stage"] = launch.layers_per_stage[0]
+            values["pipeline_parallel_first_stage_less_layers"] = 0
+            values["pipeline_parallel_last_stage_less_layers"] = 0
         else:
             values["module_fqns_per_model_part"] = torchtitan_modules(launch.layers_per_stage)
     if par.expert > 1:
@@ -375,5 +496,5 @@ def torchtitan_toml(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "megatron_args", "megatron_layout", "parse_megatron_layout",
-           "torchtitan_modules", "torchtitan_toml"]
+__all__ = ["FRAMEWORKS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
+           "megatron_layout", "megatron_model_args", "parse_megatron_layout", "torchtitan_modules", "torchtitan_toml"]

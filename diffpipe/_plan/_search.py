@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -66,12 +65,12 @@ from .._machine._cluster import Cluster
 from .._model._transformer import Transformer, stage_of_layers
 from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
+from .._progress import Progress
 from .._results import csv_text, json_text, markdown_table
-from .._sweep.evaluate import Progress
 from .._workload._parallel import Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
-from ._configuration import Configuration
-from ._export import Launch
+from ._configuration import HEADROOM, Configuration
+from ._export import FRAMEWORKS, Launch, export_problem, megatron_args
 
 #: Families searched by default: synchronous single-pipeline schedules a framework runs
 #: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).
@@ -80,10 +79,17 @@ DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (2, 4)
 #: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
 _CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
-#: Candidates evaluated together by default: enough to show a bar on long plans only.
-LONG_PLAN = 2_000
 #: Relative slack on the step-time bound (float32 simulation against float64 closed forms).
 _BOUND_SLACK = 1e-4
+#: Step times within this relative distance of the fastest of their run are a tie, ranked by memory
+#: per GPU, then by GPUs per model replica (tensor x pipeline): a row 0.05% faster for 20 GB more
+#: memory is not the one a practitioner picks, and the simulator is not that accurate.
+TIE = 1e-3
+#: The Markdown table's legend (its units and what ``comm`` and ``bubble`` are).
+LEGEND = ("step: seconds per optimizer step; MFU: model FLOPs over the GPUs' dense BF16 peak (%); mem/GPU: the peak "
+          "over pipeline ranks (GB, 10^9 bytes); bubble: share of the step a GPU idles (%; pipeline fill and drain, "
+          "and the gradient sync and optimizer step the backward does not hide); comm: share of the step in the "
+          "tensor-, expert- and ZeRO-3 collectives inside ops (%); family '-': no pipeline (PP1)")
 
 COLUMNS = ("family", "tensor", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
            "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
@@ -137,10 +143,12 @@ class PlanTable:
     cluster: Cluster
     global_batch: int
     communication: str = "overlap"
+    headroom: float = HEADROOM
 
     @property
     def best(self) -> dict[str, Any]:
-        """The fastest configuration that fits (never slower than any evaluated one)."""
+        """The fastest configuration that fits (within ``TIE`` of the fastest evaluated one, the
+        least memory among those)."""
         return self.rows[0]
 
     def _row(self, i: Any) -> dict[str, Any]:
@@ -148,10 +156,19 @@ class PlanTable:
             raise ConfigError(f"plan table: row i must be an integer in [0, {len(self.rows)}), got {i!r}")
         return self.rows[i]
 
+    def model_of(self, i: int = 0) -> Transformer:
+        """The ``Transformer`` of row ``i`` (its microbatch size and recomputation)."""
+        row = self._row(i)
+        return dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
+
+    def megatron_args(self, i: int = 0) -> list[str]:
+        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``)."""
+        return megatron_args(self.launch(i), self.model_of(i))
+
     def configuration(self, i: int = 0) -> Configuration:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
         row = self._row(i)
-        model = dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
+        model = self.model_of(i)
         return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
                              communication=self.communication, layers_per_stage=row["layers_per_stage"])
 
@@ -182,19 +199,21 @@ class PlanTable:
     def to_markdown(self, top: int | None = 10) -> str:
         """The first ``top`` rows (all when None) and the rejection counts, as Markdown."""
         header = ("family", "tp", "pp", "dp", "v", "ep", "mbs", "recompute", "zero", "sp", "step (s)", "tok/s/GPU",
-                  "MFU", "mem/GPU (GB)", "bubble", "comm")
+                  "MFU (%)", "mem/GPU (GB)", "bubble (%)", "comm (%)")
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
-            family = r["family"] + (" (balanced)" if r["balanced"] else "")
+            family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
             cells.append((family, r["tensor"], r["pipeline"], r["data"], r["virtual"], r["expert"],
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
-                          f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{r['mfu']:.3f}",
-                          f"{r['memory_per_gpu'] / 1e9:.1f}", f"{r['bubble_ratio']:.3f}",
-                          f"{r['communication_share']:.3f}"))
+                          f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
+                          f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
+                          f"{100 * r['communication_share']:.1f}"))
         text = markdown_table(header, cells)
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejected.items()))
-        return (text + f"\n{self.explored} configurations explored, {self.simulated} simulated; rejected: "
-                f"{reasons or 'none'}\n")
+        capacity = float(self.cluster.device.memory)
+        return (text + f"\n{LEGEND}; fits: at most {capacity * (1 - self.headroom) / 1e9:.1f} GB of "
+                f"{capacity / 1e9:.0f} GB ({self.headroom:.0%} kept free)\n{self.explored} configurations explored, "
+                f"{self.simulated} simulated; rejected: {reasons or 'none'}\n")
 
 
 # -- enumeration ---------------------------------------------------------------------------------------
@@ -356,9 +375,12 @@ MAX_SUGGESTIONS = 4
 
 
 def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejected: Counter, best_memory: float,
-                capacity: float, recompute: tuple, zero: tuple, tensors: list[int]) -> tuple[str, list]:
+                capacity: float, recompute: tuple, zero: tuple, tensors: list[int], simulated: bool = False
+                ) -> tuple[str, list]:
     """Why nothing fits (one line, with the binding constraint's numbers) and the changes that
-    might make it fit, smallest first: ``(text, plan keyword overrides)`` (checked by the caller)."""
+    might make it fit, smallest first: ``(text, plan keyword overrides)`` (checked by the caller).
+    ``best_memory``: the smallest simulated peak (the figure ``simulate`` prints for that
+    configuration), else the smallest closed-form lower bound (``simulated`` says which)."""
     g, node = cluster.gpus, cluster.devices_per_node
     if rejected.get("memory", 0) + rejected.get("memory (simulated)", 0) == 0 or not math.isfinite(best_memory):
         main = max(rejected, key=rejected.get) if rejected else "nothing to evaluate"
@@ -373,7 +395,8 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
                     f"({model.heads}) and the GPU count {g}", [])
         return f"plan: no configuration can be evaluated on {g} GPUs (most rejected for: {main})", []
     reason = (f"plan: no configuration fits {capacity / 1e9:.1f} GB per GPU (memory is the binding constraint: "
-              f"the smallest candidate needs at least {best_memory / 1e9:.1f} GB)")
+              + (f"the smallest simulated needs {best_memory / 1e9:.1f} GB)" if simulated else
+                 f"the smallest candidate needs at least {best_memory / 1e9:.1f} GB)"))
     changes: list[tuple[str, dict[str, Any]]] = []
     if "full" not in recompute:
         changes.append(("allow recompute='full'", {"recompute": (*recompute, "full")}))
@@ -436,11 +459,12 @@ def plan(
     recompute: str | Sequence[str] = RECOMPUTE,
     zero: int | Sequence[int] = ZERO_STAGES,
     sequence_parallel: bool | Sequence[bool] = (True, False),
-    headroom: float = 0.1,
+    headroom: float = HEADROOM,
     top_k: int = 3,
     balance: bool = True,
     communication: str = "overlap",
     progress: bool | None = None,
+    export: str | None = None,
 ) -> PlanTable:
     """Search the configurations of ``model`` on ``cluster`` for ``global_batch`` samples per step.
 
@@ -456,11 +480,16 @@ def plan(
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         microbatch_sizes, recompute, zero, sequence_parallel: the other axes.
-        headroom: fraction of each GPU's memory kept free (0.1: plans use at most 90%).
+        headroom: fraction of each GPU's memory kept free (``HEADROOM``, 0.1: plans use at most 90%;
+            ``Configuration.evaluate`` applies the same rule to ``fits``).
         top_k: how many of the best configurations get their stages balanced.
         balance: run the stage balancing (``optimize`` with ``StageBalance``).
         communication: the pipeline's communication mode.
-        progress: a progress bar on stderr (default: when stderr is a terminal and the plan is long).
+        progress: progress on stderr with the stage (enumerating, searching: compiling / simulating,
+            balancing): a bar on a terminal, plain lines elsewhere (``diffpipe._progress``); None
+            (default): once the plan has run ``DELAY`` (2) seconds; True: from the start; False: never.
+        export: ``"megatron"`` or ``"torchtitan"``: search only what that framework runs
+            (``export_problem``; ``rejected["megatron export"]``, ...), so that every row exports.
 
     Returns:
         A ``PlanTable``; ``table.best`` is the fastest configuration that fits.
@@ -469,6 +498,23 @@ def plan(
         ConfigError: on bad arguments, or (one line, naming the smallest change that makes it
             feasible) when no configuration fits.
     """
+    if not isinstance(progress, bool) and progress is not None:
+        raise ConfigError(f"plan: progress must be True, False or None, got {progress!r}")
+    bar = Progress("plan", progress is not False, show_now=progress is True)
+    try:
+        return _search(model, cluster, global_batch, sequence=sequence, families=families, tensor=tensor,
+                       pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=microbatch_sizes,
+                       recompute=recompute, zero=zero, sequence_parallel=sequence_parallel, headroom=headroom,
+                       top_k=top_k, balance=balance, communication=communication, export=export, bar=bar)
+    finally:
+        bar.close()
+
+
+def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence: int | None, families: Any,
+            tensor: Any, pipeline: Any, expert: Any, virtual: Any, microbatch_sizes: Any, recompute: Any, zero: Any,
+            sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
+            export: str | None, bar: Progress) -> PlanTable:
+    """``plan``'s search (its arguments; ``bar`` the progress)."""
     t0 = time.perf_counter()
     if not isinstance(model, Transformer):
         raise ConfigError(f"plan: model must be a Transformer, got {type(model).__name__}")
@@ -479,9 +525,8 @@ def plan(
     if headroom >= 1:
         raise ConfigError(f"plan: headroom must be below 1, got {headroom!r}")
     top_k = check_int("plan: top_k", top_k, 0)
-    for name, value in (("balance", balance), ("progress", progress)):
-        if not isinstance(value, bool) and not (name == "progress" and value is None):
-            raise ConfigError(f"plan: {name} must be True or False, got {value!r}")
+    if not isinstance(balance, bool):
+        raise ConfigError(f"plan: balance must be True or False, got {balance!r}")
     if not isinstance(communication, str):
         raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
     if sequence is not None:
@@ -516,7 +561,10 @@ def plan(
                           f"tensor sizes searched: {', '.join(map(str, tensors))}")
     capacity = float(cluster.device.memory) * (1.0 - headroom)
 
+    if export is not None and export not in FRAMEWORKS:
+        raise ConfigError(f"plan: export must be one of {', '.join(FRAMEWORKS)} (or None), got {export!r}")
     rejected: Counter = Counter()
+    export_reasons: Counter = Counter()
     explored = 0
     candidates: list[_Candidate] = []
     for t in tensors:
@@ -558,6 +606,9 @@ def plan(
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
                                         rejected["batch"] += 1
+                                    elif export and (why := _export_problem(export, c, global_batch)):
+                                        rejected[f"{export} export"] += 1
+                                        export_reasons[why] += 1
                                     else:
                                         candidates.append(c)
 
@@ -569,7 +620,9 @@ def plan(
     lower: list[tuple[float, int]] = []
     static_lb: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     needs: dict[int, float] = {}  # candidate -> the tightest known lower bound on its peak memory
+    bar.stage("enumerating (closed-form bounds)", len(candidates))
     for index, c in enumerate(candidates):
+        bar.update(1)
         key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute)
         if key not in costs:
             variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
@@ -618,11 +671,10 @@ def plan(
 
     rows_out: list[dict[str, Any]] = []
     best = math.inf
+    best_memory = math.inf  # the smallest simulated peak
     simulated = 0
     graphs: dict[tuple, Any] = {}
-    if progress is None:
-        progress = sys.stderr.isatty() and len(lower) >= LONG_PLAN
-    bar = Progress(len(lower), bool(progress), label="plan")
+    bar.stage("searching", len(lower))
     t1 = time.perf_counter()
     t_graph = t_hardware = t_simulate = 0.0
     try:
@@ -632,6 +684,8 @@ def plan(
             if not members:
                 bar.update(len(groups[key]))
                 continue
+            bar.phase(f"searching: compiling {key[0]} PP{key[1]}" + (f" V{key[2]}" if key[2] > 1 else "")
+                      + f", {key[3]} microbatches")
             try:
                 cfgs = []
                 for i in members:
@@ -661,6 +715,7 @@ def plan(
                     graphs[key] = cfgs[0].graph(schedule)
                     t_graph += time.perf_counter() - tg
                 graph = graphs[key]
+                bar.phase(f"searching: simulating {len(keep)} configuration(s)")
                 th = time.perf_counter()
                 hws = _stack([cfg.hardware() for _, cfg in keep])
                 ts = time.perf_counter()
@@ -671,6 +726,7 @@ def plan(
                 for j, (i, cfg) in enumerate(keep):
                     peak = float(np.max(memory[j]))
                     needs[i] = peak
+                    best_memory = min(best_memory, peak)
                     if peak > capacity:
                         rejected["memory (simulated)"] += 1
                         continue
@@ -684,31 +740,64 @@ def plan(
             if rows_out and _CHECKING.get():  # checking a suggestion: one configuration that fits is enough
                 break
     finally:
-        bar.close()
+        bar.phase("searching: done")
     t_evaluate = time.perf_counter() - t1
+    if not rows_out and export_reasons and rejected[f"{export} export"] == max(rejected.values()):
+        why, _ = export_reasons.most_common(1)[0]
+        raise ConfigError(f"plan: no configuration of this search exports to {export}: {why} "
+                          f"({rejected[f'{export} export']} of {explored} rejected for it)")
     if not rows_out:
-        best_memory = min(needs.values(), default=math.inf)
+        simulated = math.isfinite(best_memory)
+        if not simulated:
+            best_memory = min(needs.values(), default=math.inf)
         reason, changes = _infeasible(model, cluster, global_batch, rejected, best_memory, capacity, recompute,
-                                      zero, tensors)
-        request = dict(model=model, cluster=cluster, global_batch=global_batch, families=families, tensor=tensor,
+                                      zero, tensors, simulated)
+        request = dict(model=model, cluster=cluster, global_batch=global_batch, sequence=sequence, families=families,
+                       tensor=tensor,
                        pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=sizes,
                        recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
                        communication=communication)
         raise ConfigError(_checked_suggestion(reason, changes, request))
-    rows_out.sort(key=lambda r: r["step_time"])
+    rows_out = _ranked(rows_out)
 
     t2 = time.perf_counter()
     if balance:
+        bar.stage("balancing the best stages", min(top_k, len(rows_out)))
         for row in list(rows_out[:top_k]):
             balanced = _balance(row, model, cluster, global_batch, communication, capacity)
             if balanced is not None:
                 rows_out.append(balanced)
-        rows_out.sort(key=lambda r: r["step_time"])
+            bar.update(1)
+        rows_out = _ranked(rows_out)
     t_balance = time.perf_counter() - t2
     seconds = {"enumerate": t_enumerate, "evaluate": t_evaluate, "graphs": t_graph, "hardware": t_hardware,
                "simulate": t_simulate, "balance": t_balance, "total": time.perf_counter() - t0}
     return PlanTable(tuple(rows_out), dict(rejected), explored, simulated, seconds, model, cluster, global_batch,
-                     communication)
+                     communication, headroom)
+
+
+def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | None:
+    """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
+    for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
+    buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
+    parameter with fp16 parameters and gradients), i.e. ZeRO-1's memory, which zero=1 searches."""
+    if framework == "megatron" and c.zero == 2:
+        return "Megatron-LM runs ZeRO-2 as its distributed optimizer, whose memory is ZeRO-1's: search zero=1"
+    microbatches = global_batch // (c.microbatch_size * c.data)
+    return export_problem(framework, c.family, c.parallelism(), microbatches)
+
+
+def _ranked(rows: list[dict]) -> list[dict]:
+    """Rows fastest first; step times within ``TIE`` of the first of their run are ranked by memory
+    per GPU, then by tensor x pipeline (GPUs per model replica)."""
+    rows = sorted(rows, key=lambda r: r["step_time"])
+    out: list[dict] = []
+    while rows:
+        head = rows[0]["step_time"]
+        n = next((i for i, r in enumerate(rows) if r["step_time"] > head * (1 + TIE)), len(rows))
+        out += sorted(rows[:n], key=lambda r: (r["memory_per_gpu"], r["tensor"] * r["pipeline"], r["step_time"]))
+        rows = rows[n:]
+    return out
 
 
 def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,

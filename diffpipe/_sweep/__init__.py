@@ -81,7 +81,6 @@ conditions, load ~15).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,8 +114,6 @@ def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
     return compile(schedule, communication=mode, devices_per_node=devices_per_node)
 
 
-#: Points from which a sweep shows a progress bar by default (when stderr is a terminal).
-LONG_RUN = 100_000
 
 
 def _per_unit(variants: Variants, schedule: Schedule) -> Variants:
@@ -180,8 +177,8 @@ def sweep(
             (default 32 MiB on CPU, 1 GiB on accelerators).
         stacking: ``"auto"`` (pad and stack different structures when the cost model says it is
             cheaper than compiling each: see the module docstring), ``"never"``, ``"always"``.
-        progress: show a progress bar (tqdm when installed, else a stderr line); default: when
-            stderr is a terminal and the sweep has more than one chunk's worth of points.
+        progress: progress on stderr (``diffpipe._progress``: a bar on a terminal, plain lines
+            elsewhere); None (default): once the sweep has run 2 seconds; True: at once; False: never.
 
     Returns:
         A ``SweepResult``, rows ordered by choice (family, options, devices, microbatches),
@@ -248,9 +245,7 @@ def sweep(
     }
     mesh = Mesh(np.asarray(jax.devices()), ("points",))
     stacks = plan_stacks(entries, count, stacking)
-    if progress is None:
-        progress = sys.stderr.isatty() and total >= LONG_RUN
-    bar = Progress(total, bool(progress))
+    bar = Progress(total, progress)
     chunk_bytes = 0
     try:
         for stack in stacks:

@@ -12,7 +12,6 @@ coefficients) is built and sent to the devices once, and cached across sweeps (`
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array
 
+from .. import _progress
 from .._caches import BoundedDict
 from .._engine._evaluate import batched_makespan
 from .._engine._graph import KIND_CODES, Graph, stack_graphs
@@ -206,35 +206,13 @@ def _fetch(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
-class Progress:
-    """tqdm when installed, else one rewritten stderr line; silent when disabled. ``label`` names
-    the command it counts for (``sweep``, ``plan``)."""
+class Progress(_progress.Progress):
+    """The sweep's progress (``diffpipe._progress.Progress``): ``total`` points evaluated;
+    ``enabled`` None: shown once the sweep has run ``DELAY`` seconds, True: at once, False: never."""
 
-    def __init__(self, total: int, enabled: bool, label: str = "sweep"):
-        self.total, self.done, self.bar, self.enabled, self.label = total, 0, None, enabled, label
-        if not enabled:
-            return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return
-        self.bar = tqdm(total=total, unit="pt", unit_scale=True, desc=label, file=sys.stderr)
-
-    def update(self, n: int) -> None:
-        if not self.enabled:
-            return
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        else:
-            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total} points ({100 * self.done / self.total:.0f}%)")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.enabled:
-            sys.stderr.write("\n")
+    def __init__(self, total: int, enabled: bool | None, label: str = "sweep"):
+        super().__init__(label, enabled is not False, show_now=enabled is True)
+        self.stage("evaluating points", total)
 
 
 def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_bytes: int, progress: Progress,

@@ -208,7 +208,8 @@ class SweepResult:
         header = self._header()
         rows = self.columns
         n = len(self) if limit is None else min(limit, len(self))
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        titles = [_TITLES.get(c, c) for c in header]
+        lines = ["| " + " | ".join(titles) + " |", "|" + "|".join("---" for _ in header) + "|"]
         for i in range(n):
             cells = [_format(c, rows[c][i]) for c in header]
             lines.append("| " + " | ".join(cells) + " |")
@@ -223,10 +224,17 @@ class SweepResult:
         return "\n".join(lines) + "\n"
 
 
+#: The Markdown table's column titles, with their units (the columns themselves stay in SI units).
+_TITLES = {"makespan": "makespan (s)", "throughput": "microbatches/s", "peak_memory": "peak memory (GB)",
+           "bubble_ratio": "bubble (%)"}
+
+
 def _format(column: str, value: Any) -> str:
-    if column in ("makespan", "throughput", "bubble_ratio"):
+    if column in ("makespan", "throughput"):
         return f"{float(value):.6g}"
+    if column == "bubble_ratio":
+        return f"{100 * float(value):.2f}"
     if column == "peak_memory":
-        return f"{float(value):.4g}"
+        return f"{float(value) / 1e9:.4g}"
     text = str(value)
     return text.replace("|", "\\|") if text else "-"

@@ -23,8 +23,17 @@ DEFAULT_MICROBATCHES = 8
 #: The modes a machine (``--mode``, ``[network] mode``) may name: the built-in ones and
 #: ``torch-runtime`` (``diffpipe.calibrate.TorchRuntime``, which ``diffpipe calibrate`` may write).
 MACHINE_MODES = (*COMMUNICATION_MODES, "torch-runtime")
+#: The sequence length of a training configuration when neither a flag nor a file gives one: the
+#: pre-training length of today's open recipes (Llama 3: 8,192 tokens before its long-context
+#: stage, Dubey et al. 2024 §3.4; Megatron-LM's and torchtitan's Llama 3 examples train at 8,192),
+#: not the model's longest context (131,072 in a Llama 3.1 config.json). ``--sequence max`` asks for that.
+DEFAULT_SEQUENCE = 8192
+#: Fused (flash) attention unless ``--no-flash-attention``: Megatron-LM's default attention backend
+#: and torchtitan's SDPA both run a fused kernel, storing no ``s x s`` tensors.
+DEFAULT_FLASH_ATTENTION = True
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
-SWEEP_UNITS = "units: makespan in s, throughput in microbatches/s, peak_memory in bytes, bubble_ratio a fraction"
+SWEEP_UNITS = ("units: makespan in s, throughput in microbatches/s, peak memory in GB (10^9 bytes), bubble in % of "
+               "the makespan (--csv and --json-out keep SI units: s, bytes, a fraction)")
 REPORT = "please report this at the diffpipe issue tracker (rerun with --debug for the traceback)"
 
 
@@ -63,6 +72,19 @@ def _integer_at_least(minimum: int) -> Callable[[str], int]:
 
 
 _count = _integer_at_least(1)
+
+
+def _sequence(text: str) -> int | str:
+    """``--sequence``: tokens per sample, or ``max`` (the model's longest context)."""
+    if text.strip().lower() == "max":
+        return "max"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'max', got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -158,16 +180,17 @@ def _zero(text: str) -> int:
 
 
 _CONFIG_FLAGS = (
-    _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; diffpipe.presets.models())"),
+    _Flag("--model", "model", "training", "model preset (llama-3-70b, mixtral-8x7b, ...; all: diffpipe list models)"),
     _Flag("--hf-config", "hf_config", "training", "a Hugging Face config.json", metavar="PATH"),
-    _Flag("--sequence", "sequence", "training", "tokens per sample (default: the model's)", _count),
+    _Flag("--sequence", "sequence", "training", f"tokens per sample (default {DEFAULT_SEQUENCE:,}; 'max': the "
+          "model's longest context)", _sequence, metavar="N|max"),
     _Flag("--microbatch-size", "microbatch_size", "training", "samples per microbatch", _count, search="list",
           default="1,2,4,8", alias="--microbatch-sizes"),
     _Flag("--global-batch", "global_batch", "training", "samples per optimizer step", _count),
     _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE,
           search="list", default="all"),
-    _Flag("--flash-attention", "flash_attention", "training", "fused attention (no s x s tensors stored)",
-          switch=True),
+    _Flag("--flash-attention", "flash_attention", "training", "fused attention, no s x s tensors stored (default: "
+          "on; --no-flash-attention: off)", switch=True),
     _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",
           default="every divisor of a node"),
     _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",
@@ -183,10 +206,13 @@ _CONFIG_FLAGS = (
           "Megatron's sequence parallelism in the tensor group", switch=True, search="both"),
     _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x pp x dp; plan: "
           "required, or --cluster)", _count),
-    _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100", metavar="GPUSxDEVICE"),
-    _Flag("--device", "device", "cluster", "device preset (default H100)", machine=True),
-    _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4)", machine=True),
-    _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr)", machine=True),
+    _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100 (devices: diffpipe list "
+          "devices)", metavar="GPUSxDEVICE"),
+    _Flag("--device", "device", "cluster", "device preset (default H100; all: diffpipe list devices)", machine=True),
+    _Flag("--intra", "intra", "cluster", "intra-node link preset (default nvlink4; all: diffpipe list networks)",
+          machine=True),
+    _Flag("--inter", "inter", "cluster", "inter-node link preset (default ib-ndr; all: diffpipe list networks)",
+          machine=True),
     _Flag("--devices-per-node", "devices_per_node", "cluster",
           "GPUs per node (default: the intra link's switch domain, 8 for NVLink)", _count, machine=True),
 )
@@ -236,7 +262,7 @@ def _add_training(p: argparse.ArgumentParser, plan: bool = False) -> None:
             g.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{f.help}: only with it, or only without (default: search both)")
         elif f.switch:
-            g.add_argument(*names, dest=f.key, action="store_true", default=None, help=f.help)
+            g.add_argument(*names, dest=f.key, action=argparse.BooleanOptionalAction, default=None, help=f.help)
         elif plan and f.search == "list":
             g.add_argument(*names, dest=f.key, type=_listed(f.parse, f.choices),
                            metavar=f.metavar or ("N[,N...]" if f.parse else "NAME[,NAME...]"),
@@ -277,9 +303,9 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backward", type=_seconds, help="seconds per stage input-gradient backward")
     g.add_argument("--weight", type=_seconds, help="seconds per stage weight-gradient backward")
     g.add_argument("--p2p", type=_seconds, help="seconds per cross-device transfer")
-    g.add_argument("--device", help="device preset (A100, H100, H200)")
-    g.add_argument("--intra", help="intra-node network preset (nvlink3, nvlink4, ib-ndr, 100gbe)")
-    g.add_argument("--inter", help="inter-node network preset")
+    g.add_argument("--device", help="device preset (A100, H100, H200, B200, MI300X, ...; all: diffpipe list devices)")
+    g.add_argument("--intra", help="intra-node network preset (nvlink4, ...; all: diffpipe list networks)")
+    g.add_argument("--inter", help="inter-node network preset (ib-ndr, ...; all: diffpipe list networks)")
     g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
     g.add_argument("--mode", choices=MACHINE_MODES, help="communication model")
 

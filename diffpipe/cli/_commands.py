@@ -22,6 +22,7 @@ from .._caches import (
 from .._checks import is_int
 from .._choices import COMMUNICATION_MODES
 from .._errors import ConfigError, ScheduleError
+from .._progress import Progress
 from ._args import (
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
@@ -44,6 +45,7 @@ from ._inputs import (
     _mode,
     _model,
     _schedule,
+    _settings_line,
     _Training,
     _training,
     _wants_configuration,
@@ -56,6 +58,7 @@ from ._outputs import (
     _print_json,
     _simulation_summary,
     _strict,
+    _with_units,
     _write_all,
 )
 
@@ -64,31 +67,37 @@ _natural = _integer_at_least(0)
 
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
-    cfg = training.build(max_ops=args.max_ops)
-    result = cfg.evaluate()
-    schedule = cfg.schedule()
-    if outputs:
-        _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
+    with Progress("simulate") as bar:
+        bar.stage("compiling and simulating one step")
+        cfg = training.build(max_ops=args.max_ops)
+        result = cfg.evaluate()
+        schedule = cfg.schedule()
+        if outputs:
+            bar.stage("drawing")
+            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
     summary = _configuration_summary(cfg, schedule, result, training.label)
+    summary["settings"] = training.settings
     if args.json:
         _print_json(summary)
         return
     gb = 1e9
     r = result
     print(f"{schedule.family} {dict(schedule.options) or ''}: {training.label}".replace("  ", " "))
+    print(f"  {_settings_line(training.settings)}")
     print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
                                                         f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
     print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
-          f"{'fits' if r.fits else 'does NOT fit'}")
+          f"{'fits' if r.fits else 'does NOT fit'} (at most {r.usable / gb:.1f} GB: {r.headroom:.0%} kept free, "
+          "as plan does)")
     print(f"  bubble          {100 * r.bubble_ratio:.1f}%   blocking collectives {100 * r.communication_share:.1f}%"
           f" of the step")
     print(f"  microbatches    {r.microbatches} per pipeline ({cfg.global_batch} = {cfg.model.microbatch_size} x "
           f"{r.microbatches} x {cfg.parallelism.data} data-parallel)")
     print("  rank  busy(s)  peak memory(GB)  fits")
     for d, mem in enumerate(r.memory):
-        print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.capacity else 'NO'}")
+        print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.usable else 'NO'}")
 
 
 def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
@@ -112,21 +121,31 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
         return configs[schedule].hardware()
 
     hardware.__name__ = training.label  # compare names the machine by it
-    comparison = compare(list(configs), hardware)
-    results = {entry.name: configs[s].evaluate() for entry, s in zip(comparison.entries, configs)}
+    with Progress("compare") as bar:
+        bar.stage("comparing at three levels (compiling and simulating)")
+        comparison = compare(list(configs), hardware)
+        bar.stage("simulating each whole step", len(configs))
+        results = {}
+        for entry, s in zip(comparison.entries, configs):
+            results[entry.name] = configs[s].evaluate()
+            bar.update(1)
     if args.json:
         data = json.loads(comparison.to_json())
-        data["configuration"] = {"machine": training.label,
-                                 "results": {name: r.to_dict() for name, r in results.items()}}
+        data["configuration"] = {"machine": training.label, "settings": training.settings,
+                                 "results": {name: _with_units(r.to_dict()) for name, r in results.items()}}
         _print_json(data)
         return
     print(comparison.to_markdown() if args.markdown else comparison)
     print(f"\nwhole step of each schedule: {training.label}")
+    print(f"  {_settings_line(training.settings)}")
     width = max(len(n) for n in results)
     print(f"  {'schedule':<{width}}  step(s)  tokens/s/GPU    MFU  memory/GPU(GB)  fits")
     for name, r in results.items():
         print(f"  {name:<{width}}  {r.step_time:7.3f}  {r.tokens_per_second_per_gpu:12,.0f}  {100 * r.mfu:4.1f}%"
               f"  {r.memory_per_gpu / 1e9:14.1f}  {'yes' if r.fits else 'NO'}")
+    first = next(iter(results.values()))
+    print(f"  (fits: at most {first.usable / 1e9:.1f} GB of {first.capacity / 1e9:.0f} GB, {first.headroom:.0%} "
+          "kept free, as plan does)")
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -155,7 +174,56 @@ def _cmd_cache(args: argparse.Namespace) -> None:
               "(unused; 'diffpipe cache clear' removes it)")
 
 
+def _preset_rows(what: str) -> list[dict[str, Any]]:
+    """The rows of ``diffpipe list devices|networks|models`` (units in the keys)."""
+    from .. import presets
+
+    if what == "devices":
+        return [{"name": name, "bf16_dense_tflops": spec.peak_flops / 1e12, "memory_gb": spec.memory / 1e9,
+                 "memory_bandwidth_tb_per_s": spec.memory_bandwidth / 1e12, "source": spec.source}
+                for name, spec in presets.DEVICES.items()]
+    if what == "networks":
+        return [{"name": name, "gb_per_s_per_direction": spec.bandwidth / 1e9, "latency_us": spec.latency * 1e6,
+                 "devices_per_node": spec.domain, "source": spec.source} for name, spec in presets.NETWORKS.items()]
+    from .._model._specs import longest_context
+
+    rows = []
+    for name, spec in presets.MODELS.items():
+        m = presets.model(name)
+        rows.append({"name": name, "parameters_billions": m.parameters() / 1e9, "layers": m.layers,
+                     "hidden": m.hidden, "heads": m.heads, "experts": m.experts,
+                     "pretraining_sequence": spec.sequence, "longest_context": longest_context(name),
+                     "source": spec.source})
+    return rows
+
+
+def _cmd_list_presets(args: argparse.Namespace) -> None:
+    rows = _preset_rows(args.what)
+    if args.json:
+        _print_json(rows)
+        return
+    columns = {"devices": (("bf16_dense_tflops", "BF16 TFLOP/s (dense)", ",.0f"), ("memory_gb", "memory GB", ".0f"),
+                           ("memory_bandwidth_tb_per_s", "memory TB/s", ".2f")),
+               "networks": (("gb_per_s_per_direction", "GB/s per direction", ",.1f"),
+                            ("latency_us", "latency us", ".0f"), ("devices_per_node", "GPUs per node", "")),
+               "models": (("parameters_billions", "parameters (B)", ",.1f"), ("layers", "layers", "d"),
+                          ("hidden", "hidden", "d"), ("heads", "heads", "d"), ("experts", "experts", "d"),
+                          ("pretraining_sequence", "sequence", ",d"), ("longest_context", "longest", ",d"))}
+    cols = columns[args.what]
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'name':<{width}}  " + "  ".join(title for _, title, _ in cols))
+    for r in rows:
+        cells = ["-" if r[key] is None else format(r[key], fmt) for key, _, fmt in cols]
+        print(f"{r['name']:<{width}}  " + "  ".join(f"{c:>{len(title)}}" for c, (_, title, _) in zip(cells, cols)))
+    flag = {"devices": "--device / --cluster GPUSxNAME", "networks": "--intra / --inter",
+            "models": "--model"}[args.what]
+    print(f"(sources: diffpipe list {args.what} --json; use a name with {flag}; any case, '-' or '_')")
+
+
 def _cmd_list(args: argparse.Namespace) -> None:
+    if getattr(args, "what", "families") != "families":
+        _cmd_list_presets(args)
+        return
     rows = []
     for name in schedules.names():
         fam = schedules.family(name)
@@ -200,27 +268,30 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     machine = _machine(args, config)
     from .._engine._simulate import simulate
 
-    hw = machine.hardware(schedule)
-    result = simulate(schedule, hw)
-    summary = _simulation_summary(schedule, result, machine)
-    if outputs:
-        _write_all(_pictures(args, schedule, hw, result))
+    with Progress("simulate") as bar:
+        bar.stage("compiling and simulating")
+        hw = machine.hardware(schedule)
+        result = simulate(schedule, hw)
+        summary = _simulation_summary(schedule, result, machine)
+        if outputs:
+            bar.stage("drawing")
+            _write_all(_pictures(args, schedule, hw, result))
     if args.json:
         _print_json(summary)
         return
-    gib = 2**30
+    gb = 1e9
     print(f"{schedule.family} {dict(schedule.options) or ''} on {machine.name}".replace("  ", " "))
     rate, bubble = summary["microbatches_per_s"], summary["bubble_ratio"]
     rate_text = "undefined: no work" if rate is None else f"{rate:.1f} microbatches/s"
     print(f"  makespan       {summary['makespan_s'] * 1e3:.3f} ms  ({rate_text})")
-    print(f"  bubble ratio   {'undefined (zero makespan)' if bubble is None else f'{bubble:.3f}'}")
-    print(f"  communication  {summary['communication_bytes'] / gib:.3f} GiB")
+    print(f"  bubble         {'undefined (zero makespan)' if bubble is None else f'{100 * bubble:.1f}%'}")
+    print(f"  communication  {summary['communication_bytes'] / gb:.3f} GB")
     if "step_period_s" in summary:
         periods = ", ".join(f"{p * 1e3:.3f}" for p in summary["step_period_s"])
         print(f"  step period    {periods} ms   max staleness {summary['max_staleness']}")
-    print("  device  busy(ms)  peak memory(GiB)  activations  fits")
+    print("  device  busy(ms)  peak memory(GB)  activations  fits")
     for d in range(schedule.devices):
-        print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gib:16.2f}"
+        print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gb:15.2f}"
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
 
 
@@ -265,8 +336,10 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     from .._compare import compare  # JAX: only once the size is known to be acceptable
 
     machine = _machine(args, config)
-    comparison = compare(items, machine.hardware if machine.given else None,
-                         devices=devices, microbatches=microbatches)
+    with Progress("compare") as bar:
+        bar.stage("comparing at three levels (compiling and simulating)")
+        comparison = compare(items, machine.hardware if machine.given else None,
+                             devices=devices, microbatches=microbatches)
     if args.json:
         sys.stdout.write(_strict(comparison.to_json()))
     elif args.markdown:
@@ -297,7 +370,9 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
         batch = machine.model.microbatch_size * schedule.microbatches if args.batch is None else args.batch
         knobs.append(MicrobatchSplit(batch, schedule.microbatches))
     steps = {} if args.steps is None else {"steps": args.steps}
-    result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
+    with Progress("optimize") as bar:
+        bar.stage("optimizing (compiling, gradient descent, exact verification)")
+        result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
     plan, base = result.plan, result.baseline_plan
     out = {
         "family": schedule.family, "devices": schedule.devices, "stages": schedule.stages,
@@ -363,7 +438,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     from .._sweep import sweep
 
     result = sweep(machine.hardware, families=families, options=options or None, communication=modes,
-                   progress=False if args.json else None, **sizes)
+                   progress=None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),
         ("--markdown-out", args.markdown_out, lambda: f"{result.to_markdown()}\n{SWEEP_UNITS}\n")) if path]
@@ -411,7 +486,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
     _check_outputs(("--out", args.out, None), inputs=_input_paths(args))
-    train, par, clu = _configuration_values(args, _Config())
+    train, par, clu, settings = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
     model, name = _model(train, ("flash_attention",))
@@ -423,9 +498,10 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             "zero": par.get("zero"), "sequence_parallel": par.get("sequence_parallel")}
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
                  **{k: tuple(v) if isinstance(v, list) else v for k, v in axes.items() if v is not None},
-                 headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None)
+                 headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
+                 export=args.export if args.export in ("megatron", "torchtitan") else None)
     text, exported = None, None
-    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i))) + "\n",
+    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i), table.model_of(i))) + "\n",
                  "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
                  "csv": lambda i: to_torch_csv(table.configuration(i).schedule())}
     if args.export:  # the fastest row the framework can run (e.g. Megatron-LM runs no zb-h1)
@@ -442,13 +518,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         _write_all([("--out", args.out, text)])
     if args.json:
         data = table.to_dict()
-        data["rows"] = data["rows"][: args.top]
+        data["settings"] = settings
+        data["rows"] = [_with_units({**r, "headroom": table.headroom}) for r in data["rows"][: args.top]]
         if text is not None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
         _print_json(data)
         return
     print(f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
           f"{table.model.sequence} tokens")
+    print(_settings_line(settings))
     print(table.to_markdown(args.top), end="")
     if text is not None:
         which = "the best row" if exported == 0 else f"row {exported + 1}, the fastest it runs"

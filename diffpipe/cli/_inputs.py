@@ -24,7 +24,9 @@ from ._args import (
     _PARALLEL_FLAGS,
     _TRAINING_FLAGS,
     DEFAULT_DEVICES,
+    DEFAULT_FLASH_ATTENTION,
     DEFAULT_MICROBATCHES,
+    DEFAULT_SEQUENCE,
     MACHINE_MODES,
     _family_options,
     _is_scalar_option,
@@ -49,6 +51,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                 "a table of NAME = number, bool or string"),
     "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
     "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
+    "sequence": (lambda v: (is_int(v) and v >= 1) or v == "max", "an integer >= 1 or \"max\""),
 }
 
 
@@ -67,7 +70,7 @@ SCHEMA: dict[str, dict[str, str]] = {
                 "latency": "seconds", "bandwidth": "bandwidth", "inter_latency": "seconds",
                 "inter_bandwidth": "bandwidth"},
     # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
-    "training": {"model": "name", "hf_config": "name", "sequence": "count", "microbatch_size": "count",
+    "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
                  "global_batch": "count", "recompute": "recompute", "flash_attention": "bool"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
                     "zero": "zero", "sequence_parallel": "bool"},
@@ -304,6 +307,7 @@ class _Training:
     options: dict[str, Any]
     label: str
     virtual_given: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def build(self, family: str | None = None, options: dict[str, Any] | None = None,
               adapt: bool = False, max_ops: int = MAX_OPS) -> Any:
@@ -352,7 +356,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
         if given is not None:
             what = "--pp" if "devices" in flag else "--global-batch (with --microbatch-size and --dp)"
             raise ConfigError(f"{flag} cannot be combined with a training configuration: {what} sets it")
-    train, par, clu = _configuration_values(args, config)
+    train, par, clu, settings = _configuration_values(args, config)
     from .._workload._parallel import Parallelism
 
     model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
@@ -372,13 +376,15 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     family = getattr(args, "family", None) or section.get("family")
     options = {**section.get("options", {}), **_family_options(args.option)}
     return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label,
-                     "virtual" in par)
+                     "virtual" in par, settings)
 
 
-def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict]:
+def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict, dict]:
     """``[training]``, ``[parallelism]`` and ``[cluster]`` values, flags over the file, with
-    ``--cluster GPUSxDEVICE`` folded in; exactly one model and a global batch are required."""
-    train = {k: v for k, (v, _) in _merged(args, config, "training", _TRAINING_FLAGS).items()}
+    ``--cluster GPUSxDEVICE`` folded in; exactly one model and a global batch are required. The
+    sequence and flash attention are resolved (``_settings``); the fourth value says where they came from."""
+    merged = _merged(args, config, "training", _TRAINING_FLAGS)
+    train = {k: v for k, (v, _) in merged.items()}
     par = {k: v for k, (v, _) in _merged(args, config, "parallelism", _PARALLEL_FLAGS).items()}
     clu = {k: v for k, (v, _) in _merged(args, config, "cluster", _CLUSTER_FLAGS).items()}
     if getattr(args, "cluster", None) is not None:
@@ -397,7 +403,44 @@ def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[di
                           + ("" if "model" not in train else ", not both"))
     if "global_batch" not in train:
         raise ConfigError("a training configuration needs --global-batch (samples per optimizer step)")
-    return train, par, clu
+    settings = _settings(train, {k: origin for k, (_, origin) in merged.items()})
+    train.update({k: v["value"] for k, v in settings.items()})
+    return train, par, clu, settings
+
+
+def _longest(train: dict[str, Any]) -> int:
+    """The model's longest context: its ``max_position_embeddings`` (a preset's, else the config's)."""
+    from .._model import _presets
+    from .._model._hf import transformer_fields
+
+    if "model" in train:
+        return _presets.longest_context(train["model"])
+    return int(transformer_fields(train["hf_config"])["sequence"])
+
+
+def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The sequence and flash attention of a training configuration, each with where it came from
+    (a flag, a file's key, or ``default``): ``DEFAULT_SEQUENCE`` unless given (``max``: the model's
+    longest context), ``DEFAULT_FLASH_ATTENTION`` unless given."""
+    out: dict[str, dict[str, Any]] = {}
+    sequence = train.get("sequence", DEFAULT_SEQUENCE)
+    longest = _longest(train)
+    origin = origins.get("sequence", "default")
+    if sequence == "max":
+        sequence, origin = longest, f"{origin} max: the model's longest context"
+    out["sequence"] = {"value": int(sequence), "from": origin, "longest": longest}
+    out["flash_attention"] = {"value": bool(train.get("flash_attention", DEFAULT_FLASH_ATTENTION)),
+                              "from": origins.get("flash_attention", "default")}
+    return out
+
+
+def _settings_line(settings: dict[str, dict[str, Any]]) -> str:
+    """The header line that states the sequence and flash attention and where each came from."""
+    seq, flash = settings["sequence"], settings["flash_attention"]
+    hint = "" if seq["value"] == seq["longest"] else f"; --sequence max: {seq['longest']:,}"
+    flash_hint = "; --no-flash-attention: off" if flash["value"] else ""
+    return (f"sequence {seq['value']:,} tokens ({seq['from']}{hint}), flash attention "
+            f"{'on' if flash['value'] else 'off'} ({flash['from']}{flash_hint})")
 
 
 def _model(train: dict[str, Any], fields: Sequence[str]) -> tuple[Any, str]:

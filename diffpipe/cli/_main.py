@@ -65,6 +65,20 @@ from ._commands import (
 )
 
 _natural = _integer_at_least(0)
+#: ``diffpipe._plan._configuration.HEADROOM``, copied so that parsing never imports JAX (tested).
+HEADROOM = 0.1
+#: What ``diffpipe list`` lists.
+LISTS = ("families", "devices", "networks", "models")
+
+
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``), without importing the package's JAX parts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("diffpipe")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.add_argument("--no-cache", action="store_true", dest="no_cache",
                         help="do not keep compiled programs on disk (also DIFFPIPE_CACHE=0)")
+    parser.add_argument("--version", action="version", version=f"diffpipe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, example: str, sizes: bool = True) -> argparse.ArgumentParser:
@@ -83,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p, sizes)
         return p
 
-    p = command("list", "schedule families and their options", "diffpipe list --json", sizes=False)
+    p = command("list", "schedule families and their options, or the device, network and model presets",
+                "diffpipe list devices --json", sizes=False)
+    p.add_argument("what", nargs="?", choices=LISTS, default="families",
+                   help="what to list (default families)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_list)
 
@@ -157,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training(p, plan=True)
     p.add_argument("--families", type=_listed(), metavar="NAME[,NAME...]",
                    help="schedule families to search, comma-separated (default: dp.plan's)")
-    p.add_argument("--headroom", type=float, default=0.1, help="memory fraction kept free (default 0.1)")
+    p.add_argument("--headroom", type=float, default=HEADROOM,
+                   help=f"memory fraction kept free (default {HEADROOM}, the rule simulate's 'fits' uses)")
     p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
                    help="balance the stages of the best N by gradient (default 3; 0: off)")
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")

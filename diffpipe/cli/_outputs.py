@@ -16,14 +16,39 @@ from .. import _io
 from .._errors import ConfigError
 from ._inputs import _Machine
 
+#: Figures of a configuration or plan row -> (the key the command line prints, with its unit; the
+#: factor from the library's SI value): GB are 10^9 bytes, percentages of the step or of the peak.
+UNIT_KEYS = {"step_time": ("step_time_s", 1.0), "mfu": ("mfu_percent", 100.0),
+             "memory_per_gpu": ("memory_per_gpu_gb", 1e-9), "memory": ("memory_gb", 1e-9),
+             "capacity": ("capacity_gb", 1e-9), "bubble_ratio": ("bubble_percent", 100.0),
+             "communication_share": ("communication_percent", 100.0), "bound": ("bound_s", 1.0)}
+
+
+def _with_units(figures: dict[str, Any]) -> dict[str, Any]:
+    """``figures`` (a ``ConfigResult.to_dict()`` or a plan row) with every figure under a key that
+    says its unit (``UNIT_KEYS``); other keys as they are; ``usable_gb`` next to ``capacity_gb``."""
+    out: dict[str, Any] = {}
+    for key, value in figures.items():
+        if key not in UNIT_KEYS:
+            out[key] = value
+            continue
+        name, factor = UNIT_KEYS[key]
+        if isinstance(value, (list, tuple)):
+            out[name] = [None if v is None else float(v) * factor for v in value]
+        else:
+            out[name] = None if value is None else float(value) * factor
+        if key == "capacity" and "headroom" in figures:
+            out["usable_gb"] = float(value) * (1.0 - figures["headroom"]) * factor
+    return out
+
 
 def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> dict[str, Any]:
-    """What ``simulate --json`` prints for a training configuration (seconds, bytes)."""
+    """What ``simulate --json`` prints for a training configuration (units in the keys)."""
     par = cfg.parallelism
     return {"family": schedule.family, "options": dict(schedule.options), "machine": label,
             "tensor": par.tensor, "pipeline": par.pipeline, "data": par.data, "expert": par.expert,
             "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
-            "global_batch": cfg.global_batch, **result.to_dict(),
+            "global_batch": cfg.global_batch, **_with_units(result.to_dict()),
             "busy_s": [float(x) for x in result.result.busy]}
 
 
