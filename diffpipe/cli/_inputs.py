@@ -410,11 +410,11 @@ def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[di
 
 def _longest(train: dict[str, Any]) -> int:
     """The model's longest context: its ``max_position_embeddings`` (a preset's, else the config's)."""
-    from .._model import _presets
+    from .._model._specs import longest_context
     from .._model._hf import transformer_fields
 
     if "model" in train:
-        return _presets.longest_context(train["model"])
+        return longest_context(train["model"])
     return int(transformer_fields(train["hf_config"])["sequence"])
 
 
