@@ -390,6 +390,7 @@ def real_run(tmp_path_factory):
         run.job("gpipe", "GPipe", microbatches=4),
         run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
+        run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -441,6 +442,27 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
     result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
     assert [int(x) for x in result.peak_activations] == peaks
+
+
+@pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
+                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b"))])
+def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
+                                                                         schedules):
+    # 2 ranks holding 2 stages each (a V and a loop): the schedule is sized by ranks, not stages
+    work, failure = real_run
+    files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
+    if not all(Path(f).exists() for f in files):
+        pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
+    for schedule in schedules:
+        out = tmp_path / f"{schedule}.toml"
+        assert cli.main(["calibrate", *files, "--schedule", schedule, "--out", str(out)]) == 0, \
+            capsys.readouterr().err
+        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == 4
+    capsys.readouterr()
+    # a schedule of the wrong shape is still refused, in one line
+    assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diffpipe: error:") and err.count("\n") == 1
 
 
 def _traced_receive_posts(path: Path) -> dict:

@@ -19,7 +19,7 @@ def _schedule(name: str, calibration: Calibration) -> Any:
 
     if name.endswith(".csv") or Path(name).is_file():
         return from_torch_csv(name)
-    ranks = len(calibration.stage_ranks or ())
+    ranks = len(calibration.orders or ())  # one order per rank; a rank may hold several stages
     microbatches = 1 + max(Op.parse(text).microbatch for order in calibration.orders or () for text in order)
     return from_torch(name, ranks, microbatches, max(calibration.stages // max(ranks, 1), 1))
 
