@@ -16,12 +16,12 @@ import math
 import tomllib
 from pathlib import Path
 
+import chex
 import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe import calibrate
-from diffpipe import cli
+from diffpipe import calibrate, cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
 
@@ -277,6 +277,95 @@ def test_hardware_takes_the_backward_each_schedule_runs():
     assert split_only.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == [1.5, 1.5]
 
 
+def test_a_full_backward_hardware_refuses_split_schedules():
+    # From full-backward runs only, I/W are unknown: a split schedule must not be priced as I = B, W = 0.
+    cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], overhead=0.1)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    for hw in (cal.hardware(), cal.hardware(gpipe)):
+        assert not hw.split_known
+        assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe))
+        with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
+            dp.simulate(zb, hw)
+        assert "\n" not in str(info.value)
+    with pytest.raises(dp.ConfigError, match="no measured I/W split"):
+        cal.hardware(zb)
+    # With a split (here a fraction), one hardware prices every schedule: B at the measured B.
+    hw = cal.hardware(weight_fraction=0.25)
+    assert hw.split_known and np.asarray(hw.full_backward).tolist() == [3.0, 3.0]
+    assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    assert float(dp.simulate(zb, hw).makespan) == pytest.approx(cal.predict(zb, weight_fraction=0.25), rel=1e-6)
+    chex.assert_trees_all_close(np.asarray(hw.input_grad), np.asarray([2.25, 2.25]))
+
+
+def test_the_split_of_a_full_backward_from_a_probe_or_the_model():
+    full = calibrate.from_measurements([1.0, 1.0], [3.0, 8.0])
+    # a probe of the same stages (profile_stages' convention: stage 0 has no I), split costs more than B
+    probe = calibrate.from_measurements([1.0, 1.0], [2.0, 4.0], input_grad=[0.0, 2.5], weight=[2.0, 2.0])
+    cal = full.with_split(probe=probe)
+    chex.assert_trees_all_close(np.asarray(cal.backward_split), np.asarray([(0.0, 1.0), (0.625, 0.5)]))
+    assert "probe" in cal.split_source
+    zb = cal.times(get("zb-h1", devices=2, microbatches=4))
+    assert zb["input_grad"] == pytest.approx([0.0, 5.0]) and zb["weight"] == pytest.approx([3.0, 4.0])
+    assert zb["full_backward"] == pytest.approx([3.0, 8.0])  # measured B stays the B
+    # the other way: a split source prices a full B as (I + W) x B / (I + W) of the probe
+    split = calibrate.from_measurements([1.0, 1.0], input_grad=[0.0, 5.0], weight=[3.0, 4.0]).with_split(probe=probe)
+    assert split.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == pytest.approx([3.0, 8.0])
+    # a Transformer's FLOPs (GPT block: I = M + 2A, W = M with M = 24 b s h^2, A = 4 b s^2 h; head F = I = W)
+    b, s, h, v = 1, 32, 64, 100
+    model = dp.Transformer(4, h, 4, s, v)
+    by_model = calibrate.from_measurements([1.0] * 4, [2.0] * 4).with_split(model=model)
+    m, a, head = 24 * b * s * h * h, 4 * b * s * s * h, 2 * b * s * h * v
+    expected = [(0.0, 1.0), *[((m + 2 * a) / (2 * m + 2 * a), m / (2 * m + 2 * a))] * 2,
+                ((m + 2 * a + head) / (2 * m + 2 * a + 2 * head), (m + head) / (2 * m + 2 * a + 2 * head))]
+    chex.assert_trees_all_close(np.asarray(by_model.backward_split), np.asarray(expected), rtol=1e-9)
+    uneven = calibrate.from_measurements([1.0] * 2, [2.0] * 2).with_split(model=model, layers_per_stage=[1, 3])
+    assert uneven.backward_split[1] != pytest.approx(expected[1])
+    assert by_model.hardware().split_known
+    for kwargs, message in [({}, "exactly one of model= or probe="),
+                            ({"model": model, "probe": probe}, "exactly one"),
+                            ({"probe": calibrate.from_measurements([1.0], [1.0])}, "probe timed 1 stages"),
+                            ({"probe": full}, "no full backward and I/W split for stage 0"),
+                            ({"model": "gpt"}, "must be a diffpipe.Transformer")]:
+        with pytest.raises(dp.ConfigError, match=message):
+            full.with_split(**kwargs)
+
+
+def test_the_trace_takes_the_model_for_the_split(tmp_path):
+    files = _runtime_files(tmp_path)
+    model = dp.Transformer(2, 64, 4, 32, 100)
+    cal = calibrate.from_torch_trace(files, model=model)
+    assert cal.backward_split[0] == (0.0, 1.0) and 0 < cal.backward_split[1][1] < 1
+    zb = get("zb-h1", devices=2, microbatches=2)
+    assert cal.predict(zb) > 0 and math.isfinite(cal.residual["step"])
+    assert cal.spread["F0"] == pytest.approx(0.0, abs=1e-9)  # every synthetic op lasts the same
+    assert calibrate.from_torch_trace(files).predict(get("gpipe", devices=2, microbatches=2)) == pytest.approx(
+        cal.predict(get("gpipe", devices=2, microbatches=2)), rel=1e-6)  # the split does not move a full B
+
+
+def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
+    pytest.importorskip("torch.distributed.pipelining")
+    cal = calibrate.from_measurements([1.0, 1.2], [2.0, 2.4], overhead=0.05, p2p=0.3)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    full = tmp_path / "full.toml"
+    cal.to_toml(full, mode="torch-runtime")
+    assert tomllib.loads(full.read_text())["network"] == {"mode": "torch-runtime"}
+    args = ["--devices", "2", "--microbatches", "4", "--json"]
+    assert cli.main(["simulate", "gpipe", *args, "--config", str(full)]) == 0
+    got = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert got == pytest.approx(cal.predict(gpipe, mode="torch-runtime"), rel=1e-6)
+    assert got != pytest.approx(cal.predict(gpipe), rel=1e-6)  # the mode was read, not defaulted
+    assert cli.main(["simulate", "zb-h1", *args, "--config", str(full)]) == 2  # split_known = false
+    assert "knows only full backwards" in capsys.readouterr().err
+    split = tmp_path / "split.toml"
+    cal.to_toml(split, mode=calibrate.TorchRuntime(), weight_fraction=0.4)
+    data = tomllib.loads(split.read_text())
+    assert "split_known" not in data["times"] and data["times"]["full_backward"] == [2.0, 2.4]
+    for name, schedule in (("gpipe", gpipe), ("zb-h1", zb)):
+        assert cli.main(["simulate", name, *args, "--config", str(split)]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(
+            cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
+
+
 def test_workload_spreads_each_stage_over_its_layers():
     cal = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, p2p=0.2)
     workload = cal.workload(layers=[2, 3])
@@ -311,7 +400,7 @@ def test_machine_file_runs_in_the_cli(tmp_path, capsys):
     cal.to_toml(path)
     data = tomllib.loads(path.read_text())
     assert data["times"] == {"forward": [1.0, 2.0], "backward": [2.0, 4.0], "weight": [0.0, 0.0],
-                             "p2p": 0.05, "overhead": 0.1, "setup": 0.3, "wind_down": 0.0}
+                             "p2p": 0.05, "overhead": 0.1, "setup": 0.3, "wind_down": 0.0, "split_known": False}
     assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(path),
                      "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)["makespan_s"]

@@ -43,7 +43,7 @@ from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
-from ._graph import COST_F, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
 
 
 def _numbers(value: Any) -> bool:
@@ -94,6 +94,12 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
         bad = bad | jnp.isinf(x)
     return eqx.error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
                         f"{'' if allow_inf else ' and finite'}")
+
+
+#: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
+SPLIT_UNKNOWN = ("hardware: the schedule splits its backward (I/W ops) but this hardware knows only full "
+                 "backwards (calibrated from full-backward runs); give the calibration the W share "
+                 "(from_torch_trace(..., model=) or (..., probe=profile_stages(...))) or weight_fraction=")
 
 
 #: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
@@ -227,6 +233,9 @@ class Hardware(eqx.Module):
     pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring).
     All are float leaves, differentiable; their default, None (no leaf: the pytree of a plain
     hardware is unchanged), is the plain model: overhead, I + W, 0, 0, pairs lasting F + B.
+    ``split_known`` (static, default True): False when only full backwards were measured (a
+    calibration from full-backward runs: ``input_grad`` holds the whole ``B``, ``weight`` 0), so
+    a graph with ``I`` or ``W`` ops is refused (``SPLIT_UNKNOWN``) instead of priced as I = B, W = 0.
     """
 
     forward: Float[Array, "..."]
@@ -247,6 +256,7 @@ class Hardware(eqx.Module):
     wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
     pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
                                                          converter=lambda v: _optional(v, "pair_overlap"))
+    split_known: bool = eqx.field(default=True, static=True)
 
     @property
     def backward(self) -> Array:
@@ -291,6 +301,7 @@ class Hardware(eqx.Module):
         setup: Any = None,
         wind_down: Any = None,
         pair_overlap: Any = None,
+        split_known: bool = True,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -303,6 +314,7 @@ class Hardware(eqx.Module):
         a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
         values in that order. ``setup``/``wind_down``: seconds before the first op and after the
         last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
+        ``split_known=False``: only full backwards are known (the class docstring).
         """
         input_grad = _renamed("hardware", "input_grad", input_grad, "backward", backward)
         zero = _float(0.0)
@@ -316,7 +328,7 @@ class Hardware(eqx.Module):
                             _float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
-            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap,
+            setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
         )
 
     # -- broadcasting against a graph ----------------------------------------------------------
@@ -373,6 +385,10 @@ class Hardware(eqx.Module):
         self.check_graph(graph)
         t = {name: _traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
+        if not self.split_known:  # only full backwards known: an I or W op has no price
+            rows = graph.node_cost[..., 0]
+            t["input_grad"] = eqx.error_if(t["input_grad"], jnp.any((rows == COST_I) | (rows == COST_W)),
+                                           SPLIT_UNKNOWN)
         if self.full_backward is None:
             full = t["input_grad"] + t["weight"]
         else:

@@ -20,21 +20,34 @@ Terms (seconds):
 
 A schedule that splits its backward gets the measured full backward, where measured, as
 ``Hardware.full_backward`` (its ``B`` ops then cost that, not ``I + W``).
+
+From a run of full backwards only (GPipe, 1F1B, interleaved 1F1B, looped BFS) the ``I``/``W``
+split is not measured. ``backward_split[s]`` supplies it without guessing: the ratios
+``(I / B, W / B)`` of stage ``s``, from the model's FLOPs (``with_split(model=...)``: ``W`` is the
+weight matmuls' share of the backward, ``I + W = B``) or from a measured probe of the same torch
+modules (``with_split(probe=profile_stages(...))``: torch's own ``stage_backward_input`` and
+``stage_backward_weight`` against its full backward, so the ratios also carry how much more a
+split backward costs than a full one). Without it (and without ``weight_fraction=``), a
+``Hardware`` of such a calibration has ``split_known=False`` and refuses ``I``/``W`` ops.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from .._checks import check_int, check_number
 from .._engine._hardware import Hardware, Network
 from .._engine._simulate import simulate
 from .._errors import ConfigError
 from .._io import dumps_json, write_atomic
+from .._model._transformer import Transformer, layer_costs, stage_of_layers
 from .._workload._workload import Workload
 from ._runtime import TorchRuntime
 
@@ -69,9 +82,13 @@ class Calibration:
     ``orders`` (from a trace): the compute ops each rank ran in one step, as op strings
     (``"1F0"``); ``stage_ranks[s]`` the rank that held stage ``s``; ``samples`` the number of ops
     behind each mean (``"F1"`` -> 8); ``step_time`` the measured step (median over steps);
+    ``spread`` the relative spread of each mean's samples (their standard deviation over their
+    mean, gross outliers dropped as in ``robust_mean``; ``"F1"`` -> 0.03);
     ``residual`` how well the fit explains the trace: ``durations`` the median relative deviation
     of op times from their stage's median, ``step`` the relative error of ``predict`` on the traced
-    schedule itself. ``source`` names where the numbers came from.
+    schedule itself. ``source`` names where the numbers came from. ``backward_split[s]``: stage
+    ``s``'s ``(I / B, W / B)`` where the split is not measured (module docstring; ``with_split``),
+    ``split_source`` where those ratios came from.
     """
 
     forward: tuple[float, ...]
@@ -90,6 +107,9 @@ class Calibration:
     samples: Mapping[str, int] = field(default_factory=dict)
     residual: Mapping[str, float | None] = field(default_factory=dict)
     source: str = "measurements"
+    spread: Mapping[str, float | None] = field(default_factory=dict)
+    backward_split: tuple[tuple[float, float] | None, ...] | None = None
+    split_source: str | None = None
 
     def __post_init__(self) -> None:
         forward = _stage_values("forward", self.forward, None)
@@ -102,41 +122,77 @@ class Calibration:
             object.__setattr__(self, name, check_number(f"calibration: {name}", getattr(self, name)))
         if self.backward is None and (self.input_grad is None or self.weight is None):
             raise ConfigError("calibration: give backward (full), or both input_grad and weight")
+        if self.backward_split is not None:
+            split = tuple(self.backward_split)
+            if len(split) != len(forward):
+                raise ConfigError(f"calibration: backward_split has {len(split)} entries, forward has "
+                                  f"{len(forward)} stages")
+            checked = []
+            for s, pair in enumerate(split):
+                if pair is None:
+                    checked.append(None)
+                    continue
+                i, w = (check_number(f"calibration: backward_split[{s}]", v) for v in pair)
+                if i + w <= 0:
+                    raise ConfigError(f"calibration: backward_split[{s}] = {pair!r}: I + W must be > 0")
+                checked.append((i, w))
+            object.__setattr__(self, "backward_split", tuple(checked))
 
     @property
     def stages(self) -> int:
         return len(self.forward)
 
     # -- what the cost model takes ---------------------------------------------------------------------
+    def _measured(self, name: str, s: int) -> float | None:
+        values = getattr(self, name)
+        return values[s] if values else None
+
+    def _ratios(self, s: int) -> tuple[float, float] | None:
+        return self.backward_split[s] if self.backward_split else None
+
+    def split_known(self, weight_fraction: float | None = None) -> bool:
+        """Whether every stage has an ``I``/``W`` split: measured, from ``backward_split`` times a
+        measured ``B``, or from ``weight_fraction``."""
+        for s in range(self.stages):
+            if self._measured("input_grad", s) is not None and self._measured("weight", s) is not None:
+                continue
+            if self._measured("backward", s) is None or (weight_fraction is None and self._ratios(s) is None):
+                return False
+        return True
+
     def _split(self, weight_fraction: float | None) -> tuple[list[float], list[float]]:
-        """Per-stage ``(I, W)`` for a schedule that splits its backward."""
+        """Per-stage ``(I, W)`` for a schedule that splits its backward: measured, else the measured
+        ``B`` split by ``weight_fraction`` (when given) or by ``backward_split``."""
         inputs, weights = [], []
         for s in range(self.stages):
-            i = self.input_grad[s] if self.input_grad else None
-            w = self.weight[s] if self.weight else None
-            b = self.backward[s] if self.backward else None
+            i, w, b = (self._measured(name, s) for name in ("input_grad", "weight", "backward"))
             if i is None or w is None:
-                if b is None or weight_fraction is None:
+                ratios = None if weight_fraction is None else (1 - weight_fraction, weight_fraction)
+                ratios = ratios or self._ratios(s)
+                if b is None or ratios is None:
                     raise ConfigError(
                         f"calibration: stage {s} has no measured I/W split (the trace ran a full backward); "
-                        "calibrate from a zero-bubble schedule's trace or pass weight_fraction="
+                        "calibrate from a zero-bubble schedule's trace, give the W share (from_torch_trace(..., "
+                        "model= or probe=), Calibration.with_split) or pass weight_fraction="
                     )
-                i, w = b * (1 - weight_fraction), b * weight_fraction
+                i, w = b * ratios[0], b * ratios[1]
             inputs.append(i)
             weights.append(w)
         return inputs, weights
 
-    def _full(self) -> list[float]:
-        """Per-stage full backward: measured ``B``, else ``I + W``."""
+    def _full(self, split: tuple[list[float], list[float]] | None = None) -> list[float]:
+        """Per-stage full backward: measured ``B``, else ``I + W`` (the measured split, or
+        ``split``), scaled by ``backward_split``'s ``B / (I + W)`` where given."""
         out = []
         for s in range(self.stages):
-            b = self.backward[s] if self.backward else None
+            b = self._measured("backward", s)
             if b is None:
-                i = self.input_grad[s] if self.input_grad else None
-                w = self.weight[s] if self.weight else None
+                i = self._measured("input_grad", s) if split is None else split[0][s]
+                w = self._measured("weight", s) if split is None else split[1][s]
                 if i is None or w is None:
                     raise ConfigError(f"calibration: stage {s} has neither a full backward nor an I/W split")
-                b = i + w
+                ratios = self._ratios(s)
+                b = (i + w) / (ratios[0] + ratios[1]) if ratios else i + w
             out.append(b)
         return out
 
@@ -149,7 +205,8 @@ class Calibration:
         ``input_grad`` and no ``W``. Without a schedule: the split where measured. Also the
         per-kind overheads (``kind_overhead``: ``overhead_by_kind``, None when not measured),
         ``setup`` and ``wind_down``.
-        ``weight_fraction`` splits a measured full ``B`` where no split was measured.
+        ``weight_fraction`` splits a measured full ``B`` where no split was measured (else
+        ``backward_split`` does).
         """
         if schedule is not None:
             if schedule.stages != self.stages:
@@ -158,12 +215,12 @@ class Calibration:
                 )
             split = any(op.kind in ("I", "W") for order in schedule.orders for op in order)
         else:
-            split = self.input_grad is not None and self.weight is not None
+            split = self.split_known(weight_fraction)
         full = None
         if split:
             backward, weight = self._split(weight_fraction)
-            if self.backward is not None and any(b is not None for b in self.backward):
-                full = [i + w if b is None else b for b, i, w in zip(self.backward, backward, weight, strict=True)]
+            if (self.backward is not None and any(b is not None for b in self.backward)) or self.backward_split:
+                full = self._full((backward, weight))
         else:
             backward, weight = self._full(), [0.0] * self.stages
         return {"forward": list(self.forward), "input_grad": backward, "weight": weight,
@@ -173,11 +230,22 @@ class Calibration:
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
                  mode: Any = "overlap") -> Any:
-        """A ``diffpipe.Hardware`` for ``schedule`` (see ``times``); transfers in ``mode`` (a
-        communication mode or its name; ``"torch-runtime"`` is ``TorchRuntime``, the mode of
-        torch's pipelining runtime over gloo)."""
+        """A ``diffpipe.Hardware`` for ``schedule`` (any schedule of the calibration's stage count
+        when None); transfers in ``mode`` (a communication mode or its name; ``"torch-runtime"`` is
+        ``TorchRuntime``, the mode of torch's pipelining runtime over gloo).
 
-        t = self.times(schedule, weight_fraction=weight_fraction)
+        Where every stage has an ``I``/``W`` split (``split_known``), the hardware prices every
+        kind: ``I``, ``W`` and, as ``full_backward``, the full ``B``; so one hardware serves
+        every schedule. Else ``input_grad`` is the full ``B``, ``weight`` 0, and the hardware has
+        ``split_known=False``: simulating a schedule with ``I``/``W`` ops on it raises, rather
+        than pricing ``I`` as the whole backward and ``W`` as free.
+        """
+        if schedule is not None and schedule.stages != self.stages:
+            raise ConfigError(f"calibration: measured {self.stages} stages, the schedule has {schedule.stages}")
+        known = self.split_known(weight_fraction)
+        if not known:
+            self.times(schedule, weight_fraction=weight_fraction)  # a split schedule: the error names the stage
+        t = self.times(None, weight_fraction=weight_fraction)
         # Every term given explicitly, at the value the cost model would default it to (a kind's
         # overhead: ``overhead``; a full B: I + W), so every Hardware has one array structure and
         # JAX compiles the simulator once per graph shape, not once per calibration.
@@ -187,7 +255,51 @@ class Calibration:
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
                                    overhead=t["overhead"], mode=communication_mode(mode),
                                    kind_overhead=kind_overhead, full_backward=full, setup=t["setup"],
-                                   wind_down=t["wind_down"])
+                                   wind_down=t["wind_down"], split_known=known)
+
+    def with_split(self, *, model: Any = None, layers_per_stage: Sequence[int] | None = None,
+                   probe: Calibration | None = None) -> Calibration:
+        """This calibration with ``backward_split``: each stage's ``(I / B, W / B)``, for the
+        stages whose split was not measured (module docstring). Give one of:
+
+        - ``model``, a ``diffpipe.Transformer``: the ratios of its FLOPs (``layer_costs``: a weight
+          matmul's ``W`` costs its ``I``, attention's score and value products are all ``I``), its
+          blocks grouped into the calibration's stages as ``stage_of_layers`` does (evenly, or
+          ``layers_per_stage``); ``I + W = B``. Stage 0 as torch runs it: no input gradient, the
+          whole backward in ``W`` (``(0, 1)``).
+        - ``probe``, a ``Calibration`` from ``profile_stages`` of the same stages: its measured
+          ``I / B`` and ``W / B`` (torch's split backward against its full one).
+        """
+        if (model is None) == (probe is None):
+            raise ConfigError("calibration: with_split takes exactly one of model= or probe=")
+        if model is not None:
+            if not isinstance(model, Transformer):
+                raise ConfigError(f"calibration: model must be a diffpipe.Transformer, got {type(model).__name__}")
+            costs = layer_costs(model)
+            where = stage_of_layers(model, None if layers_per_stage is not None else self.stages, layers_per_stage)
+            if int(where.max()) + 1 != self.stages:
+                raise ConfigError(f"calibration: layers_per_stage has {int(where.max()) + 1} stages, the "
+                                  f"calibration {self.stages}")
+            inputs = np.bincount(where, costs.input_grad, self.stages)
+            weights = np.bincount(where, costs.weight, self.stages)
+            split = [(0.0, 1.0) if s == 0 else (float(i / (i + w)), float(w / (i + w)))
+                     for s, (i, w) in enumerate(zip(inputs, weights, strict=True))]
+            source = f"model FLOPs ({model.layers} layers)"
+        else:
+            if not isinstance(probe, Calibration):
+                raise ConfigError(f"calibration: probe must be a Calibration (profile_stages), got "
+                                  f"{type(probe).__name__}")
+            if probe.stages != self.stages:
+                raise ConfigError(f"calibration: the probe timed {probe.stages} stages, the calibration has "
+                                  f"{self.stages}")
+            split = []
+            for s in range(self.stages):
+                b, i, w = (probe._measured(name, s) for name in ("backward", "input_grad", "weight"))
+                if b is None or i is None or w is None or b <= 0:
+                    raise ConfigError(f"calibration: the probe has no full backward and I/W split for stage {s}")
+                split.append((i / b, w / b))
+            source = f"probe ({probe.source})"
+        return replace(self, backward_split=tuple(split), split_source=source)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
                  weight_fraction: float | None = None, mode: str = "overlap") -> Any:
@@ -228,14 +340,24 @@ class Calibration:
             write_atomic(path, text, "calibration JSON")
         return text
 
-    def to_toml_text(self, schedule: Any = None, *, weight_fraction: float | None = None) -> str:
-        """A machine file for ``diffpipe --config``: ``[times]`` (see ``times``) and ``[network] mode``.
+    def to_toml_text(self, schedule: Any = None, *, weight_fraction: float | None = None,
+                     mode: Any = "overlap") -> str:
+        """A machine file for ``diffpipe --config``: ``[times]`` and ``[network] mode``.
 
-        Every term of ``times`` is a key (``full_backward`` where the schedule splits its backward
-        and a full one was measured; ``overhead_F`` ... ``overhead_W`` for the kinds measured); the
-        step time and the residual are comments.
+        The times are ``hardware``'s (``schedule``, when given, is checked for the stage count):
+        with an ``I``/``W`` split, ``backward`` is ``I``, ``weight`` is ``W`` and ``full_backward``
+        the full ``B``, so one file prices every schedule; without one, ``backward`` is the full
+        ``B``, ``weight`` 0 and ``split_known = false`` (the CLI then refuses a schedule with
+        ``I``/``W`` ops). ``overhead_F`` ... ``overhead_W`` for the kinds measured; ``mode`` (a
+        name or a communication mode; ``"torch-runtime"`` included) is ``[network] mode``. The
+        step time, the residual and where the split came from are comments.
         """
-        t = self.times(schedule, weight_fraction=weight_fraction)
+        if schedule is not None and schedule.stages != self.stages:
+            raise ConfigError(f"calibration: measured {self.stages} stages, the schedule has {schedule.stages}")
+        if schedule is not None and not self.split_known(weight_fraction):
+            self.times(schedule, weight_fraction=weight_fraction)  # a split schedule: the error names the stage
+        known = self.split_known(weight_fraction)
+        t = self.times(None, weight_fraction=weight_fraction)
         lines = [f"# diffpipe machine file calibrated from {self.source}",
                  "# seconds per microbatch and stage; backward is the input-gradient part I, "
                  "a full B costs full_backward (when given) or I + W"]
@@ -243,19 +365,27 @@ class Calibration:
             lines.append(f"# measured step time: {self.step_time!r}")
         if self.residual:
             lines.append("# residual: " + ", ".join(f"{k} = {v!r}" for k, v in self.residual.items()))
+        if known and self.split_source and not (self.input_grad and self.weight and all(
+                v is not None for v in (*self.input_grad, *self.weight))):
+            lines.append(f"# I/W split of the full backward from {self.split_source}")
+        if not known:
+            lines.append("# only full backwards were measured: backward is the full B; schedules with I/W ops "
+                         "are refused (split_known = false)")
         lines += ["", "[times]"]
         lines += [f"{key} = {_toml_value(t[TIMES_KEYS.get(key, key)])}" for key in TOML_TIMES]
         if t["full_backward"] is not None:
             lines.append(f"full_backward = {_toml_value(t['full_backward'])}")
         for kind, seconds in (t["kind_overhead"] or {}).items():
             lines.append(f"{TOML_KIND_OVERHEAD[kind]} = {_toml_value(seconds)}")
-        lines += ["", "[network]", 'mode = "overlap"', ""]
+        if not known:
+            lines.append("split_known = false")
+        lines += ["", "[network]", f"mode = {json.dumps(str(mode))}", ""]
         return "\n".join(lines)
 
     def to_toml(self, path: str | os.PathLike, schedule: Any = None, *,
-                weight_fraction: float | None = None) -> None:
+                weight_fraction: float | None = None, mode: Any = "overlap") -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
-        write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction), "machine file")
+        write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction, mode=mode), "machine file")
 
 
 def robust_mean(values: Sequence[float]) -> float | None:
@@ -273,6 +403,20 @@ def robust_mean(values: Sequence[float]) -> float | None:
     q1, _, q3 = statistics.quantiles(values, n=4)
     low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
     return statistics.fmean([v for v in values if low <= v <= high])
+
+
+def robust_spread(values: Sequence[float]) -> float | None:
+    """The relative spread of ``values`` as ``robust_mean`` sees them: the standard deviation of
+    the values inside its fences over their mean (None for fewer than 2 values or a zero mean)."""
+    if len(values) < 2:
+        return None
+    kept = list(values)
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+        kept = [v for v in values if low <= v <= high]
+    mean = statistics.fmean(kept)
+    return statistics.stdev(kept) / mean if len(kept) >= 2 and mean > 0 else None
 
 
 def communication_mode(mode: Any) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import ConfigError
-from ._calibration import Calibration, robust_mean
+from ._calibration import Calibration, robust_mean, robust_spread
 
 
 def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int = 9, warmup: int = 3,
@@ -35,6 +35,7 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
         raise ConfigError(f"profile_stages: repeats must be >= 1 and warmup >= 0, got {repeats!r}, {warmup!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     forward, backward, input_grad, weight = [], [], [], []
+    spread: dict[str, float | None] = {}
     generator = torch.Generator().manual_seed(0)
     for s, module in enumerate(stages):
         params = [p for p in module.parameters() if p.requires_grad]
@@ -83,8 +84,9 @@ def profile_stages(stages: Sequence[Any], example_inputs: Any, *, repeats: int =
         backward.append(robust_mean(times["B"]))
         input_grad.append(robust_mean(times["I"]))
         weight.append(robust_mean(times["W"]))
+        spread.update({f"{kind}{s}": robust_spread(times[kind]) for kind in "FBIW"})
         with torch.no_grad():
             inputs = run()
     return Calibration(tuple(forward), tuple(backward), tuple(input_grad), tuple(weight), overhead=overhead,
                        p2p=p2p, samples={f"{kind}{s}": repeats for kind in "FBIW" for s in range(len(stages))},
-                       source="profile_stages")
+                       spread=spread, source="profile_stages")

@@ -36,7 +36,7 @@ from typing import Any
 from .._errors import ConfigError, ScheduleError
 from .._io import read_text
 from ..schedules import Op, Placement, Schedule
-from ._calibration import Calibration, robust_mean
+from ._calibration import Calibration, robust_mean, robust_spread
 
 _RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
 _OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
@@ -266,7 +266,9 @@ def traced_schedule(orders: dict[int, tuple[str, ...]], stage_ranks: Sequence[in
     return Schedule(Placement(len(orders), (tuple(stage_ranks),)), ops, microbatches, options=(("traced", True),))
 
 
-def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None) -> Calibration:
+def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], schedule: Any = None, *,
+                     model: Any = None, layers_per_stage: Sequence[int] | None = None,
+                     probe: Calibration | None = None) -> Calibration:
     """A ``Calibration`` from ``torch.profiler`` Chrome traces of pipelined steps (one file per rank).
 
     Per stage and kind, the mean compute time over microbatches and steps (``robust_mean``: gross
@@ -277,6 +279,9 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     ``setup``/``wind_down`` the medians over steps (``setup``: from the step's start to its first
     compute, less that op's kind's overhead).
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
+    ``model`` (a ``Transformer``, its blocks split as ``layers_per_stage`` or evenly) or ``probe``
+    (a ``profile_stages`` calibration of the same stages) gives the ``I``/``W`` split of a trace
+    that ran full backwards (``Calibration.with_split``), so split schedules can be predicted.
     """
 
     ranks, one_clock = parse(paths)
@@ -359,9 +364,12 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         wind_down=statistics.median(winds), step_time=step_time, stage_ranks=ranks_of_stages,
         orders=tuple(orders.values()),
         samples={f"{kind}{stage}": len(ds) for (kind, stage), ds in sorted(durations.items())},
+        spread={f"{kind}{stage}": robust_spread(ds) for (kind, stage), ds in sorted(durations.items())},
         residual={"durations": _median(deviations)},
         source=", ".join(str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)),
     )
+    if model is not None or probe is not None:
+        calibration = calibration.with_split(model=model, layers_per_stage=layers_per_stage, probe=probe)
     try:  # the fit's residual on the step it was taken from (when the trace holds a whole schedule)
         traced = schedule if schedule is not None else traced_schedule(orders, ranks_of_stages)
         predicted = calibration.predict(traced)

@@ -21,6 +21,9 @@ DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
 #: The library's mode names (``_communication.MODES``), copied so that parsing never imports JAX (tested).
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
+#: The modes a machine (``--mode``, ``[network] mode``) may name: the built-in ones and
+#: ``torch-runtime`` (``diffpipe.calibrate.TorchRuntime``, which ``diffpipe calibrate`` may write).
+MACHINE_MODES = (*COMMUNICATION_MODES, "torch-runtime")
 #: ``Transformer.recompute`` modes (``_transformer.RECOMPUTE``), copied for the same reason (tested).
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: The units of the sweep table's numeric columns (``SweepResult`` stores SI units).
@@ -272,5 +275,5 @@ def _add_machine(p: argparse.ArgumentParser) -> None:
     g.add_argument("--intra", help="intra-node network preset (nvlink3, nvlink4, ib-ndr, 100gbe)")
     g.add_argument("--inter", help="inter-node network preset")
     g.add_argument("--devices-per-node", type=_count, dest="devices_per_node")
-    g.add_argument("--mode", choices=COMMUNICATION_MODES, help="communication model")
+    g.add_argument("--mode", choices=MACHINE_MODES, help="communication model")
 

@@ -22,9 +22,9 @@ from ._args import (
     _CLUSTER_SHAPE,
     _PARALLEL_FLAGS,
     _TRAINING_FLAGS,
-    COMMUNICATION_MODES,
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
+    MACHINE_MODES,
     RECOMPUTE_MODES,
     _family_options,
     _is_scalar_option,
@@ -44,7 +44,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "shares": (lambda v: all(is_number(x) and 0 <= x <= 1 for x in (v if isinstance(v, list) and v else [v])),
                "a number or a list of numbers in [0, 1]"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "mode": (lambda v: v in COMMUNICATION_MODES, f"one of {', '.join(COMMUNICATION_MODES)}"),
+    "mode": (lambda v: v in MACHINE_MODES, f"one of {', '.join(MACHINE_MODES)}"),
     "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
                 "a table of NAME = number, bool or string"),
     "zero": (lambda v: is_int(v) and 0 <= v <= 3, "a ZeRO stage 0, 1, 2 or 3"),
@@ -58,7 +58,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
               "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
               "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
-              "overhead_W": "seconds", "pair_overlap": "shares"},
+              "overhead_W": "seconds", "pair_overlap": "shares", "split_known": "bool"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
               "vocabulary": "count", "microbatch_size": "count", "microbatch": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
@@ -187,6 +187,15 @@ def _check_float32(values: dict[str, tuple[Any, str]]) -> None:
                                   "floats (JAX_ENABLE_X64=1) or use other units")
 
 
+def _mode(name: str | None) -> Any:
+    """A machine's mode as the library takes it: ``torch-runtime`` is ``calibrate.TorchRuntime()``."""
+    if name != "torch-runtime":
+        return name
+    from ..calibrate import TorchRuntime
+
+    return TorchRuntime()
+
+
 def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     import jax.numpy as jnp
 
@@ -201,7 +210,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
     dev = _merged(args, config, "device", {})
     if getattr(args, "device", None) is not None:
         dev["preset"] = (args.device, "--device")
-    mode = net.pop("mode", (None, ""))[0]
+    mode = _mode(net.pop("mode", (None, ""))[0])
     _check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
     modes = {} if mode is None else {"mode": mode}
     if times:
@@ -225,7 +234,7 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
                                        update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
                                        kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
                                        setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
-                                       pair_overlap=t.get("pair_overlap"))
+                                       pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True))
 
         label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
                  + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
@@ -357,7 +366,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
         par["data"] = clu["gpus"] // (t * p) if "gpus" in clu else 1
     parallelism = Parallelism(**par)
     cluster = _cluster(clu, parallelism.gpus)
-    mode = args.mode or network.get("mode") or "overlap"
+    mode = _mode(args.mode or network.get("mode") or "overlap")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
     label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
              f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
