@@ -508,7 +508,13 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     if not all(f.exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
     schedule = RAN[name]()
-    cal = calibrate.from_torch_trace(files, schedule)  # raises unless every rank ran the predicted order
+    probe = None
+    if name == "gpipe":  # full backwards only: the I/W split from a probe of the same torch modules
+        import torch
+
+        probe = calibrate.profile_stages(list(_runner()._blocks(2, 64)), torch.randn(8, 64), repeats=3, warmup=1)
+    cal = calibrate.from_torch_trace(files, schedule, probe=probe)  # raises unless every rank ran the order
+    assert cal.hardware().split_known == (name != "1f1b")
     assert cal.orders == tuple(tuple(str(op) for op in order) for order in schedule.orders)
     # Every fitted term positive (or, for p2p beyond the overhead, non-negative) and finite.
     measured = [v for kind in (cal.forward, cal.backward, cal.input_grad, cal.weight) if kind for v in kind]
@@ -518,7 +524,7 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     # A prediction for every schedule with the same stage count (in the study's headline mode;
     # the residual above replayed the traced schedule in the default overlap mode).
     for other in PREDICT[name]():
-        predicted = cal.predict(other, weight_fraction=0.5, mode="torch-runtime")
+        predicted = cal.predict(other, mode="torch-runtime")
         assert math.isfinite(predicted) and predicted > 0, other
     # torch posted every receive where TorchRuntime says it does (ScheduleGPipe labels no receives).
     if name != "gpipe":
@@ -529,7 +535,7 @@ def test_real_run_calibrates_and_predicts(real_run, name):
         assert traced == {op: posts[op] for op in traced} and len(traced) == len(posts)
     # Memory: diffpipe's peak stored activations equal what torch held, on every rank.
     peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
-    result = dp.simulate(schedule, cal.hardware(schedule, weight_fraction=0.5))
+    result = dp.simulate(schedule, cal.hardware(schedule))
     assert [int(x) for x in result.peak_activations] == peaks
 
 
