@@ -594,9 +594,27 @@ def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys)
     out = tmp_path / "machine.toml"
     assert cli.main(["calibrate", *files, "--schedule", "gpipe", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "stage(s); ms per stage: forward" in printed and f"wrote {out}" in printed
+    assert "calibrated 2 stage(s), 2 rank(s)" in printed and f"wrote {out}" in printed
+    # per stage and kind: the mean (ms), its spread and its sample count; no column for unmeasured kinds
+    assert "stage  rank  F                 B\n" in printed and "0.15 (0.0%, n=4)" in printed and " I " not in printed
+    assert "no I/W split" in printed
     assert tomllib.loads(out.read_text())["times"]["forward"] == pytest.approx([100 * US, 150 * US])
     assert cli.main(["calibrate", *files, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["forward"] == pytest.approx([100 * US, 150 * US])
+    # the prediction table: every named schedule, sized like the trace, n/a with the reason
+    assert cli.main(["calibrate", *files, "--predict", "gpipe,1f1b,zb-h1,zb-v"]) == 0
+    printed = capsys.readouterr().out
+    gpipe = calibrate.from_torch_trace(files).predict(get("gpipe", devices=2, microbatches=2))
+    assert f"  gpipe  {1e3 * gpipe:.4g} ms" in printed
+    assert "zb-h1  n/a: calibration: stage 0 has no measured I/W split" in printed
+    assert "zb-v   n/a: calibration: measured 2 stages, the schedule has 4" in printed
+    # with the model's FLOPs for the split: the split schedule is predicted, in the mode asked for
+    assert cli.main(["calibrate", *files, "--predict", "zb-h1", "--model", "llama-3-8b", "--mode", "torch-runtime",
+                     "--out", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.split("wrote")[0])
+    expected = calibrate.from_torch_trace(files, model=dp.presets.model("llama-3-8b")).predict(
+        from_torch("zb-h1", 2, 2), mode="torch-runtime")
+    assert data["predictions"] == [{"schedule": "zb-h1", "step_s": pytest.approx(expected), "why": None}]
+    assert tomllib.loads(out.read_text())["network"]["mode"] == "torch-runtime"
     assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
     assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()

@@ -35,6 +35,7 @@ from ._inputs import (
     _load_config,
     _machine,
     _machine_flags,
+    _mode,
     _model,
     _schedule,
     _Training,
@@ -418,19 +419,22 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from ..calibrate import cli_calibrate
+    from ..calibrate._cli import predictions, report
 
-    calibration = cli_calibrate(args.trace, args.schedule, args.out)
+    model = None
+    if args.model is not None or args.hf_config is not None:
+        if args.model is not None and args.hf_config is not None:
+            raise ConfigError("--model and --hf-config: give one")
+        model, _ = _model({"model": args.model} if args.model is not None else {"hf_config": args.hf_config}, ())
+    mode = args.mode or "overlap"
+    calibration = cli_calibrate(args.trace, args.schedule, args.out, mode=mode, model=model)
+    rows = predictions(calibration, args.predict or (), mode=_mode(mode))
     if args.json:
-        print(calibration.to_json(), end="")
+        data = json.loads(calibration.to_json())
+        if args.predict:
+            data["predictions"] = rows
+        _print_json(data)
     else:
-        def ms(values: Any) -> str:
-            return " ".join("-" if v is None else f"{1e3 * v:.3g}" for v in values or ())
-
-        c = calibration
-        print(f"{len(args.trace)} trace file(s), {c.stages} stage(s); ms per stage: forward {ms(c.forward)}; "
-              f"backward {ms(c.backward)}; input-grad {ms(c.input_grad)}; weight {ms(c.weight)}; "
-              f"overhead per op {1e3 * c.overhead:.3g} ms")
+        print(report(calibration, rows, mode=mode))
     if args.out:
         print(f"wrote {args.out}")
-
-

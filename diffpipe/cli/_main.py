@@ -32,6 +32,7 @@ from .._errors import ConfigError, ScheduleError
 from ._args import (
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
+    MACHINE_MODES,
     REPORT,
     _add_common,
     _add_machine,
@@ -159,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "diffpipe calibrate rank0.json rank1.json --schedule 1f1b --out machine.toml", sizes=False)
     p.add_argument("trace", nargs="+", help="Chrome trace JSON of a pipelined step, one file per rank")
     p.add_argument("--schedule", help="the schedule that ran (torch or diffpipe name, or a torch CSV)")
+    p.add_argument("--predict", type=_listed(), metavar="NAME[,NAME...]",
+                   help="schedules to predict, sized like the trace (torch or diffpipe names, torch CSVs)")
+    p.add_argument("--mode", choices=MACHINE_MODES,
+                   help="communication mode of the predictions and the machine file (default overlap; "
+                        "torch-runtime: torch's pipelining runtime over gloo)")
+    p.add_argument("--model", help="model preset whose FLOPs split a full backward into I and W")
+    p.add_argument("--hf-config", dest="hf_config", metavar="PATH",
+                   help="a Hugging Face config.json, instead of --model")
     p.add_argument("--out", metavar="TOML", help="write a machine file the other commands read (--config)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_calibrate)
