@@ -366,6 +366,49 @@ def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
             cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
 
 
+def test_several_runs_combine_with_each_terms_spread():
+    # a full-backward run (B) and a zero-bubble run (I, W) of the same 2 stages
+    full = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), overhead=0.1, p2p=0.2, setup=0.5,
+                                 overhead_by_kind={"F": 0.1}, samples={"F0": 4, "F1": 4, "B0": 4, "B1": 4},
+                                 stage_ranks=(0, 1), residual={"step": -0.02})
+    split = calibrate.Calibration(forward=(1.6, 2.0), input_grad=(1.0, 2.5), weight=(2.5, 2.0), overhead=0.3,
+                                  p2p=0.2, setup=0.7, overhead_by_kind={"F": 0.2, "W": 0.4},
+                                  samples={"F0": 12, "F1": 12, "I0": 12, "I1": 12, "W0": 12, "W1": 12},
+                                  spread={"I0": 0.05}, stage_ranks=(0, 1), residual={"step": 0.03})
+    cal = calibrate.combine([full, split])
+    assert cal.forward == pytest.approx((1.45, 2.0))  # weighted by samples: (4 x 1.0 + 12 x 1.6) / 16
+    assert cal.backward == (3.0, 4.0) and cal.input_grad == (1.0, 2.5) and cal.weight == (2.5, 2.0)
+    assert cal.samples["F0"] == 16 and cal.samples["B1"] == 4
+    assert cal.overhead == pytest.approx(0.2) and cal.overhead_by_kind == pytest.approx({"F": 0.15, "W": 0.4})
+    assert cal.setup == pytest.approx(0.6) and cal.p2p == pytest.approx(0.2)
+    # the spread between runs (relative standard deviation), where two runs measured a term; else the run's own
+    assert cal.spread["F0"] == pytest.approx(np.std([1.0, 1.6], ddof=1) / 1.3)
+    assert cal.spread["F1"] == pytest.approx(0.0) and cal.spread["p2p"] == pytest.approx(0.0)
+    assert cal.spread["overhead"] == pytest.approx(np.std([0.1, 0.3], ddof=1) / 0.2)
+    assert cal.spread["I0"] == 0.05 and "overhead_W" not in cal.spread
+    assert cal.residual["step"] == pytest.approx(0.03) and cal.stage_ranks == (0, 1)
+    # both backwards measured: every schedule is priced, a B at the measured B
+    times = cal.times(get("zb-h1", devices=2, microbatches=4))
+    assert times["input_grad"] == [1.0, 2.5] and times["full_backward"] == [3.0, 4.0]
+    with pytest.raises(dp.ConfigError, match="run 1 has 1 stages, run 0 has 2"):
+        calibrate.combine([full, calibrate.from_measurements([1.0], [2.0])])
+    with pytest.raises(dp.ConfigError, match="non-empty list"):
+        calibrate.combine([])
+
+
+def test_the_calibrate_command_takes_several_runs(tmp_path, capsys):
+    first = _runtime_files(tmp_path)
+    (tmp_path / "b").mkdir()
+    second = _runtime_files(tmp_path / "b", steps=3)
+    files = [str(f) for f in (*first, *second)]
+    assert cli.main(["calibrate", *files, "--schedule", "gpipe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["source"].startswith("2 runs:") and data["samples"]["F0"] == 4 + 6
+    assert data["forward"] == pytest.approx([100 * US, 150 * US]) and data["spread"]["overhead"] == pytest.approx(0.0)
+    assert cli.main(["calibrate", *files, "--schedule", "gpipe,gpipe,gpipe"]) == 2
+    assert "3 schedule(s) for 2 run(s)" in capsys.readouterr().err
+
+
 def test_workload_spreads_each_stage_over_its_layers():
     cal = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, p2p=0.2)
     workload = cal.workload(layers=[2, 3])

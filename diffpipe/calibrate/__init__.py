@@ -7,10 +7,12 @@ feeds ``simulate``/``compare``/``optimize``/``sweep`` and whose ``to_toml`` writ
 for the CLI (``cli_calibrate`` is the ``diffpipe calibrate`` command's body).
 ``TorchRuntime`` is the communication mode of torch's pipelining runtime over gloo (``receive_posts``:
 where torch posts each receive); ``predict(..., mode="torch-runtime")`` uses it.
-``fit_kernel_efficiency`` fits a ``Device``'s kernel-efficiency curve to measured op times.
+``combine`` joins the calibrations of several runs (other schedules or sizes), each term with its
+spread across them. ``fit_kernel_efficiency`` fits a ``Device``'s kernel-efficiency curve to measured op times.
 """
 
 from ._calibration import Calibration as Calibration
+from ._calibration import combine as combine
 from ._calibration import from_measurements as from_measurements
 from ._cli import cli_calibrate as cli_calibrate
 from ._efficiency import fit_kernel_efficiency as fit_kernel_efficiency
@@ -20,5 +22,5 @@ from ._runtime import receive_posts as receive_posts
 from ._trace import from_torch_trace as from_torch_trace
 from ._trace import traced_schedule as traced_schedule
 
-__all__ = ["Calibration", "TorchRuntime", "cli_calibrate", "fit_kernel_efficiency", "from_measurements",
+__all__ = ["Calibration", "TorchRuntime", "cli_calibrate", "combine", "fit_kernel_efficiency", "from_measurements",
            "from_torch_trace", "profile_stages", "receive_posts", "traced_schedule"]

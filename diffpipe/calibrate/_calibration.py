@@ -433,6 +433,81 @@ def _toml_value(value: Any) -> str:
     return repr(float(value))
 
 
+def combine(calibrations: Sequence[Calibration]) -> Calibration:
+    """One calibration from several runs of the same stages (other schedules, microbatch counts
+    or repetitions), each term with its spread across the runs.
+
+    Per stage and kind, the runs' means weighted by their sample counts (the mean of all the
+    samples, each run's gross outliers already dropped), so a full-backward run's ``B`` and a
+    zero-bubble run's ``I`` and ``W`` combine into one calibration that measured both; the
+    per-op terms (``overhead`` and by kind, ``p2p`` and ``transfer``, ``setup``, ``wind_down``)
+    the plain mean over the runs that measured them. ``spread[key]`` is, for every term two or
+    more runs measured, the relative standard deviation of the runs' values (between runs: what
+    moving from one run to another changes; keys ``"F0"``..., ``"overhead"``, ``"p2p"``,
+    ``"setup"``, ``"wind_down"``), else the one run's own spread. ``samples`` are summed;
+    ``stage_ranks`` kept where all runs agree; ``residual["step"]`` is the largest ``|step|``
+    residual of the runs (each on its own traced schedule); a ``backward_split`` is the first
+    run's that has one. No ``orders`` or ``step_time``: they belong to one run.
+    """
+    runs = list(calibrations)
+    if not runs or not all(isinstance(c, Calibration) for c in runs):
+        raise ConfigError("calibration: combine takes a non-empty list of Calibration")
+    stages = runs[0].stages
+    for k, c in enumerate(runs):
+        if c.stages != stages:
+            raise ConfigError(f"calibration: run {k} has {c.stages} stages, run 0 has {stages}; combine runs of "
+                              "the same stages")
+    names = {"F": "forward", "B": "backward", "I": "input_grad", "W": "weight"}
+    per_kind: dict[str, tuple[float | None, ...] | None] = {}
+    spread: dict[str, float | None] = {}
+    samples: dict[str, int] = {}
+    for kind, name in names.items():
+        values: list[float | None] = []
+        for s in range(stages):
+            key = f"{kind}{s}"
+            got = [(c._measured(name, s), c.samples.get(key, 1)) for c in runs if c._measured(name, s) is not None]
+            if not got:
+                values.append(None)
+                continue
+            weight = sum(n for _, n in got)
+            values.append(sum(v * n for v, n in got) / weight)
+            samples[key] = sum(c.samples.get(key, 0) for c in runs)
+            spread[key] = (_between([v for v, _ in got]) if len(got) > 1 else
+                           next(c.spread.get(key) for c in runs if c._measured(name, s) is not None))
+        per_kind[name] = None if all(v is None for v in values) else tuple(values)
+
+    def mean(name: str, values: Sequence[float | None]) -> float | None:
+        kept = [v for v in values if v is not None]
+        if len(kept) > 1:
+            spread[name] = _between(kept)
+        return statistics.fmean(kept) if kept else None
+
+    kinds = sorted({kind for c in runs for kind in c.overhead_by_kind})
+    by_kind = {kind: mean(f"overhead_{kind}", [c.overhead_by_kind.get(kind) for c in runs]) for kind in kinds}
+    transfer = mean("transfer", [c.transfer for c in runs])
+    ranks = {c.stage_ranks for c in runs}
+    steps = [abs(c.residual["step"]) for c in runs if c.residual.get("step") is not None]
+    durations = [c.residual["durations"] for c in runs if c.residual.get("durations") is not None]
+    split = next((c for c in runs if c.backward_split), None)
+    return Calibration(
+        forward=per_kind["forward"], backward=per_kind["backward"], input_grad=per_kind["input_grad"],
+        weight=per_kind["weight"], overhead=mean("overhead", [c.overhead for c in runs]),
+        overhead_by_kind=by_kind, p2p=mean("p2p", [c.p2p for c in runs]), transfer=transfer,
+        setup=mean("setup", [c.setup for c in runs]), wind_down=mean("wind_down", [c.wind_down for c in runs]),
+        stage_ranks=ranks.pop() if len(ranks) == 1 else None, samples=samples, spread=spread,
+        residual={"durations": statistics.median(durations) if durations else None,
+                  "step": max(steps) if steps else None},
+        source=f"{len(runs)} runs: " + "; ".join(c.source for c in runs),
+        backward_split=split.backward_split if split else None, split_source=split.split_source if split else None,
+    )
+
+
+def _between(values: Sequence[float]) -> float | None:
+    """The relative standard deviation of ``values`` (None for a zero mean)."""
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean > 0 else None
+
+
 def from_measurements(forward: Any, backward: Any = None, *, input_grad: Any = None, weight: Any = None,
                       overhead: float = 0.0, p2p: float = 0.0, setup: float = 0.0,
                       wind_down: float = 0.0) -> Calibration:

@@ -12,8 +12,8 @@ from typing import Any
 from .._errors import ConfigError, ScheduleError
 from .._io import check_output
 from ..schedules import Op, from_torch, from_torch_csv, get
-from ._calibration import Calibration
-from ._trace import from_torch_trace
+from ._calibration import Calibration, combine
+from ._trace import _load, from_torch_trace
 
 
 def schedule_like(name: str, calibration: Calibration) -> Any:
@@ -92,6 +92,10 @@ def report(calibration: Calibration, rows: Sequence[dict[str, Any]] = (), *, mod
     lines.append(f"overhead per op {_ms(c.overhead)} ms" + (f" (by kind: {by_kind})" if by_kind else "")
                  + f"; p2p {_ms(c.p2p)} ms" + (f" (transfer {_ms(c.transfer)} ms)" if c.transfer is not None else "")
                  + f"; setup {_ms(c.setup)} ms; wind-down {_ms(c.wind_down)} ms")
+    between = [f"{k} {100 * c.spread[k]:.1f}%" for k in ("overhead", "p2p", "setup", "wind_down")
+               if c.spread.get(k) is not None]
+    if between:
+        lines.append("spread between runs: " + ", ".join(between))
     if c.backward_split:
         split = ", ".join("-" if r is None else f"{s}: I {100 * r[0]:.0f}% W {100 * r[1]:.0f}%"
                           for s, r in enumerate(c.backward_split))
@@ -117,19 +121,47 @@ def report(calibration: Calibration, rows: Sequence[dict[str, Any]] = (), *, mod
     return "\n".join(lines)
 
 
+def runs_of(files: Sequence[str | os.PathLike]) -> list[list[str | os.PathLike]]:
+    """``files`` (one per rank and run, run by run) split into runs: a run ends where a rank repeats."""
+    runs: list[list[str | os.PathLike]] = [[]]
+    seen: set[Any] = set()
+    for path in files:
+        info = _load(path).get("distributedInfo")
+        rank = info.get("rank", len(runs[-1])) if isinstance(info, dict) else len(runs[-1])
+        if rank in seen:
+            runs.append([])
+            seen = set()
+        runs[-1].append(path)
+        seen.add(rank)
+    return runs
+
+
 def cli_calibrate(trace: str | os.PathLike | Sequence[str | os.PathLike], schedule: str | None = None,
                   out: str | os.PathLike | None = None, *, mode: Any = "overlap", model: Any = None,
                   probe: Calibration | None = None) -> Calibration:
-    """Calibrate from ``trace`` (one file per rank); with ``schedule``, check the trace ran it;
-    ``model`` or ``probe`` give the I/W split of a full-backward trace (``from_torch_trace``);
-    write the machine file (in ``mode``) to ``out`` (atomically) when given."""
+    """Calibrate from ``trace`` (one file per rank; several runs one after the other, each a file
+    per rank, are calibrated each and ``combine``d); with ``schedule`` (one name, or one per run
+    comma-separated), check each run ran it; ``model`` or ``probe`` give the I/W split of a
+    full-backward trace (``from_torch_trace``); write the machine file (in ``mode``) to ``out``
+    (atomically) when given."""
     if out is not None:
         check_output(out, "--out")
-    calibration = from_torch_trace(trace, model=model, probe=probe)
-    target = None
-    if schedule is not None:
-        target = schedule_like(schedule, calibration)
-        calibration = from_torch_trace(trace, target, model=model, probe=probe)
+    files = [trace] if isinstance(trace, (str, os.PathLike)) else list(trace)
+    runs = runs_of(files) if len(files) > 1 else [files]
+    names = [None] * len(runs) if schedule is None else [x.strip() for x in schedule.split(",")]
+    if len(names) == 1 and len(runs) > 1:
+        names *= len(runs)
+    if len(names) != len(runs):
+        raise ConfigError(f"--schedule names {len(names)} schedule(s) for {len(runs)} run(s) of traces; give one, "
+                          "or one per run")
+    calibrations, target = [], None
+    for files_of_run, name in zip(runs, names, strict=True):
+        calibration = from_torch_trace(files_of_run, model=model, probe=probe)
+        if name is not None:
+            target = schedule_like(name, calibration)
+            calibration = from_torch_trace(files_of_run, target, model=model, probe=probe)
+        calibrations.append(calibration)
+    calibration = calibrations[0] if len(calibrations) == 1 else combine(calibrations)
     if out is not None:
-        calibration.to_toml(out, target, mode=mode)
+        calibration.to_toml(out, target if len(calibrations) == 1 else None, mode=mode)
     return calibration
