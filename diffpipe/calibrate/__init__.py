@@ -4,7 +4,11 @@
 ``profile_stages`` times torch modules the way a pipelined step runs them, ``from_measurements``
 takes times you measured yourself; each returns a ``Calibration`` whose ``hardware(schedule)``
 feeds ``simulate``/``compare``/``optimize``/``sweep`` and whose ``to_toml`` writes a machine file
-for the CLI (``cli_calibrate`` is the ``diffpipe calibrate`` command's body).
+for the CLI (``cli_calibrate`` is the ``diffpipe calibrate`` command's body). A calibration from
+full-backward runs predicts split (zero-bubble, V) schedules once it has the I/W split:
+``from_torch_trace(..., model=)`` (the model's FLOPs) or ``(..., probe=profile_stages(...))``
+(``Calibration.with_split``); without it, its ``Hardware`` refuses I/W ops. The recipe:
+``docs/calibrate.md``.
 ``TorchRuntime`` is the communication mode of torch's pipelining runtime over gloo (``receive_posts``:
 where torch posts each receive); ``predict(..., mode="torch-runtime")`` uses it.
 ``combine`` joins the calibrations of several runs (other schedules or sizes), each term with its
