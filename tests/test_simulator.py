@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
+from diffpipe._engine import _simulate
 from diffpipe.schedules._reference import evaluate_network
 
 SCHEDULES = schedules()
@@ -265,9 +266,9 @@ def test_new_hardware_values_do_not_recompile():
         run(jnp.asarray(f), jnp.asarray(tau))
     hw1 = dp.Hardware.from_times(1.0, 2.0)
     dp.makespan(g, hw1)
-    traces = dp._simulate._baked(g)._cache_size()
+    traces = _simulate._baked(g)._cache_size()
     dp.makespan(g, dp.Hardware.from_times(3.0, 1.0))
-    assert dp._simulate._baked(g)._cache_size() == traces
+    assert _simulate._baked(g)._cache_size() == traces
 
 
 def test_memory_matches_schedule_counts_and_bytes():
