@@ -277,7 +277,8 @@ def megatron_args(launch: Launch) -> list[str]:
             stages, ``interleaved-1f1b``), or a V placement.
     """
     if not isinstance(launch, Launch):
-        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
+        got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
+        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
     if par.pipeline > 1 and launch.family not in MEGATRON_FAMILIES:
         raise ConfigError(f"megatron export: Megatron-LM has no schedule {launch.family!r} (it runs "
@@ -357,7 +358,8 @@ def torchtitan_toml(launch: Launch) -> str:
             family torch's pipelining has no schedule for.
     """
     if not isinstance(launch, Launch):
-        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
+        got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
+        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
     if par.zero == 1:
         raise ConfigError("torchtitan export: torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3")
