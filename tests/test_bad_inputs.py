@@ -1070,6 +1070,136 @@ def test_mutated_argv_keeps_the_contract(data, workdir):
     _contract(argv + ["--max-ops", "20000"], workdir)
 
 
+# -- hypothesis, issue 20: Hugging Face configs, traces, plan flags, the API's constructors ------------------
+def _library_contract(make):
+    """A call either succeeds or raises one line of diffpipe's own errors."""
+    try:
+        make()
+    except (dp.ConfigError, dp.ScheduleError) as error:
+        assert "\n" not in str(error), str(error)
+        return False
+    return True
+
+
+_JSON_VALUES = st.sampled_from(["0", "-1", "1", "2", "7", "1.5", "1e400", '"8"', '"false"', "true", "false", "null",
+                                "[]", "[0]", "[1, 99]", "{}", '"llama"', '"mixtral"', '"qwen2_moe"', '"deepseek_v3"',
+                                "100000000000", '"silu"', '"gelu"', "NaN"])
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_hf_config_keeps_the_contract(data, workdir):
+    """A valid config.json with keys given other JSON values (and text mutations): a Transformer,
+    or one ConfigError line."""
+    from diffpipe._model._hf import _FIELDS
+
+    base = data.draw(st.sampled_from(HF_BASES))
+    parsed = json.loads((HF / f"{base}.json").read_text())
+    keys = data.draw(st.lists(st.sampled_from(sorted(_FIELDS) + sorted(parsed)), min_size=1, max_size=3))
+    values = [data.draw(_JSON_VALUES) for _ in keys]
+    text = json.dumps({**parsed, **{k: f"@{i}" for i, k in enumerate(keys)}})
+    for i, value in enumerate(values):
+        text = text.replace(f'"@{i}"', value)
+    if data.draw(st.booleans()):
+        text = _mutate(text, data)
+    (workdir / "h.json").write_text(text)
+    _library_contract(lambda: dp.Transformer.from_hf_config("h.json"))
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_trace_keeps_the_contract(data, workdir):
+    """A valid two-rank trace with event fields, ranks and labels replaced (and text mutations):
+    calibrate succeeds or prints one line, and its --out is written only on success."""
+    rank = data.draw(st.sampled_from([0, 1]))
+    events = [dict(e) for e in GOOD_TRACE[rank]]
+    for _ in range(data.draw(st.integers(1, 3))):
+        event = data.draw(st.sampled_from(events))
+        key = data.draw(st.sampled_from(["ts", "dur", "name", "ph"]))
+        event[key] = data.draw(st.sampled_from([-1, 0, 1e9, 1e400, "5", None, True, "PP:0F9", "PP:9F0",
+                                                "PP:0F99999999999", "Forward 0", "PP:1B1", "X", "B", -1e-3]))
+    info = {"rank": rank, "world_size": 2}
+    if data.draw(st.booleans()):
+        info[data.draw(st.sampled_from(["rank", "world_size"]))] = data.draw(st.sampled_from(
+            [-1, 0, 1, 2, 3, 10**12, 1e12, "1", None, True]))
+    text = json.dumps({"distributedInfo": info, "host_name": "h", "traceEvents": events})
+    if data.draw(st.booleans()):
+        text = _mutate(text, data)
+    (workdir / f"r{rank}.json").write_text(text)
+    (workdir / f"r{1 - rank}.json").write_text(_trace_text(1 - rank))
+    code = _contract(["calibrate", "r0.json", "r1.json", "--out", "out.toml"], workdir)
+    assert (workdir / "out.toml").exists() == (code == 0)
+    (workdir / "out.toml").unlink(missing_ok=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_plan_flags_keep_the_contract(data, workdir, monkeypatch):
+    """plan's flags mutated: validated before any search. The search is made infeasible (every
+    candidate's closed-form memory is past the GPU), so that an accepted argv ends in its one
+    infeasible line quickly instead of a full search."""
+    from diffpipe._plan import _search
+
+    real = _search._closed_form
+
+    def huge(*args, **kwargs):
+        static, act, *rest = real(*args, **kwargs)
+        return (static + 1e30, act, *rest)
+
+    monkeypatch.setattr(_search, "_closed_form", huge)
+    argv = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b"]
+    tokens = ["--tp", "--pp", "--ep", "--vpp", "--zero", "--recompute", "--microbatch-size", "--gpus", "--cluster",
+              "--sequence", "--families", "--headroom", "--top", "--export", "--out", "--mode", "--mod", "--dp",
+              "--sequence-parallel", "--no-sequence-parallel", "--hf-config", "keep.json", "0", "1", "2", "3", "8",
+              "-1", "x", "", "1,2", "2,,4", "none,full", "1f1b,gpipe", "interleaved-1f1b", "8xH100", "H100",
+              "1000000000", "1e18", "nan", "0.5", "megatron", "mixtral-8x7b", "keep.csv"]
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["drop", "insert", "swap"]))
+        i = data.draw(st.integers(1, len(argv)))
+        token = data.draw(st.sampled_from(tokens))
+        if kind == "drop" and len(argv) > 1:
+            argv.pop(min(i, len(argv) - 1))
+        elif kind == "insert":
+            argv.insert(i, token)
+        elif len(argv) > 1:
+            argv[min(i, len(argv) - 1)] = token
+    assert _contract(argv, workdir) == 2  # nothing fits: every argv is refused, in one line
+
+
+_CONSTRUCTOR_VALUES = st.sampled_from([0, 1, 2, 8, -1, 1.5, 2.0, math.inf, math.nan, 10**9, True, None, "2", "H100",
+                                       (1, 2), [4, 4], 1e30, -0.0])
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_constructors_keep_the_contract(data):
+    """Cluster, Parallelism, Transformer, Configuration and Launch with fields replaced by other
+    values: an object, or one line of diffpipe's own errors (never TypeError, IndexError, ...)."""
+    which = data.draw(st.sampled_from(["cluster", "parallelism", "transformer", "configuration", "launch"]))
+    fields = {"cluster": ["gpus", "devices_per_node", "memory_bandwidth", "device", "intra", "inter"],
+              "parallelism": ["tensor", "pipeline", "data", "virtual", "expert", "zero", "sequence_parallel"],
+              "transformer": [*_TINY, "microbatch_size", "kv_heads", "experts", "experts_per_token", "recompute",
+                              "ffn_multiplier", "moe_layers", "tied_embedding"],
+              "configuration": ["global_batch", "layers_per_stage", "schedule", "communication"],
+              "launch": ["microbatch_size", "global_batch", "sequence", "layers_per_stage", "recompute"]}[which]
+    changes = {k: data.draw(_CONSTRUCTOR_VALUES) for k in data.draw(st.lists(st.sampled_from(fields), min_size=1,
+                                                                             max_size=3, unique=True))}
+
+    def make():
+        if which == "cluster":
+            return dp.Cluster(**{"gpus": 8, **changes})
+        if which == "parallelism":
+            return dp.Parallelism(**{"pipeline": 2, "data": 4, **changes})
+        if which == "transformer":
+            return dp.Transformer(**{**_TINY, **changes})
+        if which == "configuration":
+            return _configuration(**changes)
+        return dp.Launch("1f1b", dp.Parallelism(pipeline=2, data=4), **{
+            "microbatch_size": 1, "global_batch": 8, "sequence": 128, "layers_per_stage": (4, 4), **changes})
+
+    _library_contract(make)
+
+
 def test_a_failed_check_inside_jit_is_one_line(monkeypatch):
     """``eqx.error_if`` inside jit: one line with the check's own message, none of JAX's log."""
     import equinox as eqx
