@@ -12,8 +12,10 @@ file-size limit and that the size guard refuses before allocating under an addre
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -377,8 +379,212 @@ def output_cases() -> list[Case]:
     return cases
 
 
+# -- issue 20: the newer surfaces (plan, calibrate, Hugging Face configs, sizes, outputs) --------------------
+HF = ROOT / "tests" / "data" / "hf"
+HF_BASES = ("llama-3-8b", "mixtral-8x7b", "qwen2-57b-a14b", "deepseek-v3")
+#: Bad values by the kind of a Hugging Face key (``_model._hf._FIELDS``), as JSON.
+HF_BAD = {
+    "count": ["0", "-1", '"32"', "1.5", "true", "[32]", "{}"],
+    "natural": ["-1", '"1"', "0.5", "false"],
+    "bool": ['"false"', '"true"', "0", "1", "[]"],
+    "name": ['["llama"]', "5", "true", "{}"],
+    "blocks": ['"0"', "[-1]", '["a"]', "5", "[1.5]"],
+}
+#: Consistency: (base, key, JSON value, culprit).
+HF_INCONSISTENT = [
+    ("qwen2-57b-a14b", "decoder_sparse_step", "0", "decoder_sparse_step"),
+    ("qwen2-57b-a14b", "moe_intermediate_size", "0", "moe_intermediate_size"),
+    ("deepseek-v3", "moe_layer_freq", "0", "moe_layer_freq"),
+    ("deepseek-v3", "moe_intermediate_size", "0", "moe_intermediate_size"),
+    ("mixtral-8x7b", "num_experts_per_tok", "9", "num_experts_per_tok"),
+    ("qwen2-57b-a14b", "mlp_only_layers", "[99]", "mlp_only_layers"),
+    ("deepseek-v3", "first_k_dense_replace", "1000", "first_k_dense_replace"),
+    ("qwen2-57b-a14b", "decoder_sparse_step", "100", "decoder_sparse_step"),
+    ("llama-3-8b", "model_type", '"gpt2"', "model_type"),
+    ("llama-3-8b", "hidden_act", '"gelu"', "hidden_act"),
+    ("llama-3-8b", "num_hidden_layers", "1000000000", "layers"),
+    ("llama-3-8b", "num_hidden_layers", "null", "num_hidden_layers"),
+]
+
+
+def hf_configs() -> list[tuple[str, str, str]]:
+    """``(name, JSON text, culprit)`` of bad Hugging Face configs: every key diffpipe reads, with
+    each bad value of its kind, in each base config holding it, and the consistency cases."""
+    from diffpipe._model._hf import _FIELDS
+
+    out = []
+    for base in HF_BASES:
+        data = json.loads((HF / f"{base}.json").read_text())
+        for key, kind in _FIELDS.items():
+            if key not in data and base != "llama-3-8b":
+                continue  # every key is tried once on llama (present or not), then where it is present
+            for i, bad in enumerate(HF_BAD[kind]):
+                text = json.dumps({**data, key: "@"}).replace('"@"', bad)
+                out.append((f"hf-{base}-{key}-{i}", text, key))
+    for base, key, bad, culprit in HF_INCONSISTENT:
+        data = json.loads((HF / f"{base}.json").read_text())
+        out.append((f"hf-{base}-{key}-{bad}", json.dumps({**data, key: "@"}).replace('"@"', bad), culprit))
+    deep = "[" * 200_000
+    out += [("hf-nested", deep, "nested too deeply"), ("hf-nan", '{"model_type": NaN}', "NaN"),
+            ("hf-list", "[1, 2]", "JSON object"), ("hf-truncated", '{"model_type": "llama",', "not JSON")]
+    return out
+
+
+def _event(name, ts, dur):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+#: A valid two-rank GPipe-ordered step (calibrates; ``test_good_trace_calibrates``).
+GOOD_TRACE = [[_event("PP:0F0", 0, 100), _event("PP:0F1", 110, 100), _event("PP:0B0", 400, 200),
+               _event("PP:0B1", 610, 200)],
+              [_event("PP:1F0", 120, 100), _event("PP:1B0", 230, 150), _event("PP:1F1", 390, 100),
+               _event("PP:1B1", 500, 150)]]
+
+
+def _trace_text(rank, events=None, info=None, raw=None):
+    info = {"rank": rank, "world_size": 2} if info is None else info
+    text = json.dumps({"distributedInfo": info, "host_name": "h",
+                       "traceEvents": GOOD_TRACE[rank] if events is None else events})
+    return text if raw is None else text.replace('"@"', raw)
+
+
+def trace_cases() -> list[Case]:
+    argv = ("calibrate", "r0.json", "r1.json", "--out", "out.toml")
+    good1 = _trace_text(1)
+    bad = []
+    for key, value, culprit in (("ts", "NaN", "NaN"), ("ts", '"nan"', "ts must be"), ("ts", "1e400", "ts must be"),
+                                ("ts", '"5"', "ts must be"), ("ts", "null", "ts must be"),
+                                ("ts", "true", "ts must be"), ("dur", "-5", "dur must be"),
+                                ("dur", '"nan"', "dur must be"), ("dur", "1e400", "dur must be"),
+                                ("dur", '"20"', "dur must be"), ("dur", "-1e-9", "dur must be")):
+        events = [dict(e) for e in GOOD_TRACE[0]]
+        events[2][key] = "@"
+        bad.append((f"{key}-{value}", _trace_text(0, events, raw=value), good1, culprit))
+    infos = [("rank-negative", {"rank": -1, "world_size": 2}, "rank"),
+             ("rank-string", {"rank": "0", "world_size": 2}, "rank"),
+             ("rank-bool", {"rank": True, "world_size": 2}, "rank"),
+             ("rank-float", {"rank": 0.0, "world_size": 2}, "rank"),
+             ("rank-outside", {"rank": 5, "world_size": 2}, "outside world_size"),
+             ("rank-huge", {"rank": 10**12}, "outside world_size"),
+             ("world-float", {"rank": 0, "world_size": 1e12}, "world_size"),
+             ("world-huge", {"rank": 0, "world_size": 10**12}, "world_size"),
+             ("world-zero", {"rank": 0, "world_size": 0}, "world_size"),
+             ("world-string", {"rank": 0, "world_size": "2"}, "world_size"),
+             ("world-differs", {"rank": 0, "world_size": 3}, "world_size")]
+    for name, info, culprit in infos:
+        bad.append((name, _trace_text(0, info=info), good1, culprit))
+    labels = [("stage-huge", "PP:999999999999F0", "stage"), ("microbatch-huge", "PP:0F999999999", "microbatch"),
+              ("gpipe-huge", "Forward 99999999999", "microbatch"), ("both-huge", "PP:99999F99999", "stage")]
+    for name, label, culprit in labels:
+        events = [dict(e) for e in GOOD_TRACE[0]]
+        events[1]["name"] = label
+        bad.append((name, _trace_text(0, events), good1, culprit))
+    bad += [("nested", "[" * 200_000, good1, "nested too deeply"), ("same-rank-twice", _trace_text(1), good1,
+                                                                       "second trace of rank")]
+    return [Case(f"trace-{n}", argv, c, (("r0.json", t0.encode()), ("r1.json", t1.encode())))
+            for n, t0, t1, c in bad]
+
+
+def issue20_cases() -> list[Case]:
+    files = (("ok.csv", GOOD_CSV.encode()), ("f.json", (HF / "llama-3-8b.json").read_bytes()),
+             ("r0.json", _trace_text(0).encode()), ("r1.json", _trace_text(1).encode()))
+    plan = ("plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8")
+    cases = []
+    # argparse never abbreviates: every prefix of a flag is an unknown argument
+    abbreviations = [
+        (plan + ("--mode", "blocking"), "--mode"), (plan + ("--mod", "x"), "--mod"),
+        (("plan", "--mod", "llama-3-8b", "--gpus", "8", "--global-batch", "8"), "--mod"),
+        (("plan", "--model", "llama-3-8b", "--gpu", "8", "--global-batch", "8"), "--gpu"),
+        (plan + ("--fam", "1f1b"), "--fam"), (plan + ("--head", "0.2"), "--head"),
+        (plan + ("--export", "megatron", "--ou", "keep.csv"), "--ou"),
+        (("simulate", "1f1b", "--forw", "1", "--backward", "1"), "--forw"),
+        (("simulate", "1f1b", "--forward", "1", "--back", "1"), "--back"),
+        (("show", "1f1b", "--dev", "4"), "--dev"), (("show", "1f1b", "--micro", "4"), "--micro"),
+        (("show", "1f1b", "--opt", "chunks=2"), "--opt"), (("show", "--torch", "ok.csv"), "--torch"),
+        (("sweep", "--fam", "gpipe"), "--fam"), (("sweep", "--families", "gpipe", "--json-o", "x.json"), "--json-o"),
+        (("compare", "--mark"), "--mark"), (("export", "1f1b", "--cs", "keep.csv"), "--cs"),
+        (("optimize", "1f1b", "--kno", "stages"), "--kno"), (("list", "--js"), "--js"),
+        (("calibrate", "r0.json", "r1.json", "--sched", "1f1b"), "--sched"),
+        (("calibrate", "r0.json", "r1.json", "--o", "x.toml"), "--o"),
+        (("simulate", "--model", "llama-3-8b", "--global", "8"), "--global"),
+        (("show", "1f1b", "--max", "10"), "--max"),
+    ]
+    cases += [Case(f"abbrev-{i}", a, f"unrecognized arguments: {c}", files) for i, (a, c) in enumerate(abbreviations)]
+    # flags a command cannot use
+    unusable = [
+        (plan + ("--families", "1f1b", "--vpp", "4"), "virtual=(4,) cannot take effect"),
+        (plan + ("--families", "1f1b,gpipe", "--vpp", "2,4"), "cannot take effect"),
+        (plan + ("--ep", "2"), "needs a mixture-of-experts model"),
+        (plan + ("--ep", "1,2"), "needs a mixture-of-experts model"),
+        (plan + ("--sequence-parallel", "--tp", "1"), "sequence_parallel=True needs a tensor size above 1"),
+        (("plan", "--model", "mixtral-8x7b", "--gpus", "8", "--global-batch", "8", "--ep", "3"),
+         "does not divide the model's 8 experts"),
+        (("compare", "--model", "llama-3-8b", "--global-batch", "8", "--option", "chunks=2"), "--option"),
+        (("compare", "--model", "llama-3-8b", "--global-batch", "8", "--option", "segments=2"), "--option"),
+        (("compare", "1f1b", "--model", "llama-3-8b", "--global-batch", "8", "--pp", "2", "--gpus", "2", "--vpp",
+          "2"), "--vpp"),
+        (("compare", "1f1b", "gpipe", "--model", "llama-3-8b", "--global-batch", "8", "--option", "segments=2"),
+         "segments is not an option of 1f1b, gpipe"),
+        (plan + ("--mode", "overlap"), "--mode"),
+        (plan + ("--option", "chunks=2"), "--option"),
+        (plan + ("--devices", "4"), "--devices"),
+        (("calibrate", "r0.json", "--max-ops", "5"), "--max-ops"),
+    ]
+    cases += [Case(f"unusable-{i}", a, c, files) for i, (a, c) in enumerate(unusable)]
+    # sizes, refused from the sizes alone
+    sizes = [
+        (("plan", "--model", "llama-3-8b", "--gpus", "1000000000", "--global-batch", "8"), "gpus must be"),
+        (("plan", "--model", "llama-3-8b", "--cluster", "1000000000xH100", "--global-batch", "8"), "gpus must be"),
+        (("plan", "--model", "llama-3-8b", "--cluster", "H100x99999999999999", "--global-batch", "8"), "gpus must be"),
+        (("simulate", "--model", "llama-3-8b", "--global-batch", "8", "--gpus", "2000000"), "gpus must be"),
+        (("show", "v-schedule", "--devices", "64", "--microbatches", "2048", "--option", "forward=2"),
+         "past the limit"),
+        (("show", "v-schedule", "--devices", "32"), "past the limit"),
+        (("simulate", "v-schedule", "--devices", "24", "--forward", "1", "--backward", "1"), "past the limit"),
+        (("sweep", "--families", "v-schedule", "--devices", "32,64"), "past the limit"),
+        (("compare", "v-schedule", "--devices", "40"), "past the limit"),
+    ]
+    cases += [Case(f"size-{i}", a, c, files) for i, (a, c) in enumerate(sizes)]
+    for i, cell in enumerate(("999999999999B0", "0F999999999999", "99999F99999", "(1F1;999999999I0)OVERLAP_F_B")):
+        text = f"0F0,0B0\n1F0,{cell}\n".encode()
+        for label, argv in (("show", ("show", "--torch-csv", "big.csv")),
+                            ("export", ("export", "--torch-csv", "big.csv", "--csv", "keep.csv"))):
+            cases.append(Case(f"size-csv-{i}-{label}", argv, "compute actions", (("big.csv", text),)))
+    # --option values past a float's range, in every command that takes family options
+    for value in ("inf", "-inf", "nan", "1e400"):
+        for name, argv in (("show", ("show", "v-schedule")),
+                           ("simulate", ("simulate", "v-schedule", "--forward", "1", "--backward", "1")),
+                           ("export", ("export", "v-schedule", "--csv", "keep.csv")),
+                           ("optimize", ("optimize", "v-schedule", "--device", "A100")),
+                           ("compare", ("compare", "v-schedule")),
+                           ("sweep", ("sweep", "--families", "v-schedule", "--csv", "keep.csv"))):
+            for option in ("memory", "forward"):
+                cases.append(Case(f"option-{option}-{value}-{name}", argv + ("--option", f"{option}={value}"),
+                                  f"{option} must be"))
+    # an output that is one of the inputs
+    same = [
+        (("calibrate", "r0.json", "r1.json", "--out", "r0.json"), "also an input"),
+        (("calibrate", "r0.json", "r1.json", "--out", "./r1.json"), "also an input"),
+        (("calibrate", "r0.json", "r1.json", "--schedule", "ok.csv", "--out", "ok.csv"), "also an input"),
+        (("export", "--torch-csv", "ok.csv", "--csv", "ok.csv"), "also the input of --torch-csv"),
+        (("export", "--torch-csv", "ok.csv", "--csv", "./ok.csv"), "also the input of --torch-csv"),
+        (("sweep", "--families", "gpipe", "--config", "a.toml", "--csv", "a.toml"), "also the input of --config"),
+        (("simulate", "1f1b", "--config", "a.json", "--trace", "a.json"), "also the input of --config"),
+        (plan[:1] + ("--hf-config", "f.json", "--gpus", "8", "--global-batch", "8", "--export", "megatron",
+                     "--out", "f.json"), "also the input of --hf-config"),
+    ]
+    toml = (("a.toml", b"[schedule]\nfamily = 'gpipe'\n"), ("a.json", b"[schedule]\nfamily = '1f1b'\n"))
+    cases += [Case(f"same-{i}", a, c, files + toml) for i, (a, c) in enumerate(same)]
+    # Hugging Face configs through the command line (the library table tries them all)
+    hf = hf_configs()
+    for name, text, _ in hf[::7] + hf[-4:]:
+        argv = ("plan", "--hf-config", "h.json", "--gpus", "8", "--global-batch", "8")
+        cases.append(Case(f"cli-{name}", argv, "h.json", (("h.json", text.encode()),)))
+    return cases + trace_cases()
+
+
 CASES = (toml_value_cases() + toml_structure_cases() + encoding_cases() + csv_cases() + flag_cases()
-         + output_cases())
+         + output_cases() + issue20_cases())
 
 
 @pytest.fixture
@@ -443,6 +649,141 @@ LIBRARY = [
     ("read-text-binary", lambda: (Path("b.bin").write_bytes(b"\xff\xfe"), _io.read_text("b.bin"))[1],
      "b.bin:1: not UTF-8"),
 ]
+
+
+_TINY = dict(layers=8, hidden=256, heads=8, sequence=128, vocabulary=1000)
+
+
+def _tiny():
+    return dp.Transformer(**_TINY)
+
+
+def _empty_table():
+    from diffpipe._plan._search import PlanTable
+
+    return PlanTable((), {}, 0, 0, {}, _tiny(), dp.Cluster(gpus=8), 8)
+
+
+def _launch():
+    return dp.Launch("1f1b", dp.Parallelism(pipeline=2, data=4), microbatch_size=1, global_batch=8, sequence=128,
+                     layers_per_stage=(4, 4))
+
+
+def _configuration(**changes):
+    args = dict(model=_tiny(), parallelism=dp.Parallelism(pipeline=2, data=4), cluster=dp.Cluster(gpus=8),
+                global_batch=8)
+    args.update(changes)
+    return dp.Configuration(args.pop("model"), args.pop("parallelism"), args.pop("cluster"), args.pop("global_batch"),
+                            **args)
+
+
+def _plan(**changes):
+    return dp.plan(_tiny(), dp.Cluster(gpus=8), 8, **{"progress": False, "balance": False, **changes})
+
+
+def _trace_files(t0, t1=None):
+    Path("r0.json").write_text(t0)
+    Path("r1.json").write_text(_trace_text(1) if t1 is None else t1)
+    return ["r0.json", "r1.json"]
+
+
+#: Issue 20's library entry points: (name, call, culprit). Files they write are removed by the
+#: test (``LIBRARY_SCRATCH``); nothing else may change.
+LIBRARY_SCRATCH = ("b.bin", "r0.json", "r1.json", "h.json", "big.csv")
+LIBRARY_20 = [
+    ("trace-schedule-str", lambda: dp.calibrate.from_torch_trace(_trace_files(_trace_text(0)), schedule="gpipe"),
+     "schedule must be a diffpipe Schedule"),
+    ("trace-schedule-int", lambda: dp.calibrate.from_torch_trace(_trace_files(_trace_text(0)), schedule=3),
+     "schedule must be"),
+    ("trace-paths-int", lambda: dp.calibrate.from_torch_trace(5), "paths"),
+    ("trace-paths-none", lambda: dp.calibrate.from_torch_trace(None), "paths"),
+    ("trace-paths-mixed", lambda: dp.calibrate.from_torch_trace(["r0.json", 3]), "paths"),
+    ("trace-nan-ts", lambda: dp.calibrate.from_torch_trace(_trace_files(_trace_text(0).replace('"ts": 110',
+                                                                                               '"ts": NaN'))), "NaN"),
+    ("trace-negative-dur", lambda: dp.calibrate.from_torch_trace(_trace_files(
+        _trace_text(0).replace('"dur": 200', '"dur": -200', 1))), "dur must be"),
+    ("megatron-args-str", lambda: dp.megatron_args("1f1b"), "launch must be a Launch"),
+    ("megatron-args-none", lambda: dp.megatron_args(None), "launch must be a Launch"),
+    ("torchtitan-str", lambda: dp.torchtitan_toml("1f1b"), "launch must be a Launch"),
+    ("torchtitan-config", lambda: dp.torchtitan_toml(_configuration()), "launch must be a Launch"),
+    ("table-row-99", lambda: _empty_table().configuration(99), "row i must be"),
+    ("table-row-str", lambda: _empty_table().launch("0"), "row i must be"),
+    ("table-row-float", lambda: _empty_table().parallelism(0.0), "row i must be"),
+    ("table-row-0-empty", lambda: _empty_table().configuration(0), "row i must be"),
+    ("cluster-bandwidth-zero", lambda: dp.Cluster(memory_bandwidth=0), "memory_bandwidth must be positive"),
+    ("cluster-bandwidth-negative", lambda: dp.Cluster(memory_bandwidth=-1e12), "memory_bandwidth must be positive"),
+    ("cluster-bandwidth-nan", lambda: dp.Cluster(memory_bandwidth=float("nan")), "memory bandwidth"),
+    ("cluster-gpus-huge", lambda: dp.Cluster(gpus=10**9), "gpus must be"),
+    ("cluster-gpus-float", lambda: dp.Cluster(gpus=8.0), "gpus must be"),
+    ("cluster-gpus-bool", lambda: dp.Cluster(gpus=True), "gpus must be"),
+    ("configuration-layers-float", lambda: _configuration(layers_per_stage=[4.5, 3.5]), "layers_per_stage entry"),
+    ("configuration-layers-truncated", lambda: _configuration(layers_per_stage=[4.9, 3.1]), "layers_per_stage entry"),
+    ("configuration-layers-str", lambda: _configuration(layers_per_stage="44"), "layers_per_stage must be"),
+    ("configuration-layers-int", lambda: _configuration(layers_per_stage=8), "layers_per_stage must be"),
+    ("configuration-layers-negative", lambda: _configuration(layers_per_stage=[9, -1]), "layers_per_stage entry"),
+    ("configuration-layers-bool", lambda: _configuration(layers_per_stage=[True, 7]), "layers_per_stage entry"),
+    ("plan-balance-str", lambda: _plan(balance="no"), "balance must be True or False"),
+    ("plan-balance-int", lambda: _plan(balance=0), "balance must be True or False"),
+    ("plan-progress-str", lambda: _plan(progress="yes"), "progress must be"),
+    ("plan-communication-int", lambda: _plan(communication=3), "communication"),
+    ("plan-virtual-no-chunks", lambda: _plan(virtual=4, families=("1f1b",)), "cannot take effect"),
+    ("plan-expert-dense", lambda: _plan(expert=2), "mixture-of-experts"),
+    ("plan-sp-no-tensor", lambda: _plan(sequence_parallel=True, tensor=1), "sequence_parallel=True"),
+    ("plan-headroom-str", lambda: _plan(headroom="0.1"), "headroom"),
+    ("plan-global-batch-float", lambda: dp.plan(_tiny(), dp.Cluster(gpus=8), 8.0), "global_batch"),
+    ("layout-huge-repeat", lambda: dp.parse_megatron_layout("Et*100000000000L"), "unrolls past"),
+    ("layout-nested-repeat", lambda: dp.parse_megatron_layout("E" + "(t*1000)*1000" * 3 + "L"), "unrolls past"),
+    ("layout-deep", lambda: dp.parse_megatron_layout("(" * 100_000 + "t"), "nested past"),
+    ("layout-many-digits", lambda: dp.parse_megatron_layout("Et*" + "9" * 5000 + "L"), "unrolls past"),
+    ("layout-int", lambda: dp.parse_megatron_layout(5), "megatron layout"),
+    ("transformer-layers-huge", lambda: dp.Transformer(**{**_TINY, "layers": 10**9}), "layers must be at most"),
+    ("v-schedule-memory-inf", lambda: dp.schedules.get("v-schedule", devices=4, microbatches=8, memory=math.inf),
+     "memory must be a finite number"),
+    ("v-schedule-memory-nan", lambda: dp.schedules.get("v-schedule", devices=4, microbatches=8, memory=math.nan),
+     "memory must be a finite number"),
+    ("v-schedule-forward-inf", lambda: dp.schedules.get("v-schedule", devices=4, microbatches=8, forward=math.inf),
+     "forward must be a finite number"),
+    ("v-schedule-ranking-huge", lambda: dp.schedules.get("v-schedule", devices=64, microbatches=2048, forward=2.0),
+     "over the limit"),
+    ("csv-huge-stage", lambda: (Path("big.csv").write_text("0F0,999999999999B0\n"), from_torch_csv("big.csv"))[1],
+     "compute actions"),
+    ("load-json-nested", lambda: (Path("h.json").write_text("[" * 200_000), _io.load_json("h.json"))[1],
+     "nested too deeply"),
+    ("load-json-nan", lambda: (Path("h.json").write_text("[NaN]"), _io.load_json("h.json"))[1], "NaN"),
+    ("load-json-infinity", lambda: (Path("h.json").write_text('{"a": -Infinity}'), _io.load_json("h.json"))[1],
+     "-Infinity"),
+]
+
+
+def _hf_file(text):
+    Path("h.json").write_text(text)
+    return dp.Transformer.from_hf_config("h.json")
+
+
+LIBRARY_20 += [(name, functools.partial(_hf_file, text), culprit) for name, text, culprit in hf_configs()]
+
+
+@pytest.mark.parametrize("name, make, culprit", LIBRARY_20, ids=[c[0] for c in LIBRARY_20])
+def test_library_bad_input_issue_20(name, make, culprit, workdir):
+    before = snapshot(workdir)
+    with pytest.raises((dp.ScheduleError, dp.ConfigError)) as info:
+        make()
+    message = str(info.value)
+    assert "\n" not in message and culprit in message, message
+    if name.startswith("hf-") and culprit != "layers":
+        assert message.startswith("h.json"), message  # the file, then the key
+    assert {k: v for k, v in snapshot(workdir).items() if k not in LIBRARY_SCRATCH} == before
+
+
+def test_good_inputs_of_issue_20_still_work(workdir):
+    """The valid neighbours of the bad inputs above: unchanged behaviour."""
+    cal = dp.calibrate.from_torch_trace(_trace_files(_trace_text(0)))
+    assert cal.stages == 2 and cal.orders == (("0F0", "0F1", "0B0", "0B1"), ("1F0", "1B0", "1F1", "1B1"))
+    for base in HF_BASES:
+        dp.Transformer.from_hf_config(HF / f"{base}.json")
+    assert dp.parse_megatron_layout("E|(t*4|)*2,t*3L") == (0, 4, 4, 3)
+    assert _configuration(layers_per_stage=[5, 3]).layers_per_stage == (5, 3)
+    assert dp.Cluster(gpus=2**20).gpus == 2**20
 
 
 @pytest.mark.parametrize("make, culprit", [c[1:] for c in LIBRARY], ids=[c[0] for c in LIBRARY])
@@ -731,6 +1072,136 @@ def test_mutated_argv_keeps_the_contract(data, workdir):
     if argv[:1] != ["show"]:  # keep the mutation on one cheap command (no JAX, no outputs)
         argv = ["show", *argv]
     _contract(argv + ["--max-ops", "20000"], workdir)
+
+
+# -- hypothesis, issue 20: Hugging Face configs, traces, plan flags, the API's constructors ------------------
+def _library_contract(make):
+    """A call either succeeds or raises one line of diffpipe's own errors."""
+    try:
+        make()
+    except (dp.ConfigError, dp.ScheduleError) as error:
+        assert "\n" not in str(error), str(error)
+        return False
+    return True
+
+
+_JSON_VALUES = st.sampled_from(["0", "-1", "1", "2", "7", "1.5", "1e400", '"8"', '"false"', "true", "false", "null",
+                                "[]", "[0]", "[1, 99]", "{}", '"llama"', '"mixtral"', '"qwen2_moe"', '"deepseek_v3"',
+                                "100000000000", '"silu"', '"gelu"', "NaN"])
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_hf_config_keeps_the_contract(data, workdir):
+    """A valid config.json with keys given other JSON values (and text mutations): a Transformer,
+    or one ConfigError line."""
+    from diffpipe._model._hf import _FIELDS
+
+    base = data.draw(st.sampled_from(HF_BASES))
+    parsed = json.loads((HF / f"{base}.json").read_text())
+    keys = data.draw(st.lists(st.sampled_from(sorted(_FIELDS) + sorted(parsed)), min_size=1, max_size=3))
+    values = [data.draw(_JSON_VALUES) for _ in keys]
+    text = json.dumps({**parsed, **{k: f"@{i}" for i, k in enumerate(keys)}})
+    for i, value in enumerate(values):
+        text = text.replace(f'"@{i}"', value)
+    if data.draw(st.booleans()):
+        text = _mutate(text, data)
+    (workdir / "h.json").write_text(text)
+    _library_contract(lambda: dp.Transformer.from_hf_config("h.json"))
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_trace_keeps_the_contract(data, workdir):
+    """A valid two-rank trace with event fields, ranks and labels replaced (and text mutations):
+    calibrate succeeds or prints one line, and its --out is written only on success."""
+    rank = data.draw(st.sampled_from([0, 1]))
+    events = [dict(e) for e in GOOD_TRACE[rank]]
+    for _ in range(data.draw(st.integers(1, 3))):
+        event = data.draw(st.sampled_from(events))
+        key = data.draw(st.sampled_from(["ts", "dur", "name", "ph"]))
+        event[key] = data.draw(st.sampled_from([-1, 0, 1e9, 1e400, "5", None, True, "PP:0F9", "PP:9F0",
+                                                "PP:0F99999999999", "Forward 0", "PP:1B1", "X", "B", -1e-3]))
+    info = {"rank": rank, "world_size": 2}
+    if data.draw(st.booleans()):
+        info[data.draw(st.sampled_from(["rank", "world_size"]))] = data.draw(st.sampled_from(
+            [-1, 0, 1, 2, 3, 10**12, 1e12, "1", None, True]))
+    text = json.dumps({"distributedInfo": info, "host_name": "h", "traceEvents": events})
+    if data.draw(st.booleans()):
+        text = _mutate(text, data)
+    (workdir / f"r{rank}.json").write_text(text)
+    (workdir / f"r{1 - rank}.json").write_text(_trace_text(1 - rank))
+    code = _contract(["calibrate", "r0.json", "r1.json", "--out", "out.toml"], workdir)
+    assert (workdir / "out.toml").exists() == (code == 0)
+    (workdir / "out.toml").unlink(missing_ok=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_plan_flags_keep_the_contract(data, workdir, monkeypatch):
+    """plan's flags mutated: validated before any search. The search is made infeasible (every
+    candidate's closed-form memory is past the GPU), so that an accepted argv ends in its one
+    infeasible line quickly instead of a full search."""
+    from diffpipe._plan import _search
+
+    real = _search._closed_form
+
+    def huge(*args, **kwargs):
+        static, act, *rest = real(*args, **kwargs)
+        return (static + 1e30, act, *rest)
+
+    monkeypatch.setattr(_search, "_closed_form", huge)
+    argv = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b"]
+    tokens = ["--tp", "--pp", "--ep", "--vpp", "--zero", "--recompute", "--microbatch-size", "--gpus", "--cluster",
+              "--sequence", "--families", "--headroom", "--top", "--export", "--out", "--mode", "--mod", "--dp",
+              "--sequence-parallel", "--no-sequence-parallel", "--hf-config", "keep.json", "0", "1", "2", "3", "8",
+              "-1", "x", "", "1,2", "2,,4", "none,full", "1f1b,gpipe", "interleaved-1f1b", "8xH100", "H100",
+              "1000000000", "1e18", "nan", "0.5", "megatron", "mixtral-8x7b", "keep.csv"]
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["drop", "insert", "swap"]))
+        i = data.draw(st.integers(1, len(argv)))
+        token = data.draw(st.sampled_from(tokens))
+        if kind == "drop" and len(argv) > 1:
+            argv.pop(min(i, len(argv) - 1))
+        elif kind == "insert":
+            argv.insert(i, token)
+        elif len(argv) > 1:
+            argv[min(i, len(argv) - 1)] = token
+    assert _contract(argv, workdir) == 2  # nothing fits: every argv is refused, in one line
+
+
+_CONSTRUCTOR_VALUES = st.sampled_from([0, 1, 2, 8, -1, 1.5, 2.0, math.inf, math.nan, 10**9, True, None, "2", "H100",
+                                       (1, 2), [4, 4], 1e30, -0.0])
+
+
+@FAST
+@given(data=st.data())
+def test_mutated_constructors_keep_the_contract(data):
+    """Cluster, Parallelism, Transformer, Configuration and Launch with fields replaced by other
+    values: an object, or one line of diffpipe's own errors (never TypeError, IndexError, ...)."""
+    which = data.draw(st.sampled_from(["cluster", "parallelism", "transformer", "configuration", "launch"]))
+    fields = {"cluster": ["gpus", "devices_per_node", "memory_bandwidth", "device", "intra", "inter"],
+              "parallelism": ["tensor", "pipeline", "data", "virtual", "expert", "zero", "sequence_parallel"],
+              "transformer": [*_TINY, "microbatch_size", "kv_heads", "experts", "experts_per_token", "recompute",
+                              "ffn_multiplier", "moe_layers", "tied_embedding"],
+              "configuration": ["global_batch", "layers_per_stage", "schedule", "communication"],
+              "launch": ["microbatch_size", "global_batch", "sequence", "layers_per_stage", "recompute"]}[which]
+    changes = {k: data.draw(_CONSTRUCTOR_VALUES) for k in data.draw(st.lists(st.sampled_from(fields), min_size=1,
+                                                                             max_size=3, unique=True))}
+
+    def make():
+        if which == "cluster":
+            return dp.Cluster(**{"gpus": 8, **changes})
+        if which == "parallelism":
+            return dp.Parallelism(**{"pipeline": 2, "data": 4, **changes})
+        if which == "transformer":
+            return dp.Transformer(**{**_TINY, **changes})
+        if which == "configuration":
+            return _configuration(**changes)
+        return dp.Launch("1f1b", dp.Parallelism(pipeline=2, data=4), **{
+            "microbatch_size": 1, "global_batch": 8, "sequence": 128, "layers_per_stage": (4, 4), **changes})
+
+    _library_contract(make)
 
 
 def test_a_failed_check_inside_jit_is_one_line(monkeypatch):

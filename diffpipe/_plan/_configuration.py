@@ -111,6 +111,10 @@ class Configuration:
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)
+        if schedule is not None and not isinstance(schedule, str):
+            raise ConfigError(f"configuration: schedule must be a family name, got {schedule!r}")
+        if not isinstance(communication, str):
+            raise ConfigError(f"configuration: communication must be a mode name, got {communication!r}")
         family = schedule if schedule is not None else ("interleaved-1f1b" if parallelism.virtual > 1 else "1f1b")
         fam = schedules.family(family)  # an unknown family: one line naming it
         options = dict(options or {})

@@ -370,7 +370,8 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
             pipeline size), or a model it cannot express.
     """
     if not isinstance(launch, Launch):
-        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
+        got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
+        raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
     problem = export_problem("megatron", launch.family, par, launch.microbatches)
     if problem:
@@ -456,7 +457,8 @@ def torchtitan_toml(launch: Launch) -> str:
             schedule for.
     """
     if not isinstance(launch, Launch):
-        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {launch!r}")
+        got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
+        raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
     problem = export_problem("torchtitan", launch.family, par, launch.microbatches)
     if problem:

@@ -254,6 +254,8 @@ def parse(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple[dict[
             )
         ranks[rank] = steps
         hosts.add(data.get("host_name"))
+    if world is not None and max(ranks) >= world:
+        raise ConfigError(f"trace: rank {max(ranks)} is outside world_size {world}")
     size = world if world is not None else max(ranks) + 1
     if size != len(ranks):  # the ranks are distinct and below size: one is missing (found in len(ranks) steps)
         missing = next(r for r in range(len(ranks) + 1) if r not in ranks)

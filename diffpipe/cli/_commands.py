@@ -109,12 +109,13 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
         raise ConfigError("compare: --option (or [schedule] options) applies to the families named on the "
                           "command line; the default set has its own options")
     items = _compare_items(families, training.options) if families else list(DEFAULT_SCHEDULES.values())
+    names = [item if isinstance(item, str) else item[0] for item in items]
+    if training.virtual_given and not any("chunks" in schedules.family(n).option_names for n in names):
+        raise ConfigError(f"compare: --vpp (parallelism.virtual) cannot take effect: none of {', '.join(names)} "
+                          "takes chunks (each places its own stages); name one that does (e.g. interleaved-1f1b)")
     configs = {}
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
-        if training.virtual_given and "chunks" not in schedules.family(name).option_names:
-            raise ConfigError(f"compare: --vpp (parallelism.virtual) cannot take effect on {name}: it places its "
-                              "own stages; name families with chunks (e.g. interleaved-1f1b)")
         cfg = training.build(name, dict(opts), adapt=True, max_ops=args.max_ops)
         configs[cfg.schedule()] = cfg
     def hardware(schedule: Any) -> Any:

@@ -247,7 +247,7 @@ def names() -> tuple[str, ...]:
 
 def family(name: str) -> Family:
     """The ``Family`` registered under ``name``."""
-    if name not in _FAMILIES:
+    if not isinstance(name, str) or name not in _FAMILIES:
         raise ScheduleError(f"unknown schedule family {name!r}; known: {', '.join(_FAMILIES)}")
     return _FAMILIES[name]
 
