@@ -41,9 +41,9 @@ COMMANDS = {
 }
 
 
-def _env(cache: Path | None) -> dict[str, str]:
+def _env(cache: Path | None, repo: Path = ROOT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIFFPIPE_CACHE", "JAX_COMPILATION_CACHE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [env.get("PYTHONPATH")])])
     env["JAX_LOG_COMPILES"] = "1"
     if cache is None:
         env["DIFFPIPE_CACHE"] = "0"
@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated commands (compare, simulate, plan)")
     parser.add_argument("--no-cache", action="store_true", dest="no_cache", help="also time with the cache off")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per process")
+    parser.add_argument("--repo", type=Path, default=ROOT,
+                        help="the diffpipe checkout to run (default this one; another for a before/after)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cli-cpu.json")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else ["compare", "simulate"] + (["plan"] if args.plan else [])
@@ -103,7 +105,7 @@ def main() -> None:
                 for kind, folder in kinds:
                     for old in out.iterdir():
                         old.unlink()
-                    result = _run(argv, _env(folder), args.timeout)
+                    result = _run(argv, _env(folder, args.repo.resolve()), args.timeout)
                     answers.setdefault(name, result["stdout"])
                     if result["stdout"] != answers[name]:
                         raise SystemExit(f"{name} ({kind}) answered differently from its first run")
@@ -132,7 +134,7 @@ def main() -> None:
               f"{cold[0]['compiled']} | {warm[0]['loaded']} / {warm[0]['compiled']} | "
               f"{entries} files, {size / 2**20:.1f} MiB |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"machine": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    record = {"repo": str(args.repo), "machine": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
               "load_average": os.getloadavg(), "yardstick_import_jax_s": yardstick,
               "commands": {n: " ".join(COMMANDS[n]) for n in names}, "runs": runs,
               "cache_files_bytes": cache_size}

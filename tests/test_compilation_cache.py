@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import diffpipe as dp
@@ -116,3 +118,28 @@ def test_a_bad_value_is_still_named():
         dp.simulate(g, bad)
     with pytest.raises(Exception, match="forward must be non-negative"):  # in the user's jit: a runtime error
         jax.jit(lambda f: dp.makespan(g, dp.Hardware.from_times(f, 2.0)))(-1.0)
+
+
+def test_set_up_without_eager_ops_is_bit_identical_to_the_eager_computation():
+    # The set-up paths run in NumPy or as one program: bit for bit what JAX computes eagerly.
+    from diffpipe._workload._parallel import GROUPS, Parallelism
+
+    model = dp.presets.model("llama-3-70b")
+    cluster = dp.Cluster(dp.presets.device("H100"), gpus=64, devices_per_node=8, intra="nvlink4", inter="ib-ndr")
+    cfg = dp.Configuration(model, Parallelism(tensor=4, pipeline=4, data=4, zero=1), cluster, 64, schedule="1f1b")
+    costs = cfg.costs()
+    eager = jnp.zeros(costs.collective_bytes["tensor"].shape, jnp.float32)
+    for group in GROUPS:
+        bandwidth, latency = cluster.link(cfg.placement.links[group])
+        eager = eager + (jnp.asarray(costs.collective_bytes[group], jnp.float32) / bandwidth
+                         + jnp.asarray(costs.collective_hops[group], jnp.float32) * latency)
+    np.testing.assert_array_equal(np.asarray(cfg.collective_seconds()), np.asarray(eager))
+    device = cluster.device
+    layer = costs.costs
+    np.testing.assert_array_equal(np.asarray(device.seconds(layer.forward, layer.forward_bytes, layer.tokens)),
+                                  np.asarray(device._seconds(layer.forward, layer.forward_bytes, layer.tokens)))
+    workload = cfg.workload()
+    assert not np.all(np.asarray(workload.forward) == np.asarray(workload.forward)[0])  # a real table
+    for boundaries in ([0.0, 20.0, 41.0, 62.0, 82.0], [0.0, 10.5, 33.25, 70.0, 82.0]):
+        x = jnp.asarray(boundaries)
+        chex.assert_trees_all_equal(workload.stage_fields(x), workload._stage_fields(x))

@@ -125,6 +125,21 @@ def nan_checked(fn: Any) -> Any:
     return traced
 
 
+def compiled_unless_traced(function: Any, *args: Any) -> Any:
+    """``function(*args)``: one compiled program for concrete arguments (run eagerly, each of its
+    operations would compile a program of its own, in every process), the plain function inside a
+    caller's trace. The arguments are traced, never baked in: XLA folds no constant, and the result
+    is the eager one's bit for bit (XLA's kernels either way)."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+        return function(*args)
+    return _compiled(function)(*args)
+
+
+@functools.cache
+def _compiled(function: Any) -> Any:
+    return eqx.filter_jit(function)
+
+
 def error_if(x: Array, pred: Array, message: str) -> Array:
     """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one)."""
     return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")

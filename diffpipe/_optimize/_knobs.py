@@ -34,7 +34,7 @@ from jaxtyping import Array, Float
 
 from .._caches import bounded
 from .._checks import is_positive_int
-from .._engine._hardware import STAGE_FIELDS, Hardware
+from .._engine._hardware import STAGE_FIELDS, Hardware, compiled_unless_traced
 from .._errors import ConfigError
 from .._model._transformer import Transformer
 from .._partition import partition, uniform_partition
@@ -223,7 +223,7 @@ class StageBalance(AbstractKnob):
         if len(counts) != self.stages or any(c < 1 for c in counts) or sum(counts) != workload.layers:
             raise ConfigError(f"StageBalance.init: layers_per_stage {list(counts)} needs {self.stages} positive "
                               f"entries summing to {workload.layers}")
-        return _traced_or_compiled(_init_logits, workload, workload.boundaries(counts))
+        return compiled_unless_traced(_init_logits, workload, workload.boundaries(counts))
 
     def boundaries(self, params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages+1"]:
         """Positions ``[0, x_1, ..., x_{S-1}, layers]`` on the layer axis."""
@@ -231,7 +231,7 @@ class StageBalance(AbstractKnob):
         params = jnp.asarray(params)
         if params.shape != (self.stages,):
             raise ConfigError(f"StageBalance: params have shape {params.shape}, expected ({self.stages},)")
-        return _traced_or_compiled(StageBalance._boundaries, params, workload)
+        return compiled_unless_traced(StageBalance._boundaries, params, workload)
 
     @staticmethod
     def _boundaries(params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages+1"]:
@@ -276,19 +276,6 @@ class StageBalance(AbstractKnob):
 
     def fractional(self, params: Array, workload: Workload) -> np.ndarray:
         return np.asarray(self.layers(params, workload))
-
-def _traced_or_compiled(function: Any, *args: Any) -> Any:
-    """``function(*args)``: one compiled program for concrete arguments (run eagerly, each of its
-    operations would compile alone, in every process), the plain function inside a caller's trace."""
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-        return function(*args)
-    return _compiled(function)(*args)
-
-
-@bounded(64)
-def _compiled(function: Any) -> Any:
-    return eqx.filter_jit(function)
-
 
 def _init_logits(workload: Workload, boundaries: Array) -> Array:
     return jnp.log(jnp.diff(_cumulative_at(_curve_weights(workload), boundaries)))

@@ -71,9 +71,30 @@ def gradient_sync(schedule: Schedule) -> bool:
 
 
 def _xp(values: Any) -> Any:
-    """NumPy where every value is concrete (float32 arithmetic element by element is IEEE-exact in
-    both, and NumPy compiles nothing), ``jax.numpy`` where one is traced."""
+    """NumPy where every value is concrete (float32 additions and multiplications element by element
+    are IEEE-exact in both, and NumPy compiles nothing; a division by a scalar: ``_divide``),
+    ``jax.numpy`` where one is traced."""
     return jnp if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)) else np
+
+
+def _collective_seconds(volumes: tuple, hops: tuple, links: tuple, xp: Any = jnp) -> Array:
+    """``sum over groups of bytes / bandwidth + hops x latency`` (``Configuration.collective_seconds``),
+    one operation at a time as JAX runs them eagerly, in ``jax.numpy`` or (concrete links) NumPy."""
+    total = xp.zeros(volumes[0].shape, volumes[0].dtype)
+    for volume, hop, (bandwidth, latency) in zip(volumes, hops, links):
+        total = total + (_divide(volume, bandwidth, xp) + hop * xp.asarray(latency, volume.dtype))
+    return total
+
+
+def _divide(a: Any, b: Any, xp: Any) -> Array:
+    """``a / b`` for a scalar ``b``: in NumPy as XLA computes it, ``a x (1 / b)`` (XLA's algebraic
+    simplifier turns a division by a broadcast scalar into that; a true division differs in the
+    last bit of about a third of the values)."""
+    if xp is jnp:
+        return jnp.asarray(a) / b
+    dtype = np.asarray(a).dtype
+    return np.asarray(a, dtype) * (dtype.type(1) / np.asarray(b, dtype))
+
 
 @dataclass(frozen=True, init=False)
 class Configuration:
@@ -185,13 +206,12 @@ class Configuration:
         """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for."""
         costs = self.costs() if costs is None else costs
         dtype = self.cluster.device.peak_flops.dtype
-        links = [self.cluster.link(self.placement.links[group]) for group in GROUPS]
-        xp = _xp(links)
-        total = xp.zeros(costs.collective_bytes["tensor"].shape, dtype)
-        for group, (bandwidth, latency) in zip(GROUPS, links):
-            total = total + (xp.asarray(costs.collective_bytes[group], dtype) / xp.asarray(bandwidth)
-                             + xp.asarray(costs.collective_hops[group], dtype) * xp.asarray(latency))
-        return total if xp is jnp else jax.device_put(total)
+        links = tuple(self.cluster.link(self.placement.links[group]) for group in GROUPS)
+        volumes = tuple(np.asarray(costs.collective_bytes[group], dtype) for group in GROUPS)
+        hops = tuple(np.asarray(costs.collective_hops[group], dtype) for group in GROUPS)
+        if _xp(links) is jnp:
+            return _collective_seconds(volumes, hops, links)
+        return jax.device_put(_collective_seconds(volumes, hops, links, np))
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
@@ -212,9 +232,11 @@ class Configuration:
         xp = _xp((forward, input_grad, weight, comm, self.cluster.memory_bandwidth))
         forward, input_grad, weight, comm = (xp.asarray(x) for x in (forward, input_grad, weight, comm))
         put = (lambda x: x) if xp is jnp else jax.device_put  # jnp.asarray of a NumPy array compiles
+        update = _divide(xp.asarray(costs.update_bytes, dtype), self.cluster.memory_bandwidth, xp)
+        update = update if xp is jnp else jax.device_put(update)
         return Workload.from_table(
             put(forward + comm[_F]), put(input_grad + comm[_I]), put(weight + comm[_W]),
-            update=put(xp.asarray(costs.update_bytes, dtype) / xp.asarray(self.cluster.memory_bandwidth)),
+            update=update,
             static_bytes=put(xp.asarray(costs.static_bytes, dtype)),
             gradient_bytes=put(xp.asarray(costs.gradient_bytes, dtype)),
             activation_bytes=put(xp.asarray(costs.activation_bytes, dtype)),
