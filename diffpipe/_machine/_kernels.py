@@ -18,8 +18,10 @@ Patterson, CACM 2009):
   ``k`` of ``K``. A narrow tensor-parallel GEMM (``N`` or ``K`` divided by ``t``) is therefore
   slower per FLOP.
 - Attention (fused, FlashAttention: Dao et al. 2022; Dao 2023): ``batch x heads`` independent
-  ``(s_q x s_k x d)`` products, at ``attention_efficiency x (1 - exp(-s / attention_saturation))``
-  of peak (the forward; the backward at ``attention_backward`` times the forward's efficiency).
+  ``(s_q x s_k x d)`` products, at ``attention_efficiency x s / (s + attention_half)`` of peak: each
+  thread block loops over the ``s`` keys as a GEMM block loops over ``K``, paying the same kind of
+  fixed main-loop cost (the forward; the backward at ``attention_backward`` times the forward's
+  efficiency).
   Unfused attention is its GEMMs (batched, timed as GEMMs) plus a memory-bound softmax.
 - Memory-bound kernels (norms, activations, dropout, residual adds, rotary, softmax, the loss,
   gradient accumulation, the optimizer): ``bytes / (memory_bandwidth x memory_efficiency)``, the
@@ -62,9 +64,9 @@ class KernelModel(eqx.Module):
         k_half: the ``K`` share at which a block's main loop runs at half its efficiency.
         memory_efficiency: sustained fraction of the datasheet memory bandwidth (streaming kernels).
         overhead: fixed seconds of every kernel (launch, prologue, epilogue).
-        attention_efficiency, attention_saturation, attention_backward: the fused-attention curve
-            ``attention_efficiency x (1 - exp(-s / attention_saturation))`` (forward) and the
-            backward's efficiency relative to the forward's.
+        attention_efficiency, attention_half, attention_backward: the fused-attention curve
+            ``attention_efficiency x s / (s + attention_half)`` (forward) and the backward's
+            efficiency relative to the forward's.
         sms: streaming multiprocessors (thread blocks per wave).
         tile_m, tile_n: the output tile of one thread block.
         split_k_min: the smallest ``K`` share a split-K block takes.
@@ -76,7 +78,7 @@ class KernelModel(eqx.Module):
     memory_efficiency: Float[Array, ""] = eqx.field(converter=_float)
     overhead: Float[Array, ""] = eqx.field(converter=_float)
     attention_efficiency: Float[Array, ""] = eqx.field(converter=_float)
-    attention_saturation: Float[Array, ""] = eqx.field(converter=_float)
+    attention_half: Float[Array, ""] = eqx.field(converter=_float)
     attention_backward: Float[Array, ""] = eqx.field(converter=_float)
     sms: int = eqx.field(static=True)
     tile_m: int = eqx.field(static=True, default=128)
@@ -92,7 +94,7 @@ class KernelModel(eqx.Module):
             ("attention_backward", lambda x: (x > 0) & (x <= 2), "in (0, 2]"),
             ("k_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("overhead", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
-            ("attention_saturation", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
+            ("attention_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
         ):
             x = _concrete(getattr(self, field))
             if x is not None and not np.all(ok(x)):
@@ -134,9 +136,7 @@ class KernelModel(eqx.Module):
     def attention_rate(self, peak: Any, sequence: Any, backward: Any = False) -> Array:
         """Sustained FLOP/s of fused attention over sequences of ``sequence`` (forward, or backward)."""
         s = jnp.asarray(np.asarray(sequence, np.float64), self.k_half.dtype)
-        t0 = self.attention_saturation
-        safe = jnp.where(t0 > 0, t0, jnp.ones_like(t0))
-        curve = jnp.where(t0 > 0, -jnp.expm1(-s / safe), 1.0)
+        curve = s / (s + self.attention_half)
         scale = jnp.where(jnp.asarray(backward), self.attention_backward, 1.0)
         return peak * self.attention_efficiency * curve * scale
 

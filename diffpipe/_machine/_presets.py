@@ -16,6 +16,7 @@ from typing import NamedTuple
 from .._checks import preset_key
 from .._engine._hardware import Network, _float
 from ._device import DEFAULT_EFFICIENCY, Device
+from ._kernels import KernelModel
 
 
 class DeviceSpec(NamedTuple):
@@ -31,6 +32,7 @@ class DeviceSpec(NamedTuple):
     memory_bandwidth: float
     fp8_flops: float | None = None
     curve: tuple[float, float] | None = None
+    kernels: KernelModel | None = None
 
 
 #: ``Device.kernel_efficiency`` fitted (``papers/kernel-efficiency/fit.py``, ``fit.json``) to the bf16
@@ -41,6 +43,21 @@ class DeviceSpec(NamedTuple):
 #: here and keep the flat ``DEFAULT_EFFICIENCY``.
 CURVE_H100 = (0.7858, 313.7)
 CURVE_B200 = (0.6073, 400.3)
+
+#: ``KernelModel`` of each measured device, copied from ``papers/kernel-efficiency/kernels_<device>.json``
+#: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted
+#: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters and its
+#: ceiling from ml-engineering's MAMF best shape), memory-bound kernels at gpu-benches' STREAM ``scale``
+#: bandwidth, fused attention through the FlashAttention-2/3 papers' stated throughputs.
+KERNELS_H100 = KernelModel(0.8542, 139.8, 0.852, 5.45e-06, 0.6794, 139.8, 1.0, sms=132, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_h100.json")
+#: The H200: the H100's compute (same GEMM and attention curves), its own STREAM bandwidth fraction.
+KERNELS_H200 = KernelModel(0.8542, 139.8, 0.6594, 5.45e-06, 0.6794, 139.8, 1.0, sms=132, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_h100.json; memory: h200")
+KERNELS_A100 = KernelModel(0.9167, 139.8, 0.849, 5.45e-06, 0.7435, 139.8, 1.0, sms=108, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_a100.json")
+KERNELS_B200 = KernelModel(0.7784, 303.6, 0.659, 5.08e-06, 0.7784, 303.6, 1.0, sms=148, tile_m=64, tile_n=128,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_b200.json")
 
 
 class LinkSpec(NamedTuple):
@@ -61,13 +78,14 @@ class LinkSpec(NamedTuple):
 #: figure, twice the dense one. Memory bandwidth as published (TB/s = 1e12 bytes/s).
 DEVICES: dict[str, DeviceSpec] = {
     "A100": DeviceSpec(312e12, 80e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS "
-                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9),
+                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9,
+                       kernels=KERNELS_A100),
     "H100": DeviceSpec(989e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
                                      "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
-                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100),
+                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100, KERNELS_H100),
     "H200": DeviceSpec(989e12, 141e9, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
                                       "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
-                       4.8e12, 1979e12, CURVE_H100),
+                       4.8e12, 1979e12, CURVE_H100, KERNELS_H200),
     "A100-40GB": DeviceSpec(312e12, 40e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
                                           "dense, 40GB HBM2, 1,555 GB/s", 1555e9),
     "H100-PCIe": DeviceSpec(756e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 "
@@ -75,12 +93,13 @@ DEVICES: dict[str, DeviceSpec] = {
                                           "2 TB/s", 2.0e12, 1513e12),
     "H800": DeviceSpec(989e12, 80e9, "NVIDIA H800 SXM5 product brief: compute as H100 SXM (BF16 989 TFLOPS "
                                      "dense, FP8 1,979 dense), 80GB HBM3, 3.35 TB/s; NVLink cut to 400 GB/s",
-                       3.35e12, 1979e12, CURVE_H100),
+                       3.35e12, 1979e12, CURVE_H100, KERNELS_H100),
     "H20": DeviceSpec(148e12, 96e9, "NVIDIA H20 product brief (as published by OEMs): BF16 148 TFLOPS dense, "
                                     "FP8 296 dense, 96GB HBM3, 4.0 TB/s", 4.0e12, 296e12),
     "B200": DeviceSpec(2.25e15, 180e9, "NVIDIA HGX B200 / DGX B200 datasheet (1,000 W): BF16 4.5 PFLOPS with "
                                        "sparsity, i.e. 2.25 dense; FP8 4.5 dense; 1,440GB HBM3e and 64 TB/s "
-                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15, CURVE_B200),
+                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15, CURVE_B200,
+                       KERNELS_B200),
     "GB200": DeviceSpec(2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1,200 W): BF16 360 "
                                        "PFLOPS with sparsity for 72 GPUs, i.e. 2.5 dense each; FP8 5 dense; "
                                        "13.4TB HBM3e and 576 TB/s for 72, i.e. 186GB and 8 TB/s", 8.0e12, 5.0e15),
@@ -169,14 +188,16 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     and memory bandwidth, and the fitted kernel-efficiency curve (``DeviceSpec.curve``; the flat
     ``diffpipe._model._transformer.DEFAULT_EFFICIENCY`` where none was measured).
 
-    ``efficiency`` (a fraction of peak) replaces the curve by that flat one, the bandwidth kept.
+    ``efficiency`` (a fraction of peak) replaces the curve by that flat one, the bandwidth kept, and
+    drops the kernel model (each op one roofline at ``efficiency``).
     """
     key = device_key(name)
     spec = DEVICES[key]
     maximum, tokens = (DEFAULT_EFFICIENCY, 0.0) if spec.curve is None else spec.curve
     if efficiency is not None:
         maximum, tokens = efficiency, 0.0
-    return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key)
+    kernels = spec.kernels if efficiency is None else None
+    return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key, kernels=kernels)
 
 
 def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None,

@@ -79,15 +79,15 @@ class Kernels(NamedTuple):
         """``[3, rows]`` kernels launched per op."""
         out = np.zeros((3, self.rows))
         for table, col in ((self.gemm, 6), (self.memory, 3)):
-            np.add.at(out, (table[:, 0].astype(int), table[:, 1].astype(int)), table[:, col])
-        np.add.at(out, (self.attention[:, 0].astype(int), self.attention[:, 1].astype(int)), 1.0)
+            np.add.at(out, (table[:, 1].astype(int), table[:, 0].astype(int)), table[:, col])
+        np.add.at(out, (self.attention[:, 1].astype(int), self.attention[:, 0].astype(int)), 1.0)
         return out
 
     def gemm_flops(self) -> np.ndarray:
         """``[3, rows]`` FLOPs of the GEMMs (``2 M N K x batch x count``)."""
         g = self.gemm
         out = np.zeros((3, self.rows))
-        np.add.at(out, (g[:, 0].astype(int), g[:, 1].astype(int)), 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
+        np.add.at(out, (g[:, 1].astype(int), g[:, 0].astype(int)), 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
         return out
 
 

@@ -44,6 +44,7 @@ from .._engine._hardware import Hardware, Network
 from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
+from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
 from .._workload._parallel import GROUPS, ParallelCosts, Parallelism, Placement, parallel_costs, placement
@@ -178,17 +179,39 @@ class Configuration:
                        mode=self.communication, devices_per_node=self.placement.stages_per_node,
                        data_parallel=self.parallelism.data, data_parallel_link=self.placement.links["data"])
 
+    def compute_seconds(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
+        """``{class: [3, layers]}`` compute seconds of the ``F``, ``I`` and ``W`` of each layer on one
+        device: per kernel class (``gemm``, ``attention``, ``memory``, ``launch``) when the device has a
+        ``KernelModel`` (``diffpipe._model._kernels.kernel_times``), else one class ``roofline`` (each
+        op one roofline, ``LayerCosts.times``)."""
+        costs = self.costs() if costs is None else costs
+        device = self.cluster.device
+        if device.kernels is not None and costs.kernels is not None:
+            return kernel_times(costs.kernels, device, float(self.model.dtype_bytes))
+        return {"roofline": jnp.stack(costs.costs.times(device))}
+
+    def update_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """Seconds of each layer's optimizer step: its memory traffic over the memory bandwidth (at the
+        kernel model's sustained fraction of it, when the device has one)."""
+        costs = self.costs() if costs is None else costs
+        device = self.cluster.device
+        dtype = device.throughput.dtype
+        bandwidth = self.cluster.memory_bandwidth
+        if device.kernels is not None:
+            bandwidth = bandwidth * device.kernels.memory_efficiency
+        return jnp.asarray(costs.update_bytes, dtype) / bandwidth
+
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
         costs = self.costs()
         device = self.cluster.device
-        forward, input_grad, weight = costs.costs.times(device)
+        forward, input_grad, weight = sum(self.compute_seconds(costs).values())
         dtype = forward.dtype
         comm = self.collective_seconds(costs)
         rows = tuple(np.bincount(self.stage_rows()).tolist())
         return Workload.from_table(
             forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
-            update=jnp.asarray(costs.update_bytes, dtype) / self.cluster.memory_bandwidth,
+            update=self.update_seconds(costs),
             static_bytes=jnp.asarray(costs.static_bytes, dtype),
             gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
             activation_bytes=jnp.asarray(costs.activation_bytes, dtype),

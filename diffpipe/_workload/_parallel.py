@@ -81,6 +81,7 @@ import numpy as np
 from .._checks import check_int, is_int
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
+from .._model._kernels import Kernels, layer_kernels
 from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
 
 #: The ZeRO stages (Rajbhandari et al. SC'20): 0 none, 1 optimizer state, 2 + gradients, 3 + weights.
@@ -249,6 +250,8 @@ class ParallelCosts(NamedTuple):
         update_bytes: memory traffic of the optimizer step on one device.
         parameters: parameters held by one device.
         shared_static_bytes, shared_gradient_bytes: the head's copy of a tied embedding.
+        kernels: every op's kernels on one device, shapes after tensor and expert sharding
+            (``diffpipe._model._kernels.layer_kernels``), for devices with a ``KernelModel``.
     """
 
     costs: LayerCosts
@@ -262,6 +265,7 @@ class ParallelCosts(NamedTuple):
     parameters: np.ndarray
     shared_static_bytes: float
     shared_gradient_bytes: float
+    kernels: Kernels | None = None
 
 
 def _expert_parameters(model: Transformer) -> np.ndarray:
@@ -363,5 +367,6 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
         parameters=parameters,
         shared_static_bytes=shared_static,
         shared_gradient_bytes=sync * d * shared,
+        kernels=layer_kernels(model, tensor=t, sequence_parallel=sp, expert=e),
     )
 
