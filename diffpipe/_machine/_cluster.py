@@ -22,16 +22,17 @@ def _float(value: Any) -> Array:
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
-def _link(value: Any, what: str) -> tuple[str, float, float]:
-    """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
+def _link(value: Any, what: str) -> tuple[str, float, float, float]:
+    """``(name, bandwidth, latency, bus efficiency)`` of a link preset name, a ``LinkSpec`` or
+    ``(bandwidth, latency)`` (bus efficiency 1)."""
     if isinstance(value, str):
         key = _presets.network_key(value)
         spec = _presets.NETWORKS[key]
-        return key, spec.bandwidth, spec.latency
+        return key, spec.bandwidth, spec.latency, spec.bus_efficiency
     if isinstance(value, _presets.LinkSpec):
-        return "custom", value.bandwidth, value.latency
+        return "custom", value.bandwidth, value.latency, value.bus_efficiency
     if isinstance(value, (tuple, list)) and len(value) == 2:
-        return "custom", value[0], value[1]
+        return "custom", value[0], value[1], 1.0
     raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
                       f"or (bandwidth, latency), got {value!r}")
 
@@ -47,6 +48,8 @@ class Cluster(eqx.Module):
     ``device`` is a ``Device`` or a device preset name; ``intra``/``inter`` link preset names
     (``diffpipe.presets.networks()``), ``LinkSpec``s or ``(bandwidth bytes/s, latency s)`` pairs;
     ``devices_per_node`` defaults to the intra link's switch domain (8 for NVLink, 72 for NVL72).
+    Collectives run at ``bus_efficiency`` of each link's bandwidth (the presets' measured NCCL bus
+    bandwidth; 1 for a ``(bandwidth, latency)`` pair): ``bus_bandwidth``.
     ``memory_bandwidth`` (bytes/s; it also times the optimizer step) lives on the ``Device``
     (presets carry the datasheet figure); ``memory_bandwidth=`` replaces the device's. A device
     without one (``inf``, a bare ``Device(peak, memory)``) is refused: the optimizer step would be free.
@@ -57,6 +60,8 @@ class Cluster(eqx.Module):
     intra_latency: Float[Array, ""]
     inter_bandwidth: Float[Array, ""]
     inter_latency: Float[Array, ""]
+    intra_bus_efficiency: Float[Array, ""]
+    inter_bus_efficiency: Float[Array, ""]
     gpus: int = eqx.field(static=True)
     devices_per_node: int = eqx.field(static=True)
     intra: str = eqx.field(static=True)
@@ -76,8 +81,9 @@ class Cluster(eqx.Module):
                               "(bytes/s)")
         self.device = device
         self.gpus = check_int("cluster: gpus", gpus, 1)
-        self.intra, intra_bw, intra_lat = _link(intra, "intra")
-        self.inter, inter_bw, inter_lat = _link(inter, "inter")
+        self.intra, intra_bw, intra_lat, intra_bus = _link(intra, "intra")
+        self.inter, inter_bw, inter_lat, inter_bus = _link(inter, "inter")
+        self.intra_bus_efficiency, self.inter_bus_efficiency = _float(intra_bus), _float(inter_bus)
         if devices_per_node is None:
             domain = _presets.NETWORKS[self.intra].domain if self.intra in _presets.NETWORKS else None
             devices_per_node = domain or 8
@@ -107,6 +113,18 @@ class Cluster(eqx.Module):
     @property
     def nodes(self) -> int:
         return max(1, self.gpus // self.devices_per_node)
+
+    def bus_bandwidth(self, name: str, ranks_per_node: int = 1) -> Array:
+        """Bus bandwidth (bytes/s) of a ring collective over ``"intra"`` or ``"inter"`` links. A ring
+        that spans nodes with ``ranks_per_node`` of its ranks in each node runs as NCCL's
+        hierarchical rings: each of those ranks' rings crosses the network once per node through its
+        own NIC, so the network share is ``ranks_per_node`` links, capped by the node's link."""
+        intra = self.intra_bandwidth * self.intra_bus_efficiency
+        if name == "intra":
+            return intra
+        if name == "inter":
+            return jnp.minimum(intra, ranks_per_node * self.inter_bandwidth * self.inter_bus_efficiency)
+        raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
 
     def link(self, name: str) -> tuple[Array, Array]:
         """``(bandwidth, latency)`` of ``"intra"`` or ``"inter"``."""

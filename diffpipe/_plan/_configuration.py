@@ -47,7 +47,7 @@ from .._machine._cluster import Cluster
 from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
-from .._workload._parallel import GROUPS, ParallelCosts, Parallelism, Placement, parallel_costs, placement
+from .._workload._parallel import GROUPS, Overlap, ParallelCosts, Parallelism, Placement, parallel_costs, placement
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness
@@ -77,6 +77,8 @@ class Configuration:
         options: further family options (``chunks`` comes from ``virtual``).
         communication: the pipeline's communication mode (``overlap`` by default).
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
+        overlap: how much communication the framework hides (``Overlap``; default none: tensor
+            collectives on the critical path, the gradient sync after the backward, no prefetch).
     """
 
     model: Transformer
@@ -87,10 +89,11 @@ class Configuration:
     options: tuple[tuple[str, Any], ...]
     communication: str
     layers_per_stage: tuple[int, ...] | None
+    overlap: Overlap
 
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
-                 communication: str = "overlap", layers_per_stage: Any = None) -> None:
+                 communication: str = "overlap", layers_per_stage: Any = None, overlap: Overlap | None = None) -> None:
         if not isinstance(model, Transformer):
             raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
         if not isinstance(parallelism, Parallelism):
@@ -98,6 +101,9 @@ class Configuration:
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)
+        overlap = Overlap() if overlap is None else overlap
+        if not isinstance(overlap, Overlap):
+            raise ConfigError(f"configuration: overlap must be an Overlap, got {type(overlap).__name__}")
         family = schedule if schedule is not None else ("interleaved-1f1b" if parallelism.virtual > 1 else "1f1b")
         fam = schedules.family(family)  # an unknown family: one line naming it
         options = dict(options or {})
@@ -117,7 +123,7 @@ class Configuration:
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),
-                            ("layers_per_stage", layers_per_stage)):
+                            ("layers_per_stage", layers_per_stage), ("overlap", overlap)):
             object.__setattr__(self, name, value)
         placement(parallelism, cluster)  # tensor groups inside a node, groups tiling the nodes
 
@@ -160,16 +166,74 @@ class Configuration:
         """The per-device per-layer table (``diffpipe._workload._parallel.parallel_costs``)."""
         return parallel_costs(self.model, self.parallelism)
 
-    def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
-        """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for."""
+    def collective_seconds_by_group(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
+        """``{group: [3, layers]}`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer
+        issue, before any overlap: ring bytes over the group's bus bandwidth (``Cluster.bus_bandwidth``:
+        the link's measured NCCL efficiency, hierarchical over nodes) plus a latency per ring step."""
         costs = self.costs() if costs is None else costs
         dtype = self.cluster.device.throughput.dtype
-        total = jnp.zeros(costs.collective_bytes["tensor"].shape, dtype)
+        where = self.placement
+        out = {}
         for group in GROUPS:
-            bandwidth, latency = self.cluster.link(self.placement.links[group])
-            total = total + (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
-                             + jnp.asarray(costs.collective_hops[group], dtype) * latency)
-        return total
+            link = where.links[group]
+            bandwidth = self.cluster.bus_bandwidth(link, where.ranks_per_node[group])
+            latency = self.cluster.link(link)[1]
+            out[group] = (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
+                          + jnp.asarray(costs.collective_hops[group], dtype) * latency)
+        return out
+
+    def exposed_collectives(self, costs: ParallelCosts | None = None,
+                            compute: dict[str, Array] | None = None) -> dict[str, Array]:
+        """``{kind: [3, layers]}`` collective seconds left on each op's critical path after the
+        configuration's ``overlap``: ``tensor`` (all-reduces, or all-gathers and reduce-scatters with
+        sequence parallelism) times ``1 - overlap.tensor``; ``expert`` (all-to-alls); ``gather``
+        (ZeRO-3 parameter all-gathers: with ``overlap.prefetch``, only what exceeds the layer's own
+        compute, which the prefetch runs under)."""
+        costs = self.costs() if costs is None else costs
+        raw = self.collective_seconds_by_group(costs)
+        out = {"tensor": raw["tensor"] * (1.0 - self.overlap.tensor), "expert": raw["expert"]}
+        gather = raw["data"]
+        if self.overlap.prefetch:
+            compute = self.compute_seconds(costs) if compute is None else compute
+            gather = jnp.maximum(gather - sum(compute.values()), 0.0)
+        out["gather"] = gather
+        return out
+
+    def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for
+        (``exposed_collectives``, summed over kinds)."""
+        return sum(self.exposed_collectives(costs).values())
+
+    def sync_scale(self, costs: ParallelCosts | None = None, compute: dict[str, Array] | None = None) -> Array:
+        """``[layers]`` factor on each layer's gradient bytes for the engine's sync lane, which prices a
+        ring over the raw data link: the link's bandwidth over the bus bandwidth (``Cluster.bus_bandwidth``),
+        times, with ``overlap.data_bucket``, the share of the stage's sync left after its last backward:
+        the last bucket, or what the last microbatch's backward of that stage cannot hide."""
+        costs = self.costs() if costs is None else costs
+        where = self.placement
+        link = where.links["data"]
+        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        scale = self.cluster.link(link)[0] / bus
+        dtype = self.cluster.device.throughput.dtype
+        rows = self.stage_rows()
+        if self.overlap.data_bucket is None or self.parallelism.data == 1:
+            return jnp.broadcast_to(scale, rows.shape).astype(dtype)
+        compute = self.compute_seconds(costs) if compute is None else compute
+        total = sum(compute.values())
+        backward = total[_I] + total[_W]
+        stages = self.parallelism.stages
+        onehot = jnp.asarray(rows[None, :] == np.arange(stages)[:, None], dtype)  # [stages, layers]
+        grad = jnp.asarray(costs.gradient_bytes, dtype)
+        n = self.parallelism.data
+        ring = 2.0 * (n - 1) / n
+        stage_bytes = onehot @ grad
+        sync = ring * stage_bytes / bus
+        hidden = onehot @ backward
+        tail = jnp.minimum(self.overlap.data_bucket, stage_bytes)
+        safe = jnp.where(stage_bytes > 0, stage_bytes, 1.0)
+        share = jnp.where(stage_bytes > 0, jnp.maximum(tail / safe, jnp.maximum(sync - hidden, 0.0) / jnp.where(
+            sync > 0, sync, 1.0)), 1.0)
+        return scale * (onehot.T @ share)
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
@@ -205,20 +269,22 @@ class Configuration:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
         costs = self.costs()
         device = self.cluster.device
-        forward, input_grad, weight = sum(self.compute_seconds(costs).values())
+        compute = self.compute_seconds(costs)
+        forward, input_grad, weight = sum(compute.values())
         dtype = forward.dtype
-        comm = self.collective_seconds(costs)
+        comm = sum(self.exposed_collectives(costs, compute).values())
+        sync = self.sync_scale(costs, compute)
         rows = tuple(np.bincount(self.stage_rows()).tolist())
         return Workload.from_table(
             forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
             update=self.update_seconds(costs),
             static_bytes=jnp.asarray(costs.static_bytes, dtype),
-            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype),
+            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype) * sync,
             activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
             output_bytes=jnp.asarray(costs.output_bytes, dtype),
             capacity=device.memory, network=self.network(), samples=float(self.model.microbatch_size),
             layers_per_stage=rows, shared_static_bytes=costs.shared_static_bytes,
-            shared_gradient_bytes=costs.shared_gradient_bytes,
+            shared_gradient_bytes=costs.shared_gradient_bytes * sync[-1],
         )
 
     def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
@@ -254,16 +320,30 @@ class Configuration:
         formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
         par, model, device = self.parallelism, self.model, self.cluster.device
         gpus = par.gpus
-        comm = np.asarray(self.collective_seconds())
-        per_stage = np.zeros((3, par.stages))
-        for row, stage in enumerate(self.stage_rows()):
-            per_stage[:, stage] += comm[:, row]
-        per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I], "W": per_stage[_W]}
-        busy = np.zeros(schedule.devices)
-        for device_index, order in enumerate(schedule.orders):
-            for op in order:
-                if op.kind in per_kind:
-                    busy[device_index] += per_kind[op.kind][op.stage]
+        costs = self.costs()
+        compute = self.compute_seconds(costs)
+        exposed = self.exposed_collectives(costs, compute)
+        rows = self.stage_rows()
+
+        def per_device(table: Any) -> np.ndarray:
+            """Seconds each pipeline rank spends per step in a ``[3, layers]`` per-op table."""
+            table = np.asarray(table, np.float64)
+            per_stage = np.zeros((3, par.stages))
+            for row, stage in enumerate(rows):
+                per_stage[:, stage] += table[:, row]
+            per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I],
+                        "W": per_stage[_W]}
+            busy = np.zeros(schedule.devices)
+            for device_index, order in enumerate(schedule.orders):
+                for op in order:
+                    if op.kind in per_kind:
+                        busy[device_index] += per_kind[op.kind][op.stage]
+            return busy
+
+        busy = per_device(sum(exposed.values()))
+        breakdown = {f"compute_{name}": float(np.mean(per_device(table))) for name, table in compute.items()}
+        breakdown |= {f"exposed_{name}": float(np.mean(per_device(table))) for name, table in exposed.items()}
+        breakdown["bubble"] = bubble_ratio * step
         memory = tuple(float(x) for x in np.asarray(memory))
         capacity = float(device.memory)
         peak = float(device.peak_flops)
@@ -276,6 +356,7 @@ class Configuration:
             bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
+            breakdown=breakdown,
         )
 
 
@@ -292,6 +373,13 @@ class ConfigResult:
         microbatches, gpus, family: the configuration's sizes.
         gradient_sync: whether the step includes the gradient-sync lane (False for schedules with
             their own ``R``/``U`` ops).
+        breakdown: seconds per step, the mean over pipeline ranks: ``compute_<class>`` per kernel class
+            (``gemm``, ``attention``, ``memory``, ``launch``; ``roofline`` for a device without a
+            ``KernelModel``), ``exposed_<kind>`` per collective kind left on the ops' critical path
+            (``tensor``, ``expert``, ``gather``: ZeRO-3 parameter all-gathers), and ``bubble``
+            (``bubble_ratio x step_time``). What remains of the step (optimizer, gradient sync tail,
+            pipeline transfers) is ``step_time`` less the rest. A later op-time jitter model adds its
+            own entry here.
         result: the simulated step (``diffpipe.Result``, the schedule's ops).
     """
 
@@ -309,6 +397,7 @@ class ConfigResult:
     family: str
     gradient_sync: bool
     result: Result
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: every figure (seconds, bytes), without the per-op ``result``."""
