@@ -22,17 +22,21 @@ def _float(value: Any) -> Array:
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
-def _link(value: Any, what: str) -> tuple[str, float, float, float]:
-    """``(name, bandwidth, latency, bus efficiency)`` of a link preset name, a ``LinkSpec`` or
-    ``(bandwidth, latency)`` (bus efficiency 1)."""
+def _link(value: Any, what: str) -> tuple[str, float, float, float, float]:
+    """``(name, bandwidth, latency, bus efficiency, ring step latency)`` of a link preset name, a
+    ``LinkSpec`` or ``(bandwidth, latency)`` (bus efficiency 1, step latency the latency)."""
     if isinstance(value, str):
         key = _presets.network_key(value)
         spec = _presets.NETWORKS[key]
-        return key, spec.bandwidth, spec.latency, spec.bus_efficiency
-    if isinstance(value, _presets.LinkSpec):
-        return "custom", value.bandwidth, value.latency, value.bus_efficiency
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return "custom", value[0], value[1], 1.0
+    elif isinstance(value, _presets.LinkSpec):
+        key, spec = "custom", value
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        return "custom", value[0], value[1], 1.0, value[1]
+    else:
+        spec = None
+    if spec is not None:
+        step = spec.latency if spec.step_latency is None else spec.step_latency
+        return key, spec.bandwidth, spec.latency, spec.bus_efficiency, step
     raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
                       f"or (bandwidth, latency), got {value!r}")
 
@@ -62,6 +66,8 @@ class Cluster(eqx.Module):
     inter_latency: Float[Array, ""]
     intra_bus_efficiency: Float[Array, ""]
     inter_bus_efficiency: Float[Array, ""]
+    intra_step_latency: Float[Array, ""]
+    inter_step_latency: Float[Array, ""]
     gpus: int = eqx.field(static=True)
     devices_per_node: int = eqx.field(static=True)
     intra: str = eqx.field(static=True)
@@ -81,9 +87,10 @@ class Cluster(eqx.Module):
                               "(bytes/s)")
         self.device = device
         self.gpus = check_int("cluster: gpus", gpus, 1)
-        self.intra, intra_bw, intra_lat, intra_bus = _link(intra, "intra")
-        self.inter, inter_bw, inter_lat, inter_bus = _link(inter, "inter")
+        self.intra, intra_bw, intra_lat, intra_bus, intra_step = _link(intra, "intra")
+        self.inter, inter_bw, inter_lat, inter_bus, inter_step = _link(inter, "inter")
         self.intra_bus_efficiency, self.inter_bus_efficiency = _float(intra_bus), _float(inter_bus)
+        self.intra_step_latency, self.inter_step_latency = _float(intra_step), _float(inter_step)
         if devices_per_node is None:
             domain = _presets.NETWORKS[self.intra].domain if self.intra in _presets.NETWORKS else None
             devices_per_node = domain or 8
@@ -124,6 +131,15 @@ class Cluster(eqx.Module):
             return intra
         if name == "inter":
             return jnp.minimum(intra, ranks_per_node * self.inter_bandwidth * self.inter_bus_efficiency)
+        raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
+
+    def step_latency(self, name: str) -> Array:
+        """A ring collective's latency per step over ``"intra"`` or ``"inter"`` links (the slower of the
+        two for a ring that spans nodes)."""
+        if name == "intra":
+            return self.intra_step_latency
+        if name == "inter":
+            return jnp.maximum(self.intra_step_latency, self.inter_step_latency)
         raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
 
     def link(self, name: str) -> tuple[Array, Array]:

@@ -169,7 +169,8 @@ class Configuration:
     def collective_seconds_by_group(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
         """``{group: [3, layers]}`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer
         issue, before any overlap: ring bytes over the group's bus bandwidth (``Cluster.bus_bandwidth``:
-        the link's measured NCCL efficiency, hierarchical over nodes) plus a latency per ring step."""
+        the link's measured NCCL efficiency, hierarchical over nodes) plus a fitted latency per ring step
+        (``Cluster.step_latency``)."""
         costs = self.costs() if costs is None else costs
         dtype = self.cluster.device.throughput.dtype
         where = self.placement
@@ -177,7 +178,7 @@ class Configuration:
         for group in GROUPS:
             link = where.links[group]
             bandwidth = self.cluster.bus_bandwidth(link, where.ranks_per_node[group])
-            latency = self.cluster.link(link)[1]
+            latency = self.cluster.step_latency(link)
             out[group] = (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
                           + jnp.asarray(costs.collective_hops[group], dtype) * latency)
         return out

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
 HERE = Path(__file__).resolve().parent
 LINK = {"nvlink3": 300e9, "nvlink4": 450e9, "nvlink5": 900e9}
@@ -50,14 +51,27 @@ def efficiency(points: list[tuple[float, float]], bandwidth: float) -> float:
     return float(np.median([bw for size, bw in points if size >= LARGE]) / bandwidth)
 
 
+def ring_fit(points: list[tuple[float, float]], bandwidth: float, n: int = 8) -> dict:
+    """``bus_efficiency``, ``step_latency`` and the rms log error of the all-reduce ring model on messages of 1 MiB+."""
+    size = np.asarray([p[0] for p in points if p[0] >= 2 ** 20])
+    seconds = 2 * (n - 1) / n * size / np.asarray([p[1] for p in points if p[0] >= 2 ** 20])
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.log((2 * (n - 1) / n * size / (bandwidth * x[0]) + 2 * (n - 1) * x[1]) / seconds)
+
+    res = least_squares(residual, [0.8, 3e-6], bounds=([0.05, 0.0], [1.0, 1e-3]))
+    return dict(bus_efficiency=round(float(res.x[0]), 3), step_latency=float(f"{res.x[1]:.3g}"),
+                rms_log_error=round(float(np.sqrt(np.mean(res.fun ** 2))), 4), rows=len(size))
+
+
 def main() -> dict:
     out = {
-        "nvlink3": efficiency(nccl_busbw("a100_allreduce_sweep"), LINK["nvlink3"]),
-        "nvlink4": efficiency(xla_busbw("sm_90"), LINK["nvlink4"]),
-        "nvlink5": efficiency(xla_busbw("sm_100_B200"), LINK["nvlink5"]),
-        "network": efficiency(nccl_busbw("h200_allreduce_4_nodes_4GiB", "NCCL_ALGO=allreduce:ring"), EFA_NODE),
+        "nvlink3": ring_fit(nccl_busbw("a100_allreduce_sweep"), LINK["nvlink3"]),
+        "nvlink4": ring_fit(xla_busbw("sm_90"), LINK["nvlink4"]),
+        "nvlink5": ring_fit(xla_busbw("sm_100_B200"), LINK["nvlink5"]),
+        "network": dict(bus_efficiency=round(efficiency(
+            nccl_busbw("h200_allreduce_4_nodes_4GiB", "NCCL_ALGO=allreduce:ring"), EFA_NODE), 3)),
     }
-    out = {k: round(v, 3) for k, v in out.items()}
     (HERE / "collectives.json").write_text(json.dumps(out, indent=1) + "\n")
     print(out)
     return out
