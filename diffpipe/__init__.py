@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
     from ._machine._cluster import Cluster as Cluster
-    from ._machine._kernels import KernelModel as KernelModel
     from ._machine._device import Device as Device
+    from ._machine._kernels import KernelModel as KernelModel
     from ._model._transformer import Transformer as Transformer
     from ._model._transformer import layer_costs as layer_costs
     from ._optimize._baselines import StagePlan as StagePlan
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from ._plan._search import plan as plan
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
-    from ._workload._parallel import Overlap as Overlap
+    from ._workload._parallel import CommunicationOverlap as CommunicationOverlap
     from ._workload._parallel import Parallelism as Parallelism
     from ._workload._workload import Workload as Workload
 

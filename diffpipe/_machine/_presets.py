@@ -47,24 +47,26 @@ CURVE_B200 = (0.6073, 400.3)
 #: ``KernelModel`` of each measured device, copied from ``papers/kernel-efficiency/kernels_<device>.json``
 #: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted
 #: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters, its
-#: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source), memory-bound kernels at gpu-benches' STREAM ``scale``
-#: bandwidth, fused attention through the FlashAttention-2/3 papers' stated throughputs.
+#: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source), memory-bound kernels at
+#: gpu-benches' STREAM ``scale`` bandwidth, fused attention through the FlashAttention-2 paper's stated
+#: throughputs (the kernel generation of the runs compared).
 #: The H100's GEMM and attention ceilings in training: the benchmarks' ceilings scaled by ``H100_CEILING``,
 #: the one parameter fitted to whole runs of the FIT set (``papers/published-runs/fit_h100_ceiling.py``,
 #: ``fit_h100_ceiling.json``): a step runs for seconds at the power limit, the benchmarks for milliseconds.
 H100_CEILING = 0.8603
-KERNELS_H100 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.852, 5.45e-06, 0.6794 * H100_CEILING, 139.8, 1.0,
+KERNELS_H100 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.852, 5.45e-06, 0.3416 * H100_CEILING, 139.8, 1.0,
                            sms=132, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json")
 #: The H200: the H100's compute (same GEMM and attention curves), its own STREAM bandwidth fraction.
-KERNELS_H200 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.6594, 5.45e-06, 0.6794 * H100_CEILING, 139.8, 1.0,
+KERNELS_H200 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.6594, 5.45e-06, 0.3416 * H100_CEILING, 139.8, 1.0,
                            sms=132, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json; memory: h200")
 KERNELS_A100 = KernelModel(0.7862, 139.8, 0.849, 5.45e-06, 0.7435, 139.8, 1.0, sms=108, tile_m=64, tile_n=64,
                            split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_a100.json")
 #: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s).
 KERNELS_A100_40GB = KernelModel(0.7862, 139.8, 0.8881, 5.45e-06, 0.7435, 139.8, 1.0, sms=108, tile_m=64, tile_n=64,
-                                split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
+                                split_k_min=1 << 30,
+                                source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
 KERNELS_B200 = KernelModel(0.7784, 303.6, 0.659, 5.08e-06, 0.7784, 303.6, 1.0, sms=148, tile_m=64, tile_n=128,
                            split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_b200.json")
 
@@ -140,19 +142,24 @@ DEVICES: dict[str, DeviceSpec] = {
 
 NETWORKS: dict[str, LinkSpec] = {
     "nvlink3": LinkSpec(300e9, 3e-6, "NVIDIA A100 datasheet: third-generation NVLink 600 GB/s "
-                                     "(both directions), i.e. 300 GB/s per direction; HGX A100: 8 GPUs", 8, bus_efficiency=BUS_NVLINK3, step_latency=STEP_NVLINK3),
+                                     "(both directions), i.e. 300 GB/s per direction; HGX A100: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK3, step_latency=STEP_NVLINK3),
     "nvlink4": LinkSpec(450e9, 3e-6, "NVIDIA H100/H200 datasheets: fourth-generation NVLink 900 GB/s "
-                                     "(both directions), i.e. 450 GB/s per direction; HGX H100: 8 GPUs", 8, bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
+                                     "(both directions), i.e. 450 GB/s per direction; HGX H100: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
     "ib-ndr": LinkSpec(50e9, 5e-6, "NVIDIA ConnectX-7 / Quantum-2 InfiniBand NDR: 400 Gb/s per port, "
                                    "i.e. 50 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "100gbe": LinkSpec(12.5e9, 1e-5, "IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s, i.e. 12.5 GB/s per "
                                      "direction; TCP-level latency"),
     "nvlink-h800": LinkSpec(200e9, 3e-6, "NVIDIA H800 SXM5 product brief: NVLink 400 GB/s (both directions), "
-                                         "i.e. 200 GB/s per direction; 8 GPUs a node", 8, bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
+                                         "i.e. 200 GB/s per direction; 8 GPUs a node", 8,
+                      bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
     "nvlink5": LinkSpec(900e9, 3e-6, "NVIDIA Blackwell datasheets: fifth-generation NVLink 1.8 TB/s per GPU "
-                                     "(both directions), i.e. 900 GB/s per direction; HGX B200: 8 GPUs", 8, bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
+                                     "(both directions), i.e. 900 GB/s per direction; HGX B200: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
     "nvl72": LinkSpec(900e9, 3e-6, "NVIDIA GB200 NVL72 datasheet: one NVLink 5 switch domain of 72 GPUs, "
-                                   "1.8 TB/s per GPU (both directions), i.e. 900 GB/s per direction", 72, bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
+                                   "1.8 TB/s per GPU (both directions), i.e. 900 GB/s per direction", 72,
+                      bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
     "ib-hdr": LinkSpec(25e9, 5e-6, "NVIDIA ConnectX-6 / Quantum InfiniBand HDR: 200 Gb/s per port, i.e. "
                                    "25 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "ib-xdr": LinkSpec(100e9, 5e-6, "NVIDIA ConnectX-8 / Quantum-X800 InfiniBand XDR: 800 Gb/s per port, "

@@ -47,7 +47,15 @@ from .._machine._cluster import Cluster
 from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
-from .._workload._parallel import GROUPS, Overlap, ParallelCosts, Parallelism, Placement, parallel_costs, placement
+from .._workload._parallel import (
+    GROUPS,
+    CommunicationOverlap,
+    ParallelCosts,
+    Parallelism,
+    Placement,
+    parallel_costs,
+    placement,
+)
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness
@@ -77,8 +85,8 @@ class Configuration:
         options: further family options (``chunks`` comes from ``virtual``).
         communication: the pipeline's communication mode (``overlap`` by default).
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
-        overlap: how much communication the framework hides (``Overlap``; default none: tensor
-            collectives on the critical path, the gradient sync after the backward, no prefetch).
+        overlap: how much communication the framework hides (``CommunicationOverlap``; default none:
+            tensor collectives on the critical path, the gradient sync after the backward, no prefetch).
     """
 
     model: Transformer
@@ -89,11 +97,12 @@ class Configuration:
     options: tuple[tuple[str, Any], ...]
     communication: str
     layers_per_stage: tuple[int, ...] | None
-    overlap: Overlap
+    overlap: CommunicationOverlap
 
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
-                 communication: str = "overlap", layers_per_stage: Any = None, overlap: Overlap | None = None) -> None:
+                 communication: str = "overlap", layers_per_stage: Any = None,
+                 overlap: CommunicationOverlap | None = None) -> None:
         if not isinstance(model, Transformer):
             raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
         if not isinstance(parallelism, Parallelism):
@@ -101,9 +110,9 @@ class Configuration:
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)
-        overlap = Overlap() if overlap is None else overlap
-        if not isinstance(overlap, Overlap):
-            raise ConfigError(f"configuration: overlap must be an Overlap, got {type(overlap).__name__}")
+        overlap = CommunicationOverlap() if overlap is None else overlap
+        if not isinstance(overlap, CommunicationOverlap):
+            raise ConfigError(f"configuration: overlap must be a CommunicationOverlap, got {type(overlap).__name__}")
         family = schedule if schedule is not None else ("interleaved-1f1b" if parallelism.virtual > 1 else "1f1b")
         fam = schedules.family(family)  # an unknown family: one line naming it
         options = dict(options or {})

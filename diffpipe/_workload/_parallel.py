@@ -170,7 +170,7 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
-class Overlap:
+class CommunicationOverlap:
     """How much communication a framework hides behind compute (fractions, not switches).
 
     Attributes:

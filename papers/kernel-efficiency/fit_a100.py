@@ -19,11 +19,10 @@ import json
 import sys
 
 import numpy as np
+from kernel_fit import HERE, attention, attention_point, gemm_seconds, kernel_model, mamf_point, stream_fraction, write
 from scipy.optimize import brentq, minimize_scalar
 
 import diffpipe as dp
-
-from kernel_fit import HERE, attention, attention_point, gemm_seconds, kernel_model, mamf_point, stream_fraction, write
 
 #: FlashAttention-2's benchmark sweep runs sequences 512 ... 16k (Dao 2023, Figs. 4-6).
 FA2_LONGEST = 16384

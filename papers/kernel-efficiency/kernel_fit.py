@@ -41,7 +41,8 @@ def stream_fraction(file: str, preset: str) -> float:
     """The highest ``STREAM_KERNEL`` bandwidth of ``gpu_benches_stream.csv``'s ``file`` over any occupancy,
     over the preset's datasheet bandwidth."""
     with open(HERE / "gpu_benches_stream.csv") as f:
-        best = max(float(r["gb_per_s"]) for r in csv.DictReader(f) if r["file"] == file and r["kernel"] == STREAM_KERNEL)
+        best = max(float(r["gb_per_s"]) for r in csv.DictReader(f)
+                   if r["file"] == file and r["kernel"] == STREAM_KERNEL)
     return best * 1e9 / float(dp.presets.DEVICES[preset].memory_bandwidth)
 
 
@@ -85,7 +86,8 @@ def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float) -> dict:
         overhead=float(f"{float(km.overhead):.3g}"), rms_log_error=round(best["rms_log_error"], 4),
         rms_log_error_tokens_curve=round(float(np.sqrt(np.mean(np.log(old_pred / seconds) ** 2))), 4),
         rows=[dict(m=int(a), n=int(b), k=int(c), measured=round(float(f / s / peak), 4),
-                   fitted=round(float(f / p / peak), 4)) for a, b, c, f, s, p in zip(m, n, k, flops, seconds, predicted)])
+                   fitted=round(float(f / p / peak), 4))
+              for a, b, c, f, s, p in zip(m, n, k, flops, seconds, predicted)])
 
 
 def write(preset: str, out: dict) -> None:

@@ -70,7 +70,7 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "memory-bound kernels at STREAM bandwidth; attention through the FlashAttention-2/3 papers' points); "
         "collectives at the links' measured NCCL bus bandwidth (fit_collectives.py), hierarchical over nodes.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
-        "collectives sit on the critical path of their op (Overlap.tensor = 0 everywhere: no run states "
+        "collectives sit on the critical path of their op (CommunicationOverlap.tensor = 0 everywhere: no run states "
         "--tp-comm-overlap). The gradient sync overlaps the backward bucket by bucket where the framework does "
         "(Megatron-LM 2024 README and Llama 3: --overlap-grad-reduce buckets; torchtitan: FSDP per block with "
         "prefetch) and not in the 2021-22 Megatron runs (Korthikanti §6.3).",
@@ -183,7 +183,7 @@ def fsdp_overlap(model: dp.Transformer) -> Any:
     """PyTorch FSDP wrapping each block: its gradients reduce-scattered per block during the backward (one
     block's gradients the last bucket) and its parameters all-gathered ahead (prefetch)."""
     block = dp.layer_costs(model).gradient_bytes[1]
-    return dp.Overlap(data_bucket=float(block), prefetch=True)
+    return dp.CommunicationOverlap(data_bucket=float(block), prefetch=True)
 
 
 def _tflops_eq3(batch: int) -> Callable[[Any, Any], float]:
@@ -303,7 +303,8 @@ def llama3_table4() -> list[Row]:
         def build(model=model, r=r, split=split):
             return configuration(model, META_H100, r["dp"] * r["batch_per_dp"], tensor=r["tp"], pipeline=r["pp"],
                                  data=r["dp"], virtual=len(split) // r["pp"], zero=2, sequence_parallel=True,
-                                 layers_per_stage=split, overlap=dp.Overlap(data_bucket=megatron_bucket(r["dp"])))
+                                 layers_per_stage=split,
+                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
 
         rows.append(Row("llama3_table4", r["name"], "TFLOPs/GPU (BF16 MFU x 989)", r["tflops"], build, _tflops_model,
                         extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -348,7 +349,7 @@ def megatron_h100() -> list[Row]:
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
                                  zero=1, sequence_parallel=r["tp"] > 1,
-                                 overlap=dp.Overlap(data_bucket=megatron_bucket(r["dp"])))
+                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))

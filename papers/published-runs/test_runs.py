@@ -236,7 +236,8 @@ def markdown(results: list[dict[str, Any]], summary: dict[str, Any]) -> str:
               f"generation): {pr['ordered']}/{pr['pairs']} ordered as published.", "", "Assumptions:", ""]
     for study, items in TEST_ASSUMPTIONS.items():
         lines += [f"- {study}: {x}" for x in items]
-    lines += ["", "| row | device | GPUs | published | predicted | error | fits |", "|---|---|---:|---:|---:|---:|:---:|"]
+    lines += ["", "| row | device | GPUs | published | predicted | error | fits |",
+              "|---|---|---:|---:|---:|---:|:---:|"]
     for r in results:
         lines.append(f"| {r['name']} | {r['device']} | {r['gpus']} | {r['published']:.4g} | {r['predicted']:.4g} | "
                      f"{100 * r['error']:+.1f}% | {'yes' if r['fits'] else 'no'} |")
