@@ -245,3 +245,47 @@ def test_eq3_flops_is_the_papers_formula():
     assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)),
                               rel=1e-12)
     assert f / (163e12 * 3072) == pytest.approx(102.6, rel=0.001)
+
+
+# -- the TEST set (test_data.toml, test_runs.py): never fitted ----------------------------------------------------
+_tspec = importlib.util.spec_from_file_location("published_runs_test", PAPER / "test_runs.py")
+tr = importlib.util.module_from_spec(_tspec)
+sys.modules[_tspec.name] = tr
+_tspec.loader.exec_module(tr)
+TEST_RESULTS = json.loads((PAPER / "test_results.json").read_text())
+
+
+def test_test_set_sources_are_not_fit_sources():
+    assert not set(tr.TEST) & set(DATA)
+    fit = json.loads((PAPER / "fit_h100_ceiling.json").read_text())
+    assert set(fit["studies"]) <= set(rp.STUDIES)  # the one whole-run parameter saw FIT rows only
+
+
+def test_test_results_quote_the_test_data_file():
+    published = {}
+    for section in ("h100_bf16_large", "h100_bf16", "a100_80gb", "a100_40gb"):
+        for r in tr.TEST["llm_foundry"][section]:
+            published[f"{section}: {r['name']}"] = r["tps_per_gpu"]
+    for r in tr.TEST["flash_attention"]["rows"]:
+        published[r["name"]] = r["tps"] / r["gpus"]
+    for r in tr.TEST["bloom"]["rows"]:
+        published[r["name"]] = r["step_s"]
+    assert TEST_RESULTS["rows"]
+    for r in TEST_RESULTS["rows"]:
+        assert r["published"] == published[r["name"]], r["name"]
+
+
+def test_test_summary_follows_from_the_committed_rows():
+    fresh = tr.summarise(TEST_RESULTS["rows"])
+    for key, value in TEST_RESULTS["summary"].items():
+        for k, v in value.items():
+            assert fresh[key][k] == pytest.approx(v, rel=1e-9), (key, k)
+
+
+def test_test_quick_rows_recompute_the_committed_numbers():
+    """Rerun ``test_runs.py --quick``'s rows and get the committed predictions back."""
+    fresh = tr.run(quick=True, log=lambda _: None)
+    committed = {r["name"]: r for r in TEST_RESULTS["rows"]}
+    assert len(fresh["rows"]) == len(tr.QUICK)
+    for r in fresh["rows"]:
+        assert r["predicted"] == pytest.approx(committed[r["name"]]["predicted"], rel=1e-4), r["name"]
