@@ -262,17 +262,17 @@ def test_test_set_sources_are_not_fit_sources():
 
 
 def test_test_results_quote_the_test_data_file():
-    published = {}
+    published = {}  # a few llm-foundry rows share a name (e.g. two precisions): every value of a name
     for section in ("h100_bf16_large", "h100_bf16", "a100_80gb", "a100_40gb"):
         for r in tr.TEST["llm_foundry"][section]:
-            published[f"{section}: {r['name']}"] = r["tps_per_gpu"]
+            published.setdefault(f"{section}: {r['name']}", set()).add(r["tps_per_gpu"])
     for r in tr.TEST["flash_attention"]["rows"]:
-        published[r["name"]] = r["tps"] / r["gpus"]
+        published.setdefault(r["name"], set()).add(r["tps"] / r["gpus"])
     for r in tr.TEST["bloom"]["rows"]:
-        published[r["name"]] = r["step_s"]
+        published.setdefault(r["name"], set()).add(r["step_s"])
     assert TEST_RESULTS["rows"]
     for r in TEST_RESULTS["rows"]:
-        assert r["published"] == published[r["name"]], r["name"]
+        assert r["published"] in published[r["name"]], r["name"]
 
 
 def test_test_summary_follows_from_the_committed_rows():
