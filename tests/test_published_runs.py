@@ -96,25 +96,22 @@ def test_results_quote_the_data_file():
 
 
 # -- claim 1: SC'21 Table 1 ---------------------------------------------------------------------------------
-def test_claim_1_sc21_table1_within_a_quarter_but_not_superlinear():
-    """Every row within 25%, MAPE about 9%; above the paper for the smallest model and ever further below
-    it for the largest, so the published rise of teraFLOP/s with model size is not reproduced."""
+def test_claim_1_sc21_table1_within_13_percent_too_fast():
+    """With the kernel model (A100 ceiling fitted to Korthikanti Table 4): every row within 13%, MAPE under 7%
+    (9.0% with the flat 50%), every row too fast; the rise of teraFLOP/s from 1.7B to 1T now shows."""
     r, s = rows("sc21_table1"), summary("sc21_table1")
-    assert s["max_abs_error"] < 0.25
-    assert s["mape"] < 0.10
-    assert r["1.7B"]["error"] > 0.0 and abs(r["3.6B"]["error"]) < 0.02
-    assert r["529.6B"]["error"] < -0.15 and r["1008.0B"]["error"] < -0.20
-    assert s["kendall_tau"] < 0.1 and not s["order_reproduced"]
-    published = [x["published"] for x in r.values()]
-    assert published[-1] > published[0]  # superlinear in the paper ...
-    assert r["1008.0B"]["predicted"] < r["1.7B"]["predicted"]  # ... not in the model
+    assert s["max_abs_error"] < 0.13
+    assert s["mape"] < 0.07
+    assert all(x["error"] > 0 for x in r.values())
+    assert r["1008.0B"]["predicted"] > r["1.7B"]["predicted"]
 
 
 # -- claim 2: SC'21 Table 2 (fixed batch, more GPUs) ----------------------------------------------------------
 def test_claim_2_sc21_table2_direction_reproduced_magnitude_not():
     """Per-GPU throughput falls as the GPUs double at a fixed batch, in the paper and in the model, but the
-    model's fall is a fraction of the published one."""
+    model's fall is under half the published one."""
     r = rows("sc21_table2")
+    assert summary("sc21_table2")["mape"] < 0.09
     for model in ("174.6B", "529.6B"):
         series = [x for name, x in r.items() if name.startswith(model)]
         pub = [x["published"] for x in series]
@@ -126,35 +123,35 @@ def test_claim_2_sc21_table2_direction_reproduced_magnitude_not():
 
 # -- claim 3: Korthikanti Tables 4-5 ---------------------------------------------------------------------------
 def test_claim_3_selective_plus_sp_speedup_reproduced():
-    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 3.5%
-    of the published one for all four models (1.29-1.32 published; 22B: 1.25 predicted)."""
+    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 5%
+    of the published one for all four models (1.29-1.32 published)."""
     speed = RESULTS["studies"]["korthikanti_table5"]["speedup"]
     assert set(speed) == {"22B", "175B", "530B", "1T"}
     for model, v in speed.items():
-        assert v["predicted"] == pytest.approx(v["published"], rel=0.035), model
+        assert v["predicted"] == pytest.approx(v["published"], rel=0.05), model
 
 
-def test_claim_3_iteration_time_right_for_22b_too_slow_for_the_pipelined_models():
-    r = rows("korthikanti_table5")
-    for name in ("22B full recompute", "22B present work"):
-        assert abs(r[name]["error"]) < 0.05, name
-    for name in ("175B full recompute", "530B present work", "1T present work"):
-        assert r[name]["error"] > 0.15, name
-    # the error grows with the model (and the pipeline)
-    assert r["175B present work"]["error"] < r["530B present work"]["error"] < r["1T present work"]["error"]
+def test_claim_3_iteration_times_within_9_percent():
+    """Every iteration time within 9% (MAPE under 5%; 23.1% with the flat 50%), in the published order."""
+    r, s = rows("korthikanti_table5"), summary("korthikanti_table5")
+    assert s["max_abs_error"] < 0.09 and s["mape"] < 0.05
+    assert s["order_reproduced"]
+    for name in ("22B full recompute", "175B present work", "530B present work"):
+        assert abs(r[name]["error"]) < 0.04, name
 
 
 def test_claim_3_one_22b_layer():
-    """Forward within 5%; backward too slow by 10-20%; sequence parallelism changes nothing in the model
-    (norms and dropout carry no cost), where the paper measured 7.7 -> 7.2 ms."""
+    """Every forward within 1%, every backward within 7% (Table 4 is where the A100's GEMM ceiling was fitted:
+    within 4.7% under the collective fit of that time, kernels_a100.json), and
+    sequence parallelism now shortens the forward (its norms and dropout are sharded memory-bound kernels),
+    as measured (7.7 -> 7.2 ms)."""
     t4 = {r["experiment"]: r for r in RESULTS["studies"]["korthikanti_table4"]["rows"]}
     for r in t4.values():
         assert r["forward_ms"]["predicted"] == pytest.approx(r["forward_ms"]["published"], rel=0.05)
-        assert 0.05 < r["backward_ms"]["predicted"] / r["backward_ms"]["published"] - 1 < 0.20
+        assert r["backward_ms"]["predicted"] == pytest.approx(r["backward_ms"]["published"], rel=0.07)
     base, sp = t4["Baseline no recompute"], t4["Sequence Parallelism"]
-    assert sp["forward_ms"]["predicted"] == pytest.approx(base["forward_ms"]["predicted"], rel=1e-6)
+    assert sp["forward_ms"]["predicted"] < base["forward_ms"]["predicted"]
     assert sp["forward_ms"]["published"] < base["forward_ms"]["published"]
-    # the recomputation ranking of the backward is reproduced: none < selective < full
     b = {k: v["backward_ms"]["predicted"] for k, v in t4.items()}
     assert b["Baseline no recompute"] < b["Selective Recompute"] < b["Baseline with recompute"]
 
