@@ -158,44 +158,40 @@ def test_claim_3_one_22b_layer():
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
 def test_claim_4_h100_predictions():
-    """Llama 3 405B and torchtitan's 8B FSDP are predicted too fast (the GEMM-fitted H100 curve);
-    Megatron-LM's H100 table lands within 20% (MAPE under 10%) but without its trend."""
+    """Llama 3 405B still too fast (+18-23%); torchtitan's 8B FSDP far too fast, outside its bracket;
+    Megatron-LM's H100 table within 24% (MAPE under 12%), too fast for the small models, too slow for the
+    mid-size ones."""
     for name, r in rows("llama3_table4").items():
-        assert r["error"] > 0.25, name
+        assert 0.15 < r["error"] < 0.25, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
-    s = summary("megatron_h100")
-    assert s["max_abs_error"] < 0.20 and s["mape"] < 0.10
-    assert s["kendall_tau"] < 0.2
+    s, mh = summary("megatron_h100"), rows("megatron_h100")
+    assert s["max_abs_error"] < 0.24 and s["mape"] < 0.12
+    assert mh["1.7B"]["error"] > 0.15 and mh["32B"]["error"] < -0.15
 
 
 def test_claim_4_orderings_on_h100():
     """Llama 3: 8K GPUs at DP 64 above 16K GPUs at DP 128 per GPU (reproduced); torchtitan 405B:
-    interleaved 1F1B above 1F1B (reproduced); Megatron-LM weak scaling: not reproduced (the model's
-    error falls with model size)."""
+    interleaved 1F1B above 1F1B (reproduced, 1.55 against 1.28); Megatron-LM weak scaling: not reproduced."""
     assert summary("llama3_table4")["order_reproduced"]
-    assert summary("torchtitan")["pipeline_pair"]["order_reproduced"]
-    mh = rows("megatron_h100")
+    pair = summary("torchtitan")["pipeline_pair"]
+    assert pair["order_reproduced"] and pair["predicted_ratio"] > pair["published_ratio"]
     assert not summary("megatron_h100")["order_reproduced"]
-    assert mh["1.7B"]["error"] > mh["462B"]["error"]
 
 
 # -- claim 5: SC'21 §5 orderings ---------------------------------------------------------------------------
 def test_claim_5_sc21_stated_orderings():
-    """Figures 12 and 13 (tensor <= 8): reproduced; Figure 14 only at batch 512 (at batch 32 the exposed
-    gradient all-reduce makes pipeline 8 the best); Figure 16 (best microbatch 2): not (the A100 has a flat
-    efficiency, so a larger microbatch only adds bubble)."""
+    """Figures 12, 13 (tensor <= 8) and 14 (both batches): reproduced; Figure 16 (best microbatch 2): not,
+    but microbatch size now matters: at batch 512 sizes 2 and 4 tie at the top (the model picks 4), at
+    batch 128 size 1 wins."""
     got = {o["id"]: o for o in RESULTS["studies"]["sc21_orderings"]["orderings"]}
     assert got["fig12_interleaved"]["reproduced"]
     assert got["fig13_tensor_vs_pipeline"]["reproduced"]
-    fig14 = got["fig14_pipeline_vs_data"]
-    assert not fig14["reproduced"]
-    big = [p["tflops"] for p in fig14["points"] if p["batch"] == 512]
-    assert all(a > b for a, b in zip(big, big[1:]))
-    small = {p["pipeline"]: p["tflops"] for p in fig14["points"] if p["batch"] == 32}
-    assert max(small, key=small.get) == 8
-    assert not got["fig16_microbatch"]["reproduced"]
-    assert set(got["fig16_microbatch"]["best_mbs"].values()) == {1}
+    assert got["fig14_pipeline_vs_data"]["reproduced"]
+    fig16 = got["fig16_microbatch"]
+    assert not fig16["reproduced"]
+    big = {p["mbs"]: p["tflops"] for p in fig16["points"] if p["batch"] == 512}
+    assert big[2] > big[1] and big[2] > big[8]
 
 
 # -- claim 6: plan -------------------------------------------------------------------------------------------
