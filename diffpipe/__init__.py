@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ._compare import Comparison as Comparison
     from ._compare import Machine as Machine
     from ._compare import compare as compare
-    from ._compare import kendall_tau as kendall_tau
     from ._engine._communication import AbstractCommunication as AbstractCommunication
     from ._engine._communication import AbstractLaneCommunication as AbstractLaneCommunication
     from ._engine._communication import Blocking as Blocking
@@ -41,10 +40,14 @@ if TYPE_CHECKING:
     from ._engine._graph import stack_graphs as stack_graphs
     from ._engine._hardware import Hardware as Hardware
     from ._engine._hardware import Network as Network
+    from ._engine._jitter import Jitter as Jitter
+    from ._engine._jitter import expected_makespan as expected_makespan
+    from ._engine._jitter import sample_makespans as sample_makespans
     from ._engine._simulate import Result as Result
     from ._engine._simulate import makespan as makespan
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
+    from ._levels import kendall_tau as kendall_tau
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
     from ._machine._kernels import KernelModel as KernelModel

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import diffpipe as dp
 from diffpipe import _io
-from diffpipe.cli import _commands as cli
+from diffpipe import cli
 from diffpipe.schedules import Op, Placement, Schedule, from_torch_csv, to_torch_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def assert_one_line(code, err, culprit):
 
 
 # -- the table ----------------------------------------------------------------------------------------
-#: Bad TOML values for each kind of key in ``cli.SCHEMA`` (written as TOML), chosen by hand.
+#: Bad TOML values for each kind of key in ``cli._inputs.SCHEMA`` (written as TOML), chosen by hand.
 BAD_VALUES = {
     "name": ['true', '1', '""', '[1]', '{ a = 1 }', '1.5'],
     "count": ['"abc"', 'true', '0', '-3', '1.5', '"4"', '[4]', 'nan', 'inf'],
@@ -86,7 +86,7 @@ COMPANION = {"times": {"forward": "1", "backward": "2"}}
 
 def toml_value_cases() -> list[Case]:
     cases = []
-    for section, keys in cli.SCHEMA.items():
+    for section, keys in cli._inputs.SCHEMA.items():
         for key, kind in keys.items():
             for i, bad in enumerate(BAD_VALUES[kind]):
                 body = {**COMPANION.get(section, {}), key: bad}
@@ -566,8 +566,8 @@ def test_single_schedule_defaults_are_the_sweeps():
     import inspect
 
     params = inspect.signature(dp.sweep).parameters
-    assert (params["devices"].default, params["microbatches"].default) == (cli.DEFAULT_DEVICES,
-                                                                           cli.DEFAULT_MICROBATCHES)
+    assert (params["devices"].default, params["microbatches"].default) == (cli._args.DEFAULT_DEVICES,
+                                                                           cli._args.DEFAULT_MICROBATCHES)
 
 
 # -- numbers ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import calibrate
-from diffpipe.cli import _commands as cli
+from diffpipe import cli
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
 

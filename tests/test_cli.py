@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diffpipe.cli import _commands as cli
+from diffpipe import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["list", "show", "simulate", "compare", "optimize", "sweep", "export"]
@@ -154,9 +154,9 @@ def test_a_check_inside_jit_is_one_line_naming_it():
     checked = jax.jit(lambda x: eqx.error_if(x, x < 0, "hardware: bandwidth must be positive, got a negative"))
     with pytest.raises(Exception) as info:
         checked(-1.0)
-    code, line = cli._error_line(info.value)
+    code, line = cli._main._error_line(info.value)
     assert (code, line) == (2, "diffpipe: error: hardware: bandwidth must be positive, got a negative")
-    code, line = cli._error_line(RuntimeError("RESOURCE_EXHAUSTED: out of memory while allocating 8 GiB"))
+    code, line = cli._main._error_line(RuntimeError("RESOURCE_EXHAUSTED: out of memory while allocating 8 GiB"))
     assert code == 2 and "out of memory" in line
 
 
@@ -173,4 +173,4 @@ def test_cli_mode_names_are_the_librarys():
     the library's (``_communication.MODES``)."""
     from diffpipe._engine._communication import COMMUNICATION_MODES
 
-    assert cli.COMMUNICATION_MODES == COMMUNICATION_MODES
+    assert cli._args.COMMUNICATION_MODES == COMMUNICATION_MODES

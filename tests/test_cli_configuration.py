@@ -13,7 +13,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._model._transformer import RECOMPUTE
-from diffpipe.cli import _commands as cli
+from diffpipe import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A small Llama-style config.json (GQA, SwiGLU, RMSNorm, rotary, untied).
@@ -40,7 +40,7 @@ def tiny(tmp_path):
 
 
 def test_modes_are_the_library_s():
-    assert cli.RECOMPUTE_MODES == RECOMPUTE
+    assert cli._args.RECOMPUTE_MODES == RECOMPUTE
 
 
 def test_simulate_reports_the_configuration_s_figures(tiny):

@@ -7,17 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 import diffpipe as dp
-from diffpipe._compare import (
-    DEFAULT_DEVICES,
-    DEFAULT_MICROBATCHES,
-    DEFAULT_SCHEDULES,
-    LEVELS,
-    Machine,
-    _schedule_label,
-    default_machine,
-    kendall_tau,
-    ranks,
-)
+from diffpipe._compare import Machine, _schedule_label, default_machine
+from diffpipe._levels import DEFAULT_DEVICES, DEFAULT_MICROBATCHES, DEFAULT_SCHEDULES, LEVELS, kendall_tau, ranks
 
 D = N = 4
 # Chimera with its replicas' gradient all-reduce, labelled "chimera" (the mapping form of compare).

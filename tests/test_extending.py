@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import diffpipe as dp
-from diffpipe.cli import _commands as cli
+from diffpipe import cli
 from diffpipe.schedules import Family, Formula, Op, Option, Placement, Schedule
 
 NAME = "gpipe-lifo"

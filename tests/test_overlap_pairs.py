@@ -204,7 +204,7 @@ def test_sweep_carries_pair_overlap_like_simulate():
 
 
 def test_cli_reads_pair_overlap_from_times(tmp_path, capsys):
-    from diffpipe.cli._main import main
+    from diffpipe.cli import main
 
     def run(extra):
         path = tmp_path / "m.toml"

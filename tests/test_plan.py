@@ -140,7 +140,7 @@ def test_cli_plan_exports(tmp_path, capsys):
     import json
     import tomllib
 
-    from diffpipe.cli._main import main
+    from diffpipe.cli import main
 
     out = tmp_path / "job.toml"
     code = main(["plan", "--model", "llama-3-8b", "--cluster", "8xH100", "--global-batch", "8", "--families", "1f1b",
@@ -160,7 +160,7 @@ def test_cli_plan_exports(tmp_path, capsys):
 def test_cli_plan_flags_are_the_configuration_s():
     """plan parses the simulate/compare configuration flags (one definition, lists where it
     searches) and still reads its older names."""
-    from diffpipe.cli._main import build_parser
+    from diffpipe.cli import build_parser
 
     parser = build_parser()
     new = parser.parse_args(["plan", "--model", "m", "--gpus", "8", "--global-batch", "8", "--tp", "2,4", "--pp", "1",
@@ -186,7 +186,7 @@ def test_cli_plan_flags_are_the_configuration_s():
 
 
 def test_cli_plan_infeasible_is_one_line(capsys):
-    from diffpipe.cli._main import main
+    from diffpipe.cli import main
 
     code = main(["plan", "--model", "llama-3.1-405b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b",
                  "--microbatch-sizes", "1", "--recompute", "none", "--zero", "0", "--balance-top", "0"])
@@ -206,7 +206,7 @@ def test_progress_says_plan(capsys, monkeypatch):
 def test_cli_plan_reads_a_hf_config(tmp_path, capsys):
     import json
 
-    from diffpipe.cli._main import main
+    from diffpipe.cli import main
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=8, hidden_size=512, num_attention_heads=8,

@@ -352,7 +352,7 @@ def test_compare_equal_split_prices_later_segments_higher():
 
 
 def test_cli_compare_counts_samples(capsys):
-    from diffpipe.cli import _commands as cli
+    from diffpipe import cli
 
     code = cli.main(["compare", "1f1b", "seq1f1b", "seq1f1b-i", "--option", "segments=2", "--devices", "2",
                      "--microbatches", "2", "--forward", "1", "--backward", "2", "--json"])

@@ -329,7 +329,7 @@ def test_gradient_sync_refusals(synced):
 
 
 def test_cli_simulate_of_a_configuration_traces_its_sync(tmp_path):
-    from diffpipe.cli import _commands as cli
+    from diffpipe import cli
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(model_type="llama", num_hidden_layers=4, hidden_size=256,

@@ -91,7 +91,8 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
 
 
 def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
-    from .._compare import DEFAULT_SCHEDULES, compare
+    from .._compare import compare
+    from .._levels import DEFAULT_SCHEDULES
 
     families = list(args.families) or ([training.family] if training.family else [])
     items = [(f, training.options) for f in families] if families else list(DEFAULT_SCHEDULES.values())
@@ -205,9 +206,9 @@ def _compare_items(families: Sequence[str], options: dict[str, Any]) -> list[Any
 
 
 def _cmd_compare(args: argparse.Namespace) -> None:
-    from .._compare import DEFAULT_DEVICES as COMPARE_DEVICES
-    from .._compare import DEFAULT_MICROBATCHES as COMPARE_MICROBATCHES
-    from .._compare import DEFAULT_SCHEDULES, compare
+    from .._levels import DEFAULT_DEVICES as COMPARE_DEVICES
+    from .._levels import DEFAULT_MICROBATCHES as COMPARE_MICROBATCHES
+    from .._levels import DEFAULT_SCHEDULES
 
     config = _load_config(args.config, "compare")
     if _wants_configuration(args, config):
@@ -228,6 +229,8 @@ def _cmd_compare(args: argparse.Namespace) -> None:
         _guard_schedule(name, COMPARE_DEVICES if devices is None else devices,
                         (COMPARE_MICROBATCHES if microbatches is None else microbatches) * units, dict(opts),
                         args.max_ops)
+    from .._compare import compare  # JAX: only once the size is known to be acceptable
+
     machine = _machine(args, config)
     comparison = compare(items, machine.hardware if machine.given else None,
                          devices=devices, microbatches=microbatches)

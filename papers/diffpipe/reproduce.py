@@ -29,8 +29,8 @@ from diffpipe._optimize._baselines import (
     compositions,
     evaluate_plans,
     minmax_partition,
-    uniform_partition,
 )
+from diffpipe._partition import uniform_partition
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = HERE.parents[1] / "benchmarks" / "results"
