@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ._levels import kendall_tau as kendall_tau
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
+    from ._machine._kernels import KernelModel as KernelModel
     from ._model._transformer import Transformer as Transformer
     from ._model._transformer import layer_costs as layer_costs
     from ._optimize._baselines import StagePlan as StagePlan
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from ._plan._search import plan as plan
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
+    from ._workload._parallel import CommunicationOverlap as CommunicationOverlap
     from ._workload._parallel import Parallelism as Parallelism
     from ._workload._workload import Workload as Workload
     from ._workload._workload import hardware_from_model as hardware_from_model

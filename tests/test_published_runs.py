@@ -96,25 +96,22 @@ def test_results_quote_the_data_file():
 
 
 # -- claim 1: SC'21 Table 1 ---------------------------------------------------------------------------------
-def test_claim_1_sc21_table1_within_a_quarter_but_not_superlinear():
-    """Every row within 25%, MAPE about 9%; above the paper for the smallest model and ever further below
-    it for the largest, so the published rise of teraFLOP/s with model size is not reproduced."""
+def test_claim_1_sc21_table1_within_13_percent_too_fast():
+    """With the kernel model (A100 ceiling fitted to Korthikanti Table 4): every row within 13%, MAPE under 7%
+    (9.0% with the flat 50%), every row too fast; the rise of teraFLOP/s from 1.7B to 1T now shows."""
     r, s = rows("sc21_table1"), summary("sc21_table1")
-    assert s["max_abs_error"] < 0.25
-    assert s["mape"] < 0.10
-    assert r["1.7B"]["error"] > 0.0 and abs(r["3.6B"]["error"]) < 0.02
-    assert r["529.6B"]["error"] < -0.15 and r["1008.0B"]["error"] < -0.20
-    assert s["kendall_tau"] < 0.1 and not s["order_reproduced"]
-    published = [x["published"] for x in r.values()]
-    assert published[-1] > published[0]  # superlinear in the paper ...
-    assert r["1008.0B"]["predicted"] < r["1.7B"]["predicted"]  # ... not in the model
+    assert s["max_abs_error"] < 0.13
+    assert s["mape"] < 0.07
+    assert all(x["error"] > 0 for x in r.values())
+    assert r["1008.0B"]["predicted"] > r["1.7B"]["predicted"]
 
 
 # -- claim 2: SC'21 Table 2 (fixed batch, more GPUs) ----------------------------------------------------------
 def test_claim_2_sc21_table2_direction_reproduced_magnitude_not():
     """Per-GPU throughput falls as the GPUs double at a fixed batch, in the paper and in the model, but the
-    model's fall is a fraction of the published one."""
+    model's fall is under half the published one."""
     r = rows("sc21_table2")
+    assert summary("sc21_table2")["mape"] < 0.09
     for model in ("174.6B", "529.6B"):
         series = [x for name, x in r.items() if name.startswith(model)]
         pub = [x["published"] for x in series]
@@ -126,79 +123,75 @@ def test_claim_2_sc21_table2_direction_reproduced_magnitude_not():
 
 # -- claim 3: Korthikanti Tables 4-5 ---------------------------------------------------------------------------
 def test_claim_3_selective_plus_sp_speedup_reproduced():
-    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 3.5%
-    of the published one for all four models (1.29-1.32 published; 22B: 1.25 predicted)."""
+    """The speedup of sequence parallelism + selective recomputation over full recomputation is within 5%
+    of the published one for all four models (1.29-1.32 published)."""
     speed = RESULTS["studies"]["korthikanti_table5"]["speedup"]
     assert set(speed) == {"22B", "175B", "530B", "1T"}
     for model, v in speed.items():
-        assert v["predicted"] == pytest.approx(v["published"], rel=0.035), model
+        assert v["predicted"] == pytest.approx(v["published"], rel=0.05), model
 
 
-def test_claim_3_iteration_time_right_for_22b_too_slow_for_the_pipelined_models():
-    r = rows("korthikanti_table5")
-    for name in ("22B full recompute", "22B present work"):
-        assert abs(r[name]["error"]) < 0.05, name
-    for name in ("175B full recompute", "530B present work", "1T present work"):
-        assert r[name]["error"] > 0.15, name
-    # the error grows with the model (and the pipeline)
-    assert r["175B present work"]["error"] < r["530B present work"]["error"] < r["1T present work"]["error"]
+def test_claim_3_iteration_times_within_9_percent():
+    """Every iteration time within 9% (MAPE under 5%; 23.1% with the flat 50%), in the published order."""
+    r, s = rows("korthikanti_table5"), summary("korthikanti_table5")
+    assert s["max_abs_error"] < 0.09 and s["mape"] < 0.05
+    assert s["order_reproduced"]
+    for name in ("22B full recompute", "175B present work", "530B present work"):
+        assert abs(r[name]["error"]) < 0.04, name
 
 
 def test_claim_3_one_22b_layer():
-    """Forward within 5%; backward too slow by 10-20%; sequence parallelism changes nothing in the model
-    (norms and dropout carry no cost), where the paper measured 7.7 -> 7.2 ms."""
+    """Every forward within 1%, every backward within 7% (Table 4 is where the A100's GEMM ceiling was fitted:
+    within 4.7% under the collective fit of that time, kernels_a100.json), and
+    sequence parallelism now shortens the forward (its norms and dropout are sharded memory-bound kernels),
+    as measured (7.7 -> 7.2 ms)."""
     t4 = {r["experiment"]: r for r in RESULTS["studies"]["korthikanti_table4"]["rows"]}
     for r in t4.values():
         assert r["forward_ms"]["predicted"] == pytest.approx(r["forward_ms"]["published"], rel=0.05)
-        assert 0.05 < r["backward_ms"]["predicted"] / r["backward_ms"]["published"] - 1 < 0.20
+        assert r["backward_ms"]["predicted"] == pytest.approx(r["backward_ms"]["published"], rel=0.07)
     base, sp = t4["Baseline no recompute"], t4["Sequence Parallelism"]
-    assert sp["forward_ms"]["predicted"] == pytest.approx(base["forward_ms"]["predicted"], rel=1e-6)
+    assert sp["forward_ms"]["predicted"] < base["forward_ms"]["predicted"]
     assert sp["forward_ms"]["published"] < base["forward_ms"]["published"]
-    # the recomputation ranking of the backward is reproduced: none < selective < full
     b = {k: v["backward_ms"]["predicted"] for k, v in t4.items()}
     assert b["Baseline no recompute"] < b["Selective Recompute"] < b["Baseline with recompute"]
 
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
 def test_claim_4_h100_predictions():
-    """Llama 3 405B and torchtitan's 8B FSDP are predicted too fast (the GEMM-fitted H100 curve);
-    Megatron-LM's H100 table lands within 20% (MAPE under 10%) but without its trend."""
+    """Llama 3 405B still too fast (+18-23%); torchtitan's 8B FSDP far too fast, outside its bracket;
+    Megatron-LM's H100 table within 24% (MAPE under 12%), too fast for the small models, too slow for the
+    mid-size ones."""
     for name, r in rows("llama3_table4").items():
-        assert r["error"] > 0.25, name
+        assert 0.15 < r["error"] < 0.25, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
-    s = summary("megatron_h100")
-    assert s["max_abs_error"] < 0.20 and s["mape"] < 0.10
-    assert s["kendall_tau"] < 0.2
+    s, mh = summary("megatron_h100"), rows("megatron_h100")
+    assert s["max_abs_error"] < 0.24 and s["mape"] < 0.12
+    assert mh["1.7B"]["error"] > 0.15 and mh["32B"]["error"] < -0.15
 
 
 def test_claim_4_orderings_on_h100():
     """Llama 3: 8K GPUs at DP 64 above 16K GPUs at DP 128 per GPU (reproduced); torchtitan 405B:
-    interleaved 1F1B above 1F1B (reproduced); Megatron-LM weak scaling: not reproduced (the model's
-    error falls with model size)."""
+    interleaved 1F1B above 1F1B (reproduced, 1.55 against 1.28); Megatron-LM weak scaling: not reproduced."""
     assert summary("llama3_table4")["order_reproduced"]
-    assert summary("torchtitan")["pipeline_pair"]["order_reproduced"]
-    mh = rows("megatron_h100")
+    pair = summary("torchtitan")["pipeline_pair"]
+    assert pair["order_reproduced"] and pair["predicted_ratio"] > pair["published_ratio"]
     assert not summary("megatron_h100")["order_reproduced"]
-    assert mh["1.7B"]["error"] > mh["462B"]["error"]
 
 
 # -- claim 5: SC'21 §5 orderings ---------------------------------------------------------------------------
 def test_claim_5_sc21_stated_orderings():
-    """Figures 12 and 13 (tensor <= 8): reproduced; Figure 14 only at batch 512 (at batch 32 the exposed
-    gradient all-reduce makes pipeline 8 the best); Figure 16 (best microbatch 2): not (the A100 has a flat
-    efficiency, so a larger microbatch only adds bubble)."""
+    """Figures 12, 13 (tensor <= 8) and 14 (both batches): reproduced; Figure 16 (best microbatch 2): not,
+    but microbatch size now matters: at batch 512 sizes 2 and 4 tie at the top (the model picks 4), at
+    batch 128 size 1 wins."""
     got = {o["id"]: o for o in RESULTS["studies"]["sc21_orderings"]["orderings"]}
     assert got["fig12_interleaved"]["reproduced"]
     assert got["fig13_tensor_vs_pipeline"]["reproduced"]
-    fig14 = got["fig14_pipeline_vs_data"]
-    assert not fig14["reproduced"]
-    big = [p["tflops"] for p in fig14["points"] if p["batch"] == 512]
-    assert all(a > b for a, b in zip(big, big[1:]))
-    small = {p["pipeline"]: p["tflops"] for p in fig14["points"] if p["batch"] == 32}
-    assert max(small, key=small.get) == 8
-    assert not got["fig16_microbatch"]["reproduced"]
-    assert set(got["fig16_microbatch"]["best_mbs"].values()) == {1}
+    assert got["fig14_pipeline_vs_data"]["reproduced"]
+    fig16 = got["fig16_microbatch"]
+    assert not fig16["reproduced"]
+    big = {p["mbs"]: p["tflops"] for p in fig16["points"] if p["batch"] == 512}
+    assert big[2] > big[1] and big[2] > big[8]
 
 
 # -- claim 6: plan -------------------------------------------------------------------------------------------
@@ -245,3 +238,47 @@ def test_eq3_flops_is_the_papers_formula():
     assert f == pytest.approx(96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)),
                               rel=1e-12)
     assert f / (163e12 * 3072) == pytest.approx(102.6, rel=0.001)
+
+
+# -- the TEST set (test_data.toml, test_runs.py): never fitted ----------------------------------------------------
+_tspec = importlib.util.spec_from_file_location("published_runs_test", PAPER / "test_runs.py")
+tr = importlib.util.module_from_spec(_tspec)
+sys.modules[_tspec.name] = tr
+_tspec.loader.exec_module(tr)
+TEST_RESULTS = json.loads((PAPER / "test_results.json").read_text())
+
+
+def test_test_set_sources_are_not_fit_sources():
+    assert not set(tr.TEST) & set(DATA)
+    fit = json.loads((PAPER / "fit_h100_ceiling.json").read_text())
+    assert set(fit["studies"]) <= set(rp.STUDIES)  # the one whole-run parameter saw FIT rows only
+
+
+def test_test_results_quote_the_test_data_file():
+    published = {}  # a few llm-foundry rows share a name (e.g. two precisions): every value of a name
+    for section in ("h100_bf16_large", "h100_bf16", "a100_80gb", "a100_40gb"):
+        for r in tr.TEST["llm_foundry"][section]:
+            published.setdefault(f"{section}: {r['name']}", set()).add(r["tps_per_gpu"])
+    for r in tr.TEST["flash_attention"]["rows"]:
+        published.setdefault(r["name"], set()).add(r["tps"] / r["gpus"])
+    for r in tr.TEST["bloom"]["rows"]:
+        published.setdefault(r["name"], set()).add(r["step_s"])
+    assert TEST_RESULTS["rows"]
+    for r in TEST_RESULTS["rows"]:
+        assert r["published"] in published[r["name"]], r["name"]
+
+
+def test_test_summary_follows_from_the_committed_rows():
+    fresh = tr.summarise(TEST_RESULTS["rows"])
+    for key, value in TEST_RESULTS["summary"].items():
+        for k, v in value.items():
+            assert fresh[key][k] == pytest.approx(v, rel=1e-9), (key, k)
+
+
+def test_test_quick_rows_recompute_the_committed_numbers():
+    """Rerun ``test_runs.py --quick``'s rows and get the committed predictions back."""
+    fresh = tr.run(quick=True, log=lambda _: None)
+    committed = {r["name"]: r for r in TEST_RESULTS["rows"]}
+    assert len(fresh["rows"]) == len(tr.QUICK)
+    for r in fresh["rows"]:
+        assert r["predicted"] == pytest.approx(committed[r["name"]]["predicted"], rel=1e-4), r["name"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
@@ -21,16 +22,21 @@ from ._device import Device
 MAX_GPUS = 1 << 20
 
 
-def _link(value: Any, what: str) -> tuple[str, float, float]:
-    """``(name, bandwidth, latency)`` of a link preset name, a ``LinkSpec`` or ``(bandwidth, latency)``."""
+def _link(value: Any, what: str) -> tuple[str, float, float, float, float]:
+    """``(name, bandwidth, latency, bus efficiency, ring step latency)`` of a link preset name, a
+    ``LinkSpec`` or ``(bandwidth, latency)`` (bus efficiency 1, step latency the latency)."""
     if isinstance(value, str):
         key = _specs.network_key(value)
         spec = _specs.NETWORKS[key]
-        return key, spec.bandwidth, spec.latency
-    if isinstance(value, _specs.LinkSpec):
-        return "custom", value.bandwidth, value.latency
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return "custom", value[0], value[1]
+    elif isinstance(value, _specs.LinkSpec):
+        key, spec = "custom", value
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        return "custom", value[0], value[1], 1.0, value[1]
+    else:
+        spec = None
+    if spec is not None:
+        step = spec.latency if spec.step_latency is None else spec.step_latency
+        return key, spec.bandwidth, spec.latency, spec.bus_efficiency, step
     raise ConfigError(f"cluster: {what} must be a link preset name (see diffpipe.presets.networks()), a LinkSpec "
                       f"or (bandwidth, latency), got {value!r}")
 
@@ -42,6 +48,8 @@ class Cluster(eqx.Module):
     ``device`` is a ``Device`` or a device preset name; ``intra``/``inter`` link preset names
     (``diffpipe.presets.networks()``), ``LinkSpec``s or ``(bandwidth bytes/s, latency s)`` pairs;
     ``devices_per_node`` defaults to the intra link's switch domain (8 for NVLink, 72 for NVL72).
+    Collectives run at ``bus_efficiency`` of each link's bandwidth (the presets' measured NCCL bus
+    bandwidth; 1 for a ``(bandwidth, latency)`` pair): ``bus_bandwidth``.
     ``memory_bandwidth`` (bytes/s; it also times the optimizer step) lives on the ``Device``
     (presets carry the datasheet figure); ``memory_bandwidth=`` replaces the device's. A device
     without one (``inf``, a bare ``Device(peak, memory)``) is refused: the optimizer step would be free.
@@ -52,6 +60,10 @@ class Cluster(eqx.Module):
     intra_latency: Float[Array, ""]
     inter_bandwidth: Float[Array, ""]
     inter_latency: Float[Array, ""]
+    intra_bus_efficiency: Float[Array, ""]
+    inter_bus_efficiency: Float[Array, ""]
+    intra_step_latency: Float[Array, ""]
+    inter_step_latency: Float[Array, ""]
     gpus: int = eqx.field(static=True)
     devices_per_node: int = eqx.field(static=True)
     intra: str = eqx.field(static=True)
@@ -74,8 +86,10 @@ class Cluster(eqx.Module):
             raise ConfigError(f"cluster: memory_bandwidth must be positive (bytes/s), got {got!r}")
         self.device = device
         self.gpus = check_int("cluster: gpus", gpus, 1, MAX_GPUS)
-        self.intra, intra_bw, intra_lat = _link(intra, "intra")
-        self.inter, inter_bw, inter_lat = _link(inter, "inter")
+        self.intra, intra_bw, intra_lat, intra_bus, intra_step = _link(intra, "intra")
+        self.inter, inter_bw, inter_lat, inter_bus, inter_step = _link(inter, "inter")
+        self.intra_bus_efficiency, self.inter_bus_efficiency = as_float(intra_bus), as_float(inter_bus)
+        self.intra_step_latency, self.inter_step_latency = as_float(intra_step), as_float(inter_step)
         if devices_per_node is None:
             domain = _specs.NETWORKS[self.intra].domain if self.intra in _specs.NETWORKS else None
             devices_per_node = domain or 8
@@ -105,6 +119,27 @@ class Cluster(eqx.Module):
     @property
     def nodes(self) -> int:
         return max(1, self.gpus // self.devices_per_node)
+
+    def bus_bandwidth(self, name: str, ranks_per_node: int = 1) -> Array:
+        """Bus bandwidth (bytes/s) of a ring collective over ``"intra"`` or ``"inter"`` links. A ring
+        that spans nodes with ``ranks_per_node`` of its ranks in each node runs as NCCL's
+        hierarchical rings: each of those ranks' rings crosses the network once per node through its
+        own NIC, so the network share is ``ranks_per_node`` links, capped by the node's link."""
+        intra = self.intra_bandwidth * self.intra_bus_efficiency
+        if name == "intra":
+            return intra
+        if name == "inter":
+            return jnp.minimum(intra, ranks_per_node * self.inter_bandwidth * self.inter_bus_efficiency)
+        raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
+
+    def step_latency(self, name: str) -> Array:
+        """A ring collective's latency per step over ``"intra"`` or ``"inter"`` links (the slower of the
+        two for a ring that spans nodes)."""
+        if name == "intra":
+            return self.intra_step_latency
+        if name == "inter":
+            return jnp.maximum(self.intra_step_latency, self.inter_step_latency)
+        raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
 
     def link(self, name: str) -> tuple[Array, Array]:
         """``(bandwidth, latency)`` of ``"intra"`` or ``"inter"``."""

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float
 
 from .._arrays import as_float, concrete
 from .._errors import ConfigError
+from ._kernels import KernelModel
 
 #: Default fraction of peak FLOP/s a training step sustains (model FLOPs utilisation). Narayanan
 #: et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
@@ -48,6 +49,9 @@ class Device(eqx.Module):
         saturation_tokens: the ``T`` at which the curve reaches ``1 - 1/e`` (63%) of its maximum
             (default 0: flat).
         name: a label.
+        kernels: the shape-dependent kernel model (``KernelModel``: GEMM, attention and memory-bound
+            efficiencies, per-kernel overhead) that ``Configuration`` times each op's kernels with;
+            None: each op is one roofline at the curve above.
 
     Float fields are arrays (differentiable, vmap-able): ``jax.vmap(lambda e: Device(p, m, e))``.
     """
@@ -58,6 +62,7 @@ class Device(eqx.Module):
     memory_bandwidth: Float[Array, ""] = eqx.field(converter=as_float, default=float("inf"))
     saturation_tokens: Float[Array, ""] = eqx.field(converter=as_float, default=0.0)
     name: str = eqx.field(static=True, default="custom")
+    kernels: KernelModel | None = None
 
     def __check_init__(self) -> None:
         for field, value, ok, want in (
@@ -108,6 +113,11 @@ class Device(eqx.Module):
     def flat(self, efficiency: Any) -> Device:
         """This device with the flat curve ``efficiency`` (its memory bandwidth kept)."""
         return Device(self.peak_flops, self.memory, efficiency, self.memory_bandwidth, 0.0, name=self.name)
+
+    def without_kernels(self) -> Device:
+        """This device with each op timed as one roofline (no ``KernelModel``)."""
+        return Device(self.peak_flops, self.memory, self.efficiency, self.memory_bandwidth, self.saturation_tokens,
+                      name=self.name)
 
 
 #: ``Device.seconds`` of concrete arguments, compiled once per shape (and kept on disk with the

@@ -7,6 +7,36 @@ from .._arrays import as_float
 from .._engine._hardware import Network
 from ._device import DEFAULT_EFFICIENCY, Device
 from ._specs import DEVICES, NETWORKS, device_key, network_key
+from ._kernels import KernelModel
+
+#: ``KernelModel`` of each measured device, copied from ``papers/kernel-efficiency/kernels_<device>.json``
+#: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted
+#: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters, its
+#: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source), memory-bound kernels at
+#: gpu-benches' STREAM ``scale`` bandwidth, fused attention through the FlashAttention-2 paper's stated
+#: throughputs (the kernel generation of the runs compared).
+#: The H100's GEMM and attention ceilings in training: the benchmarks' ceilings scaled by ``H100_CEILING``,
+#: the one parameter fitted to whole runs of the FIT set (``papers/published-runs/fit_h100_ceiling.py``,
+#: ``fit_h100_ceiling.json``): a step runs for seconds at the power limit, the benchmarks for milliseconds.
+H100_CEILING = 0.9247
+KERNELS_H100 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.852, 5.45e-06, 0.3416 * H100_CEILING, 139.8, 1.0,
+                           sms=132, tile_m=64, tile_n=64, split_k_min=1 << 30,
+                           source="papers/kernel-efficiency/kernels_h100.json")
+#: The H200: the H100's compute (same GEMM and attention curves), its own STREAM bandwidth fraction.
+KERNELS_H200 = KernelModel(0.8542 * H100_CEILING, 139.8, 0.6594, 5.45e-06, 0.3416 * H100_CEILING, 139.8, 1.0,
+                           sms=132, tile_m=64, tile_n=64, split_k_min=1 << 30,
+                           source="papers/kernel-efficiency/kernels_h100.json; memory: h200")
+KERNELS_A100 = KernelModel(0.7862, 139.8, 0.849, 5.45e-06, 0.7435, 139.8, 1.0, sms=108, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_a100.json")
+#: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s).
+KERNELS_A100_40GB = KernelModel(0.7862, 139.8, 0.8881, 5.45e-06, 0.7435, 139.8, 1.0, sms=108, tile_m=64, tile_n=64,
+                                split_k_min=1 << 30,
+                                source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
+KERNELS_B200 = KernelModel(0.7784, 303.6, 0.659, 5.08e-06, 0.7784, 303.6, 1.0, sms=148, tile_m=64, tile_n=128,
+                           split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_b200.json")
+#: The ``KernelModel`` of each device preset that has measurements (``device()`` attaches it).
+KERNELS: dict[str, KernelModel] = {"A100": KERNELS_A100, "H100": KERNELS_H100, "H200": KERNELS_H200,
+                                   "A100-40GB": KERNELS_A100_40GB, "H800": KERNELS_H100, "B200": KERNELS_B200}
 
 
 def device(name: str, *, efficiency: float | None = None) -> Device:
@@ -14,14 +44,16 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     and memory bandwidth, and the fitted kernel-efficiency curve (``DeviceSpec.curve``; the flat
     ``diffpipe._model._transformer.DEFAULT_EFFICIENCY`` where none was measured).
 
-    ``efficiency`` (a fraction of peak) replaces the curve by that flat one, the bandwidth kept.
+    ``efficiency`` (a fraction of peak) replaces the curve by that flat one, the bandwidth kept, and
+    drops the kernel model (each op one roofline at ``efficiency``).
     """
     key = device_key(name)
     spec = DEVICES[key]
     maximum, tokens = (DEFAULT_EFFICIENCY, 0.0) if spec.curve is None else spec.curve
     if efficiency is not None:
         maximum, tokens = efficiency, 0.0
-    return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key)
+    kernels = KERNELS.get(key) if efficiency is None else None
+    return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key, kernels=kernels)
 
 
 def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None,

@@ -44,6 +44,9 @@ CURVE_B200 = (0.6073, 400.3)
 class LinkSpec(NamedTuple):
     """A link: bandwidth per direction (bytes/s), latency (s), the source, and ``domain``: the
     devices one switch domain joins (the default ``devices_per_node`` of ``network``; None: 8).
+    ``bus_efficiency``: the measured NCCL bus bandwidth of large ring collectives over ``bandwidth``
+    (``papers/kernel-efficiency/fit_collectives.py``, ``collectives.json``; 1 where none was measured);
+    ``step_latency``: a ring collective's fitted latency per step (None: ``latency``).
 
     Latencies are not datasheet figures: they are the order of magnitude of a small message's
     end-to-end point-to-point time through the communication library (one significant figure).
@@ -53,6 +56,8 @@ class LinkSpec(NamedTuple):
     latency: float
     source: str
     domain: int | None = None
+    bus_efficiency: float = 1.0
+    step_latency: float | None = None
 
 
 #: "dense" is without 2:4 structured sparsity: NVIDIA's and AMD's datasheets headline the sparse
@@ -95,29 +100,41 @@ DEVICES: dict[str, DeviceSpec] = {
                                         "chip, 32 GB HBM at 1,638 GBps (no FP8: INT8 1,836 TOPS)", 1638e9),
 }
 
+#: Bus-bandwidth efficiencies of ``papers/kernel-efficiency/collectives.json`` (``fit_collectives.py``):
+#: nccl-tests on an A100 node (NVLink 3), OpenXLA's H100 and B200 rings (NVLink 4, 5), a 4-node H200 ring
+#: over EFA (the network links: InfiniBand and RoCE assumed alike); the NVLink ones with their fitted latency
+#: per ring step.
+BUS_NVLINK3, BUS_NVLINK4, BUS_NVLINK5, BUS_NETWORK = 0.723, 0.838, 0.628, 0.912
+STEP_NVLINK3, STEP_NVLINK4, STEP_NVLINK5 = 6.16e-06, 3.68e-06, 4.34e-06
+
 NETWORKS: dict[str, LinkSpec] = {
     "nvlink3": LinkSpec(300e9, 3e-6, "NVIDIA A100 datasheet: third-generation NVLink 600 GB/s "
-                                     "(both directions), i.e. 300 GB/s per direction; HGX A100: 8 GPUs", 8),
+                                     "(both directions), i.e. 300 GB/s per direction; HGX A100: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK3, step_latency=STEP_NVLINK3),
     "nvlink4": LinkSpec(450e9, 3e-6, "NVIDIA H100/H200 datasheets: fourth-generation NVLink 900 GB/s "
-                                     "(both directions), i.e. 450 GB/s per direction; HGX H100: 8 GPUs", 8),
+                                     "(both directions), i.e. 450 GB/s per direction; HGX H100: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
     "ib-ndr": LinkSpec(50e9, 5e-6, "NVIDIA ConnectX-7 / Quantum-2 InfiniBand NDR: 400 Gb/s per port, "
-                                   "i.e. 50 GB/s per direction"),
+                                   "i.e. 50 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "100gbe": LinkSpec(12.5e9, 1e-5, "IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s, i.e. 12.5 GB/s per "
                                      "direction; TCP-level latency"),
     "nvlink-h800": LinkSpec(200e9, 3e-6, "NVIDIA H800 SXM5 product brief: NVLink 400 GB/s (both directions), "
-                                         "i.e. 200 GB/s per direction; 8 GPUs a node", 8),
+                                         "i.e. 200 GB/s per direction; 8 GPUs a node", 8,
+                      bus_efficiency=BUS_NVLINK4, step_latency=STEP_NVLINK4),
     "nvlink5": LinkSpec(900e9, 3e-6, "NVIDIA Blackwell datasheets: fifth-generation NVLink 1.8 TB/s per GPU "
-                                     "(both directions), i.e. 900 GB/s per direction; HGX B200: 8 GPUs", 8),
+                                     "(both directions), i.e. 900 GB/s per direction; HGX B200: 8 GPUs", 8,
+                      bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
     "nvl72": LinkSpec(900e9, 3e-6, "NVIDIA GB200 NVL72 datasheet: one NVLink 5 switch domain of 72 GPUs, "
-                                   "1.8 TB/s per GPU (both directions), i.e. 900 GB/s per direction", 72),
+                                   "1.8 TB/s per GPU (both directions), i.e. 900 GB/s per direction", 72,
+                      bus_efficiency=BUS_NVLINK5, step_latency=STEP_NVLINK5),
     "ib-hdr": LinkSpec(25e9, 5e-6, "NVIDIA ConnectX-6 / Quantum InfiniBand HDR: 200 Gb/s per port, i.e. "
-                                   "25 GB/s per direction"),
+                                   "25 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "ib-xdr": LinkSpec(100e9, 5e-6, "NVIDIA ConnectX-8 / Quantum-X800 InfiniBand XDR: 800 Gb/s per port, "
-                                    "i.e. 100 GB/s per direction"),
+                                    "i.e. 100 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "roce-200": LinkSpec(25e9, 1e-5, "RoCE v2 over 200 Gigabit Ethernet (e.g. ConnectX-6): 200 Gb/s, i.e. "
-                                     "25 GB/s per direction"),
+                                     "25 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "roce-400": LinkSpec(50e9, 1e-5, "RoCE v2 over 400 Gigabit Ethernet (ConnectX-7 / Spectrum-X): 400 Gb/s, "
-                                     "i.e. 50 GB/s per direction"),
+                                     "i.e. 50 GB/s per direction", bus_efficiency=BUS_NETWORK),
     "infinity-fabric": LinkSpec(64e9, 3e-6, "AMD Instinct MI300X platform: each of 8 GPUs joined to the 7 others "
                                             "by one Infinity Fabric link of 128 GB/s (both directions), i.e. "
                                             "64 GB/s per direction between two GPUs", 8),

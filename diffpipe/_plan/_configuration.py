@@ -34,7 +34,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -46,9 +45,18 @@ from .._engine._hardware import Hardware, Network
 from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
+from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
-from .._workload._parallel import GROUPS, ParallelCosts, Parallelism, Placement, parallel_costs, placement
+from .._workload._parallel import (
+    GROUPS,
+    CommunicationOverlap,
+    ParallelCosts,
+    Parallelism,
+    Placement,
+    parallel_costs,
+    placement,
+)
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness
@@ -70,32 +78,6 @@ def gradient_sync(schedule: Schedule) -> bool:
 
 
 
-def _xp(values: Any) -> Any:
-    """NumPy where every value is concrete (float32 additions and multiplications element by element
-    are IEEE-exact in both, and NumPy compiles nothing; a division by a scalar: ``_divide``),
-    ``jax.numpy`` where one is traced."""
-    return jnp if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)) else np
-
-
-def _collective_seconds(volumes: tuple, hops: tuple, links: tuple, xp: Any = jnp) -> Array:
-    """``sum over groups of bytes / bandwidth + hops x latency`` (``Configuration.collective_seconds``),
-    one operation at a time as JAX runs them eagerly, in ``jax.numpy`` or (concrete links) NumPy."""
-    total = xp.zeros(volumes[0].shape, volumes[0].dtype)
-    for volume, hop, (bandwidth, latency) in zip(volumes, hops, links):
-        total = total + (_divide(volume, bandwidth, xp) + hop * xp.asarray(latency, volume.dtype))
-    return total
-
-
-def _divide(a: Any, b: Any, xp: Any) -> Array:
-    """``a / b`` for a scalar ``b``: in NumPy as XLA computes it, ``a x (1 / b)`` (XLA's algebraic
-    simplifier turns a division by a broadcast scalar into that; a true division differs in the
-    last bit of about a third of the values)."""
-    if xp is jnp:
-        return jnp.asarray(a) / b
-    dtype = np.asarray(a).dtype
-    return np.asarray(a, dtype) * (dtype.type(1) / np.asarray(b, dtype))
-
-
 @dataclass(frozen=True, init=False)
 class Configuration:
     """One training configuration (see the module docstring).
@@ -111,6 +93,8 @@ class Configuration:
         options: further family options (``chunks`` comes from ``virtual``).
         communication: the pipeline's communication mode (``overlap`` by default).
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
+        overlap: how much communication the framework hides (``CommunicationOverlap``; default none:
+            tensor collectives on the critical path, the gradient sync after the backward, no prefetch).
     """
 
     model: Transformer
@@ -121,10 +105,12 @@ class Configuration:
     options: tuple[tuple[str, Any], ...]
     communication: str
     layers_per_stage: tuple[int, ...] | None
+    overlap: CommunicationOverlap
 
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
-                 communication: str = "overlap", layers_per_stage: Any = None) -> None:
+                 communication: str = "overlap", layers_per_stage: Any = None,
+                 overlap: CommunicationOverlap | None = None) -> None:
         if not isinstance(model, Transformer):
             raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
         if not isinstance(parallelism, Parallelism):
@@ -136,6 +122,9 @@ class Configuration:
             raise ConfigError(f"configuration: schedule must be a family name, got {schedule!r}")
         if not isinstance(communication, str):
             raise ConfigError(f"configuration: communication must be a mode name, got {communication!r}")
+        overlap = CommunicationOverlap() if overlap is None else overlap
+        if not isinstance(overlap, CommunicationOverlap):
+            raise ConfigError(f"configuration: overlap must be a CommunicationOverlap, got {type(overlap).__name__}")
         family = schedule if schedule is not None else ("interleaved-1f1b" if parallelism.virtual > 1 else "1f1b")
         fam = schedules.family(family)  # an unknown family: one line naming it
         options = dict(options or {})
@@ -159,7 +148,7 @@ class Configuration:
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),
-                            ("layers_per_stage", layers_per_stage)):
+                            ("layers_per_stage", layers_per_stage), ("overlap", overlap)):
             object.__setattr__(self, name, value)
         placement(parallelism, cluster)  # tensor groups inside a node, groups tiling the nodes
 
@@ -202,16 +191,75 @@ class Configuration:
         """The per-device per-layer table (``diffpipe._workload._parallel.parallel_costs``)."""
         return parallel_costs(self.model, self.parallelism)
 
-    def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
-        """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for."""
+    def collective_seconds_by_group(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
+        """``{group: [3, layers]}`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer
+        issue, before any overlap: ring bytes over the group's bus bandwidth (``Cluster.bus_bandwidth``:
+        the link's measured NCCL efficiency, hierarchical over nodes) plus a fitted latency per ring step
+        (``Cluster.step_latency``)."""
         costs = self.costs() if costs is None else costs
-        dtype = self.cluster.device.peak_flops.dtype
-        links = tuple(self.cluster.link(self.placement.links[group]) for group in GROUPS)
-        volumes = tuple(np.asarray(costs.collective_bytes[group], dtype) for group in GROUPS)
-        hops = tuple(np.asarray(costs.collective_hops[group], dtype) for group in GROUPS)
-        if _xp(links) is jnp:
-            return _collective_seconds(volumes, hops, links)
-        return jax.device_put(_collective_seconds(volumes, hops, links, np))
+        dtype = self.cluster.device.throughput.dtype
+        where = self.placement
+        out = {}
+        for group in GROUPS:
+            link = where.links[group]
+            bandwidth = self.cluster.bus_bandwidth(link, where.ranks_per_node[group])
+            latency = self.cluster.step_latency(link)
+            out[group] = (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
+                          + jnp.asarray(costs.collective_hops[group], dtype) * latency)
+        return out
+
+    def exposed_collectives(self, costs: ParallelCosts | None = None,
+                            compute: dict[str, Array] | None = None) -> dict[str, Array]:
+        """``{kind: [3, layers]}`` collective seconds left on each op's critical path after the
+        configuration's ``overlap``: ``tensor`` (all-reduces, or all-gathers and reduce-scatters with
+        sequence parallelism) times ``1 - overlap.tensor``; ``expert`` (all-to-alls); ``gather``
+        (ZeRO-3 parameter all-gathers: with ``overlap.prefetch``, only what exceeds the layer's own
+        compute, which the prefetch runs under)."""
+        costs = self.costs() if costs is None else costs
+        raw = self.collective_seconds_by_group(costs)
+        out = {"tensor": raw["tensor"] * (1.0 - self.overlap.tensor), "expert": raw["expert"]}
+        gather = raw["data"]
+        if self.overlap.prefetch:
+            compute = self.compute_seconds(costs) if compute is None else compute
+            gather = jnp.maximum(gather - sum(compute.values()), 0.0)
+        out["gather"] = gather
+        return out
+
+    def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for
+        (``exposed_collectives``, summed over kinds)."""
+        return sum(self.exposed_collectives(costs).values())
+
+    def sync_scale(self, costs: ParallelCosts | None = None, compute: dict[str, Array] | None = None) -> Array:
+        """``[layers]`` factor on each layer's gradient bytes for the engine's sync lane, which prices a
+        ring over the raw data link: the link's bandwidth over the bus bandwidth (``Cluster.bus_bandwidth``),
+        times, with ``overlap.data_bucket``, the share of the stage's sync left after its last backward:
+        the last bucket, or what the last microbatch's backward of that stage cannot hide."""
+        costs = self.costs() if costs is None else costs
+        where = self.placement
+        link = where.links["data"]
+        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        scale = self.cluster.link(link)[0] / bus
+        dtype = self.cluster.device.throughput.dtype
+        rows = self.stage_rows()
+        if self.overlap.data_bucket is None or self.parallelism.data == 1:
+            return jnp.broadcast_to(scale, rows.shape).astype(dtype)
+        compute = self.compute_seconds(costs) if compute is None else compute
+        total = sum(compute.values())
+        backward = total[_I] + total[_W]
+        stages = self.parallelism.stages
+        onehot = jnp.asarray(rows[None, :] == np.arange(stages)[:, None], dtype)  # [stages, layers]
+        grad = jnp.asarray(costs.gradient_bytes, dtype)
+        n = self.parallelism.data
+        ring = 2.0 * (n - 1) / n
+        stage_bytes = onehot @ grad
+        sync = ring * stage_bytes / bus
+        hidden = onehot @ backward
+        tail = jnp.minimum(self.overlap.data_bucket, stage_bytes)
+        safe = jnp.where(stage_bytes > 0, stage_bytes, 1.0)
+        share = jnp.where(stage_bytes > 0, jnp.maximum(tail / safe, jnp.maximum(sync - hidden, 0.0) / jnp.where(
+            sync > 0, sync, 1.0)), 1.0)
+        return scale * (onehot.T @ share)
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
@@ -221,29 +269,48 @@ class Configuration:
                        mode=self.communication, devices_per_node=self.placement.stages_per_node,
                        data_parallel=self.parallelism.data, data_parallel_link=self.placement.links["data"])
 
+    def compute_seconds(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
+        """``{class: [3, layers]}`` compute seconds of the ``F``, ``I`` and ``W`` of each layer on one
+        device: per kernel class (``gemm``, ``attention``, ``memory``, ``launch``) when the device has a
+        ``KernelModel`` (``diffpipe._model._kernels.kernel_times``), else one class ``roofline`` (each
+        op one roofline, ``LayerCosts.times``)."""
+        costs = self.costs() if costs is None else costs
+        device = self.cluster.device
+        if device.kernels is not None and costs.kernels is not None:
+            return kernel_times(costs.kernels, device, float(self.model.dtype_bytes))
+        return {"roofline": jnp.stack(costs.costs.times(device))}
+
+    def update_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """Seconds of each layer's optimizer step: its memory traffic over the memory bandwidth (at the
+        kernel model's sustained fraction of it, when the device has one)."""
+        costs = self.costs() if costs is None else costs
+        device = self.cluster.device
+        dtype = device.throughput.dtype
+        bandwidth = self.cluster.memory_bandwidth
+        if device.kernels is not None:
+            bandwidth = bandwidth * device.kernels.memory_efficiency
+        return jnp.asarray(costs.update_bytes, dtype) / bandwidth
+
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
         costs = self.costs()
         device = self.cluster.device
-        forward, input_grad, weight = costs.costs.times(device)
+        compute = self.compute_seconds(costs)
+        forward, input_grad, weight = sum(compute.values())
         dtype = forward.dtype
-        comm = self.collective_seconds(costs)
+        comm = sum(self.exposed_collectives(costs, compute).values())
+        sync = self.sync_scale(costs, compute)
         rows = tuple(np.bincount(self.stage_rows()).tolist())
-        xp = _xp((forward, input_grad, weight, comm, self.cluster.memory_bandwidth))
-        forward, input_grad, weight, comm = (xp.asarray(x) for x in (forward, input_grad, weight, comm))
-        put = (lambda x: x) if xp is jnp else jax.device_put  # jnp.asarray of a NumPy array compiles
-        update = _divide(xp.asarray(costs.update_bytes, dtype), self.cluster.memory_bandwidth, xp)
-        update = update if xp is jnp else jax.device_put(update)
         return Workload.from_table(
-            put(forward + comm[_F]), put(input_grad + comm[_I]), put(weight + comm[_W]),
-            update=update,
-            static_bytes=put(xp.asarray(costs.static_bytes, dtype)),
-            gradient_bytes=put(xp.asarray(costs.gradient_bytes, dtype)),
-            activation_bytes=put(xp.asarray(costs.activation_bytes, dtype)),
-            output_bytes=put(xp.asarray(costs.output_bytes, dtype)),
+            forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
+            update=self.update_seconds(costs),
+            static_bytes=jnp.asarray(costs.static_bytes, dtype),
+            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype) * sync,
+            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
+            output_bytes=jnp.asarray(costs.output_bytes, dtype),
             capacity=device.memory, network=self.network(), samples=float(self.model.microbatch_size),
             layers_per_stage=rows, shared_static_bytes=costs.shared_static_bytes,
-            shared_gradient_bytes=costs.shared_gradient_bytes,
+            shared_gradient_bytes=costs.shared_gradient_bytes * sync[-1],
         )
 
     def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:
@@ -282,16 +349,30 @@ class Configuration:
         formulas, which ``evaluate`` and ``plan`` (its batched simulations) both use."""
         par, model, device = self.parallelism, self.model, self.cluster.device
         gpus = par.gpus
-        comm = np.asarray(self.collective_seconds())
-        per_stage = np.zeros((3, par.stages))
-        for row, stage in enumerate(self.stage_rows()):
-            per_stage[:, stage] += comm[:, row]
-        per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I], "W": per_stage[_W]}
-        busy = np.zeros(schedule.devices)
-        for device_index, order in enumerate(schedule.orders):
-            for op in order:
-                if op.kind in per_kind:
-                    busy[device_index] += per_kind[op.kind][op.stage]
+        costs = self.costs()
+        compute = self.compute_seconds(costs)
+        exposed = self.exposed_collectives(costs, compute)
+        rows = self.stage_rows()
+
+        def per_device(table: Any) -> np.ndarray:
+            """Seconds each pipeline rank spends per step in a ``[3, layers]`` per-op table."""
+            table = np.asarray(table, np.float64)
+            per_stage = np.zeros((3, par.stages))
+            for row, stage in enumerate(rows):
+                per_stage[:, stage] += table[:, row]
+            per_kind = {"F": per_stage[_F], "B": per_stage[_I] + per_stage[_W], "I": per_stage[_I],
+                        "W": per_stage[_W]}
+            busy = np.zeros(schedule.devices)
+            for device_index, order in enumerate(schedule.orders):
+                for op in order:
+                    if op.kind in per_kind:
+                        busy[device_index] += per_kind[op.kind][op.stage]
+            return busy
+
+        busy = per_device(sum(exposed.values()))
+        breakdown = {f"compute_{name}": float(np.mean(per_device(table))) for name, table in compute.items()}
+        breakdown |= {f"exposed_{name}": float(np.mean(per_device(table))) for name, table in exposed.items()}
+        breakdown["bubble"] = bubble_ratio * step
         memory = tuple(float(x) for x in np.asarray(memory))
         capacity = float(device.memory)
         peak = float(device.peak_flops)
@@ -305,6 +386,7 @@ class Configuration:
             bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
+            breakdown=breakdown,
         )
 
 
@@ -322,6 +404,13 @@ class ConfigResult:
         microbatches, gpus, family: the configuration's sizes.
         gradient_sync: whether the step includes the gradient-sync lane (False for schedules with
             their own ``R``/``U`` ops).
+        breakdown: seconds per step, the mean over pipeline ranks: ``compute_<class>`` per kernel class
+            (``gemm``, ``attention``, ``memory``, ``launch``; ``roofline`` for a device without a
+            ``KernelModel``), ``exposed_<kind>`` per collective kind left on the ops' critical path
+            (``tensor``, ``expert``, ``gather``: ZeRO-3 parameter all-gathers), and ``bubble``
+            (``bubble_ratio x step_time``). What remains of the step (optimizer, gradient sync tail,
+            pipeline transfers) is ``step_time`` less the rest. A later op-time jitter model adds its
+            own entry here.
         result: the simulated step (``diffpipe.Result``, the schedule's ops).
     """
 
@@ -340,6 +429,7 @@ class ConfigResult:
     gradient_sync: bool
     result: Result
     headroom: float = HEADROOM
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def usable(self) -> float:

@@ -62,6 +62,7 @@ from .._engine._hardware import nan_checked
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
+from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
@@ -262,9 +263,13 @@ class _Costs:
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
         costs = parallel_costs(model, par)
-        key = (model, par.tensor)
+        key = (model, par.tensor, par.sequence_parallel, par.expert, _cluster_key(cluster))
         if key not in _TIMES:
-            _TIMES[key] = tuple(np.asarray(x, np.float64) for x in costs.costs.times(cluster.device))
+            if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
+                times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
+            else:
+                times = costs.costs.times(cluster.device)
+            _TIMES[key] = tuple(np.asarray(x, np.float64) for x in times)
         f, i, w = _TIMES[key]
         comm = np.zeros((3, model.layers + 2))
         for group, link in links.items():  # Configuration.collective_seconds, in numpy
@@ -272,7 +277,10 @@ class _Costs:
             comm = comm + costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
         self.forward = f + comm[0]
         self.work = self.forward + i + comm[1] + w + comm[2]
-        self.update = np.asarray(costs.update_bytes, np.float64) / float(cluster.memory_bandwidth)
+        bandwidth = float(cluster.memory_bandwidth)
+        if cluster.device.kernels is not None:
+            bandwidth *= float(cluster.device.kernels.memory_efficiency)
+        self.update = np.asarray(costs.update_bytes, np.float64) / bandwidth
         self.static = np.asarray(costs.static_bytes, np.float64)
         self.activation = np.asarray(costs.activation_bytes, np.float64)
         self.shared_static = float(costs.shared_static_bytes)

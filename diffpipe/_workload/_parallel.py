@@ -83,6 +83,7 @@ from .._checks import check_int, is_int
 from .._choices import ZERO_STAGES
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
+from .._model._kernels import Kernels, layer_kernels
 from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
 
 #: The groups a collective runs over.
@@ -168,6 +169,38 @@ class Parallelism:
                               "sequence_parallel")
 
 
+@dataclass(frozen=True)
+class CommunicationOverlap:
+    """How much communication a framework hides behind compute (fractions, not switches).
+
+    Attributes:
+        tensor: fraction of the tensor-parallel collectives' time hidden behind the GEMMs they feed
+            (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's userbuffers; 0: on the critical path,
+            Megatron-LM's default).
+        data_bucket: bytes of one gradient bucket when the data-parallel sync runs bucket by bucket
+            during the backward (Megatron-LM ``--overlap-grad-reduce``, PyTorch DDP and FSDP): only
+            the last bucket, and whatever the last microbatch's backward of the stage cannot hide, is
+            left after the stage's last backward. None: the sync starts after the backward
+            (Megatron-LM's default in 2021-22: Korthikanti et al. §6.3).
+        prefetch: ZeRO-3 parameter all-gathers are prefetched during the previous layer's compute
+            (FSDP's forward/backward prefetch): each layer's gather costs only what its neighbour's
+            compute does not cover.
+    """
+
+    tensor: float = 0.0
+    data_bucket: float | None = None
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tensor, bool) or not isinstance(self.tensor, (int, float)) or not 0 <= self.tensor <= 1:
+            raise ConfigError(f"overlap: tensor must be a fraction in [0, 1], got {self.tensor!r}")
+        b = self.data_bucket
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
+            raise ConfigError(f"overlap: data_bucket must be a positive number of bytes or None, got {b!r}")
+        if not isinstance(self.prefetch, bool):
+            raise ConfigError(f"overlap: prefetch must be a bool, got {self.prefetch!r}")
+
+
 class Placement(NamedTuple):
     """Where each group of a ``Parallelism`` sits on a ``Cluster`` (Megatron-LM's rank order
     ``tp-cp-ep-dp-pp``, tensor innermost).
@@ -177,10 +210,13 @@ class Placement(NamedTuple):
             link its ring crosses.
         stages_per_node: pipeline ranks of one pipeline that share a node (``devices_per_node //
             (tensor x data)``, at least 1): the pipeline ``Network``'s ``devices_per_node``.
+        ranks_per_node: group -> ranks of one of its rings inside one node (a ring that spans
+            nodes runs as that many hierarchical rings over the network: ``Cluster.bus_bandwidth``).
     """
 
     links: dict[str, str]
     stages_per_node: int
+    ranks_per_node: dict[str, int] | None = None
 
 
 def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
@@ -201,7 +237,9 @@ def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
 
     links = {"tensor": "intra", "expert": where(p.tensor * p.expert), "data": where(inner)}
     stages_per_node = max(1, min(p.pipeline, n // inner)) if cluster.gpus > n else p.pipeline
-    return Placement(links, stages_per_node)
+    per_node = max(1, n // p.tensor)  # expert and data rings stride by the tensor size
+    ranks = {"tensor": p.tensor, "expert": min(p.expert, per_node), "data": min(p.data, per_node)}
+    return Placement(links, stages_per_node, ranks)
 
 
 # -- collectives ------------------------------------------------------------------------------------
@@ -249,6 +287,10 @@ class ParallelCosts(NamedTuple):
         update_bytes: memory traffic of the optimizer step on one device.
         parameters: parameters held by one device.
         shared_static_bytes, shared_gradient_bytes: the head's copy of a tied embedding.
+        gather_bytes: ``[layers]`` bus bytes of each layer's ZeRO-3 parameter all-gather (in
+            ``collective_bytes["data"]`` of its ``F`` and ``I``; None without ZeRO-3).
+        kernels: every op's kernels on one device, shapes after tensor and expert sharding
+            (``diffpipe._model._kernels.layer_kernels``), for devices with a ``KernelModel``.
     """
 
     costs: LayerCosts
@@ -262,6 +304,8 @@ class ParallelCosts(NamedTuple):
     parameters: np.ndarray
     shared_static_bytes: float
     shared_gradient_bytes: float
+    kernels: Kernels | None = None
+    gather_bytes: np.ndarray | None = None
 
 
 def _expert_parameters(model: Transformer) -> np.ndarray:
@@ -340,10 +384,12 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     expert_scale = ((shards_e - 1) / shards_e / ring) if ring and shards_e > 1 else 0.0
     sync = 0.5 if par.zero == 3 else 1.0
     gradient = sync * d * (per_device_dense + expert_scale * per_device_expert)
+    gather_bytes = None
     if par.zero == 3:  # parameter all-gathers before each layer's forward and backward
         gather = np.array([all_gather(n, d * p)[0] for p in per_device_dense]) + np.array(
             [all_gather(shards_e, d * p)[0] for p in per_device_expert])
         hops = float(n - 1) if n > 1 else 0.0
+        gather_bytes = gather
         for kind in (F, I):
             coll_bytes["data"][kind] += gather
             coll_hops["data"][kind] += np.where(gather > 0, hops, 0.0)
@@ -363,5 +409,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
         parameters=parameters,
         shared_static_bytes=shared_static,
         shared_gradient_bytes=sync * d * shared,
+        kernels=layer_kernels(model, tensor=t, sequence_parallel=sp, expert=e),
+        gather_bytes=gather_bytes,
     )
 

@@ -95,6 +95,13 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
           f" of the step")
     print(f"  microbatches    {r.microbatches} per pipeline ({cfg.global_batch} = {cfg.model.microbatch_size} x "
           f"{r.microbatches} x {cfg.parallelism.data} data-parallel)")
+    if r.breakdown:
+        parts = "  ".join(f"{name.split('_', 1)[-1]} {seconds:.3f}" for name, seconds in r.breakdown.items()
+                          if name.startswith("compute_"))
+        print(f"  compute (s)     {parts}   (per rank and step, by kernel class)")
+        parts = "  ".join(f"{name.split('_', 1)[-1]} {seconds:.3f}" for name, seconds in r.breakdown.items()
+                          if name.startswith("exposed_"))
+        print(f"  exposed comm(s) {parts}   bubble {r.breakdown.get('bubble', 0.0):.3f}")
     print("  rank  busy(s)  peak memory(GB)  fits")
     for d, mem in enumerate(r.memory):
         print(f"  {d:>4}  {summary['busy_s'][d]:7.3f}  {mem / gb:15.1f}  {'yes' if mem <= r.usable else 'NO'}")

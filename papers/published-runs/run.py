@@ -64,11 +64,16 @@ NVIDIA_H100 = dict(device="H100", devices_per_node=8, intra="nvlink4", inter="ib
 #: What this script assumes where no source says; results.md prints these next to the tables.
 ASSUMPTIONS: dict[str, list[str]] = {
     "all": [
-        "Device presets as they are: the A100 at the flat DEFAULT_EFFICIENCY (no matmul measurements), the "
-        "H100 with the kernel-efficiency curve fitted to OpenXLA's measured GEMM table (branch roofline); "
-        "nothing is calibrated to any published row.",
+        "Device presets as they are: every op timed as its kernels (diffpipe._model._kernels) with the presets' "
+        "KernelModel (papers/kernel-efficiency: GEMMs by shape from OpenXLA's H100 table; the A100 with the "
+        "H100's shape parameters and its GEMM ceiling fitted to Korthikanti Table 4, a row of this FIT set; "
+        "memory-bound kernels at STREAM bandwidth; attention through the FlashAttention-2/3 papers' points); "
+        "collectives at the links' measured NCCL bus bandwidth (fit_collectives.py), hierarchical over nodes.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
-        "collectives sit on the critical path of their op (diffpipe._workload._parallel).",
+        "collectives sit on the critical path of their op (CommunicationOverlap.tensor = 0 everywhere: no run states "
+        "--tp-comm-overlap). The gradient sync overlaps the backward bucket by bucket where the framework does "
+        "(Megatron-LM 2024 README and Llama 3: --overlap-grad-reduce buckets; torchtitan: FSDP per block with "
+        "prefetch) and not in the 2021-22 Megatron runs (Korthikanti §6.3).",
         "The data-parallel gradient sync and optimizer step are part of the step only where diffpipe's compile "
         "has gradient_sync (docs/architecture.md, gradient sync): each row of results.json says so (gradient_sync).",
     ],
@@ -161,11 +166,24 @@ class Row:
 
 def configuration(model: dp.Transformer, cluster: dict[str, Any], batch: int, *, tensor: int = 1,
                   pipeline: int = 1, data: int = 1, virtual: int = 1, zero: int = 0,
-                  sequence_parallel: bool = False, layers_per_stage: Any = None) -> Any:
+                  sequence_parallel: bool = False, layers_per_stage: Any = None, overlap: Any = None) -> Any:
     par = dp.Parallelism(tensor=tensor, pipeline=pipeline, data=data, virtual=virtual, zero=zero,
                          sequence_parallel=sequence_parallel)
     clu = dp.Cluster(gpus=par.gpus, **cluster)
-    return dp.Configuration(model, par, clu, batch, layers_per_stage=layers_per_stage)
+    return dp.Configuration(model, par, clu, batch, layers_per_stage=layers_per_stage, overlap=overlap)
+
+
+#: Megatron-LM's ``--overlap-grad-reduce`` bucket: ``max(40M, 1M x data)`` parameters
+#: (``megatron/core/distributed/distributed_data_parallel.py``), in bf16 gradients.
+def megatron_bucket(data: int) -> float:
+    return 2.0 * max(40e6, 1e6 * data)
+
+
+def fsdp_overlap(model: dp.Transformer) -> Any:
+    """PyTorch FSDP wrapping each block: its gradients reduce-scattered per block during the backward (one
+    block's gradients the last bucket) and its parameters all-gathered ahead (prefetch)."""
+    block = dp.layer_costs(model).gradient_bytes[1]
+    return dp.CommunicationOverlap(data_bucket=float(block), prefetch=True)
 
 
 def _tflops_eq3(batch: int) -> Callable[[Any, Any], float]:
@@ -259,7 +277,7 @@ def korthikanti_table4() -> list[dict[str, Any]]:
         model = _korthikanti_model(r, t["recompute"])
         cfg = configuration(model, SELENE, r["batch"], tensor=8, sequence_parallel=t["sequence_parallel"])
         costs = cfg.costs()
-        forward, input_grad, weight = (np.asarray(x) for x in costs.costs.times(cfg.cluster.device))
+        forward, input_grad, weight = np.asarray(sum(cfg.compute_seconds(costs).values()))  # every kernel class
         comm = np.asarray(cfg.collective_seconds(costs))
         row = 1  # the first transformer block (rows: embedding, blocks, head)
         f = 1e3 * float(forward[row] + comm[0, row])
@@ -285,7 +303,8 @@ def llama3_table4() -> list[Row]:
         def build(model=model, r=r, split=split):
             return configuration(model, META_H100, r["dp"] * r["batch_per_dp"], tensor=r["tp"], pipeline=r["pp"],
                                  data=r["dp"], virtual=len(split) // r["pp"], zero=2, sequence_parallel=True,
-                                 layers_per_stage=split)
+                                 layers_per_stage=split,
+                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
 
         rows.append(Row("llama3_table4", r["name"], "TFLOPs/GPU (BF16 MFU x 989)", r["tflops"], build, _tflops_model,
                         extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -300,7 +319,8 @@ def torchtitan_rows() -> list[Row]:
                                      recompute=recompute, flash_attention=True)
 
             def build(model=model, r=r):
-                return configuration(model, TITAN_H100, r["batch"], data=r["gpus"], zero=3)
+                return configuration(model, TITAN_H100, r["batch"], data=r["gpus"], zero=3,
+                                     overlap=fsdp_overlap(model))
 
             rows.append(Row("torchtitan", f"{r['name']} (recompute {recompute})", "tokens/s per GPU",
                             r["tps_per_gpu"], build, _tokens, extra={"bracket": recompute, "case": r["name"]}))
@@ -313,7 +333,7 @@ def torchtitan_rows() -> list[Row]:
 
         def build(model=model, r=r, virtual=virtual):
             return configuration(model, TITAN_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["fsdp"],
-                                 virtual=virtual, zero=3)
+                                 virtual=virtual, zero=3, overlap=fsdp_overlap(model))
 
         rows.append(Row("torchtitan", r["name"], "tokens/s per GPU (Float8 run; ordering only)", r["tps_per_gpu"],
                         build, _tokens, extra={"pair": "405b", "schedule": r["schedule"]}))
@@ -328,7 +348,8 @@ def megatron_h100() -> list[Row]:
 
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
-                                 zero=1, sequence_parallel=r["tp"] > 1)
+                                 zero=1, sequence_parallel=r["tp"] > 1,
+                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))

@@ -1,0 +1,254 @@
+"""Each layer op (``F``, ``I``, ``W``) as the list of kernels a GPU runs, with shapes after tensor and
+expert sharding, and their times on a device with a ``KernelModel`` (``diffpipe._machine._kernels``).
+
+Rows are those of ``layer_costs`` (embedding, blocks, head); kinds ``F``, ``I``, ``W`` (0, 1, 2).
+Three kernel classes (notation of ``diffpipe._model._transformer``; ``T = b s`` tokens, ``t`` the
+tensor size, ``rep = 1/t`` with sequence parallelism else 1):
+
+- **GEMMs** ``(M, N, K, batch)``: each weight matmul ``X[T, K] W[K, N]`` of ``_block_matmuls``; a
+  column-parallel matrix (its input is the hidden state: ``QKV``, MLP up/gate, MLA's projections
+  from ``h``) shards ``N`` by ``t``, a row-parallel one (attention output, MLP down, MLA's
+  up-projections) shards ``K`` (Shoeybi et al. 2019). ``F`` runs ``(T, N, K)``; ``I`` the input
+  gradient ``dX = dY W^T``, ``(T, K, N)``; ``W`` the weight gradient ``dW = X^T dY``, ``(K, N, T)``.
+  Routed experts: ``E / e`` experts per device of ``k c T e / E`` rows each (balanced routing). The
+  head's logit matmul is vocabulary-parallel (``N = V / t``). Unfused attention runs ``Q K^T`` and
+  ``P V`` as batched GEMMs of ``b a / t`` heads (and four in its backward).
+- **Attention** (``flash_attention``): one fused kernel per pass, causal: ``2 b (a/t) s^2 (d_h + d_v)
+  / 2`` FLOPs executed in the forward, ``2.5x`` that in the backward (Dao, "FlashAttention-2",
+  2023: the backward's five matmuls against the forward's two; the causal mask skips half the
+  blocks). ``layer_costs`` counts the attention FLOPs without the causal halving, as Megatron-LM
+  does; the kernels run the halved work.
+- **Memory-bound** kernels by their bytes (read + written once, in ``d``-byte elements unless
+  stated): the two norms ``2 d h T rep`` each (backward ``3 d h T rep``: reads ``x``, ``dy``, writes
+  ``dx``); the two bias-dropout-add kernels ``(3d + 1) h T rep`` (``3 d`` without dropout; backward
+  ``(2d + 1)``); the activation ``2 d F T / t`` (GeLU) or ``3 d F T / t`` (SwiGLU; backward ``3 d`` and
+  ``5 d``); rotary embedding of ``Q, K`` ``2 d (a + a_kv) d_h T / t`` each way; unfused attention's
+  softmax ``2 d`` and dropout ``2 d + 1`` per score (``b a s^2 / t`` scores; backward ``3 d`` and
+  ``2d + 1``); the MoE token permutation and its inverse ``2 d k' T h / (t if SP)`` each; the
+  embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits,
+  ``(d + 8) V T / t`` forward (read the logits, write and re-read the fp32 exponentials) and ``(4 +
+  d) V T / t`` backward; the fp32 gradient accumulation of every weight (Megatron-LM's
+  ``main_grad``: read and write 4 bytes per weight per microbatch) in ``W``.
+- Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
+  attention core's (Korthikanti et al. 2022, §4.2).
+
+A kernel's time (``KernelModel``): a fixed overhead each plus the roofline with a shape-dependent
+efficiency. ``kernel_times`` returns it per class, so ``Configuration.evaluate`` can report where a
+step's compute goes. A hook for op-time jitter (per-kind coefficients of variation, a later issue)
+belongs on top of these per-op seconds, not inside them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from .._errors import ConfigError
+from .._machine._device import Device
+from .._machine._kernels import KERNEL_CLASSES
+from ._transformer import _LOGIT_BYTES, Transformer, _block_matmuls
+
+_F, _I, _W = range(3)
+#: fp32 gradient accumulation: read and write 4 bytes per weight per microbatch.
+_GRAD_ACCUMULATION_BYTES = 8
+#: Executed FLOPs of a causal fused attention over the non-causal count (half the score blocks).
+_CAUSAL = 0.5
+#: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
+_FLASH_BACKWARD = 2.5
+
+
+class Kernels(NamedTuple):
+    """Kernels of one microbatch on one device (numpy float64 columns).
+
+    Attributes:
+        gemm: ``[n, 7]``: row, kind, M, N, K, batch, count (kernels of that shape).
+        attention: ``[n, 5]``: row, kind, executed FLOPs, sequence, backward (0/1), per kernel; one kernel.
+        memory: ``[n, 4]``: row, kind, bytes, count.
+        rows: rows of the table (``layers + 2``).
+    """
+
+    gemm: np.ndarray
+    attention: np.ndarray
+    memory: np.ndarray
+    rows: int
+
+    def count(self) -> np.ndarray:
+        """``[3, rows]`` kernels launched per op."""
+        out = np.zeros((3, self.rows))
+        for table, col in ((self.gemm, 6), (self.memory, 3)):
+            np.add.at(out, (table[:, 1].astype(int), table[:, 0].astype(int)), table[:, col])
+        np.add.at(out, (self.attention[:, 1].astype(int), self.attention[:, 0].astype(int)), 1.0)
+        return out
+
+    def gemm_flops(self) -> np.ndarray:
+        """``[3, rows]`` FLOPs of the GEMMs (``2 M N K x batch x count``)."""
+        g = self.gemm
+        out = np.zeros((3, self.rows))
+        np.add.at(out, (g[:, 1].astype(int), g[:, 0].astype(int)), 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
+        return out
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.gemm: list[tuple[float, ...]] = []
+        self.attention: list[tuple[float, ...]] = []
+        self.memory: list[tuple[float, ...]] = []
+
+    def mm(self, row: int, kind: int, m: float, n: float, k: float, batch: float = 1.0, count: float = 1.0) -> None:
+        if m > 0 and n > 0 and k > 0 and count > 0:
+            self.gemm.append((row, kind, m, n, k, batch, count))
+
+    def weight(self, row: int, m: float, n: float, k: float, count: float, kinds: tuple[int, ...]) -> None:
+        """The three GEMMs of one weight matmul ``X[m, k] W[k, n]`` (``F``, ``I``, ``W``) for ``kinds``."""
+        shapes = {_F: (m, n, k), _I: (m, k, n), _W: (k, n, m)}
+        for kind in kinds:
+            self.mm(row, kind if kind != -1 else _I, *shapes[_F if kind == -1 else kind], count=count)
+
+    def mem(self, row: int, kind: int, bytes: float, count: float = 1.0) -> None:
+        if bytes > 0 and count > 0:
+            self.memory.append((row, kind, bytes, count))
+
+    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool) -> None:
+        self.attention.append((row, kind, flops, sequence, float(backward)))
+
+    def build(self, rows: int) -> Kernels:
+        def table(x: list, width: int) -> np.ndarray:
+            return np.asarray(x, np.float64).reshape(-1, width)
+
+        return Kernels(table(self.gemm, 7), table(self.attention, 5), table(self.memory, 4), rows)
+
+
+def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
+                  expert: int = 1) -> Kernels:
+    """The kernels of every op of every row of ``layer_costs(model)`` on one device of a tensor group
+    of ``tensor`` (and an expert group of ``expert``): the rules of the module docstring."""
+    if not isinstance(model, Transformer):
+        raise ConfigError(f"layer_kernels expects a Transformer, got {type(model).__name__}")
+    t, e = float(tensor), float(expert)
+    rep = 1 / t if sequence_parallel else 1.0
+    b, s, h, V = (float(x) for x in (model.microbatch_size, model.sequence, model.hidden, model.vocabulary))
+    d, T = float(model.dtype_bytes), b * s
+    a, kv, dh, dv = float(model.heads), float(model.kv), float(model.dh), float(model.dv)
+    if model.kv_lora_rank:
+        kv = a  # MLA decompresses K and V per head
+    heads = b * a / t  # attention (batch x heads) per device
+    mask = 1.0 if model.dropout else 0.0
+    moe = set(model.moe_blocks())
+    rows = model.layers + 2
+    out = _Builder()
+
+    def attention_core(row: int, kinds_fwd: tuple[int, ...], backward: bool) -> None:
+        """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
+        for kind in kinds_fwd:
+            if model.flash_attention:
+                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False)
+            else:
+                out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
+                out.mem(row, kind, 2 * d * heads * s * s)  # scale-mask-softmax
+                out.mem(row, kind, (2 * d + 1) * heads * s * s * mask)  # attention dropout
+                out.mm(row, kind, s, dv, s, batch=heads)  # P V
+        if not backward:
+            return
+        if model.flash_attention:
+            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True)
+            return
+        out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
+        out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
+        out.mem(row, _I, (2 * d + 1) * heads * s * s * mask)  # dropout backward
+        out.mem(row, _I, 3 * d * heads * s * s)  # softmax backward
+        out.mm(row, _I, s, dh, s, batch=heads)  # dQ = dS K
+        out.mm(row, _I, s, dh, s, batch=heads)  # dK = dS^T Q
+
+    def elementwise(row: int, kind: int, is_moe: bool, backward: bool) -> None:
+        norm = (3 if backward else 2) * d * h * T * rep
+        out.mem(row, kind, norm, 2)
+        add = ((2 * d + mask) if backward else (3 * d + mask)) * h * T * rep
+        out.mem(row, kind, add, 2)
+        if model.positions == "rotary":
+            out.mem(row, kind, 2 * d * (a + kv) * dh * T / t)
+        if is_moe:
+            routed = model.experts_per_token * (1.0 if model.capacity_factor is None else model.capacity_factor)
+            widths = [(model.expert_ffn, routed * T), (model.expert_ffn, model.shared_experts * T)]
+            out.mem(row, kind, 2 * d * routed * T * h / (t if sequence_parallel else 1.0), 2)  # permute, unpermute
+        else:
+            widths = [(model.ffn, T)]
+        per = {("gelu", False): 2, ("gelu", True): 3, ("swiglu", False): 3, ("swiglu", True): 5}[
+            (model.activation, backward)]
+        for width, tokens in widths:
+            out.mem(row, kind, per * d * width * tokens / t)
+
+    for i in range(model.layers):
+        row = 1 + i
+        is_moe = i in moe
+        weights = 0.0
+        fwd_kinds = (_F,) + ((-1,) if model.recompute == "full" else ())
+        for rows_per_sample, k, n, count in _block_matmuls(model, is_moe):
+            m = rows_per_sample * b
+            column = k == h
+            if is_moe and count == float(model.experts) and model.experts > 1:
+                m, count = m * e, count / e  # E / e experts per device, e times the rows each
+            n_, k_ = (n / t, k) if column else (n, k / t)
+            out.weight(row, m, n_, k_, count, (*fwd_kinds, _I, _W))
+            weights += n_ * k_ * count
+        elementwise(row, _F, is_moe, False)
+        if model.recompute == "full":
+            elementwise(row, _I, is_moe, False)
+        elementwise(row, _I, is_moe, True)
+        core_fwd = (_F,) + ((_I,) if model.recompute in ("full", "selective") else ())
+        attention_core(row, core_fwd, True)
+        out.mem(row, _W, _GRAD_ACCUMULATION_BYTES * weights)
+
+    # the embedding: gather (+ learned positions), dropout; its gradient's scatter-add and fp32 accumulation
+    gather = (3.0 if model.positions == "learned" else 2.0) * d * T * h
+    out.mem(0, _F, gather)
+    out.mem(0, _F, (2 * d + 1) * T * h * rep * mask)
+    out.mem(0, _W, gather)
+    out.mem(0, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    # the head: final norm, vocabulary-parallel logits, fp32 cross-entropy
+    last = rows - 1
+    out.mem(last, _F, 2 * d * h * T * rep)
+    out.weight(last, T, V / t, h, 1.0, (_F, _I, _W))
+    out.mem(last, _F, (d + 2 * _LOGIT_BYTES) * V * T / t)
+    out.mem(last, _I, (_LOGIT_BYTES + d) * V * T / t)
+    out.mem(last, _I, 3 * d * h * T * rep)
+    out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    return out.build(rows)
+
+
+def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> dict[str, Array]:
+    """``{class: [3, rows]}`` seconds of ``kernels`` on ``device`` (which needs a ``KernelModel``),
+    classes ``KERNEL_CLASSES``: GEMM, attention and memory-bound time without the per-kernel
+    overhead, and ``launch``, the overheads. Differentiable in the device's floats."""
+    km = device.kernels
+    if km is None:
+        raise ConfigError(f"kernel_times: device {device.name!r} has no kernel model (KernelModel)")
+    peak, bandwidth = device.peak_flops, device.memory_bandwidth * km.memory_efficiency
+    dtype = km.k_half.dtype
+    out = {c: jnp.zeros((3, kernels.rows), dtype) for c in KERNEL_CLASSES}
+
+    def scatter(cls: str, table: np.ndarray, seconds: Array) -> None:
+        if len(table):
+            out[cls] = out[cls].at[table[:, 1].astype(int), table[:, 0].astype(int)].add(seconds)
+
+    g = kernels.gemm
+    if len(g):
+        m, n, k, batch, count = (g[:, c] for c in range(2, 7))
+        flops = jnp.asarray(2 * m * n * k * batch, dtype)
+        traffic = jnp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), dtype)
+        seconds = jnp.maximum(flops / km.gemm_rate(peak, m, n, k), traffic / bandwidth)
+        scatter("gemm", g, seconds * jnp.asarray(count, dtype))
+    at = kernels.attention
+    if len(at):
+        seconds = jnp.asarray(at[:, 2], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        scatter("attention", at, seconds)
+    mem = kernels.memory
+    if len(mem):
+        scatter("memory", mem, jnp.asarray(mem[:, 2] * mem[:, 3], dtype) / bandwidth)
+    out["launch"] = km.overhead * jnp.asarray(kernels.count(), dtype)
+    return out
+
+
+__all__ = ["Kernels", "kernel_times", "layer_kernels"]

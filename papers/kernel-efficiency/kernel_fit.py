@@ -1,0 +1,146 @@
+"""Shared fitting code of the per-device kernel fits (``fit_h100.py``, ``fit_b200.py``, ...).
+
+``fit_gemm``: least squares on log time of ``KernelModel``'s GEMM time (per-kernel overhead +
+roofline with the tile/wave-quantised efficiency, ``diffpipe._machine._kernels``) to every measured
+``(m, n, k)`` row of a table, for each discrete (tile_m, tile_n, split_k_min) in a small grid; the
+continuous ``gemm_efficiency``, ``k_half`` and ``overhead`` by ``scipy.optimize.least_squares``.
+``stream_fraction``: the sustained fraction of the datasheet bandwidth of a STREAM-like kernel.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+from scipy.optimize import least_squares
+
+import diffpipe as dp
+from diffpipe._machine._kernels import KernelModel
+
+jax.config.update("jax_enable_x64", True)
+HERE = Path(__file__).resolve().parent
+TILES = (64, 128, 256)
+SPLIT_K_MIN = (128, 256, 512, 1024, 1 << 30)  # the last: no split-K
+#: The streaming kernel whose bandwidth stands for a norm or activation kernel: one array read, one written.
+STREAM_KERNEL = "scale"
+
+
+def gemm_rows(key: str) -> tuple[np.ndarray, ...]:
+    """``(m, n, k, seconds)`` of every bf16 row of ``xla_matmul_bf16.csv`` for table key ``key``."""
+    with open(HERE / "xla_matmul_bf16.csv") as f:
+        data = [r for r in csv.DictReader(f) if r["device"] == key]
+    m, n, k, rate = (np.asarray([float(r[c]) for r in data]) for c in ("m", "n", "k", "bf16_flops_per_s"))
+    return m, n, k, 2 * m * n * k / rate
+
+
+def stream_fraction(file: str, preset: str) -> float:
+    """The highest ``STREAM_KERNEL`` bandwidth of ``gpu_benches_stream.csv``'s ``file`` over any occupancy,
+    over the preset's datasheet bandwidth."""
+    with open(HERE / "gpu_benches_stream.csv") as f:
+        best = max(float(r["gb_per_s"]) for r in csv.DictReader(f)
+                   if r["file"] == file and r["kernel"] == STREAM_KERNEL)
+    return best * 1e9 / float(dp.presets.DEVICES[preset].memory_bandwidth)
+
+
+def model(preset: str, sms: int, memory_efficiency: float, tile_m: int, tile_n: int, split: int,
+          p: np.ndarray) -> KernelModel:
+    e, kh, o = (float(x) for x in np.exp(p))
+    return KernelModel(min(e, 1.0), kh, memory_efficiency, o, 1.0, 0.0, 1.0, sms=sms, tile_m=tile_m, tile_n=tile_n,
+                       split_k_min=split)
+
+
+def gemm_seconds(km: KernelModel, preset: str, m, n, k) -> np.ndarray:
+    spec = dp.presets.DEVICES[preset]
+    return np.asarray(km.gemm_seconds(spec.peak_flops, spec.memory_bandwidth, m, n, k), np.float64)
+
+
+def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float) -> dict:
+    """The best GEMM fit over the discrete grid (module docstring), with its rms log error."""
+    m, n, k, seconds = gemm_rows(key)
+    best = None
+    for tm, tn, split in itertools.product(TILES, TILES, SPLIT_K_MIN):
+        def residual(p, tm=tm, tn=tn, split=split):
+            km = model(preset, sms, memory_efficiency, tm, tn, split, p)
+            return np.log(gemm_seconds(km, preset, m, n, k) / seconds)
+
+        res = least_squares(residual, np.log([0.8, 100.0, 3e-6]), bounds=(np.log([0.05, 1.0, 1e-8]),
+                                                                          np.log([1.0, 1e5, 1e-4])))
+        rms = float(np.sqrt(np.mean(res.fun ** 2)))
+        if best is None or rms < best["rms_log_error"]:
+            best = dict(tile_m=tm, tile_n=tn, split_k_min=split, p=res.x, rms_log_error=rms)
+    km = model(preset, sms, memory_efficiency, best["tile_m"], best["tile_n"], best["split_k_min"], best["p"])
+    predicted = gemm_seconds(km, preset, m, n, k)
+    # the old per-op curve (efficiency in the rows only), on the same rows, for comparison
+    old = dp.presets.device(preset).without_kernels()
+    spec = dp.presets.DEVICES[preset]
+    flops = 2 * m * n * k
+    old_pred = np.asarray(old.seconds(flops, 2 * (m * k + k * n + m * n), m), np.float64)
+    peak = float(spec.peak_flops)
+    return dict(
+        table_key=key, sms=sms, tile_m=best["tile_m"], tile_n=best["tile_n"], split_k_min=best["split_k_min"],
+        gemm_efficiency=round(float(km.gemm_efficiency), 4), k_half=round(float(km.k_half), 1),
+        overhead=float(f"{float(km.overhead):.3g}"), rms_log_error=round(best["rms_log_error"], 4),
+        rms_log_error_tokens_curve=round(float(np.sqrt(np.mean(np.log(old_pred / seconds) ** 2))), 4),
+        rows=[dict(m=int(a), n=int(b), k=int(c), measured=round(float(f / s / peak), 4),
+                   fitted=round(float(f / p / peak), 4))
+              for a, b, c, f, s, p in zip(m, n, k, flops, seconds, predicted)])
+
+
+def write(preset: str, out: dict) -> None:
+    """Write ``kernels_<preset>.json`` and print its summary."""
+    path = HERE / f"kernels_{preset.lower()}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    g = out["gemm"]
+    print(f"{preset}: GEMM efficiency {g['gemm_efficiency']}, k_half {g['k_half']}, overhead {g['overhead']:.3g} s, "
+          f"tiles {g['tile_m']}x{g['tile_n']}, split_k_min {g['split_k_min']}: rms log error {g['rms_log_error']} over "
+          f"{len(g['rows'])} shapes (the tokens-only curve: {g['rms_log_error_tokens_curve']}); memory efficiency "
+          f"{out['memory_efficiency']:.3f}; attention {out['attention']['attention_efficiency']}; MAMF check "
+          f"{out.get('mamf_check')} -> {path.name}")
+
+
+def attention_point(source: str, device_prefix: str, kernel: str) -> dict:
+    """The row of ``attention_text_points.csv`` of ``source`` whose device starts with ``device_prefix``
+    and whose kernel is ``kernel``."""
+    with open(HERE / "attention_text_points.csv") as f:
+        for r in csv.DictReader(f):
+            if r["source"] == source and r["device"].startswith(device_prefix) and r["kernel"] == kernel:
+                return r
+    raise KeyError((source, device_prefix, kernel))
+
+
+def attention(preset: str, k_half: float, tflops: float, sequence: float, where: str) -> dict:
+    """The fused-attention curve ``e s / (s + s_half)`` with ``s_half`` the GEMM fit's ``k_half`` (a
+    flash-attention block's loop over the keys is a GEMM main loop over ``K``; no sweep by sequence is
+    published in text) and ``e`` such that the curve passes through the measured point."""
+    fraction = tflops * 1e12 / float(dp.presets.DEVICES[preset].peak_flops)
+    return dict(attention_efficiency=round(min(1.0, fraction * (sequence + k_half) / sequence), 4),
+                attention_half=k_half, attention_backward=1.0, point=dict(tflops=tflops, sequence=sequence,
+                                                                           fraction_of_peak=round(fraction, 4),
+                                                                           where=where))
+
+
+def mamf_point(accelerator: str) -> dict:
+    """The ``mamf_ml_engineering.csv`` bf16 row of ``accelerator``."""
+    with open(HERE / "mamf_ml_engineering.csv") as f:
+        return next(r for r in csv.DictReader(f) if r["dtype"] == "bf16" and r["accelerator"] == accelerator)
+
+
+def kernel_model(out: dict) -> KernelModel:
+    """The ``KernelModel`` of a ``kernels_<device>.json``."""
+    g, a = out["gemm"], out["attention"]
+    return KernelModel(g["gemm_efficiency"], g["k_half"], out["memory_efficiency"], g["overhead"],
+                       a["attention_efficiency"], a["attention_half"], a["attention_backward"], sms=g["sms"],
+                       tile_m=g["tile_m"], tile_n=g["tile_n"], split_k_min=g["split_k_min"])
+
+
+def mamf_check(out: dict, preset: str, accelerator: str) -> dict:
+    """The fitted model at the best shape of ``mamf_ml_engineering.csv`` (a shape outside the XLA table)."""
+    r = mamf_point(accelerator)
+    m, n, k = (float(r[c]) for c in ("best_m", "best_n", "best_k"))
+    seconds = float(gemm_seconds(kernel_model(out), preset, m, n, k))
+    return dict(m=int(m), n=int(n), k=int(k), measured_tflops=float(r["mamf_tflops"]),
+                predicted_tflops=round(2 * m * n * k / seconds / 1e12, 1))
