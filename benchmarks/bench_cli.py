@@ -54,7 +54,8 @@ def _env(cache: Path | None, repo: Path = ROOT) -> dict[str, str]:
 
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
     t = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    repo = env["PYTHONPATH"].split(os.pathsep)[0]  # the checkout run: `-m` puts the cwd first on sys.path
+    done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -134,7 +135,8 @@ def main() -> None:
               f"{cold[0]['compiled']} | {warm[0]['loaded']} / {warm[0]['compiled']} | "
               f"{entries} files, {size / 2**20:.1f} MiB |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"repo": str(args.repo), "machine": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    record = {"repo": str(args.repo), "machine": platform.platform(), "cpus": os.cpu_count(),
+              "python": sys.version.split()[0],
               "load_average": os.getloadavg(), "yardstick_import_jax_s": yardstick,
               "commands": {n: " ".join(COMMANDS[n]) for n in names}, "runs": runs,
               "cache_files_bytes": cache_size}

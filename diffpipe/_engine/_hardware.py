@@ -140,6 +140,11 @@ def _compiled(function: Any) -> Any:
     return eqx.filter_jit(function)
 
 
+def enclosing_on_error() -> str:
+    """How the checks of the diffpipe program being traced fail; ``"raise"`` outside one."""
+    return _ON_ERROR[-1] if _ON_ERROR else "raise"
+
+
 def error_if(x: Array, pred: Array, message: str) -> Array:
     """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one)."""
     return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")
