@@ -480,7 +480,7 @@ def trace_cases() -> list[Case]:
         events[1]["name"] = label
         bad.append((name, _trace_text(0, events), good1, culprit))
     bad += [("nested", "[" * 200_000, good1, "nested too deeply"), ("same-rank-twice", _trace_text(1), good1,
-                                                                       "second trace of rank")]
+                                                                       "no trace of rank 0")]
     return [Case(f"trace-{n}", argv, c, (("r0.json", t0.encode()), ("r1.json", t1.encode())))
             for n, t0, t1, c in bad]
 

@@ -196,14 +196,16 @@ def test_schedule_layer_imports_neither_jax_nor_torch():
 
 @pytest.mark.parametrize("name", dp.schedules.names())
 def test_op_estimate_bounds_the_op_count(name):
-    # The size guard's estimate: never below the real count, and within 1.5x of it.
+    # The size guard's estimate of the schedule's ops: never below the real count, and within 1.5x of
+    # it; one-time work (v-schedule's ranking, ``setup_estimate``) is counted on top of it.
     fam = family(name)
     for d, n in ((4, 8), (8, 16)):
         options = fam.resolve({})
         if fam.accepts is not None and fam.accepts(devices=d, microbatches=n, **options):
             continue
         ops = len(get(name, devices=d, microbatches=n).ops)
-        assert ops <= fam.estimate_ops(d, n, options) <= 1.5 * ops
+        setup = fam.setup_estimate(d, n, options)
+        assert ops <= fam.estimate_ops(d, n, options) - setup <= 1.5 * ops
 
 
 def test_requests_over_the_op_limit_are_refused_before_generating():

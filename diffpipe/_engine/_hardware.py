@@ -42,6 +42,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._arrays import as_float, concrete
+from .._caches import bounded
 from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
@@ -135,7 +136,7 @@ def compiled_unless_traced(function: Any, *args: Any) -> Any:
     return _compiled(function)(*args)
 
 
-@functools.cache
+@bounded(64)
 def _compiled(function: Any) -> Any:
     return eqx.filter_jit(function)
 
