@@ -122,18 +122,14 @@ def test_a_bad_value_is_still_named():
 
 def test_set_up_without_eager_ops_is_bit_identical_to_the_eager_computation():
     # The set-up paths run in NumPy or as one program: bit for bit what JAX computes eagerly.
-    from diffpipe._workload._parallel import GROUPS, Parallelism
+    from diffpipe._workload._parallel import Parallelism
 
     model = dp.presets.model("llama-3-70b")
     cluster = dp.Cluster(dp.presets.device("H100"), gpus=64, devices_per_node=8, intra="nvlink4", inter="ib-ndr")
     cfg = dp.Configuration(model, Parallelism(tensor=4, pipeline=4, data=4, zero=1), cluster, 64, schedule="1f1b")
     costs = cfg.costs()
-    eager = jnp.zeros(costs.collective_bytes["tensor"].shape, jnp.float32)
-    for group in GROUPS:
-        bandwidth, latency = cluster.link(cfg.placement.links[group])
-        eager = eager + (jnp.asarray(costs.collective_bytes[group], jnp.float32) / bandwidth
-                         + jnp.asarray(costs.collective_hops[group], jnp.float32) * latency)
-    np.testing.assert_array_equal(np.asarray(cfg.collective_seconds()), np.asarray(eager))
+    # (The collective seconds are the kernel model's jax.numpy computation again, so they have no
+    # second, NumPy path to compare here.)
     device = cluster.device
     layer = costs.costs
     np.testing.assert_array_equal(np.asarray(device.seconds(layer.forward, layer.forward_bytes, layer.tokens)),
