@@ -30,7 +30,6 @@ import jax
 
 import diffpipe as dp
 from diffpipe._engine._jitter import summary
-from diffpipe._io import write_atomic
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("published_runs_run", HERE / "run.py")
@@ -138,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(results)
     print(text)
     if not args.quick:
-        write_atomic(HERE / "jitter.json", json.dumps(results, indent=1) + "\n")
-        write_atomic(HERE / "jitter.md", text)
+        dp.write_atomic(HERE / "jitter.json", json.dumps(results, indent=1) + "\n")
+        dp.write_atomic(HERE / "jitter.md", text)
 
 
 if __name__ == "__main__":
