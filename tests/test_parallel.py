@@ -94,10 +94,10 @@ def test_cluster_rejects(kwargs, culprit):
 
 @pytest.mark.parametrize("sizes, links, stages_per_node", [
     # Megatron's rank order tp-dp-pp: tensor innermost, then data, then pipeline.
-    ((8, 4, 2), {"tensor": "intra", "expert": "intra", "data": "inter"}, 1),
-    ((4, 4, 2), {"tensor": "intra", "expert": "intra", "data": "intra"}, 1),
-    ((2, 4, 2), {"tensor": "intra", "expert": "intra", "data": "intra"}, 2),
-    ((1, 8, 1), {"tensor": "intra", "expert": "intra", "data": "intra"}, 8),
+    ((8, 4, 2), {"tensor": "intra", "context": "intra", "expert": "intra", "data": "inter"}, 1),
+    ((4, 4, 2), {"tensor": "intra", "context": "intra", "expert": "intra", "data": "intra"}, 1),
+    ((2, 4, 2), {"tensor": "intra", "context": "intra", "expert": "intra", "data": "intra"}, 2),
+    ((1, 8, 1), {"tensor": "intra", "context": "intra", "expert": "intra", "data": "intra"}, 8),
 ])
 def test_placement(sizes, links, stages_per_node):
     t, p, d = sizes
@@ -107,9 +107,9 @@ def test_placement(sizes, links, stages_per_node):
 
 def test_placement_of_expert_groups():
     got = placement(Parallelism(tensor=4, pipeline=1, data=4, expert=4), Cluster(gpus=16))
-    assert got.links == {"tensor": "intra", "expert": "inter", "data": "inter"}
+    assert got.links == {"tensor": "intra", "context": "intra", "expert": "inter", "data": "inter"}
     got = placement(Parallelism(tensor=2, pipeline=1, data=8, expert=4), Cluster(gpus=16))
-    assert got.links == {"tensor": "intra", "expert": "intra", "data": "inter"}
+    assert got.links == {"tensor": "intra", "context": "intra", "expert": "intra", "data": "inter"}
 
 
 @pytest.mark.parametrize("sizes, culprit", [

@@ -45,7 +45,7 @@ from .._engine._hardware import Hardware, Network
 from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
-from .._model._kernels import kernel_times
+from .._model._kernels import Kernels, kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
 from .._workload._parallel import (
@@ -56,6 +56,7 @@ from .._workload._parallel import (
     Placement,
     parallel_costs,
     placement,
+    ring_exchange,
 )
 from .._workload._workload import Workload
 from ..schedules import Schedule
@@ -214,7 +215,8 @@ class Configuration:
         configuration's ``overlap``: ``tensor`` (all-reduces, or all-gathers and reduce-scatters with
         sequence parallelism) times ``1 - overlap.tensor``; ``expert`` (all-to-alls); ``gather``
         (ZeRO-3 parameter all-gathers: with ``overlap.prefetch``, only what exceeds the layer's own
-        compute, which the prefetch runs under)."""
+        compute, which the prefetch runs under); with context parallelism, ``context`` (the K,V
+        ring's transfers beyond the attention kernels they overlap: ``context_seconds``)."""
         costs = self.costs() if costs is None else costs
         raw = self.collective_seconds_by_group(costs)
         out = {"tensor": raw["tensor"] * (1.0 - self.overlap.tensor), "expert": raw["expert"]}
@@ -223,7 +225,37 @@ class Configuration:
             compute = self.compute_seconds(costs) if compute is None else compute
             gather = jnp.maximum(gather - sum(compute.values()), 0.0)
         out["gather"] = gather
+        if costs.context_block is not None:
+            out["context"] = self.context_seconds(costs)
         return out
+
+    def context_seconds(self, costs: ParallelCosts | None = None) -> Array:
+        """``[3, layers]`` seconds of the context-parallel K,V ring left on each op's critical path
+        (``diffpipe._workload._parallel.ring_exchange``): point-to-point transfers between neighbours of
+        the context group at its link's bus bandwidth (one NIC per transfer across nodes) and ring-step
+        latency, each overlapping one ring step's attention kernel (its seconds from the device's
+        ``KernelModel``; on a device without one the ring is not overlapped)."""
+        costs = self.costs() if costs is None else costs
+        dtype = self.cluster.device.throughput.dtype
+        if costs.context_block is None:
+            return jnp.zeros((3, self.model.layers + 2), dtype)
+        link = self.placement.links["context"]
+        bandwidth = self.cluster.bus_bandwidth(link, 1)
+        latency = self.cluster.step_latency(link)
+        c = costs.context
+        device, k = self.cluster.device, costs.kernels
+        steps: dict[str, Any] = {"forward_step": 0.0, "backward_step": 0.0,
+                                 "recompute_step": 0.0 if costs.recomputes_attention else None}
+        if device.kernels is not None and k is not None and len(k.attention):
+            def attention(backward: bool) -> Array:  # [3, layers] seconds of one ring step's kernel
+                only = k.attention[(k.attention[:, 4] > 0) == backward]
+                empty = Kernels(np.zeros((0, 7)), only, np.zeros((0, 4)), k.rows)
+                return kernel_times(empty, device, float(self.model.dtype_bytes))["attention"] / c
+
+            forward, backward = attention(False), attention(True)
+            steps = {"forward_step": forward[_F], "backward_step": backward[_I],
+                     "recompute_step": forward[_I] if costs.recomputes_attention else None}
+        return jnp.asarray(ring_exchange(costs.context_block, c, bandwidth, latency, **steps), dtype)
 
     def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for
@@ -242,7 +274,7 @@ class Configuration:
         scale = self.cluster.link(link)[0] / bus
         dtype = self.cluster.device.throughput.dtype
         rows = self.stage_rows()
-        if self.overlap.data_bucket is None or self.parallelism.data == 1:
+        if self.overlap.data_bucket is None or self.parallelism.shards == 1:
             return jnp.broadcast_to(scale, rows.shape).astype(dtype)
         compute = self.compute_seconds(costs) if compute is None else compute
         total = sum(compute.values())
@@ -250,7 +282,7 @@ class Configuration:
         stages = self.parallelism.stages
         onehot = jnp.asarray(rows[None, :] == np.arange(stages)[:, None], dtype)  # [stages, layers]
         grad = jnp.asarray(costs.gradient_bytes, dtype)
-        n = self.parallelism.data
+        n = self.parallelism.shards
         ring = 2.0 * (n - 1) / n
         stage_bytes = onehot @ grad
         sync = ring * stage_bytes / bus
@@ -263,11 +295,12 @@ class Configuration:
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
-        intra link, others the inter link; ``data_parallel = data`` over the data group's link."""
+        intra link, others the inter link; ``data_parallel = data x context`` (the gradient all-reduce's
+        ranks: Megatron-LM reduces over the data and context groups together) over that group's link."""
         c = self.cluster
         return Network(c.intra_latency, c.intra_bandwidth, c.inter_latency, c.inter_bandwidth,
                        mode=self.communication, devices_per_node=self.placement.stages_per_node,
-                       data_parallel=self.parallelism.data, data_parallel_link=self.placement.links["data"])
+                       data_parallel=self.parallelism.shards, data_parallel_link=self.placement.links["data"])
 
     def compute_seconds(self, costs: ParallelCosts | None = None) -> dict[str, Array]:
         """``{class: [3, layers]}`` compute seconds of the ``F``, ``I`` and ``W`` of each layer on one

@@ -1,18 +1,19 @@
-"""Tensor x pipeline x data (x expert) parallelism: sizes, their placement on a cluster, and the
-per-device costs, collectives and memory they imply, as plain numbers.
+"""Tensor x context x pipeline x data (x expert) parallelism: sizes, their placement on a cluster, and
+the per-device costs, collectives and memory they imply, as plain numbers.
 
 ``Parallelism`` holds the sizes (validated against a model by ``check``); ``Cluster`` the devices
 and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
-way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``) and torchtitan do by default: a
-tensor group is ``tensor`` consecutive ranks (inside one node), a data group strides by ``tensor``,
-pipeline neighbours stride by ``tensor x data``; the expert group is carved out of the data group
-(``expert`` consecutive data ranks, stride ``tensor``). ``parallel_costs`` gives the per-device
+way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``, ``megatron/core/parallel_state.py``)
+and torchtitan (mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``) do by default: a tensor group
+is ``tensor`` consecutive ranks (inside one node), a context group strides by ``tensor``, a data group
+by ``tensor x context``, pipeline neighbours by ``tensor x context x data``; the expert group is carved
+out of the data group (``expert`` consecutive data ranks, stride ``tensor``). ``parallel_costs`` gives the per-device
 per-layer table that ``diffpipe._plan._configuration`` turns into a ``Workload``: FLOPs, the collectives
 each op waits for (bytes over a bandwidth and latency hops, per group), static, gradient,
 activation, message and optimizer-traffic bytes.
 
-Sources and rules (notation of ``diffpipe._model._transformer``; ``t`` tensor, ``N_d`` data, ``e`` expert
-sizes; ``X = d b s h`` the bytes of one block's activation):
+Sources and rules (notation of ``diffpipe._model._transformer``; ``t`` tensor, ``c`` context, ``N_d``
+data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activation on one rank):
 
 - Ring collectives over ``n`` ranks (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005):
   all-reduce ``2(n-1)/n x bytes / bw + 2(n-1) x lat``; all-gather and reduce-scatter of a tensor of
@@ -64,10 +65,32 @@ sizes; ``X = d b s h`` the bytes of one block's activation):
   data group before its forward and again before its backward (1.5x the all-reduce volume in all,
   with the gradient reduce-scatter), counted here on the op that needs them, not overlapped (an
   upper bound: FSDP prefetches the next layer's).
+- Context parallelism (Megatron-LM ``docs/user-guide/features/context_parallel.md``; TransformerEngine
+  ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``,
+  ``AttnFuncWithCPAndKVP2P``; Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for
+  Near-Infinite Context", 2023): the sequence is split over the ``c`` ranks of a context group, each
+  holding ``s / c`` tokens of every sample (``2c`` chunks, rank ``r`` holding chunks ``r`` and ``2c - 1 -
+  r``: the causal work balanced, so ``s`` must be a multiple of ``2c``, Megatron-LM
+  ``megatron/training/arguments.py``). Every op but attention runs on the rank's tokens alone: its
+  FLOPs, memory traffic, activations, collectives' bytes and pipeline messages are those of the model at
+  sequence ``s / c`` (``context_model``). Attention: each rank computes ``1/c`` of the causal attention
+  in ``c`` ring steps of one fused kernel on ``s / c`` queries against one ``s / c`` K,V block
+  (``context_kernels``; TransformerEngine requires fused attention, Megatron-LM's own attention refuses
+  ``context_parallel_size > 1``) and passes its K,V block ``K_c = d b (s/c) (a_kv/t) (d_h + d_v)`` bytes
+  around the ring: ``c - 1`` point-to-point steps in the forward, and in the backward ``c`` steps moving
+  ``K_c``, then ``c - 2`` times ``2 K_c`` (K,V and the partial dK,dV), then ``K_c``: ``2 (c - 1) K_c``
+  (``ring_exchange``). Each step's transfer overlaps that step's attention kernel (two CUDA streams
+  in TransformerEngine's loop), so only what exceeds it is exposed. Recomputation that re-runs the
+  attention core re-runs its forward ring in ``I``. Parameters are not split by ``c``: the gradients
+  are all-reduced, and ZeRO shards, over the ``N_d c`` ranks of the data and context groups together
+  (Megatron-LM ``get_data_parallel_group(with_context_parallel=True)``; torchtitan's FSDP mesh
+  includes ``cp``).
 - Optimizer step: Adam reads each owned parameter's gradient (``d``) and optimizer state (``K``) and
   writes the state and the new weights (``K + d``): ``2(K + d)`` bytes of memory traffic per owned
   parameter (``Psi / N_d`` with ZeRO >= 1), over the device's memory bandwidth (a memory-bound
   kernel; the roofline's bandwidth term).
+
+With context parallelism every ``N_d`` above that shards or reduces parameters is ``N_d c``.
 """
 
 
@@ -77,7 +100,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from .._checks import check_int, is_int
 from .._choices import ZERO_STAGES
@@ -103,6 +128,9 @@ class Parallelism:
         expert: expert-parallel size ``e``, carved out of the data group (``e`` divides ``data``).
         zero: ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).
         sequence_parallel: Megatron's sequence parallelism (Korthikanti et al. 2022).
+        context: context-parallel size ``c`` (Megatron ``--context-parallel-size``, torchtitan
+            ``context_parallel_degree``): the sequence split over ``c`` ranks placed next to the tensor
+            group (module docstring); ``gpus = tensor x context x pipeline x data``.
     """
 
     tensor: int = 1
@@ -112,9 +140,10 @@ class Parallelism:
     expert: int = 1
     zero: int = 0
     sequence_parallel: bool = False
+    context: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data", "virtual", "expert"):
+        for name in ("tensor", "pipeline", "data", "virtual", "expert", "context"):
             check_int(f"parallelism: {name}", getattr(self, name), 1)
         if not is_int(self.zero) or self.zero not in ZERO_STAGES:
             raise ConfigError(f"parallelism: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
@@ -126,8 +155,13 @@ class Parallelism:
 
     @property
     def gpus(self) -> int:
-        """``tensor x pipeline x data`` (expert parallelism reuses the data ranks)."""
-        return self.tensor * self.pipeline * self.data
+        """``tensor x context x pipeline x data`` (expert parallelism reuses the data ranks)."""
+        return self.tensor * self.context * self.pipeline * self.data
+
+    @property
+    def shards(self) -> int:
+        """Ranks that hold the same parameters and reduce their gradients together: ``data x context``."""
+        return self.data * self.context
 
     @property
     def stages(self) -> int:
@@ -135,8 +169,11 @@ class Parallelism:
         return self.pipeline * self.virtual
 
     def check_gpus(self, gpus: int) -> None:
-        """``ConfigError`` unless ``tensor x pipeline x data == gpus``."""
+        """``ConfigError`` unless ``tensor x context x pipeline x data == gpus``."""
         if self.gpus != gpus:
+            if self.context > 1:
+                raise ConfigError(f"parallelism: tensor x context x pipeline x data = {self.tensor} x {self.context} "
+                                  f"x {self.pipeline} x {self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
             raise ConfigError(f"parallelism: tensor x pipeline x data = {self.tensor} x {self.pipeline} x "
                               f"{self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
 
@@ -164,9 +201,17 @@ class Parallelism:
             raise ConfigError(f"parallelism: pipeline x virtual = {self.pipeline} x {self.virtual} = "
                               f"{self.stages} stages exceed the model's {model.layers} layers plus its "
                               "embedding and head")
-        if self.sequence_parallel and model.sequence % t:
-            raise ConfigError(f"parallelism: tensor={t} must divide the sequence={model.sequence} with "
-                              "sequence_parallel")
+        c = self.context
+        if c > 1:
+            if model.sequence % (2 * c):
+                raise ConfigError(f"parallelism: context={c} needs a sequence that is a multiple of 2 x {c} = {2 * c} "
+                                  f"(the load-balanced causal split), got sequence={model.sequence}")
+            if not model.flash_attention:
+                raise ConfigError(f"parallelism: context={c} needs flash attention (context parallelism runs "
+                                  "TransformerEngine's fused attention)")
+        if self.sequence_parallel and (model.sequence // c) % t:
+            what = f"the sequence={model.sequence}" if c == 1 else f"the {model.sequence // c} tokens per context rank"
+            raise ConfigError(f"parallelism: tensor={t} must divide {what} with sequence_parallel")
 
 
 @dataclass(frozen=True)
@@ -203,13 +248,14 @@ class CommunicationOverlap:
 
 class Placement(NamedTuple):
     """Where each group of a ``Parallelism`` sits on a ``Cluster`` (Megatron-LM's rank order
-    ``tp-cp-ep-dp-pp``, tensor innermost).
+    ``tp-cp-ep-dp-pp``, tensor innermost, then context).
 
     Attributes:
-        links: group (``tensor``, ``expert``, ``data``) -> ``"intra"`` or ``"inter"``: the slowest
-            link its ring crosses.
+        links: group (``tensor``, ``context``, ``expert``, ``data``) -> ``"intra"`` or ``"inter"``: the
+            slowest link its ring crosses (``data``: the data and context ranks together, the
+            gradient all-reduce's group).
         stages_per_node: pipeline ranks of one pipeline that share a node (``devices_per_node //
-            (tensor x data)``, at least 1): the pipeline ``Network``'s ``devices_per_node``.
+            (tensor x context x data)``, at least 1): the pipeline ``Network``'s ``devices_per_node``.
         ranks_per_node: group -> ranks of one of its rings inside one node (a ring that spans
             nodes runs as that many hierarchical rings over the network: ``Cluster.bus_bandwidth``).
     """
@@ -227,18 +273,21 @@ def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
     if p.tensor > n or n % p.tensor:
         raise ConfigError(f"parallelism: tensor={p.tensor} must divide the {n} GPUs of a node (a tensor group "
                           "stays inside one node)")
-    inner = p.tensor * p.data
+    inner = p.tensor * p.context * p.data
     if inner < n and n % inner:
-        raise ConfigError(f"parallelism: tensor x data = {inner} must divide the {n} GPUs of a node when smaller "
+        what = "tensor x data" if p.context == 1 else "tensor x context x data"
+        raise ConfigError(f"parallelism: {what} = {inner} must divide the {n} GPUs of a node when smaller "
                           "(pipeline neighbours stride by it)")
 
     def where(ranks: int) -> str:
         return "intra" if ranks <= n or cluster.gpus <= n else "inter"
 
-    links = {"tensor": "intra", "expert": where(p.tensor * p.expert), "data": where(inner)}
+    links = {"tensor": "intra", "context": where(p.tensor * p.context), "expert": where(p.tensor * p.expert),
+             "data": where(inner)}
     stages_per_node = max(1, min(p.pipeline, n // inner)) if cluster.gpus > n else p.pipeline
-    per_node = max(1, n // p.tensor)  # expert and data rings stride by the tensor size
-    ranks = {"tensor": p.tensor, "expert": min(p.expert, per_node), "data": min(p.data, per_node)}
+    per_node = max(1, n // p.tensor)  # context, expert and data rings stride by the tensor size
+    ranks = {"tensor": p.tensor, "context": min(p.context, per_node), "expert": min(p.expert, per_node),
+             "data": min(p.shards, per_node)}
     return Placement(links, stages_per_node, ranks)
 
 
@@ -291,6 +340,11 @@ class ParallelCosts(NamedTuple):
             ``collective_bytes["data"]`` of its ``F`` and ``I``; None without ZeRO-3).
         kernels: every op's kernels on one device, shapes after tensor and expert sharding
             (``diffpipe._model._kernels.layer_kernels``), for devices with a ``KernelModel``.
+        context_block: ``[layers]`` bytes of the K,V block one rank of a context group passes on in
+            each ring step (``K_c``, 0 outside the blocks; None without context parallelism).
+        context: the context-parallel size ``c``.
+        recomputes_attention: whether the ``I`` of a block re-runs the attention core's forward
+            (full or selective recomputation), and with it the forward ring.
     """
 
     costs: LayerCosts
@@ -306,6 +360,9 @@ class ParallelCosts(NamedTuple):
     shared_gradient_bytes: float
     kernels: Kernels | None = None
     gather_bytes: np.ndarray | None = None
+    context_block: np.ndarray | None = None
+    context: int = 1
+    recomputes_attention: bool = False
 
 
 def _expert_parameters(model: Transformer) -> np.ndarray:
@@ -332,18 +389,88 @@ def shard_flops(costs: LayerCosts, tensor: int) -> LayerCosts:
                                          if name in names and getattr(costs, name) is not None})
 
 
+def context_model(model: Transformer, context: int) -> Transformer:
+    """``model`` as one rank of a context group of ``context`` sees it: ``sequence / context`` tokens per
+    sample (``model`` itself for 1). Its per-token costs are the rank's; its attention is one ring
+    step's (``context_kernels``), and its parameters are not the rank's (positions cover the whole
+    sequence): ``parallel_costs`` takes those from ``model``."""
+    check_int("context_model: context", context, 1)
+    if context == 1:
+        return model
+    if model.sequence % context:
+        raise ConfigError(f"context_model: context={context} must divide the sequence={model.sequence}")
+    return dataclasses.replace(model, sequence=model.sequence // context)
+
+
+def context_kernels(kernels: Kernels, context: int) -> Kernels:
+    """The kernels of one rank of a context group from those of ``context_model``: every fused
+    attention kernel (one ring step: ``s / c`` queries against one block of ``s / c`` keys, half of
+    the pairs computed, which the diagonal step's causal mask and the off-diagonal steps' half chunks
+    both give) runs ``context`` times, once per ring step; the rest is the local tokens' already."""
+    check_int("context_kernels: context", context, 1)
+    if context == 1:
+        return kernels
+    return kernels._replace(attention=np.repeat(kernels.attention, context, axis=0))
+
+
+def shard_context(base: LayerCosts, local: LayerCosts, tensor: int, context: int) -> LayerCosts:
+    """``LayerCosts`` of one device of a tensor group of ``tensor`` and a context group of ``context``:
+    FLOPs ``1 / (t c)`` of ``base`` (the whole sequence's; the causal attention balanced over the
+    context ranks), memory traffic and matmul rows those of ``local`` (``context_model``'s) over
+    ``t``; ``shard_flops(base, tensor)`` for ``context == 1``."""
+    if context == 1:
+        return shard_flops(base, tensor)
+    traffic = shard_flops(local, tensor)
+    return dataclasses.replace(shard_flops(base, tensor * context), forward_bytes=traffic.forward_bytes,
+                               input_grad_bytes=traffic.input_grad_bytes, weight_bytes=traffic.weight_bytes,
+                               tokens=traffic.tokens)
+
+
+def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forward_step: Any = 0.0,
+                  backward_step: Any = 0.0, recompute_step: Any = None) -> Array:
+    """``[3, layers]`` seconds of the context-parallel K,V ring (TransformerEngine's
+    ``AttnFuncWithCPAndKVP2P``) left on the critical path of each layer's ``F``, ``I`` and ``W``.
+
+    One transfer of ``x`` bytes lasts ``latency + x / bandwidth`` and overlaps the attention kernel of
+    the ring step it is issued in (``*_step``: ``[layers]`` seconds of one step's kernel; 0: no
+    overlap); a step is exposed by what its transfer exceeds its kernel. ``F``: ``c - 1`` transfers of
+    the block ``K_c``. ``I``: ``c`` transfers, ``K_c``, then ``c - 2`` of ``2 K_c`` (K,V with the
+    partial dK,dV), then ``K_c`` (``2 (c - 1) K_c`` in all), against the backward kernel; with
+    ``recompute_step`` (recomputation re-running the attention core) also the forward's ``c - 1``
+    against that recomputed kernel. ``W``: none. Differentiable in the floats (``jnp``)."""
+    c = float(context)
+    block = jnp.asarray(block)
+    one = latency + block / bandwidth
+    two = latency + 2.0 * block / bandwidth
+
+    def exposed(transfer: Array, step: Any) -> Array:
+        return jnp.maximum(transfer - step, 0.0)
+
+    forward = (c - 1.0) * exposed(one, forward_step)
+    backward = (2.0 if context > 1 else 0.0) * exposed(one, backward_step) + max(c - 2.0, 0.0) * exposed(
+        two, backward_step)
+    if recompute_step is not None:
+        backward = backward + (c - 1.0) * exposed(one, recompute_step)
+    zero = jnp.zeros_like(forward)
+    on = block > 0
+    return jnp.stack([jnp.where(on, forward, zero), jnp.where(on, backward, zero), zero])
+
+
 def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCosts:
     """The per-device per-layer table of ``model`` under ``parallelism`` (rules and sources: the
     module docstring)."""
     par = parallelism
     par.check(model)
-    t, e, n = par.tensor, par.expert, par.data
+    t, e, c = par.tensor, par.expert, par.context
+    n = par.shards  # the data and context ranks reduce (and ZeRO-shard) the same parameters
     sp = par.sequence_parallel
     full = model.recompute == "full"
     base = layer_costs(model)
+    local = context_model(model, c)  # one context rank's tokens (model itself without context parallelism)
+    local_costs = base if c == 1 else layer_costs(local)
     rows = model.layers + 2
     d = float(model.dtype_bytes)
-    x = d * model.microbatch_size * model.sequence * model.hidden  # one block's activation
+    x = d * local.microbatch_size * local.sequence * local.hidden  # one block's activation
     moe = {1 + i for i in model.moe_blocks()}
 
     coll_bytes = {g: np.zeros((3, rows)) for g in GROUPS}
@@ -397,19 +524,28 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     owned = per_device_dense / (n if par.zero >= 1 else 1) + per_device_expert / (shards_e if par.zero >= 1 else 1)
     shared = base.shared_parameters / t
     shared_static = float(zero_static_bytes(shared, par.zero, n, d, bpp))
+    kernels = context_kernels(layer_kernels(local, tensor=t, sequence_parallel=sp, expert=e), c)
+    context_block = None
+    if c > 1:  # the K,V block a rank passes on: b (s/c) tokens x a_kv/t heads x (d_h + d_v)
+        kv = model.heads if model.kv_lora_rank else model.kv  # MLA decompresses K and V per head
+        block = d * local.microbatch_size * local.sequence * (kv / t) * (model.dh + model.dv)
+        context_block = np.concatenate([[0.0], np.full(model.layers, block), [0.0]])
     return ParallelCosts(
-        costs=shard_flops(base, t),
+        costs=shard_context(base, local_costs, t, c),
         collective_bytes=coll_bytes,
         collective_hops=coll_hops,
         static_bytes=np.asarray(static, np.float64),
         gradient_bytes=np.asarray(gradient, np.float64),
-        activation_bytes=activation_bytes(model, tensor=t, sequence_parallel=sp),
-        output_bytes=np.asarray(base.output_bytes, np.float64) / t,
+        activation_bytes=activation_bytes(local, tensor=t, sequence_parallel=sp),
+        output_bytes=np.asarray(local_costs.output_bytes, np.float64) / t,
         update_bytes=2 * (k + d) * owned,
         parameters=parameters,
         shared_static_bytes=shared_static,
         shared_gradient_bytes=sync * d * shared,
-        kernels=layer_kernels(model, tensor=t, sequence_parallel=sp, expert=e),
+        kernels=kernels,
         gather_bytes=gather_bytes,
+        context_block=context_block,
+        context=c,
+        recomputes_attention=model.recompute in ("full", "selective"),
     )
 
