@@ -91,6 +91,9 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
                     "sequence_parallel=True")
         if par.pipeline > 1 and family not in TORCH_NAMES:
             return f"torch's pipelining has no schedule {family!r} (known: {', '.join(TORCH_NAMES)})"
+        if par.context > 1 and par.zero == 0:
+            return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
+                    "context_parallel_degree > 1: use zero=2 or 3")
         return None
     raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
 
@@ -355,7 +358,8 @@ def megatron_model_args(model: Transformer, sequence: int | None = None) -> list
 def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]:
     """Megatron-LM command-line arguments for ``launch`` (``pretrain_gpt.py`` and friends).
 
-    Parallel degrees, ``--num-layers``, ``--seq-length``, the batch, then the stage split: nothing
+    Parallel degrees (context parallelism as ``--context-parallel-size`` with ``--cp-comm-type p2p``,
+    the ring diffpipe prices), ``--num-layers``, ``--seq-length``, the batch, then the stage split: nothing
     for an even split without virtual stages, ``--num-layers-per-virtual-pipeline-stage`` for an
     even interleaved split, ``--pipeline-model-parallel-layout`` (with the embedding and loss
     placement) for an uneven one. Recompute: ``--recompute-granularity selective`` (Megatron's default
@@ -380,6 +384,8 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
         "--tensor-model-parallel-size", str(par.tensor),
         "--pipeline-model-parallel-size", str(par.pipeline),
     ]
+    if par.context > 1:  # the K,V ring diffpipe prices (p2p, also Megatron's default)
+        args += ["--context-parallel-size", str(par.context), "--cp-comm-type", "p2p"]
     if par.expert > 1:
         args += ["--expert-model-parallel-size", str(par.expert)]
     if par.sequence_parallel and par.tensor > 1:
@@ -475,6 +481,8 @@ def torchtitan_toml(launch: Launch) -> str:
         "tensor_parallel_degree": par.tensor,
         "pipeline_parallel_degree": par.pipeline,
     }
+    if par.context > 1:
+        values["context_parallel_degree"] = par.context
     if par.zero == 2:
         values["fsdp_reshard_after_forward"] = "never"
     if pipelined:

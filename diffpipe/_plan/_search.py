@@ -1,6 +1,6 @@
 """``plan``: the best whole configuration for a model on a cluster, by exhaustive search and simulation.
 
-``plan(model, cluster, global_batch)`` enumerates tensor x pipeline x data (x expert) splits,
+``plan(model, cluster, global_batch)`` enumerates tensor x context x pipeline x data (x expert) splits,
 schedule families, virtual stages, microbatch sizes, recomputation, ZeRO stages and sequence
 parallelism, and answers with a ``PlanTable``: every configuration the simulator evaluated (the
 same numbers ``Configuration.evaluate()`` gives for it), the best first, and why the others were
@@ -78,6 +78,14 @@ from ._export import FRAMEWORKS, Launch, export_problem, megatron_args
 DEFAULT_FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
 DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (2, 4)
+#: Context parallelism is searched by default from this sequence length on (below it, sizes 1 only):
+#: the published recipes that split the sequence start at 16,384 tokens (NeMo's Llama 3 8B 16k: CP 2).
+CONTEXT_SEQUENCE = 16384
+#: The fewest tokens per context rank the default search goes down to: context sizes are the powers of
+#: two ``c`` with ``sequence / c >= CONTEXT_MIN_TOKENS`` (and ``sequence`` a multiple of ``2c``). Below
+#: a few thousand tokens a ring step's attention kernel no longer hides its K,V transfer across nodes
+#: and the matmuls' rows shrink; the published long-sequence recipes keep 8,192 to 16,384 per rank.
+CONTEXT_MIN_TOKENS = 4096
 #: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
 _CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
 #: Relative slack on the step-time bound (float32 simulation against float64 closed forms).
@@ -90,9 +98,10 @@ TIE = 1e-3
 LEGEND = ("step: seconds per optimizer step; MFU: model FLOPs over the GPUs' dense BF16 peak (%); mem/GPU: the peak "
           "over pipeline ranks (GB, 10^9 bytes); bubble: share of the step a GPU idles (%; pipeline fill and drain, "
           "and the gradient sync and optimizer step the backward does not hide); comm: share of the step in the "
-          "tensor-, expert- and ZeRO-3 collectives inside ops (%); family '-': no pipeline (PP1)")
+          "tensor-, context- (the K,V ring, beyond the attention it overlaps), expert- and ZeRO-3 collectives inside "
+          "ops (%); cp: context-parallel size; family '-': no pipeline (PP1)")
 
-COLUMNS = ("family", "tensor", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
+COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
            "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
            "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
            "communication_share", "bound")
@@ -110,10 +119,12 @@ class _Candidate:
     recompute: str
     zero: int
     sequence_parallel: bool
+    context: int = 1
 
     def parallelism(self) -> Parallelism:
         return Parallelism(tensor=self.tensor, pipeline=self.pipeline, data=self.data, virtual=self.virtual,
-                           expert=self.expert, zero=self.zero, sequence_parallel=self.sequence_parallel)
+                           expert=self.expert, zero=self.zero, sequence_parallel=self.sequence_parallel,
+                           context=self.context)
 
 
 @dataclass(frozen=True)
@@ -199,12 +210,12 @@ class PlanTable:
 
     def to_markdown(self, top: int | None = 10) -> str:
         """The first ``top`` rows (all when None) and the rejection counts, as Markdown."""
-        header = ("family", "tp", "pp", "dp", "v", "ep", "mbs", "recompute", "zero", "sp", "step (s)", "tok/s/GPU",
-                  "MFU (%)", "mem/GPU (GB)", "bubble (%)", "comm (%)")
+        header = ("family", "tp", "cp", "pp", "dp", "v", "ep", "mbs", "recompute", "zero", "sp", "step (s)",
+                  "tok/s/GPU", "MFU (%)", "mem/GPU (GB)", "bubble (%)", "comm (%)")
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
             family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            cells.append((family, r["tensor"], r["pipeline"], r["data"], r["virtual"], r["expert"],
+            cells.append((family, r["tensor"], r["context"], r["pipeline"], r["data"], r["virtual"], r["expert"],
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
                           f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
@@ -263,7 +274,7 @@ class _Costs:
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
         costs = parallel_costs(model, par)
-        key = (model, par.tensor, par.sequence_parallel, par.expert, _cluster_key(cluster))
+        key = (model, par.tensor, par.sequence_parallel, par.expert, par.context, _cluster_key(cluster))
         if key not in _TIMES:
             if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
                 times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
@@ -273,6 +284,8 @@ class _Costs:
         f, i, w = _TIMES[key]
         comm = np.zeros((3, model.layers + 2))
         for group, link in links.items():  # Configuration.collective_seconds, in numpy
+            if group not in costs.collective_bytes:
+                continue  # the context ring: what it exposes is >= 0, left out of the lower bound
             bandwidth, latency = (float(x) for x in cluster.link(link))
             comm = comm + costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
         self.forward = f + comm[0]
@@ -361,7 +374,8 @@ def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memo
 
 
 def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
-    return {"family": c.family, "tensor": c.tensor, "pipeline": c.pipeline, "data": c.data, "virtual": c.virtual,
+    return {"family": c.family, "tensor": c.tensor, "context": c.context, "pipeline": c.pipeline, "data": c.data,
+            "virtual": c.virtual,
             "expert": c.expert, "microbatch_size": c.microbatch_size, "microbatches": cfg.microbatches,
             "recompute": c.recompute, "zero": c.zero, "sequence_parallel": c.sequence_parallel,
             "layers_per_stage": tuple(int(x) for x in counts), "balanced": balanced, **figures}
@@ -383,8 +397,8 @@ MAX_SUGGESTIONS = 4
 
 
 def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejected: Counter, best_memory: float,
-                capacity: float, recompute: tuple, zero: tuple, tensors: list[int], simulated: bool = False
-                ) -> tuple[str, list]:
+                capacity: float, recompute: tuple, zero: tuple, tensors: list[int], simulated: bool = False,
+                contexts: tuple[int, ...] = (1,)) -> tuple[str, list]:
     """Why nothing fits (one line, with the binding constraint's numbers) and the changes that
     might make it fit, smallest first: ``(text, plan keyword overrides)`` (checked by the caller).
     ``best_memory``: the smallest simulated peak (the figure ``simulate`` prints for that
@@ -412,6 +426,9 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
         changes.append(("allow zero=3", {"zero": (*zero, 3)}))
     if node not in tensors and g % node == 0:
         changes.append((f"allow tensor={node}", {"tensor": (*tensors, node)}))
+    wider = 2 * max(contexts)  # split the sequence further: activations per GPU fall by the context size
+    if model.flash_attention and model.sequence % (2 * wider) == 0 and g % wider == 0:
+        changes.append((f"allow context={wider}", {"context": (*contexts, wider)}))
     need = max(2, math.ceil(best_memory / capacity))
     for factor in (need, 2 * need):
         gpus = factor * g
@@ -463,6 +480,7 @@ def plan(
     pipeline: int | Sequence[int] | None = None,
     expert: int | Sequence[int] | None = None,
     virtual: int | Sequence[int] | None = None,
+    context: int | Sequence[int] | None = None,
     microbatch_sizes: int | Sequence[int] = DEFAULT_MICROBATCH_SIZES,
     recompute: str | Sequence[str] = RECOMPUTE,
     zero: int | Sequence[int] = ZERO_STAGES,
@@ -487,6 +505,10 @@ def plan(
             node, pipeline up to the layers, expert dividing data and the experts of a MoE model).
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
+        context: context-parallel sizes to try (default: 1, and from a sequence of
+            ``CONTEXT_SEQUENCE`` tokens on with flash attention every power of two ``c`` with at least
+            ``CONTEXT_MIN_TOKENS`` tokens per rank and the sequence a multiple of ``2c``); each must
+            divide ``gpus / (tensor x pipeline)``.
         microbatch_sizes, recompute, zero, sequence_parallel: the other axes.
         headroom: fraction of each GPU's memory kept free (``HEADROOM``, 0.1: plans use at most 90%;
             ``Configuration.evaluate`` applies the same rule to ``fits``).
@@ -511,7 +533,8 @@ def plan(
     bar = Progress("plan", progress is not False, show_now=progress is True)
     try:
         return _search(model, cluster, global_batch, sequence=sequence, families=families, tensor=tensor,
-                       pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=microbatch_sizes,
+                       pipeline=pipeline, expert=expert, virtual=virtual, context=context,
+                       microbatch_sizes=microbatch_sizes,
                        recompute=recompute, zero=zero, sequence_parallel=sequence_parallel, headroom=headroom,
                        top_k=top_k, balance=balance, communication=communication, export=export, bar=bar)
     finally:
@@ -519,7 +542,8 @@ def plan(
 
 
 def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence: int | None, families: Any,
-            tensor: Any, pipeline: Any, expert: Any, virtual: Any, microbatch_sizes: Any, recompute: Any, zero: Any,
+            tensor: Any, pipeline: Any, expert: Any, virtual: Any, context: Any, microbatch_sizes: Any,
+            recompute: Any, zero: Any,
             sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
             export: str | None, bar: Progress) -> PlanTable:
     """``plan``'s search (its arguments; ``bar`` the progress)."""
@@ -554,6 +578,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                           "chunks (e.g. interleaved-1f1b does)")
     virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", DEFAULT_VIRTUAL if virtual is None
                                                                      else virtual))
+    contexts = _contexts(model, context)
     if expert is not None:
         experts_given = [check_int("plan: expert", e) for e in _values("expert", expert)]
         if model.experts == 1 and experts_given != [1]:
@@ -578,12 +603,16 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     for t in tensors:
         pipelines = [check_int("plan: pipeline", p) for p in _values("pipeline", pipeline)] if pipeline is not None \
             else [p for p in _divisors(g // t) if p <= model.layers] if g % t == 0 else []
-        for p in pipelines:
+        for p, cp in ((p, cp) for p in pipelines for cp in contexts):
             if g % (t * p):
                 explored += 1
                 rejected["tensor"] += 1
                 continue
-            d = g // (t * p)
+            if (g // (t * p)) % cp:
+                explored += 1
+                rejected["context"] += 1
+                continue
+            d = g // (t * p * cp)
             experts = [1] if model.experts == 1 else (
                 [e for e in _divisors(d) if model.experts % e == 0] if expert is None
                 else list(_values("expert", expert)))
@@ -609,7 +638,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                     if sp and t == 1:
                                         continue  # sequence parallelism needs a tensor group
                                     explored += 1
-                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp)
+                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp, cp)
                                     if p * v > model.layers:
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
@@ -631,7 +660,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     bar.stage("enumerating (closed-form bounds)", len(candidates))
     for index, c in enumerate(candidates):
         bar.update(1)
-        key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute)
+        key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute, c.context)
         if key not in costs:
             variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
             par = dataclasses.replace(c.parallelism(), pipeline=1, virtual=1)
@@ -671,7 +700,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
         c = candidates[index]
         m = global_batch // (c.microbatch_size * c.data)
         spn = placement(c.parallelism(), cluster).stages_per_node
-        key = (c.family, c.pipeline, c.virtual, m, spn, c.data)
+        key = (c.family, c.pipeline, c.virtual, m, spn, c.data, c.context)
         if key not in groups:
             order.append(key)
         groups[key].append(index)
@@ -759,10 +788,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
         if not simulated:
             best_memory = min(needs.values(), default=math.inf)
         reason, changes = _infeasible(model, cluster, global_batch, rejected, best_memory, capacity, recompute,
-                                      zero, tensors, simulated)
+                                      zero, tensors, simulated, contexts)
         request = dict(model=model, cluster=cluster, global_batch=global_batch, sequence=sequence, families=families,
                        tensor=tensor,
-                       pipeline=pipeline, expert=expert, virtual=virtual, microbatch_sizes=sizes,
+                       pipeline=pipeline, expert=expert, virtual=virtual, context=context, microbatch_sizes=sizes,
                        recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
                        communication=communication)
         raise ConfigError(_checked_suggestion(reason, changes, request))
@@ -795,6 +824,29 @@ def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | N
     return export_problem(framework, c.family, c.parallelism(), microbatches)
 
 
+def _contexts(model: Transformer, context: Any) -> tuple[int, ...]:
+    """The context-parallel sizes ``plan`` searches (its ``context`` argument, or the default: the
+    docstring); a given size the model cannot split its sequence by is refused in one line."""
+    s = model.sequence
+    if context is None:
+        if s < CONTEXT_SEQUENCE or not model.flash_attention:
+            return (1,)
+        out, c = [1], 2
+        while s % (2 * c) == 0 and s // c >= CONTEXT_MIN_TOKENS:
+            out.append(c)
+            c *= 2
+        return tuple(out)
+    sizes = tuple(check_int("plan: context", c) for c in _values("context", context))
+    for c in sizes:
+        if c > 1 and s % (2 * c):
+            raise ConfigError(f"plan: context={c} needs a sequence that is a multiple of 2 x {c} = {2 * c} (the "
+                              f"load-balanced causal split), got sequence={s}")
+        if c > 1 and not model.flash_attention:
+            raise ConfigError(f"plan: context={c} needs flash attention (context parallelism runs "
+                              "TransformerEngine's fused attention)")
+    return sizes
+
+
 def _ranked(rows: list[dict]) -> list[dict]:
     """Rows fastest first; step times within ``TIE`` of the first of their run are ranked by memory
     per GPU, then by tensor x pipeline (GPUs per model replica)."""
@@ -815,7 +867,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     if row["pipeline"] * row["virtual"] < 2:
         return None
     c = _Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
-                   row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"])
+                   row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"], row["context"])
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
                         communication=communication)

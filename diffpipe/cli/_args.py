@@ -195,7 +195,11 @@ _CONFIG_FLAGS = (
           default="every divisor of a node"),
     _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",
           default="every divisor up to the layers"),
-    _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x pp))", _count, search=None),
+    _Flag("--cp", "context", "parallelism", "context-parallel size: the sequence split over cp ranks next to the "
+          "tensor group (ring attention; needs flash attention and a sequence divisible by 2 x cp)", _count,
+          search="list", default="1; from sequence 16,384, powers of 2 down to 4,096 tokens per rank"),
+    _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x cp x pp))", _count,
+          search=None),
     _Flag("--ep", "expert", "parallelism", "expert-parallel size (divides the data-parallel size)", _count,
           search="list", default="every divisor of dp and the experts"),
     _Flag("--vpp", "virtual", "parallelism", "model chunks per pipeline device", _count, search="list",
@@ -204,7 +208,7 @@ _CONFIG_FLAGS = (
           choices=ZERO_STAGES, search="list", default="all"),
     _Flag("--sequence-parallel", "sequence_parallel", "parallelism",
           "Megatron's sequence parallelism in the tensor group", switch=True, search="both"),
-    _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x pp x dp; plan: "
+    _Flag("--gpus", "gpus", "cluster", "GPUs in the cluster (simulate, compare: default tp x cp x pp x dp; plan: "
           "required, or --cluster)", _count),
     _Flag("--cluster", "cluster", None, "GPUs and device preset at once, e.g. 64xH100 (devices: diffpipe list "
           "devices)", metavar="GPUSxDEVICE"),

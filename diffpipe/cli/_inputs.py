@@ -73,7 +73,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
                  "global_batch": "count", "recompute": "recompute", "flash_attention": "bool"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
-                    "zero": "zero", "sequence_parallel": "bool"},
+                    "zero": "zero", "sequence_parallel": "bool", "context": "count"},
     "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
 }
 _MACHINE_SECTIONS = ("times", "model", "device", "network")
@@ -360,18 +360,20 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     from .._workload._parallel import Parallelism
 
     model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
-    t, p = par.get("tensor", 1), par.get("pipeline", 1)
+    t, p, c = par.get("tensor", 1), par.get("pipeline", 1), par.get("context", 1)
     if "data" not in par:
-        if "gpus" in clu and clu["gpus"] % (t * p):
-            raise ConfigError(f"--gpus {clu['gpus']} is not a multiple of --tp x --pp = {t * p}")
-        par["data"] = clu["gpus"] // (t * p) if "gpus" in clu else 1
+        if "gpus" in clu and clu["gpus"] % (t * p * c):
+            what = "--tp x --pp" if c == 1 else "--tp x --cp x --pp"
+            raise ConfigError(f"--gpus {clu['gpus']} is not a multiple of {what} = {t * p * c}")
+        par["data"] = clu["gpus"] // (t * p * c) if "gpus" in clu else 1
     parallelism = Parallelism(**par)
     cluster = _cluster(clu, parallelism.gpus)
     mode = _mode(args.mode or network.get("mode") or "overlap")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
+    cp = f" CP{parallelism.context}" if parallelism.context > 1 else ""
     label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
              f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
-             f"TP{parallelism.tensor} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
+             f"TP{parallelism.tensor}{cp} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
              f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
     family = getattr(args, "family", None) or section.get("family")
     options = {**section.get("options", {}), **_family_options(args.option)}
