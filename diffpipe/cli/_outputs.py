@@ -46,7 +46,8 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
     """What ``simulate --json`` prints for a training configuration (units in the keys)."""
     par = cfg.parallelism
     return {"family": schedule.family, "options": dict(schedule.options), "machine": label,
-            "tensor": par.tensor, "pipeline": par.pipeline, "data": par.data, "expert": par.expert,
+            "tensor": par.tensor, "context": par.context, "pipeline": par.pipeline, "data": par.data,
+            "expert": par.expert,
             "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
             "global_batch": cfg.global_batch, **_with_units(result.to_dict()),
             "busy_s": [float(x) for x in result.result.busy]}
