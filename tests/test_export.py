@@ -323,7 +323,7 @@ def test_launch_sizes_live_in_the_parallelism_only(cfg):
     old = {"family": cfg.family, "microbatch_size": cfg.microbatch_size, "global_batch": cfg.global_batch,
            "sequence": cfg.sequence, "layers_per_stage": cfg.layers_per_stage, "recompute": cfg.recompute,
            **dataclasses.asdict(par)}
-    with pytest.raises(dp.ConfigError, match=r"launch: unknown field\(s\) data, expert, pipeline, "):
+    with pytest.raises(dp.ConfigError, match=r"launch: unknown field\(s\) context, data, expert, pipeline, "):
         Launch(**old)
     for name in ("tensor", "gpus", "stages"):
         with pytest.raises(AttributeError, match=name):
