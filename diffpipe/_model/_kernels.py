@@ -58,6 +58,9 @@ _GRAD_ACCUMULATION_BYTES = 8
 _CAUSAL = 0.5
 #: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
 _FLASH_BACKWARD = 2.5
+#: Rate of each fused-attention generation relative to the device's (FlashAttention-2) curve:
+#: FlashAttention-2 is "around 2x" FlashAttention-1 (its paper's abstract); ``Transformer.flash_version``.
+FLASH_RATE = {1: 0.5, 2: 1.0}
 
 
 class Kernels(NamedTuple):
@@ -65,7 +68,8 @@ class Kernels(NamedTuple):
 
     Attributes:
         gemm: ``[n, 7]``: row, kind, M, N, K, batch, count (kernels of that shape).
-        attention: ``[n, 5]``: row, kind, executed FLOPs, sequence, backward (0/1), per kernel; one kernel.
+        attention: ``[n, 6]``: row, kind, executed FLOPs, sequence, backward (0/1), rate (relative to the
+            device's curve: ``FLASH_RATE``), per kernel; one kernel.
         memory: ``[n, 4]``: row, kind, bytes, count.
         rows: rows of the table (``layers + 2``).
     """
@@ -111,14 +115,14 @@ class _Builder:
         if bytes > 0 and count > 0:
             self.memory.append((row, kind, bytes, count))
 
-    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool) -> None:
-        self.attention.append((row, kind, flops, sequence, float(backward)))
+    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, rate: float) -> None:
+        self.attention.append((row, kind, flops, sequence, float(backward), rate))
 
     def build(self, rows: int) -> Kernels:
         def table(x: list, width: int) -> np.ndarray:
             return np.asarray(x, np.float64).reshape(-1, width)
 
-        return Kernels(table(self.gemm, 7), table(self.attention, 5), table(self.memory, 4), rows)
+        return Kernels(table(self.gemm, 7), table(self.attention, 6), table(self.memory, 4), rows)
 
 
 def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
@@ -136,6 +140,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         kv = a  # MLA decompresses K and V per head
     heads = b * a / t  # attention (batch x heads) per device
     mask = 1.0 if model.dropout else 0.0
+    rate = FLASH_RATE[model.flash_version]
     moe = set(model.moe_blocks())
     rows = model.layers + 2
     out = _Builder()
@@ -144,7 +149,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
         for kind in kinds_fwd:
             if model.flash_attention:
-                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False)
+                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, rate)
             else:
                 out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
                 out.mem(row, kind, 2 * d * heads * s * s)  # scale-mask-softmax
@@ -153,7 +158,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if not backward:
             return
         if model.flash_attention:
-            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True)
+            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, rate)
             return
         out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
         out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
@@ -242,7 +247,7 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
         scatter("gemm", g, seconds * jnp.asarray(count, dtype))
     at = kernels.attention
     if len(at):
-        seconds = jnp.asarray(at[:, 2], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        seconds = jnp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
         scatter("attention", at, seconds)
     mem = kernels.memory
     if len(mem):
