@@ -160,6 +160,22 @@ def test_flash_version_refuses_other_values(bad):
         dp.Transformer(layers=2, hidden=64, heads=4, sequence=128, vocabulary=100, flash_version=bad)
 
 
+def test_cross_entropy_passes_are_megatrons():
+    # vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py at d98e8a6) over
+    # bf16 logits in fp32: forward upcast (2 + 4), max (4), subtract (8), exp (8), sum (4), divide (8);
+    # backward scale (8) and downcast (4 + 2): bytes per logit of the head's rows, 6 + 2 kernels
+    model = dp.Transformer(layers=1, hidden=200, heads=4, sequence=512, vocabulary=1024, microbatch_size=2,
+                           dropout=False)
+    tensor = 2
+    logits = 1024 * 2 * 512 / tensor
+    mem = layer_kernels(model, tensor=tensor).memory
+    head = mem[mem[:, 0] == model.layers + 1]
+    ce = head[head[:, 2] % logits == 0]  # the passes over the logits (the norm's bytes are not multiples)
+    forward, backward = ce[ce[:, 1] == 0], ce[ce[:, 1] == 1]
+    np.testing.assert_allclose(sorted(forward[:, 2] / logits), sorted([6, 4, 8, 8, 4, 8]))
+    np.testing.assert_allclose(sorted(backward[:, 2] / logits), sorted([8, 6]))
+
+
 def test_sequence_parallel_shards_the_norm_and_dropout_kernels():
     model = dp.Transformer(layers=2, hidden=1024, heads=8, sequence=512, vocabulary=1000)
     plain = layer_kernels(model, tensor=8).memory

@@ -25,9 +25,9 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   ``5 d``); rotary embedding of ``Q, K`` ``2 d (a + a_kv) d_h T / t`` each way; unfused attention's
   softmax ``2 d`` and dropout ``2 d + 1`` per score (``b a s^2 / t`` scores; backward ``3 d`` and
   ``2d + 1``); the MoE token permutation and its inverse ``2 d k' T h / (t if SP)`` each; the
-  embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits,
-  ``(d + 8) V T / t`` forward (read the logits, write and re-read the fp32 exponentials) and ``(4 +
-  d) V T / t`` backward; the fp32 gradient accumulation of every weight (Megatron-LM's
+  embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits as
+  Megatron-LM runs it, six passes forward (``(d + 36) V T / t`` bytes: upcast, max, subtract, exp,
+  sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``); the fp32 gradient accumulation of every weight (Megatron-LM's
   ``main_grad``: read and write 4 bytes per weight per microbatch) in ``W``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
   attention core's (Korthikanti et al. 2022, §4.2).
@@ -58,6 +58,17 @@ _GRAD_ACCUMULATION_BYTES = 8
 _CAUSAL = 0.5
 #: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
 _FLASH_BACKWARD = 2.5
+#: Bytes per logit of each pass of the vocabulary-parallel cross-entropy over ``d``-byte logits, as
+#: Megatron-LM runs it (``megatron/core/tensor_parallel/cross_entropy.py`` at d98e8a6), in fp32
+#: (``L = 4``): forward ``.float()`` (read ``d``, write ``L``), the row max (read), subtract it in place
+#: (read, write), ``exp`` in place, the row sum (read), divide by it in place (the softmax kept for the
+#: backward); backward: scale by the incoming gradient in place, and the cast back to ``d`` bytes for
+#: the logit matmul's backward (``.float()``'s gradient).
+def _cross_entropy_passes(d: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    L = _LOGIT_BYTES
+    return (d + L, L, 2 * L, 2 * L, L, 2 * L), (2 * L, L + d)
+
+
 #: Rate of each fused-attention generation relative to the device's (FlashAttention-2) curve:
 #: FlashAttention-2 is "around 2x" FlashAttention-1 (its paper's abstract); ``Transformer.flash_version``.
 FLASH_RATE = {1: 0.5, 2: 1.0}
@@ -216,8 +227,12 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     last = rows - 1
     out.mem(last, _F, 2 * d * h * T * rep)
     out.weight(last, T, V / t, h, 1.0, (_F, _I, _W))
-    out.mem(last, _F, (d + 2 * _LOGIT_BYTES) * V * T / t)
-    out.mem(last, _I, (_LOGIT_BYTES + d) * V * T / t)
+    logits = V * T / t
+    forward, backward = _cross_entropy_passes(d)
+    for per_logit in forward:
+        out.mem(last, _F, per_logit * logits)
+    for per_logit in backward:
+        out.mem(last, _I, per_logit * logits)
     out.mem(last, _I, 3 * d * h * T * rep)
     out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
     return out.build(rows)
