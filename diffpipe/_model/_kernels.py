@@ -27,8 +27,10 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   ``2d + 1``); the MoE token permutation and its inverse ``2 d k' T h / (t if SP)`` each; the
   embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits as
   Megatron-LM runs it, six passes forward (``(d + 36) V T / t`` bytes: upcast, max, subtract, exp,
-  sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``); the fp32 gradient accumulation of every weight (Megatron-LM's
-  ``main_grad``: read and write 4 bytes per weight per microbatch) in ``W``.
+  sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
+  the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
+  per weight per microbatch) in ``W``.
+- Fused attention runs at the device's curve times ``FLASH_RATE[model.flash_version]``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
   attention core's (Korthikanti et al. 2022, §4.2).
 

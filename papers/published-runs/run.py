@@ -695,8 +695,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out if args.out is not None else (None if args.quick or args.study else HERE)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-        (out / "results.md").write_text(markdown(results))
+        dp.write_atomic(out / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+        dp.write_atomic(out / "results.md", markdown(results))
         print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
 
 

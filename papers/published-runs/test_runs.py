@@ -280,8 +280,8 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.out if args.out is not None else (None if args.quick else HERE)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "test_results.json").write_text(json.dumps(out, indent=1) + "\n")
-        (folder / "test_results.md").write_text(markdown(out["rows"], out["summary"]))
+        dp.write_atomic(folder / "test_results.json", json.dumps(out, indent=1) + "\n")
+        dp.write_atomic(folder / "test_results.md", markdown(out["rows"], out["summary"]))
     s = out["summary"]
     for key, v in s.items():
         if isinstance(v, dict) and "mape" in v:
