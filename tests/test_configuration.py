@@ -236,3 +236,34 @@ def test_new_values_do_not_recompile():
         r = config(model, par, other).evaluate()
         math.isfinite(r.step_time)
     assert count[0] == 0
+
+
+def test_evaluate_with_jitter_samples_the_step():
+    cfg = config(par=Parallelism(tensor=2, pipeline=2, data=2))
+    plain = cfg.evaluate()
+    assert plain.expected_step_time is None and "jitter" not in plain.breakdown
+    # no randomness: every sample is the deterministic step
+    still = cfg.evaluate(jitter=dp.Jitter(0.0), samples=8)
+    assert still.expected_step_time == pytest.approx(plain.step_time, rel=1e-6)
+    assert still.breakdown["jitter"] == pytest.approx(0.0, abs=1e-6 * plain.step_time)
+    noisy = cfg.evaluate(jitter=dp.Jitter(0.1), samples=64, seed=3)
+    assert noisy.step_time == plain.step_time  # the deterministic figures are kept
+    assert plain.step_time < noisy.expected_step_time <= noisy.p95_step_time
+    assert noisy.breakdown["jitter"] == pytest.approx(noisy.expected_step_time - plain.step_time)
+    again = cfg.evaluate(jitter=dp.Jitter(0.1), samples=64, seed=3)
+    assert again.expected_step_time == noisy.expected_step_time  # the seed fixes the samples
+    # lock-step tensor ranks and data-parallel replicas: the slowest of more draws lasts longer
+    wider = config(par=Parallelism(tensor=8, pipeline=1, data=1), clu=cluster(8))
+    narrow = config(par=Parallelism(tensor=1, pipeline=1, data=1), clu=cluster(1))
+    excess = [c.evaluate(jitter=dp.Jitter(0.1), samples=256).breakdown["jitter"] / c.evaluate().step_time
+              for c in (narrow, wider)]
+    assert excess[1] > excess[0]
+    json.loads(noisy.to_json())
+
+
+@pytest.mark.parametrize("bad, culprit", [(dict(jitter=0.1), "jitter must be a dp.Jitter"),
+                                          (dict(jitter=dp.Jitter(0.1), samples=0), "samples"),
+                                          (dict(jitter=dp.Jitter(0.1), seed=-1), "seed")])
+def test_evaluate_refuses_bad_jitter_arguments(bad, culprit):
+    with pytest.raises(dp.ConfigError, match=culprit):
+        config().evaluate(**bad)

@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -142,6 +143,39 @@ def test_flash_attention_runs_half_the_counted_core_flops():
     assert executed == pytest.approx(0.5 * counted, rel=1e-9)  # the causal mask skips half the blocks
 
 
+def test_flash_version_1_runs_attention_at_half_the_rate():
+    # same kernels and FLOPs; FlashAttention-1 (and its Triton kernel) at half FlashAttention-2's rate
+    v2 = dp.presets.model("llama-3-8b", sequence=4096, flash_attention=True)
+    v1 = dp.presets.model("llama-3-8b", sequence=4096, flash_attention=True, flash_version=1)
+    device = dp.presets.device("A100")
+    t1, t2 = (kernel_times(layer_kernels(m), device) for m in (v1, v2))
+    chex.assert_trees_all_close(t1["attention"], 2 * t2["attention"], rtol=1e-6)
+    chex.assert_trees_all_close({k: t1[k] for k in ("gemm", "memory", "launch")},
+                                {k: t2[k] for k in ("gemm", "memory", "launch")})
+
+
+@pytest.mark.parametrize("bad", [0, 3, True, "2"])
+def test_flash_version_refuses_other_values(bad):
+    with pytest.raises(dp.ConfigError, match="flash_version must be 1 or 2"):
+        dp.Transformer(layers=2, hidden=64, heads=4, sequence=128, vocabulary=100, flash_version=bad)
+
+
+def test_cross_entropy_passes_are_megatrons():
+    # vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py at d98e8a6) over
+    # bf16 logits in fp32: forward upcast (2 + 4), max (4), subtract (8), exp (8), sum (4), divide (8);
+    # backward scale (8) and downcast (4 + 2): bytes per logit of the head's rows, 6 + 2 kernels
+    model = dp.Transformer(layers=1, hidden=200, heads=4, sequence=512, vocabulary=1024, microbatch_size=2,
+                           dropout=False)
+    tensor = 2
+    logits = 1024 * 2 * 512 / tensor
+    mem = layer_kernels(model, tensor=tensor).memory
+    head = mem[mem[:, 0] == model.layers + 1]
+    ce = head[head[:, 2] % logits == 0]  # the passes over the logits (the norm's bytes are not multiples)
+    forward, backward = ce[ce[:, 1] == 0], ce[ce[:, 1] == 1]
+    np.testing.assert_allclose(sorted(forward[:, 2] / logits), sorted([6, 4, 8, 8, 4, 8]))
+    np.testing.assert_allclose(sorted(backward[:, 2] / logits), sorted([8, 6]))
+
+
 def test_sequence_parallel_shards_the_norm_and_dropout_kernels():
     model = dp.Transformer(layers=2, hidden=1024, heads=8, sequence=512, vocabulary=1000)
     plain = layer_kernels(model, tensor=8).memory
@@ -210,6 +244,22 @@ def test_tensor_overlap_is_a_fraction_of_the_collectives():
     np.testing.assert_allclose(np.asarray(half.collective_seconds()),
                                0.5 * np.asarray(plain.collective_seconds()), rtol=1e-6)
     assert half.evaluate().step_time < plain.evaluate().step_time
+
+
+@pytest.mark.parametrize("tensor", [2, 4, 8])
+def test_transformer_engine_overlap_exposes_one_chunk_of_each_pipelined_collective(tensor):
+    # 8 equal collectives a layer: 4 ring exchanges expose 1/t each, 2 pipelined reduce-scatters 1/4
+    # each (4 chunks), 2 bulk reduce-scatters nothing
+    exposed = (4 * (1 / tensor) + 2 * (1 / 4) + 2 * 0) / 8
+    assert dp.transformer_engine_tensor_overlap(tensor) == pytest.approx(1 - exposed)
+    assert dp.transformer_engine_tensor_overlap(1) == 0.0
+    dp.CommunicationOverlap(tensor=dp.transformer_engine_tensor_overlap(tensor))  # a valid fraction
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True])
+def test_transformer_engine_overlap_refuses_bad_sizes(bad):
+    with pytest.raises(dp.ConfigError, match="tensor must be a positive int"):
+        dp.transformer_engine_tensor_overlap(bad)
 
 
 def test_bucketed_sync_and_prefetch_expose_less():

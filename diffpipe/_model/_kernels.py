@@ -25,10 +25,12 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   ``5 d``); rotary embedding of ``Q, K`` ``2 d (a + a_kv) d_h T / t`` each way; unfused attention's
   softmax ``2 d`` and dropout ``2 d + 1`` per score (``b a s^2 / t`` scores; backward ``3 d`` and
   ``2d + 1``); the MoE token permutation and its inverse ``2 d k' T h / (t if SP)`` each; the
-  embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits,
-  ``(d + 8) V T / t`` forward (read the logits, write and re-read the fp32 exponentials) and ``(4 +
-  d) V T / t`` backward; the fp32 gradient accumulation of every weight (Megatron-LM's
-  ``main_grad``: read and write 4 bytes per weight per microbatch) in ``W``.
+  embedding's gather (and scatter-add); the vocabulary-parallel cross-entropy over fp32 logits as
+  Megatron-LM runs it, six passes forward (``(d + 36) V T / t`` bytes: upcast, max, subtract, exp,
+  sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
+  the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
+  per weight per microbatch) in ``W``.
+- Fused attention runs at the device's curve times ``FLASH_RATE[model.flash_version]``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
   attention core's (Korthikanti et al. 2022, §4.2).
 
@@ -58,6 +60,20 @@ _GRAD_ACCUMULATION_BYTES = 8
 _CAUSAL = 0.5
 #: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
 _FLASH_BACKWARD = 2.5
+#: Bytes per logit of each pass of the vocabulary-parallel cross-entropy over ``d``-byte logits, as
+#: Megatron-LM runs it (``megatron/core/tensor_parallel/cross_entropy.py`` at d98e8a6), in fp32
+#: (``L = 4``): forward ``.float()`` (read ``d``, write ``L``), the row max (read), subtract it in place
+#: (read, write), ``exp`` in place, the row sum (read), divide by it in place (the softmax kept for the
+#: backward); backward: scale by the incoming gradient in place, and the cast back to ``d`` bytes for
+#: the logit matmul's backward (``.float()``'s gradient).
+def _cross_entropy_passes(d: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    L = _LOGIT_BYTES
+    return (d + L, L, 2 * L, 2 * L, L, 2 * L), (2 * L, L + d)
+
+
+#: Rate of each fused-attention generation relative to the device's (FlashAttention-2) curve:
+#: FlashAttention-2 is "around 2x" FlashAttention-1 (its paper's abstract); ``Transformer.flash_version``.
+FLASH_RATE = {1: 0.5, 2: 1.0}
 
 
 class Kernels(NamedTuple):
@@ -65,7 +81,8 @@ class Kernels(NamedTuple):
 
     Attributes:
         gemm: ``[n, 7]``: row, kind, M, N, K, batch, count (kernels of that shape).
-        attention: ``[n, 5]``: row, kind, executed FLOPs, sequence, backward (0/1), per kernel; one kernel.
+        attention: ``[n, 6]``: row, kind, executed FLOPs, sequence, backward (0/1), rate (relative to the
+            device's curve: ``FLASH_RATE``), per kernel; one kernel.
         memory: ``[n, 4]``: row, kind, bytes, count.
         rows: rows of the table (``layers + 2``).
     """
@@ -111,14 +128,14 @@ class _Builder:
         if bytes > 0 and count > 0:
             self.memory.append((row, kind, bytes, count))
 
-    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool) -> None:
-        self.attention.append((row, kind, flops, sequence, float(backward)))
+    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, rate: float) -> None:
+        self.attention.append((row, kind, flops, sequence, float(backward), rate))
 
     def build(self, rows: int) -> Kernels:
         def table(x: list, width: int) -> np.ndarray:
             return np.asarray(x, np.float64).reshape(-1, width)
 
-        return Kernels(table(self.gemm, 7), table(self.attention, 5), table(self.memory, 4), rows)
+        return Kernels(table(self.gemm, 7), table(self.attention, 6), table(self.memory, 4), rows)
 
 
 def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
@@ -136,6 +153,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         kv = a  # MLA decompresses K and V per head
     heads = b * a / t  # attention (batch x heads) per device
     mask = 1.0 if model.dropout else 0.0
+    rate = FLASH_RATE[model.flash_version]
     moe = set(model.moe_blocks())
     rows = model.layers + 2
     out = _Builder()
@@ -144,7 +162,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
         for kind in kinds_fwd:
             if model.flash_attention:
-                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False)
+                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, rate)
             else:
                 out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
                 out.mem(row, kind, 2 * d * heads * s * s)  # scale-mask-softmax
@@ -153,7 +171,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if not backward:
             return
         if model.flash_attention:
-            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True)
+            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, rate)
             return
         out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
         out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
@@ -211,8 +229,12 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     last = rows - 1
     out.mem(last, _F, 2 * d * h * T * rep)
     out.weight(last, T, V / t, h, 1.0, (_F, _I, _W))
-    out.mem(last, _F, (d + 2 * _LOGIT_BYTES) * V * T / t)
-    out.mem(last, _I, (_LOGIT_BYTES + d) * V * T / t)
+    logits = V * T / t
+    forward, backward = _cross_entropy_passes(d)
+    for per_logit in forward:
+        out.mem(last, _F, per_logit * logits)
+    for per_logit in backward:
+        out.mem(last, _I, per_logit * logits)
     out.mem(last, _I, 3 * d * h * T * rep)
     out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
     return out.build(rows)
@@ -242,7 +264,7 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
         scatter("gemm", g, seconds * jnp.asarray(count, dtype))
     at = kernels.attention
     if len(at):
-        seconds = jnp.asarray(at[:, 2], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        seconds = jnp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
         scatter("attention", at, seconds)
     mem = kernels.memory
     if len(mem):

@@ -159,6 +159,11 @@ class Transformer:
             latent rank and the decoupled rotary key dimension (part of ``head_dim``).
         flash_attention: fused attention (Dao et al. 2022): no ``s x s`` tensors stored, ``Q K^T``
             recomputed in the backward.
+        flash_version: the fused kernel's generation, 2 (FlashAttention-2, Dao 2023: the device's
+            attention curve) or 1 (FlashAttention-1, and the Triton kernel of its time, whose forward
+            plus backward the FlashAttention repository's ``flash_attn_triton.py`` calls "slightly
+            slower than" FlashAttention-1's CUDA one): half the rate ("around 2x speedup compared to
+            FlashAttention", the FlashAttention-2 paper's abstract). Timing only (kernel models).
     """
 
     layers: int
@@ -193,13 +198,14 @@ class Transformer:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     flash_attention: bool = False
+    flash_version: int = 2
 
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(
         kv_heads=None, head_dim=None, v_head_dim=None, ffn_hidden=None, activation="gelu", norm="layernorm",
         positions="learned", bias=True, qkv_bias=None, qk_norm=False, dropout=True, experts=1,
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
-        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False)
+        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=2)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
@@ -244,6 +250,8 @@ class Transformer:
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
+        if self.flash_version not in (1, 2) or isinstance(self.flash_version, bool):
+            fail("flash_version", "1 or 2")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             fail("qkv_bias", "a bool or None")
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -42,6 +43,7 @@ from .. import schedules
 from .._checks import check_int
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
+from .._engine._jitter import Jitter, sample_makespans, summary
 from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
@@ -365,14 +367,36 @@ class Configuration:
         return makespan(self.graph(), self.hardware(), temperature=temperature)
 
     # -- the answer ----------------------------------------------------------------------------------
-    def evaluate(self, headroom: float = HEADROOM) -> ConfigResult:
+    def evaluate(self, headroom: float = HEADROOM, *, jitter: Jitter | None = None, samples: int = 512,
+                 seed: int = 0) -> ConfigResult:
         """Simulate one step exactly (see the module docstring for every figure); ``fits`` keeps
-        ``headroom`` of the memory free."""
+        ``headroom`` of the memory free.
+
+        With ``jitter`` (a ``dp.Jitter``: per-kind coefficients of variation, stragglers) the step is
+        also sampled ``samples`` times by batched Monte Carlo (``dp.sample_makespans``, key
+        ``jax.random.key(seed)``): each op's ranks of a tensor-parallel group run in lock-step (the
+        ``Jitter``'s ``group`` is the tensor size times its own), the ``data`` replicas of the
+        pipeline end together at the gradient sync (``replicas = data``). The result then carries
+        ``expected_step_time`` and ``p95_step_time``, and the breakdown's ``jitter`` entry is the
+        expected step less the deterministic one; every other figure stays the deterministic step's.
+        """
         schedule = self.schedule()
-        result = simulate(self.graph(schedule), self.hardware())
+        graph, hardware = self.graph(schedule), self.hardware()
+        result = simulate(graph, hardware)
         result = dataclasses.replace(result, ops=schedule.ops, staleness=schedule_staleness(schedule))
-        figures = self.figures(schedule, float(result.makespan), float(result.bubble_ratio), result.peak_memory,
-                               headroom)
+        step = float(result.makespan)
+        figures = self.figures(schedule, step, float(result.bubble_ratio), result.peak_memory, headroom)
+        if jitter is not None:
+            if not isinstance(jitter, Jitter):
+                raise ConfigError(f"evaluate: jitter must be a dp.Jitter, got {type(jitter).__name__}")
+            check_int("evaluate: seed", seed, 0)
+            lockstep = Jitter(forward=jitter.cv[0], backward=jitter.cv[1], input_grad=jitter.cv[2],
+                              weight=jitter.cv[3], slow_fraction=jitter.slow_fraction,
+                              slow_factor=jitter.slow_factor, group=jitter.group * self.parallelism.tensor)
+            times = summary(sample_makespans(graph, hardware, lockstep, key=jax.random.key(seed), samples=samples,
+                                             replicas=self.parallelism.data))
+            figures |= dict(expected_step_time=times["mean"], p95_step_time=times["p95"])
+            figures["breakdown"]["jitter"] = times["mean"] - step
         return ConfigResult(**figures, result=result, headroom=headroom)
 
     def figures(self, schedule: Schedule, step: float, bubble_ratio: float, memory: Any,
@@ -442,9 +466,11 @@ class ConfigResult:
             ``KernelModel``), ``exposed_<kind>`` per collective kind left on the ops' critical path
             (``tensor``, ``expert``, ``gather``: ZeRO-3 parameter all-gathers), and ``bubble``
             (``bubble_ratio x step_time``). What remains of the step (optimizer, gradient sync tail,
-            pipeline transfers) is ``step_time`` less the rest. A later op-time jitter model adds its
-            own entry here.
+            pipeline transfers) is ``step_time`` less the rest. With ``evaluate(jitter=...)``,
+            ``jitter``: the expected step less the deterministic one.
         result: the simulated step (``diffpipe.Result``, the schedule's ops).
+        expected_step_time, p95_step_time: the mean and 95th percentile of the sampled steps
+            (``evaluate(jitter=...)``; ``None`` without jitter).
     """
 
     step_time: float
@@ -463,6 +489,8 @@ class ConfigResult:
     result: Result
     headroom: float = HEADROOM
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    expected_step_time: float | None = None
+    p95_step_time: float | None = None
 
     @property
     def usable(self) -> float:

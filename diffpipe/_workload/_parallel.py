@@ -246,6 +246,28 @@ class CommunicationOverlap:
             raise ConfigError(f"overlap: prefetch must be a bool, got {self.prefetch!r}")
 
 
+def transformer_engine_tensor_overlap(tensor: int) -> float:
+    """The fraction of tensor-parallel collective time Transformer Engine's userbuffer overlap hides
+    (Megatron-LM ``--tp-comm-overlap``), for ``CommunicationOverlap.tensor``.
+
+    Transformer Engine's default configuration (``transformer_engine/pytorch/module/base.py``,
+    ``initialize_ub``, ``methods`` and ``get_default_config``) runs the eight collectives of a layer
+    three ways: the forward all-gathers before the QKV and FC1 GEMMs and the backward all-gathers
+    before the projection's and FC2's input-gradient GEMMs as a *ring exchange* in ``tensor`` chunks,
+    each chunk's transfer under the previous chunk's GEMM, so the first chunk's ``1 / tensor`` is
+    exposed; the forward reduce-scatters after the projection and FC2 *pipelined* in 4 chunks, the
+    last chunk's ``1 / 4`` exposed; the backward reduce-scatters of QKV's and FC1's input gradients
+    *in bulk* under the independent weight-gradient GEMM, hidden. With the collectives of equal size
+    (sequence parallelism: every one moves ``b s h`` elements) the exposed fraction is
+    ``(4 / tensor + 2 / 4) / 8``. It assumes each chunk's GEMM is at least as long as its transfer
+    (NVLink inside a node); where it is not, the model overstates the overlap."""
+    if isinstance(tensor, bool) or not isinstance(tensor, (int, np.integer)) or tensor < 1:
+        raise ConfigError(f"transformer_engine_tensor_overlap: tensor must be a positive int, got {tensor!r}")
+    if tensor == 1:
+        return 0.0
+    return 1.0 - (4.0 / tensor + 2.0 / 4.0) / 8.0
+
+
 class Placement(NamedTuple):
     """Where each group of a ``Parallelism`` sits on a ``Cluster`` (Megatron-LM's rank order
     ``tp-cp-ep-dp-pp``, tensor innermost, then context).

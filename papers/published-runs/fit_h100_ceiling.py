@@ -23,6 +23,7 @@ from pathlib import Path
 import equinox as eqx
 import numpy as np
 
+import diffpipe as dp
 from diffpipe._machine import _presets
 
 HERE = Path(__file__).resolve().parent
@@ -35,11 +36,16 @@ STUDIES = ("megatron_h100", "llama3_table4")
 TRIALS = (1.0, 0.7)
 
 
-def errors(alpha: float, base: _presets.DeviceSpec) -> list[float]:
-    km = base.kernels
-    km = eqx.tree_at(lambda k: (k.gemm_efficiency, k.attention_efficiency), km,
-                     (km.gemm_efficiency * alpha, km.attention_efficiency * alpha))
-    _presets.DEVICES["H100"] = base._replace(kernels=km)
+def scaled(km: _presets.KernelModel, alpha: float) -> _presets.KernelModel:
+    """``km`` with its GEMM and attention ceilings times ``alpha``."""
+    return eqx.tree_at(lambda k: (k.gemm_efficiency, k.attention_efficiency), km,
+                       (km.gemm_efficiency * alpha, km.attention_efficiency * alpha))
+
+
+def errors(alpha: float, unscaled: _presets.KernelModel) -> list[float]:
+    """Signed errors of every FIT H100 row with the benchmarks' ceilings scaled by ``alpha``."""
+    base = _presets.KERNELS["H100"]
+    _presets.KERNELS["H100"] = scaled(unscaled, alpha)
     try:
         out = []
         for study in STUDIES:
@@ -49,21 +55,18 @@ def errors(alpha: float, base: _presets.DeviceSpec) -> list[float]:
                 out.append(r["error"])
         return out
     finally:
-        _presets.DEVICES["H100"] = base
+        _presets.KERNELS["H100"] = base
 
 
 def main() -> dict:
-    base = _presets.DEVICES["H100"]
-    unscaled = base.kernels.gemm_efficiency / _presets.H100_CEILING
-    base = base._replace(kernels=eqx.tree_at(lambda k: (k.gemm_efficiency, k.attention_efficiency), base.kernels,
-                                             (unscaled, base.kernels.attention_efficiency / _presets.H100_CEILING)))
-    trials = {alpha: errors(alpha, base) for alpha in TRIALS}
+    unscaled = scaled(_presets.KERNELS["H100"], 1.0 / _presets.H100_CEILING)
+    trials = {alpha: errors(alpha, unscaled) for alpha in TRIALS}
     (a0, e0), (a1, e1) = ((a, float(np.mean(np.log1p(e)))) for a, e in trials.items())
     slope = (e1 - e0) / (np.log(a1) - np.log(a0))
     alpha = float(np.exp(np.log(a0) - e0 / slope))
     out = dict(alpha=round(alpha, 4), studies=STUDIES, trials={str(a): e for a, e in trials.items()},
                mean_log_error={str(a0): e0, str(a1): e1})
-    (HERE / "fit_h100_ceiling.json").write_text(json.dumps(out, indent=1) + "\n")
+    dp.write_atomic(HERE / "fit_h100_ceiling.json", json.dumps(out, indent=1) + "\n")
     print(f"alpha = {alpha:.4f}")
     return out
 

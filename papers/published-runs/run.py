@@ -70,8 +70,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "memory-bound kernels at STREAM bandwidth; attention through the FlashAttention-2/3 papers' points); "
         "collectives at the links' measured NCCL bus bandwidth (fit_collectives.py), hierarchical over nodes.",
         "Communication mode 'overlap' (transfers and the gradient sync overlap compute); tensor-parallel "
-        "collectives sit on the critical path of their op (CommunicationOverlap.tensor = 0 everywhere: no run states "
-        "--tp-comm-overlap). The gradient sync overlaps the backward bucket by bucket where the framework does "
+        "collectives sit on the critical path of their op (CommunicationOverlap.tensor = 0) except where the "
+        "source states --tp-comm-overlap (Megatron-LM's README: dp.transformer_engine_tensor_overlap, Transformer "
+        "Engine's default chunking). The gradient sync overlaps the backward bucket by bucket where the framework does "
         "(Megatron-LM 2024 README and Llama 3: --overlap-grad-reduce buckets; torchtitan: FSDP per block with "
         "prefetch) and not in the 2021-22 Megatron runs (Korthikanti §6.3).",
         "The data-parallel gradient sync and optimizer step are part of the step only where diffpipe's compile "
@@ -126,8 +127,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "131,072, sequence 4,096; microbatch size 1, selective recomputation, sequence parallelism where "
         "tensor > 1, 1F1B without virtual stages, the distributed optimizer (zero=1): the README gives none of "
         "these.",
-        "The README's communication overlaps (DP, TP, PP) are stronger than diffpipe's: TP collectives are not "
-        "overlapped here.",
+        "The README's communication overlaps: DP as --overlap-grad-reduce buckets, TP (--tp-comm-overlap) as "
+        "Transformer Engine's default userbuffer chunking (dp.transformer_engine_tensor_overlap: 69% of the TP "
+        "collectives hidden at tensor 2, 81% at 4, 88% at 8); PP transfers overlap in the 'overlap' mode.",
     ],
     "sc21_orderings": [
         "Each figure's configuration is the authors' run_figure_*.sh (GPT as in sc21, full recomputation, "
@@ -349,7 +351,9 @@ def megatron_h100() -> list[Row]:
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
                                  zero=1, sequence_parallel=r["tp"] > 1,
-                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
+                                 overlap=dp.CommunicationOverlap(
+                                     tensor=dp.transformer_engine_tensor_overlap(r["tp"]),
+                                     data_bucket=megatron_bucket(r["dp"])))
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -691,8 +695,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out if args.out is not None else (None if args.quick or args.study else HERE)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-        (out / "results.md").write_text(markdown(results))
+        dp.write_atomic(out / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+        dp.write_atomic(out / "results.md", markdown(results))
         print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
 
 

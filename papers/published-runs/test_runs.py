@@ -48,8 +48,10 @@ JEAN_ZAY = dict(device="A100", devices_per_node=8, intra="nvlink3", inter=(6.25e
 TEST_ASSUMPTIONS = {
     "llm_foundry": [
         "MPT as in its yamls (test_data.toml config_source): LayerNorm, GeLU MLP (4h), no biases, tied embeddings, "
-        "learned positions (the table's NumParams grows with the sequence), vocabulary 50368, no dropout, flash "
-        "attention, bf16 weights and activations (amp_bf16 and bf16 priced alike).",
+        "learned positions (the table's NumParams grows with the sequence), vocabulary 50368, no dropout, "
+        "bf16 weights and activations (amp_bf16 and bf16 priced alike). Attention: MPT's Triton flash-attention "
+        "kernel (attn_impl 'triton', the default of submit_benchmarks.py, which sweep.sh does not override, at "
+        "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
         "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule); "
         "the H100s are SXM parts on 400 Gb/s InfiniBand per GPU (the README says neither).",
@@ -120,7 +122,7 @@ def llm_foundry() -> list[Row]:
                 continue
             model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                    vocabulary=50368, microbatch_size=r["mbs"], recompute=r["recompute"], bias=False,
-                                   dropout=False, flash_attention=True)
+                                   dropout=False, flash_attention=True, flash_version=1)
             cluster = MOSAIC_H100 if device == "H100" else dict(MOSAIC_A100, device=device)
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
 
@@ -278,8 +280,8 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.out if args.out is not None else (None if args.quick else HERE)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "test_results.json").write_text(json.dumps(out, indent=1) + "\n")
-        (folder / "test_results.md").write_text(markdown(out["rows"], out["summary"]))
+        dp.write_atomic(folder / "test_results.json", json.dumps(out, indent=1) + "\n")
+        dp.write_atomic(folder / "test_results.md", markdown(out["rows"], out["summary"]))
     s = out["summary"]
     for key, v in s.items():
         if isinstance(v, dict) and "mape" in v:
