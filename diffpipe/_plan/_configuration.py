@@ -375,7 +375,8 @@ class Configuration:
         With ``jitter`` (a ``dp.Jitter``: per-kind coefficients of variation, stragglers) the step is
         also sampled ``samples`` times by batched Monte Carlo (``dp.sample_makespans``, key
         ``jax.random.key(seed)``): each op's ranks of a tensor-parallel group run in lock-step (the
-        ``Jitter``'s ``group`` is the tensor size times its own), the ``data`` replicas of the
+        ``Jitter``'s ``group`` is the tensor size times its own; with context parallelism, times the
+        context size: the ring attention couples those ranks every layer), the ``data`` replicas of the
         pipeline end together at the gradient sync (``replicas = data``). The result then carries
         ``expected_step_time`` and ``p95_step_time``, and the breakdown's ``jitter`` entry is the
         expected step less the deterministic one; every other figure stays the deterministic step's.
@@ -392,7 +393,8 @@ class Configuration:
             check_int("evaluate: seed", seed, 0)
             lockstep = Jitter(forward=jitter.cv[0], backward=jitter.cv[1], input_grad=jitter.cv[2],
                               weight=jitter.cv[3], slow_fraction=jitter.slow_fraction,
-                              slow_factor=jitter.slow_factor, group=jitter.group * self.parallelism.tensor)
+                              slow_factor=jitter.slow_factor,
+                              group=jitter.group * self.parallelism.tensor * self.parallelism.context)
             times = summary(sample_makespans(graph, hardware, lockstep, key=jax.random.key(seed), samples=samples,
                                              replicas=self.parallelism.data))
             figures |= dict(expected_step_time=times["mean"], p95_step_time=times["p95"])
