@@ -83,8 +83,8 @@ data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activat
   in TransformerEngine's loop), so only what exceeds it is exposed. Recomputation that re-runs the
   attention core re-runs its forward ring in ``I``. Parameters are not split by ``c``: the gradients
   are all-reduced, and ZeRO shards, over the ``N_d c`` ranks of the data and context groups together
-  (Megatron-LM ``get_data_parallel_group(with_context_parallel=True)``; torchtitan's FSDP mesh
-  includes ``cp``).
+  (Megatron-LM's ``dp_cp_group``, ``get_data_parallel_group(with_context_parallel=True)`` in
+  ``megatron/core/distributed/``; torchtitan's FSDP mesh includes ``cp``).
 - Optimizer step: Adam reads each owned parameter's gradient (``d``) and optimizer state (``K``) and
   writes the state and the new weights (``K + d``): ``2(K + d)`` bytes of memory traffic per owned
   parameter (``Psi / N_d`` with ZeRO >= 1), over the device's memory bandwidth (a memory-bound
