@@ -9,10 +9,11 @@ rejected. The search:
 1. **Enumerate** every combination (``explored``). Structural constraints reject without
    computing anything: sizes multiplying to the GPU count, a tensor group inside a node dividing
    the heads (``Parallelism.check``, ``placement``), ``pipeline x virtual`` stages within the
-   model's layers, a global batch divisible by ``microbatch_size x data``.
+   model's layers, a global batch divisible by ``microbatch_size x data``, a context size dividing
+   ``gpus / (tensor x pipeline)`` (``rejected["context"]``; the sizes searched: ``context``).
 2. **Closed forms, per device, before simulating** (numpy over the per-layer table of
-   ``diffpipe._workload._parallel.parallel_costs``, computed once per tensor/expert/data/ZeRO/sequence-parallel
-   and microbatch-size/recompute variant; stage sums are cumulative sums over the uniform split):
+   ``diffpipe._workload._parallel.parallel_costs``, computed once per tensor/expert/data/ZeRO/sequence-parallel/
+   context and microbatch-size/recompute variant; stage sums are cumulative sums over the uniform split):
    - memory: static bytes (ZeRO applied) plus one microbatch's activations of the device's
      smallest stage must fit the capacity less the headroom (a lower bound on the simulated peak);
      once the schedule is built, its exact peak count of stored activations (``peak_activations``)
