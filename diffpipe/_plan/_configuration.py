@@ -3,10 +3,11 @@
 ``Configuration(model, parallelism, cluster, global_batch, schedule="1f1b")`` builds the pipeline
 schedule (``devices = pipeline``; ``chunks = virtual`` for families with chunks; ``microbatches =
 global_batch / (microbatch_size x data)``), the per-device ``Workload`` of ``diffpipe._workload._parallel``
-(tensor/expert-sharded FLOPs in seconds, the tensor, expert and ZeRO-3 collectives each op waits
-for added to its duration, ZeRO static bytes, data-parallel gradient bytes, optimizer-step traffic
-over memory bandwidth), its ``Hardware``, and ``evaluate()`` simulates one step of one pipeline
-(all ``data`` replicas run the same one) and reports:
+(tensor/context/expert-sharded FLOPs in seconds, the tensor, expert and ZeRO-3 collectives and the
+context ring's exposed transfers each op waits for added to its duration, ZeRO static bytes,
+data-parallel gradient bytes, optimizer-step traffic over memory bandwidth), its ``Hardware``, and
+``evaluate()`` simulates one step of one pipeline (all ``data`` replicas, and the ``context`` ranks
+of each stage, run the same one) and reports:
 
 - ``step_time``: the makespan, seconds, the gradient sync of every stage over its data-parallel
   group and the optimizer steps included (``compile(..., gradient_sync=True)``: docs/architecture.md);
