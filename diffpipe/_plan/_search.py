@@ -188,7 +188,7 @@ class PlanTable:
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
         row = self._row(i)
-        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism)})
+        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row})
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
@@ -216,7 +216,7 @@ class PlanTable:
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
             family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            cells.append((family, r["tensor"], r["context"], r["pipeline"], r["data"], r["virtual"], r["expert"],
+            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], r["expert"],
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
                           f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
@@ -868,7 +868,8 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     if row["pipeline"] * row["virtual"] < 2:
         return None
     c = _Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
-                   row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"], row["context"])
+                   row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"],
+                   row.get("context", 1))
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
                         communication=communication)
