@@ -342,3 +342,19 @@ def test_cli_simulate_of_a_configuration_traces_its_sync(tmp_path):
     data = json.loads(out.read_text())
     kinds = Counter(e["cat"] for e in data["traceEvents"] if e["ph"] == "X")
     assert kinds["R"] == 2 and kinds["U"] == 2 and data["otherData"]["gradient_sync"] is True
+
+
+def test_gantt_draws_the_configurations_breakdown_as_one_stacked_bar():
+    model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=256, vocabulary=2048, flash_attention=True)
+    cfg = dp.Configuration(model, dp.Parallelism(tensor=2, pipeline=2, data=1), dp.Cluster("H100", gpus=4), 8)
+    r = cfg.evaluate()
+    fig = gantt(r.result, cfg.hardware(), schedule=cfg.schedule(), gradient_sync=r.gradient_sync,
+                breakdown=r.breakdown)
+    bar = fig.axes[-1]
+    widths = {" ".join(c.get_label().split(" ")[:-2]): c.patches[0].get_width() for c in bar.containers}
+    scale = 1e3 if r.step_time < 1 else 1.0  # the chart's unit: ms below a second
+    # the segments tile the step: every positive part of the breakdown, and the rest as "other"
+    assert sum(p.get_width() for p in bar.patches) == pytest.approx(r.step_time * scale, rel=1e-6)
+    assert widths["compute gemm"] == pytest.approx(r.breakdown["compute_gemm"] * scale, rel=1e-6)
+    assert len(fig.axes) == 3  # chart, memory, breakdown
+    assert len(gantt(r.result, cfg.hardware(), schedule=cfg.schedule(), gradient_sync=True).axes) == 2

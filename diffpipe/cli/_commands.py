@@ -74,7 +74,8 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
         schedule = cfg.schedule()
         if outputs:
             bar.stage("drawing")
-            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync))
+            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync,
+                                 result.breakdown))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:

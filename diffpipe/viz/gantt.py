@@ -16,6 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ._timeline import Timeline, check_paths, timeline, write_atomic
 
 #: One colour per op kind (colour-blind-safe Okabe-Ito palette) and for transfers.
@@ -57,8 +59,40 @@ def _label(op: Any, schedule: Any) -> str:
     return text + "'" * op.pipeline
 
 
-def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows: bool = True):
-    """A matplotlib ``Figure`` of ``tl`` (see the module docstring)."""
+#: Colours of the breakdown bar's segments (``ConfigResult.breakdown`` keys; "other" is the rest of the step).
+_BREAKDOWN_COLORS = {
+    "compute_gemm": "#1f77b4", "compute_attention": "#9467bd", "compute_memory": "#17becf",
+    "compute_launch": "#7f7f7f", "compute_roofline": "#1f77b4", "exposed_tensor": "#d62728",
+    "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "bubble": "#dddddd", "jitter": "#bcbd22",
+    "other": "#8c564b",
+}
+
+
+def _breakdown_bar(ax: Any, breakdown: dict[str, float], step: float, scale: float, unit: str) -> None:
+    """One horizontal bar of the step split into ``breakdown``'s parts (seconds per pipeline rank),
+    the remainder of ``step`` as "other" (optimizer, gradient-sync tail, pipeline transfers)."""
+    parts = {k: float(v) for k, v in breakdown.items() if float(v) > 0 and k != "jitter"}
+    rest = step - sum(parts.values())
+    if rest > 1e-9 * step:
+        parts["other"] = rest
+    if float(breakdown.get("jitter", 0.0)) > 0:
+        parts["jitter"] = float(breakdown["jitter"])  # beyond the deterministic step
+    left = 0.0
+    for name, seconds in parts.items():
+        ax.barh(0, seconds * scale, left=left, color=_BREAKDOWN_COLORS.get(name, "#444444"), edgecolor="white",
+                height=0.6, label=f"{name.replace('_', ' ')} {seconds * scale:.3g} {unit}")
+        left += seconds * scale
+    ax.set_xlim(0, max(ax.get_xlim()[1], left * 1.01))  # the expected step with jitter runs past the step
+    ax.set_yticks([0], ["step"], fontsize=8)
+    ax.set_ylim(-0.6, 0.6)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.3), fontsize=6, frameon=False, ncol=2)
+    ax.grid(axis="x", linewidth=0.3, alpha=0.5)
+
+
+def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows: bool = True,
+         breakdown: dict[str, float] | None = None):
+    """A matplotlib ``Figure`` of ``tl`` (see the module docstring); ``breakdown``
+    (``ConfigResult.breakdown``) adds a stacked bar of where the step goes."""
     # A bare Figure with the Agg canvas: no pyplot, so no global backend or figure state is touched.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -74,12 +108,14 @@ def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows:
     width = min(24.0, max(9.0, 6.0 + n_ops / 25))
     top_h = 0.42 * len(rows) + 1.2
     mem_h = 2.4 if memory else 0.0
-    fig = Figure(figsize=(width, top_h + mem_h), layout="constrained")
+    bar_h = 1.2 if breakdown else 0.0
+    heights = [h for h in (top_h, mem_h, bar_h) if h]
+    fig = Figure(figsize=(width, sum(heights)), layout="constrained")
     FigureCanvasAgg(fig)
-    if memory:
-        ax, axm = fig.subplots(2, 1, sharex=True, height_ratios=[top_h, mem_h])
-    else:
-        ax, axm = fig.subplots(1, 1), None
+    axes = list(np.atleast_1d(fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)))
+    ax = axes.pop(0)
+    axm = axes.pop(0) if memory else None
+    axb = axes.pop(0) if breakdown else None
 
     # Text fits in a box when its width exceeds the text's (about 0.6 em per character).
     axis_points = width * 72 * 0.85
@@ -159,9 +195,9 @@ def draw(tl: Timeline, *, title: str | None = None, memory: bool = True, arrows:
         axm.grid(linewidth=0.3, alpha=0.5)
         axm.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False,
                    ncol=1 if s.devices <= 8 else 2)
-        axm.set_xlabel(f"time ({unit})", fontsize=8)
-    else:
-        ax.set_xlabel(f"time ({unit})", fontsize=8)
+    if axb is not None:
+        _breakdown_bar(axb, breakdown, span, scale, unit)
+    (axb if axb is not None else axm if axm is not None else ax).set_xlabel(f"time ({unit})", fontsize=8)
     return fig
 
 
@@ -176,6 +212,7 @@ def gantt(
     arrows: bool = True,
     dpi: int = DEFAULT_DPI,
     gradient_sync: bool = False,
+    breakdown: dict[str, float] | None = None,
 ):
     """Draw a Gantt chart of one simulated step.
 
@@ -193,13 +230,15 @@ def gantt(
         gradient_sync: simulate (or, for a ``Result``, expect: pass ``hw``) the step with the
             data-parallel gradient sync (``simulate``'s flag; what ``Configuration.evaluate``
             simulates) and draw its ``R`` on a sync row per device and its ``U`` on the device rows.
+        breakdown: a ``ConfigResult.breakdown`` (``Configuration.evaluate()``): a stacked bar under
+            the chart of where the step goes (kernel classes, exposed collectives, bubble, the rest).
 
     Returns:
         The written ``Path``s (a list), or the matplotlib ``Figure`` when ``path`` is None.
     """
     paths = None if path is None else check_paths(path, (".png", ".svg"), "gantt")
     tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync)
-    fig = draw(tl, title=title, memory=memory, arrows=arrows)
+    fig = draw(tl, title=title, memory=memory, arrows=arrows, breakdown=breakdown)
     if paths is None:
         return fig
     for p in paths:
