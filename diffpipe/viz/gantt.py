@@ -63,7 +63,8 @@ def _label(op: Any, schedule: Any) -> str:
 _BREAKDOWN_COLORS = {
     "compute_gemm": "#1f77b4", "compute_attention": "#9467bd", "compute_memory": "#17becf",
     "compute_launch": "#7f7f7f", "compute_roofline": "#1f77b4", "exposed_tensor": "#d62728",
-    "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "bubble": "#dddddd", "jitter": "#bcbd22",
+    "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "exposed_context": "#2ca02c", "bubble": "#dddddd",
+    "jitter": "#bcbd22",
     "other": "#8c564b",
 }
 
