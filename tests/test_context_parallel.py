@@ -317,3 +317,16 @@ def test_cli_bad_cp_is_one_line_and_exit_2(tiny, extra, message):
     code, out, err = run(["simulate", "--hf-config", tiny, "--sequence", "4096", "--global-batch", "24", *extra])
     assert code == 2, (out, err)
     assert message in err and err.count("\n") == 1, err
+
+
+def test_toml_context_key_is_the_flag(tiny, tmp_path):
+    config = tmp_path / "cp.toml"
+    config.write_text(f'[training]\nhf_config = "{tiny}"\nsequence = 4096\nglobal_batch = 8\n'
+                      "[parallelism]\ntensor = 2\ncontext = 2\n[cluster]\ngpus = 8\n")
+    code, out, err = run(["simulate", "--config", config, "--json"])
+    assert code == 0, err
+    by_file = json.loads(out)
+    code, out, err = run(["simulate", "--hf-config", tiny, "--sequence", "4096", "--global-batch", "8", "--tp", "2",
+                          "--cp", "2", "--gpus", "8", "--json"])
+    assert code == 0, err
+    assert by_file["context"] == 2 and by_file["step_time_s"] == json.loads(out)["step_time_s"]
