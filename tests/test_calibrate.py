@@ -297,6 +297,38 @@ def test_a_full_backward_hardware_refuses_split_schedules():
     chex.assert_trees_all_close(np.asarray(hw.input_grad), np.asarray([2.25, 2.25]))
 
 
+def test_an_unsplit_workload_or_sweep_refuses_split_schedules():
+    # The other ways a full-backward calibration reaches the cost model: its Workload (optimize, or
+    # Workload.hardware) and a sweep over its Hardware (whose stacked leaves lose the flag). Each
+    # must refuse I/W ops in one line, not price I as the whole backward and W as free.
+    cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], overhead=0.1)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    for workload in (cal.workload(), cal.workload(gpipe)):
+        assert not workload.split_known
+        hw = workload.hardware(workload.default_boundaries(2))
+        for run, args in ((dp.optimize, (zb, workload, dp.StageBalance(2))), (dp.simulate, (zb, hw))):
+            with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
+                run(*args)
+            assert "\n" not in str(info.value)
+        assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    # a calibration that measured the split still gives an unsplit table for a full-backward schedule
+    measured = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], input_grad=[1.0, 1.0], weight=[1.5, 1.5])
+    assert not measured.workload(gpipe).split_known and measured.workload(zb).split_known
+    split = cal.workload(weight_fraction=0.25)
+    assert split.split_known and [float(x) for x in split.weight] == pytest.approx([0.75, 0.75])
+    assert dp.optimize(zb, split, dp.StageBalance(2), steps=2).plan.layers_per_stage == (1, 1)
+    # a sweep skips the split schedule with the reason and prices the others
+    result = dp.sweep(cal.hardware(), families=[], schedules=[gpipe, zb])
+    assert list(result.columns["family"]) == ["gpipe"]
+    assert float(result.columns["makespan"][0]) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    assert [s["family"] for s in result.skipped] == ["zb-h1"] and "knows only full backwards" in \
+        result.skipped[0]["reason"]
+    with pytest.raises(dp.ConfigError, match="no combination .* knows only full backwards"):
+        dp.sweep(cal.hardware(), families=[], schedules=[zb])
+    both = dp.sweep(cal.hardware(weight_fraction=0.25), families=[], schedules=[gpipe, zb])
+    assert list(both.columns["family"]) == ["gpipe", "zb-h1"]
+
+
 def test_the_split_of_a_full_backward_from_a_probe_or_the_model():
     full = calibrate.from_measurements([1.0, 1.0], [3.0, 8.0])
     # a probe of the same stages (profile_stages' convention: stage 0 has no I), split costs more than B
