@@ -555,6 +555,7 @@ def real_run(tmp_path_factory):
         run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
         run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
+        run.job("looped", "LoopedBFS", microbatches=4, stages_per_rank=4, width=16),  # 8 stages, 4 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -615,11 +616,14 @@ def test_real_run_calibrates_and_predicts(real_run, name):
 
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
-                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b"))])
+                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
+                                             ("looped", ("LoopedBFS", "looped-bfs"))])
 def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
                                                                          schedules):
-    # 2 ranks holding 2 stages each (a V and a loop): the schedule is sized by ranks, not stages
+    # 2 ranks holding 2 stages each (a V and a loop), or 4 each (a loop of 8 stages): the schedule is
+    # sized by ranks, not stages
     work, failure = real_run
+    stages = 8 if name == "looped" else 4
     files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
     if not all(Path(f).exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
@@ -627,7 +631,7 @@ def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_ru
         out = tmp_path / f"{schedule}.toml"
         assert cli.main(["calibrate", *files, "--schedule", schedule, "--out", str(out)]) == 0, \
             capsys.readouterr().err
-        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == 4
+        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == stages
     capsys.readouterr()
     # a schedule of the wrong shape is still refused, in one line
     assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
