@@ -695,5 +695,12 @@ def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys)
         from_torch("zb-h1", 2, 2), mode="torch-runtime")
     assert data["predictions"] == [{"schedule": "zb-h1", "step_s": pytest.approx(expected), "why": None}]
     assert tomllib.loads(out.read_text())["network"]["mode"] == "torch-runtime"
+    # the file it wrote reads back in torch-runtime mode: the CLI's simulate prices as the calibration does
+    split = calibrate.from_torch_trace(files, model=dp.presets.model("llama-3-8b"))
+    zb = get("zb-h1", devices=2, microbatches=2)
+    assert cli.main(["simulate", "zb-h1", "--devices", "2", "--microbatches", "2", "--json", "--config",
+                     str(out)]) == 0
+    got = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert got == pytest.approx(split.predict(zb, mode="torch-runtime"), rel=1e-6)
     assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
     assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()
