@@ -297,6 +297,38 @@ def test_a_full_backward_hardware_refuses_split_schedules():
     chex.assert_trees_all_close(np.asarray(hw.input_grad), np.asarray([2.25, 2.25]))
 
 
+def test_an_unsplit_workload_or_sweep_refuses_split_schedules():
+    # The other ways a full-backward calibration reaches the cost model: its Workload (optimize, or
+    # Workload.hardware) and a sweep over its Hardware (whose stacked leaves lose the flag). Each
+    # must refuse I/W ops in one line, not price I as the whole backward and W as free.
+    cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], overhead=0.1)
+    gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
+    for workload in (cal.workload(), cal.workload(gpipe)):
+        assert not workload.split_known
+        hw = workload.hardware(workload.default_boundaries(2))
+        for run, args in ((dp.optimize, (zb, workload, dp.StageBalance(2))), (dp.simulate, (zb, hw))):
+            with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
+                run(*args)
+            assert "\n" not in str(info.value)
+        assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    # a calibration that measured the split still gives an unsplit table for a full-backward schedule
+    measured = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], input_grad=[1.0, 1.0], weight=[1.5, 1.5])
+    assert not measured.workload(gpipe).split_known and measured.workload(zb).split_known
+    split = cal.workload(weight_fraction=0.25)
+    assert split.split_known and [float(x) for x in split.weight] == pytest.approx([0.75, 0.75])
+    assert dp.optimize(zb, split, dp.StageBalance(2), steps=2).plan.layers_per_stage == (1, 1)
+    # a sweep skips the split schedule with the reason and prices the others
+    result = dp.sweep(cal.hardware(), families=[], schedules=[gpipe, zb])
+    assert list(result.columns["family"]) == ["gpipe"]
+    assert float(result.columns["makespan"][0]) == pytest.approx(cal.predict(gpipe), rel=1e-6)
+    assert [s["family"] for s in result.skipped] == ["zb-h1"] and "knows only full backwards" in \
+        result.skipped[0]["reason"]
+    with pytest.raises(dp.ConfigError, match="no combination .* knows only full backwards"):
+        dp.sweep(cal.hardware(), families=[], schedules=[zb])
+    both = dp.sweep(cal.hardware(weight_fraction=0.25), families=[], schedules=[gpipe, zb])
+    assert list(both.columns["family"]) == ["gpipe", "zb-h1"]
+
+
 def test_the_split_of_a_full_backward_from_a_probe_or_the_model():
     full = calibrate.from_measurements([1.0, 1.0], [3.0, 8.0])
     # a probe of the same stages (profile_stages' convention: stage 0 has no I), split costs more than B
@@ -523,6 +555,7 @@ def real_run(tmp_path_factory):
         run.job("1f1b", "csv", microbatches=4, csv=str(work / "1f1b.csv")),
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
         run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
+        run.job("looped", "LoopedBFS", microbatches=4, stages_per_rank=4, width=16),  # 8 stages, 4 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -583,11 +616,14 @@ def test_real_run_calibrates_and_predicts(real_run, name):
 
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
-                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b"))])
+                                             ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
+                                             ("looped", ("LoopedBFS", "looped-bfs"))])
 def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
                                                                          schedules):
-    # 2 ranks holding 2 stages each (a V and a loop): the schedule is sized by ranks, not stages
+    # 2 ranks holding 2 stages each (a V and a loop), or 4 each (a loop of 8 stages): the schedule is
+    # sized by ranks, not stages
     work, failure = real_run
+    stages = 8 if name == "looped" else 4
     files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
     if not all(Path(f).exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
@@ -595,7 +631,7 @@ def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_ru
         out = tmp_path / f"{schedule}.toml"
         assert cli.main(["calibrate", *files, "--schedule", schedule, "--out", str(out)]) == 0, \
             capsys.readouterr().err
-        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == 4
+        assert len(tomllib.loads(out.read_text())["times"]["forward"]) == stages
     capsys.readouterr()
     # a schedule of the wrong shape is still refused, in one line
     assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
@@ -659,5 +695,12 @@ def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys)
         from_torch("zb-h1", 2, 2), mode="torch-runtime")
     assert data["predictions"] == [{"schedule": "zb-h1", "step_s": pytest.approx(expected), "why": None}]
     assert tomllib.loads(out.read_text())["network"]["mode"] == "torch-runtime"
+    # the file it wrote reads back in torch-runtime mode: the CLI's simulate prices as the calibration does
+    split = calibrate.from_torch_trace(files, model=dp.presets.model("llama-3-8b"))
+    zb = get("zb-h1", devices=2, microbatches=2)
+    assert cli.main(["simulate", "zb-h1", "--devices", "2", "--microbatches", "2", "--json", "--config",
+                     str(out)]) == 0
+    got = json.loads(capsys.readouterr().out)["makespan_s"]
+    assert got == pytest.approx(split.predict(zb, mode="torch-runtime"), rel=1e-6)
     assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
     assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()

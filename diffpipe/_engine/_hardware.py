@@ -168,6 +168,22 @@ SPLIT_UNKNOWN = ("hardware: the schedule splits its backward (I/W ops) but this 
                  "(from_torch_trace(..., model=) or (..., probe=profile_stages(...))) or weight_fraction=")
 
 
+def check_split_known(split_known: bool, work: Any) -> None:
+    """Raise ``SPLIT_UNKNOWN`` (a ``ConfigError``) when only full backwards are known
+    (``split_known`` False) and ``work`` (a ``Schedule`` or a concrete ``Graph``) has ``I`` or
+    ``W`` ops: the eager form of ``Hardware.tables``' check, for callers that would otherwise
+    price the ops (a sweep's stacked leaves, an optimizer's workload) without it."""
+    if split_known:
+        return
+    if isinstance(work, Graph):
+        rows = np.asarray(work.node_cost[..., 0])
+        split = bool(np.any((rows == COST_I) | (rows == COST_W)))
+    else:
+        split = any(op.kind in ("I", "W") for order in work.orders for op in order)
+    if split:
+        raise ConfigError(SPLIT_UNKNOWN)
+
+
 #: ``Network.data_parallel_link`` values: which link a data-parallel ring runs over.
 DATA_PARALLEL_LINKS = ("inter", "intra")
 

@@ -39,7 +39,7 @@ from jax import lax
 
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
-from .._engine._hardware import STAGE_FIELDS, Hardware, nan_checked
+from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known, nan_checked
 from .._engine._simulate import makespan, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
@@ -355,6 +355,7 @@ def optimize(
         holder, versions = np.asarray(graph.holder), np.asarray(graph.versions)
     else:
         raise ConfigError(f"optimize expects a Graph or Schedule, got {type(graph).__name__}")
+    check_split_known(workload.split_known, graph)  # an unsplit table must not price I as B, W as 0
     sets = {name for k in knobs for name in k.sets}
     fixed_split = not sets & set(STAGE_FIELDS)
     if fixed_split:

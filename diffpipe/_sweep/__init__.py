@@ -104,7 +104,7 @@ from .plan import COMPILE_CELLS as COMPILE_CELLS
 from .plan import DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES_ACCELERATOR, Entry, plan_stacks
 from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
-from .variants import HardwareSource, ShapeMismatch, Variants
+from .variants import HardwareSource, ShapeMismatch, SplitUnknown, Variants
 
 
 @bounded(CACHE_SIZE)
@@ -216,7 +216,7 @@ def sweep(
             continue
         try:
             variants = _per_unit(source.variants(schedule), schedule)
-        except ShapeMismatch as error:
+        except (ShapeMismatch, SplitUnknown) as error:
             skip(c, None, error)
             continue
         for mode in modes or [variants.mode]:

@@ -18,7 +18,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .._caches import BoundedDict
-from .._engine._hardware import STAGE_FIELDS, Hardware, Network
+from .._engine._hardware import STAGE_FIELDS, Hardware, Network, check_split_known
 from .._errors import ConfigError
 from ..schedules import Schedule
 
@@ -48,6 +48,12 @@ class Variants:
 
 class ShapeMismatch(ConfigError):
     """A hardware variant whose shapes do not fit one schedule: that schedule is skipped."""
+
+
+class SplitUnknown(ConfigError):
+    """A hardware variant that knows only full backwards (``Hardware.split_known`` False) and a
+    schedule with ``I``/``W`` ops: that schedule is skipped (its stacked leaves would drop the flag
+    and price ``I`` as the whole backward, ``W`` as free)."""
 
 
 def _batch_size(hw: Hardware) -> int | None:
@@ -182,10 +188,16 @@ class HardwareSource:
             self._check(hardware, f"hardware({schedule.family}) result")
         else:
             hardware = self.hardware
+        items = hardware if isinstance(hardware, Sequence) else [hardware]
+        for h in items:
+            try:
+                check_split_known(h.split_known, schedule)
+            except ConfigError as error:
+                raise SplitUnknown(str(error)) from None
+        if not self.function:
             key = (schedule.pipelines, schedule.stages, schedule.microbatches, schedule.devices)
             if key in self.cache:
                 return self.cache[key]
-        items = hardware if isinstance(hardware, Sequence) else [hardware]
         out = _concatenate([_normalise(h, schedule) for h in items])
         if self.count is None:
             self.count = out.count

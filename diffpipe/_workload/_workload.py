@@ -63,6 +63,9 @@ class Workload(eqx.Module):
         samples: samples per microbatch the per-layer costs are for; ``None`` means "the mean
             microbatch" (``batch / microbatches`` of a ``MicrobatchSplit``).
         layers_per_stage: the split used when no ``StageBalance`` sets one (``None``: uniform).
+        split_known: False when ``input_grad`` is a whole measured backward and ``weight`` 0 because
+            the ``I``/``W`` split was never measured (``Calibration.workload`` of full-backward
+            runs); its hardware is ``Hardware(split_known=False)`` and refuses ``I``/``W`` ops.
 
     Build with ``Workload.from_model`` (the transformer cost model on a ``Device``) or
     ``Workload.from_table`` (any per-layer table, e.g. measured).
@@ -84,6 +87,7 @@ class Workload(eqx.Module):
     shared_gradient_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
     samples: float | None = eqx.field(static=True, default=None)
     layers_per_stage: tuple[int, ...] | None = eqx.field(static=True, default=None)
+    split_known: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self) -> None:
         if not isinstance(self.network, Network):
@@ -131,11 +135,13 @@ class Workload(eqx.Module):
         layers_per_stage: Sequence[int] | None = None,
         shared_static_bytes: float = 0.0,
         shared_gradient_bytes: float = 0.0,
+        split_known: bool = True,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
         ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
+        ``split_known=False``: the table's backward is unsplit (the class docstring).
         """
         input_grad = _required("workload", "input_grad", input_grad)
         f = _float(forward)
@@ -161,6 +167,7 @@ class Workload(eqx.Module):
             network=Network.uniform() if network is None else network, samples=samples,
             layers_per_stage=None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage"),
             shared_static_bytes=shared_static_bytes, shared_gradient_bytes=shared_gradient_bytes,
+            split_known=bool(split_known),
         )
 
     @classmethod
@@ -271,11 +278,12 @@ class Workload(eqx.Module):
                     activation_bytes=per_stage(self.activation_bytes))
 
     def fields(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> dict[str, Any]:
-        """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity and network);
-        ``size`` (relative microbatch sizes) defaults to ``self.size``."""
+        """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity, network and
+        ``split_known``); ``size`` (relative microbatch sizes) defaults to ``self.size``."""
         stage = self.stage_fields(boundaries)
         size = self.size if size is None else jnp.asarray(size, dtype=stage["forward"].dtype)
-        return dict(stage, overhead=self.overhead, size=size, capacity=self.capacity, network=self.network)
+        return dict(stage, overhead=self.overhead, size=size, capacity=self.capacity, network=self.network,
+                    split_known=self.split_known)
 
     def hardware(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> Hardware:
         """``Hardware`` for stages between ``boundaries`` (see ``stage_fields``); ``size``

@@ -206,7 +206,9 @@ class Calibration:
         per-kind overheads (``kind_overhead``: ``overhead_by_kind``, None when not measured),
         ``setup`` and ``wind_down``.
         ``weight_fraction`` splits a measured full ``B`` where no split was measured (else
-        ``backward_split`` does).
+        ``backward_split`` does). ``split``: whether ``input_grad``/``weight`` are the ``I``/``W``
+        split (False: ``input_grad`` is the full ``B`` and ``weight`` 0, which must not price a
+        schedule with ``I``/``W`` ops).
         """
         if schedule is not None:
             if schedule.stages != self.stages:
@@ -226,7 +228,7 @@ class Calibration:
         return {"forward": list(self.forward), "input_grad": backward, "weight": weight,
                 "p2p": self.p2p, "overhead": self.overhead, "full_backward": full,
                 "kind_overhead": dict(self.overhead_by_kind) or None, "setup": self.setup,
-                "wind_down": self.wind_down}
+                "wind_down": self.wind_down, "split": split}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
                  mode: Any = "overlap") -> Any:
@@ -307,7 +309,12 @@ class Calibration:
 
         ``layers[s]`` is the number of layers the measured stage ``s`` holds (default 1 each); each
         stage's times are spread evenly over its layers (the calibration cannot see inside a stage),
-        and the measured split is the workload's ``layers_per_stage``. Times as in ``times``.
+        and the measured split is the workload's ``layers_per_stage``. Times as in ``times``: where
+        they are not the ``I``/``W`` split (a full-backward calibration without ``with_split`` or
+        ``weight_fraction``, or a ``schedule`` without ``I``/``W`` ops) the workload has
+        ``split_known=False``, so ``optimize``/``sweep``/``simulate`` of a schedule with ``I``/``W``
+        ops on it raise rather than price ``I`` as the whole backward and ``W`` as free (build the
+        workload for that schedule instead).
         """
 
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
@@ -320,7 +327,8 @@ class Calibration:
 
         network = Network.uniform(t["p2p"], mode=communication_mode(mode))
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
-                                   overhead=t["overhead"], network=network, layers_per_stage=counts)
+                                   overhead=t["overhead"], network=network, layers_per_stage=counts,
+                                   split_known=t["split"])
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``

@@ -40,6 +40,8 @@ from ..schedules import Op, Placement, Schedule
 from ._calibration import Calibration, robust_mean, robust_spread
 
 _RUNTIME = re.compile(r"^PP:(\d+)(F|I|W|B|SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)(\d*)$")
+#: torch's per-stage runtime actions (no microbatch): they may repeat within one step.
+_STAGE_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 _OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
 _SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
 _SUB = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
@@ -150,10 +152,22 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
     comms = _Threads(s for s in spans if _RECV.match(s[2]) or _SEND.match(s[2]))
     steps: list[_Step] = []
     step = None
+    # A step ends where a label repeats. torch's per-stage actions (no microbatch) may run more
+    # than once in a step (LoopedBFS with 4 stages per rank unshards stage 0 before its forwards
+    # and again before its backwards), so they do not end one: an UNSHARD belongs to the step of
+    # the label after it, a RESHARD or REDUCE_GRAD to the step before it.
+    unshards: list[tuple[float, float]] = []
     for start, end, name, thread in labels:
-        if step is None or name in step.labels:
+        action = _RUNTIME.match(name)
+        if action and action[2] == "UNSHARD":
+            unshards.append((start, end))
+            continue
+        if step is None or (name in step.labels and not (action and action[2] in _STAGE_ACTIONS)):
             step = _Step()
             steps.append(step)
+        for begin, finish in unshards:
+            step.start, step.end = min(step.start, begin), max(step.end, finish)
+        unshards.clear()
         step.labels.add(name)
         step.start, step.end = min(step.start, start), max(step.end, end)
         inner = comms.inside(start, end, thread)
@@ -193,6 +207,9 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
         begin = max([start, *recv_ends])
         finish = min([end, *[p for p in send_posts if p >= begin]])
         step.computes.append(_Compute(kind, rank, mb, start, finish, min(begin, finish), begin > start))
+    if step is not None:
+        for begin, finish in unshards:  # unshards after the last step's last label
+            step.start, step.end = min(step.start, begin), max(step.end, finish)
     bounds = [(start, end) for start, end, name, _ in spans if name == STEP_LABEL]
     for step in steps:  # a step label around the step: its bounds are the step's
         around = [b for b in bounds if b[0] <= step.start and step.end <= b[1]]
