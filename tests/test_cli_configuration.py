@@ -4,15 +4,13 @@ and bad input is one line with exit code 2."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
+from _cli import hf_config, run
 
 import diffpipe as dp
-from diffpipe import cli
 from diffpipe.cli._outputs import UNIT_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,18 +23,9 @@ FLAGS = ["--tp", "2", "--pp", "2", "--dp", "2", "--vpp", "2", "--zero", "1", "--
          "--cluster", "8xA100", "--sequence", "512"]
 
 
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture
 def tiny(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    return path
+    return hf_config(tmp_path, TINY)
 
 
 def test_simulate_reports_the_configuration_s_figures(tiny):

@@ -8,6 +8,7 @@ import io
 import json
 
 import pytest
+from _cli import hf_config, run
 
 from diffpipe.cli import _inputs, _main
 
@@ -17,18 +18,9 @@ TINY = dict(model_type="llama", num_hidden_layers=8, hidden_size=512, num_attent
             tie_word_embeddings=False)
 
 
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = _main.main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture
 def tiny(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    return path
+    return hf_config(tmp_path, TINY)
 
 
 def settings(argv, config=None):

@@ -4,17 +4,15 @@ and against the unsplit model (per-rank work times ``c`` is the whole)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 
 import chex
 import numpy as np
 import pytest
+from _cli import hf_config, run
 
 import diffpipe as dp
-from diffpipe import cli
 from diffpipe._model._kernels import layer_kernels
 from diffpipe._model._transformer import activation_bytes, layer_costs
 from diffpipe._plan._search import CONTEXT_MIN_TOKENS, CONTEXT_SEQUENCE, _contexts
@@ -273,18 +271,9 @@ TINY = dict(model_type="llama", num_hidden_layers=4, hidden_size=256, num_attent
             tie_word_embeddings=False)
 
 
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture
 def tiny(tmp_path):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    return path
+    return hf_config(tmp_path, TINY)
 
 
 def test_cli_cp_simulates_the_library_s_configuration(tiny):
