@@ -109,6 +109,10 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, bat
 #: and 5e85bd62d): ``DEFAULT`` reduces in fp32, ``PURE`` in the training precision.
 COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
 
+#: flash-attention's training runs: Lightning's ``precision: bf16`` autocasts with fp32 parameters, so DDP reduces fp32
+#: gradients.
+LIGHTNING_REDUCE_BYTES = 4
+
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``).
 DDP_BUCKET = 25 * 2 ** 20
 
@@ -148,7 +152,7 @@ def flash_attention() -> list[Row]:
     for r in TEST["flash_attention"]["rows"]:
         model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                vocabulary=50264, microbatch_size=r["mbs"], recompute=r["recompute"],
-                               flash_attention=True, reduce_bytes=4)
+                               flash_attention=True, reduce_bytes=LIGHTNING_REDUCE_BYTES)
         zero = 1 if r["optimizer_sharding"] == "zero1" else 0
 
         def build(model=model, r=r, zero=zero):
