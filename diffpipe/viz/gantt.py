@@ -113,7 +113,7 @@ _COLLECTIVE_NAMES = {"tensor": "tensor-parallel collectives", "expert": "expert 
 #: A schedule whose busiest device runs more than ``LONG_OPS`` ops is drawn as zoomed windows
 #: (``zoom=None``); each window spans about ``WINDOW_OPS`` of its ops.
 LONG_OPS = 96
-WINDOW_OPS = 24
+WINDOW_OPS = 20
 
 
 @dataclass(frozen=True)

@@ -80,12 +80,18 @@ def scatter(table: PlanTable, chosen: int = 0):
     ax.scatter([best["memory_per_gpu"] / 1e9], [best["step_time"]], s=220, facecolors="none", edgecolors="black",
                linewidths=1.5, label="chosen")
     capacity = float(table.cluster.device.memory) / 1e9
-    ax.axvline(capacity * (1 - table.headroom), color="#c00", linestyle="--", linewidth=1,
-               label=f"usable {capacity * (1 - table.headroom):.1f} GB ({table.headroom:.0%} kept free)")
-    ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.0f} GB")
+    usable = capacity * (1 - table.headroom)
+    heading = f"{len(table.rows)} evaluated configurations that fit, by schedule family"
+    if max(r["memory_per_gpu"] for r in table.rows) / 1e9 >= 0.25 * usable:  # the device's limits in view
+        ax.axvline(usable, color="#c00", linestyle="--", linewidth=1,
+                   label=f"usable {usable:.1f} GB ({table.headroom:.0%} kept free)")
+        ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.0f} GB")
+        ax.set_xlim(0, capacity * 1.03)
+    else:  # far below them: the points spread out, the limits named
+        heading += f" (usable: {usable:.1f} of {capacity:.0f} GB, off the chart)"
     ax.set_xlabel("memory per GPU (GB, the peak over pipeline ranks)")
     ax.set_ylabel("step time (s)")
-    ax.set_title(f"{len(table.rows)} evaluated configurations that fit, by schedule family", fontsize=10, loc="left")
+    ax.set_title(heading, fontsize=10, loc="left")
     ax.grid(linewidth=0.3, alpha=0.5)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return fig
@@ -124,13 +130,13 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
                + f" ZeRO-{par.zero}" + (" SP" if par.sequence_parallel else "")
                + f", microbatch size {best['microbatch_size']}, {result.microbatches} microbatches, "
                f"recompute {best['recompute']}, layers per stage {' '.join(map(str, best['layers_per_stage']))}")
-    figures = [("step time", f"{result.step_time:.3f} s"),
+    figures = [("step time", f"{result.step_time:.4g} s"),
                ("tokens/s/GPU", f"{result.tokens_per_second_per_gpu:,.0f}"),
                ("MFU", f"{100 * result.mfu:.1f}%"),
                ("memory/GPU", f"{result.memory_per_gpu / 1e9:.1f} GB of {result.capacity / 1e9:.0f} GB"),
                ("bubble", f"{100 * result.bubble_ratio:.1f}%"),
                ("collectives inside ops", f"{100 * result.communication_share:.1f}% of the step")]
-    breakdown = [(k.replace("_", " "), f"{v:.3f}", f"{100 * v / result.step_time:.1f}")
+    breakdown = [(k.replace("_", " "), f"{v:.4g}", f"{100 * v / result.step_time:.1f}")
                  for k, v in breakdown_parts(result.breakdown, result.step_time).items()]
     exports = []
     for framework, label in EXPORTS.items():
