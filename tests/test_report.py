@@ -141,3 +141,21 @@ def test_report_renders_in_a_headless_browser(planned):
     if keep:
         shutil.copy(shot, os.path.join(keep, "plan-report.png"))
     print(f"screenshot of the report: {shot}")
+
+
+def test_report_of_the_library(tmp_path):
+    """``dp.viz.report(table, path)``: the page it returns is the file it writes; bad arguments are
+    one ``ConfigError`` each and write nothing."""
+    import diffpipe as dp
+
+    model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=256, vocabulary=2048, flash_attention=True)
+    table = dp.plan(model, dp.Cluster("H100", gpus=4), 8, tensor=(2,), pipeline=(2,), families=("1f1b",),
+                    microbatch_sizes=(1,), recompute=("none",), zero=(0,), balance=False, progress=False)
+    page = dp.viz.report(table, tmp_path / "r.html", title="tiny <model>")
+    assert (tmp_path / "r.html").read_text(encoding="utf-8") == page
+    assert "<h1>diffpipe plan: tiny &lt;model&gt;</h1>" in page  # text is escaped
+    with pytest.raises(dp.ConfigError, match="suffix must be one of .html, .htm"):
+        dp.viz.report(table, tmp_path / "r.txt")
+    with pytest.raises(dp.ConfigError, match="expected a PlanTable"):
+        dp.viz.report(table.rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
