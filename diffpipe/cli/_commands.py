@@ -21,7 +21,7 @@ from .._caches import (
 )
 from .._checks import is_int
 from .._choices import COMMUNICATION_MODES
-from .._errors import ConfigError, ScheduleError
+from .._errors import ConfigError
 from .._progress import Progress
 from ._args import (
     DEFAULT_DEVICES,
@@ -73,9 +73,12 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
         result = cfg.evaluate()
         schedule = cfg.schedule()
         if outputs:
+            from ..viz import op_collectives
+
             bar.stage("drawing")
-            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync,
-                                 result.breakdown))
+            hw = cfg.hardware()
+            _write_all(_pictures(args, schedule, hw, result.result, result.gradient_sync, result.breakdown,
+                                 op_collectives(cfg, schedule, hw) if args.gantt else None))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:
@@ -486,15 +489,12 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    import shlex
-
-    from .._plan._export import megatron_args, torchtitan_toml
     from .._plan._search import plan
-    from ..schedules import to_torch_csv
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
-    _check_outputs(("--out", args.out, None), inputs=_input_paths(args))
+    _check_outputs(("--out", args.out, None), ("--report", args.report, (".html", ".htm")),
+                   inputs=_input_paths(args))
     train, par, clu, settings = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
@@ -510,21 +510,19 @@ def _cmd_plan(args: argparse.Namespace) -> None:
                  headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
                  export=args.export if args.export in ("megatron", "torchtitan") else None)
     text, exported = None, None
-    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i), table.model_of(i))) + "\n",
-                 "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
-                 "csv": lambda i: to_torch_csv(table.configuration(i).schedule())}
-    if args.export:  # the fastest row the framework can run (e.g. Megatron-LM runs no zb-h1)
-        first = None
-        for i in range(len(table.rows)):
-            try:
-                text, exported = exporters[args.export](i), i
-                break
-            except (ConfigError, ScheduleError) as error:
-                first = first or error
-        if text is None:
-            raise ConfigError(f"plan: no evaluated configuration exports to {args.export} ({first})")
-    if args.out and text is not None:
-        _write_all([("--out", args.out, text)])
+    if args.export:
+        exported, text = table.export(args.export)
+    heading = (f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
+               f"{table.model.sequence} tokens")
+    outputs = [("--out", args.out, text)] if args.out else []
+    if args.report:
+        from ..viz.report import report
+
+        with Progress("plan") as bar:
+            bar.stage("drawing the report")
+            outputs.append(("--report", args.report, report(table, title=heading, settings=_settings_line(settings),
+                                                            top=args.top)))
+    _write_all(outputs)
     if args.json:
         data = table.to_dict()
         data["settings"] = settings
@@ -533,14 +531,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
         _print_json(data)
         return
-    print(f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
-          f"{table.model.sequence} tokens")
+    print(heading)
     print(_settings_line(settings))
     print(table.to_markdown(args.top), end="")
     if text is not None:
         which = "the best row" if exported == 0 else f"row {exported + 1}, the fastest it runs"
         print(f"\n{args.export} ({which}): " + (f"wrote {args.out}" if args.out else f"\n{text}"),
               end="\n" if args.out else "")
+    if args.report:
+        print(f"wrote {args.report}")
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:

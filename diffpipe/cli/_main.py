@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
     p.add_argument("--export", choices=["megatron", "torchtitan", "csv"], help="export the best configuration")
     p.add_argument("--out", metavar="PATH", help="write the export to PATH")
+    p.add_argument("--report", metavar="HTML",
+                   help="write one self-contained HTML page: step time against memory by family, the best "
+                        "configuration's Gantt chart and breakdown, its Megatron-LM and torchtitan exports")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_plan)
     p = command("calibrate", "fit per-stage times, per-op overhead and p2p time from a torch.profiler trace",
