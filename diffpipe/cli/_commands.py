@@ -65,12 +65,33 @@ from ._outputs import (
 _natural = _integer_at_least(0)
 
 
+#: A straggler's slowdown when ``--slow-fraction`` is given alone (``stragglers.py``'s ``slow_factor``).
+SLOW_FACTOR = 1.1
+
+
+def _jitter(args: argparse.Namespace) -> dict[str, float] | None:
+    """The ``dp.Jitter`` arguments of ``--jitter``/``--slow-fraction``/``--slow-factor``, or None."""
+    cv, fraction, factor = args.jitter, args.slow_fraction, args.slow_factor
+    if cv is None and fraction is None:
+        if factor is not None:
+            raise ConfigError("simulate: --slow-factor needs --slow-fraction (the share of straggling GPUs)")
+        return None
+    return dict(cv=cv or 0.0, slow_fraction=fraction or 0.0,
+                slow_factor=(SLOW_FACTOR if fraction else 1.0) if factor is None else factor)
+
+
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
+    jitter = _jitter(args)
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating one step")
-        cfg = training.build(max_ops=args.max_ops)
-        result = cfg.evaluate()
+        cfg = training.build(max_ops=args.max_ops)  # the size guards run before JAX is imported
+        if jitter is not None:
+            from .._engine._jitter import Jitter
+
+            jitter = Jitter(**jitter)
+            bar.stage(f"sampling {args.samples} steps")
+        result = cfg.evaluate(jitter=jitter, samples=args.samples, seed=args.seed)
         schedule = cfg.schedule()
         if outputs:
             from ..viz import op_collectives
@@ -90,6 +111,9 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     print(f"  {_settings_line(training.settings)}")
     print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
                                                         f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
+    if r.expected_step_time is not None:
+        print(f"  with jitter     {r.expected_step_time:.3f} s expected, {r.p95_step_time:.3f} s at the 95th "
+              f"percentile ({args.samples} samples, seed {args.seed})")
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
     print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
@@ -276,6 +300,11 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
             raise ConfigError("--torch-csv cannot be combined with a training configuration (--model, --tp, ...)")
         _simulate_configuration(args, _training(args, config), outputs)
         return
+    given = [flag for flag, dest in (("--jitter", "jitter"), ("--slow-fraction", "slow_fraction"),
+                                     ("--slow-factor", "slow_factor")) if getattr(args, dest) is not None]
+    if given:
+        raise ConfigError(f"simulate: {given[0]} applies to a training configuration (--model or --config "
+                          "with [training]); a schedule on a machine has no random op times")
     schedule = _schedule(args, config)
     machine = _machine(args, config)
     from .._engine._simulate import simulate

@@ -21,7 +21,8 @@ from ._inputs import _Machine
 UNIT_KEYS = {"step_time": ("step_time_s", 1.0), "mfu": ("mfu_percent", 100.0),
              "memory_per_gpu": ("memory_per_gpu_gb", 1e-9), "memory": ("memory_gb", 1e-9),
              "capacity": ("capacity_gb", 1e-9), "bubble_ratio": ("bubble_percent", 100.0),
-             "communication_share": ("communication_percent", 100.0), "bound": ("bound_s", 1.0)}
+             "communication_share": ("communication_percent", 100.0), "bound": ("bound_s", 1.0),
+             "expected_step_time": ("expected_step_time_s", 1.0), "p95_step_time": ("p95_step_time_s", 1.0)}
 
 
 def _with_units(figures: dict[str, Any]) -> dict[str, Any]:
