@@ -287,10 +287,9 @@ def test_a_full_backward_hardware_refuses_split_schedules(caplog):
         assert not hw.split_known
         assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe))
         caplog.clear()
-        for run in (lambda: dp.simulate(zb, hw), lambda: dp.makespan(dp.compile(zb), hw),
-                    lambda: simulate_graph(dp.compile(zb), hw)):
+        for run, graph in ((dp.simulate, zb), (dp.makespan, dp.compile(zb)), (simulate_graph, dp.compile(zb))):
             with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
-                run()
+                run(graph, hw)
             assert "\n" not in str(info.value)
         # refused before tracing: no runtime callback failed (JAX logs that failure with its traceback)
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

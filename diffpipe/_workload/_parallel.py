@@ -216,9 +216,10 @@ class Parallelism:
             raise ConfigError(f"parallelism: tensor={t} must divide {what} with sequence_parallel")
 
 
-#: Compute slowdown while a collective overlaps it: the average measured in "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance
-#: and Power Implications" (arXiv:2507.03114, 2025, abstract: "an average computational slowdown of 18.9%,
-#: with a maximum of 40.0%", GPT and LLaMA models on 4 A100s, H100s, MI250s and MI210s), against the same
+#: Compute slowdown while a collective overlaps it: the average measured in "Characterizing
+#: Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power
+#: Implications" (arXiv:2507.03114, 2025, abstract: "an average computational slowdown of 18.9%, with a
+#: maximum of 40.0%", GPT and LLaMA models on 4 A100s, H100s, MI250s and MI210s), against the same
 #: compute with no communication beside it.
 CONTENTION = 0.189
 
