@@ -599,40 +599,32 @@ class CostTables(eqx.Module):
 OPTIONAL_PER_STAGE = ("full_backward", "pair_overlap")
 
 
-def pad_hardware(hw: Hardware, graph: Graph, padded: Graph) -> Hardware:
-    """``hw`` (concrete, for ``graph``) broadcast and padded in NumPy to ``padded`` (``graph``
-    padded by ``pad_graph``/``bucketed``): per-stage leaves to ``[pipelines, stages]`` with 0,
-    ``size`` to ``[microbatches]`` with 0, ``capacity`` to ``[devices]`` and the pair matrices to
-    ``[devices, devices]`` with ``inf`` (latency 0). No padded node reads a padded value, so every
-    real node's cost, every makespan and every real device's memory is ``hw``'s on ``graph``.
-    NumPy only (exact copies): no eager JAX operation compiles."""
-    def pad(x: Any, shape: tuple[int, ...], fill: float) -> np.ndarray:
-        out = np.full(shape, fill, dtype=x.dtype)
-        out[tuple(slice(0, n) for n in x.shape)] = x
-        return out
+def pad_hardware(hw: Hardware, padded: Graph) -> Hardware:
+    """``hw`` padded to ``padded``'s sizes (a graph padded by ``pad_graph``/``bucketed``): per-stage
+    leaves given per stage (``[stages]`` or ``[pipelines, stages]``) with 0 to the padded stages and
+    pipelines, a per-microbatch ``size`` with 0, a per-device ``capacity`` with ``inf`` and the pair
+    matrices with latency 0 and bandwidth ``inf``; scalars stay scalars (they broadcast). No padded
+    node reads a padded value, so every real node's cost, every makespan and every real device's
+    memory is ``hw``'s on the unpadded graph. Concrete leaves are padded in NumPy (exact copies: no
+    eager JAX operation compiles), traced ones with ``jnp.pad`` (inside the caller's program)."""
+    def pad(x: Any, shape: tuple[int, ...], fill: float) -> Any:
+        if x is None or x.ndim == 0:
+            return x
+        shape = shape[len(shape) - x.ndim:]
+        if x.ndim > len(shape) or any(n > m for n, m in zip(x.shape, shape)):
+            raise ConfigError(f"hardware: a leaf of shape {x.shape} does not fit the padded graph's {list(shape)}")
+        widths = [(0, m - n) for n, m in zip(x.shape, shape)]
+        if isinstance(x, jax.core.Tracer):
+            return jnp.pad(x, widths, constant_values=fill)
+        return np.pad(np.asarray(x), widths, constant_values=fill)
 
-    def broadcast(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
-        x = np.asarray(x)
-        if x.ndim == 1 and len(shape) == 2 and x.shape[0] == shape[1]:
-            x = x[None, :]
-        if x.ndim and x.shape != shape and x.shape != (1,) * len(shape):
-            raise ConfigError(f"hardware: {name} has shape {x.shape}, expected {list(shape)} for this schedule")
-        return np.broadcast_to(x, shape)
-
-    stage, stages = (graph.pipelines, graph.stages), (padded.pipelines, padded.stages)
-    names, values = [], []
-    for name in (*STAGE_FIELDS, *OPTIONAL_PER_STAGE):
-        if getattr(hw, name) is not None:
-            names.append(name)
-            values.append(pad(broadcast(name, getattr(hw, name), stage), stages, 0.0))
-    names += ["size", "capacity"]
-    values += [pad(broadcast("size", hw.size, (graph.microbatches,)), (padded.microbatches,), 0.0),
-               pad(broadcast("capacity", hw.capacity, (graph.devices,)), (padded.devices,), np.inf)]
-    out = eqx.tree_at(lambda h: [getattr(h, n) for n in names], hw, values)
-    pairs = [(n, f) for n, f in (("pair_latency", 0.0), ("pair_bandwidth", np.inf))
-             if getattr(hw.network, n) is not None]
+    stages = (padded.pipelines, padded.stages)
+    names = [n for n in (*STAGE_FIELDS, *OPTIONAL_PER_STAGE) if getattr(hw, n) is not None]
+    out = eqx.tree_at(lambda h: [getattr(h, n) for n in names] + [h.size, h.capacity], hw,
+                      [pad(getattr(hw, n), stages, 0.0) for n in names]
+                      + [pad(hw.size, (padded.microbatches,), 0.0), pad(hw.capacity, (padded.devices,), np.inf)])
+    pairs = [(n, f) for n, f in (("pair_latency", 0.0), ("pair_bandwidth", np.inf)) if getattr(hw.network, n) is not None]
     if pairs:
-        d, padded_d = (graph.devices,) * 2, (padded.devices,) * 2
         out = eqx.tree_at(lambda h: [getattr(h.network, n) for n, _ in pairs], out,
-                          [pad(broadcast(n, getattr(hw.network, n), d), padded_d, f) for n, f in pairs])
+                          [pad(getattr(hw.network, n), (padded.devices,) * 2, f) for n, f in pairs])
     return out

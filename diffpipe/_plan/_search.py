@@ -372,8 +372,8 @@ def _simulate_members(graph: Graph, hws: Sequence[Any]) -> tuple[np.ndarray, np.
     padded = bucketed(graph)
     n = len(hws)
     count = max(_BATCH_BUCKET, 1 << (n - 1).bit_length())
-    members = [pad_hardware(eqx.tree_at(lambda h: h.network, hw, hw.network.with_traced_data_parallel()), graph,
-                            padded) for hw in hws]
+    members = [pad_hardware(eqx.tree_at(lambda h: h.network, hw, hw.network.with_traced_data_parallel()), padded)
+               for hw in hws]
     members += [members[0]] * (count - n)
     stacked = jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *members)
     steps, bubbles, memory = (np.asarray(x) for x in _batched(padded, stacked, jax.device_put(
