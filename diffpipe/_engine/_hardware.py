@@ -623,7 +623,8 @@ def pad_hardware(hw: Hardware, padded: Graph) -> Hardware:
     out = eqx.tree_at(lambda h: [getattr(h, n) for n in names] + [h.size, h.capacity], hw,
                       [pad(getattr(hw, n), stages, 0.0) for n in names]
                       + [pad(hw.size, (padded.microbatches,), 0.0), pad(hw.capacity, (padded.devices,), np.inf)])
-    pairs = [(n, f) for n, f in (("pair_latency", 0.0), ("pair_bandwidth", np.inf)) if getattr(hw.network, n) is not None]
+    pairs = [(n, f) for n, f in (("pair_latency", 0.0), ("pair_bandwidth", np.inf))
+             if getattr(hw.network, n) is not None]
     if pairs:
         out = eqx.tree_at(lambda h: [getattr(h.network, n) for n, _ in pairs], out,
                           [pad(getattr(hw.network, n), (padded.devices,) * 2, f) for n, f in pairs])
