@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 import tomllib
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import calibrate, cli
+from diffpipe._engine._simulate import simulate_graph
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
 
@@ -277,16 +279,20 @@ def test_hardware_takes_the_backward_each_schedule_runs():
     assert split_only.times(get("1f1b", devices=2, microbatches=4))["input_grad"] == [1.5, 1.5]
 
 
-def test_a_full_backward_hardware_refuses_split_schedules():
+def test_a_full_backward_hardware_refuses_split_schedules(caplog):
     # From full-backward runs only, I/W are unknown: a split schedule must not be priced as I = B, W = 0.
     cal = calibrate.from_measurements([1.0, 1.0], [3.0, 3.0], overhead=0.1)
     gpipe, zb = get("gpipe", devices=2, microbatches=4), get("zb-h1", devices=2, microbatches=4)
     for hw in (cal.hardware(), cal.hardware(gpipe)):
         assert not hw.split_known
         assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(cal.predict(gpipe))
-        with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
-            dp.simulate(zb, hw)
-        assert "\n" not in str(info.value)
+        caplog.clear()
+        for run, graph in ((dp.simulate, zb), (dp.makespan, dp.compile(zb)), (simulate_graph, dp.compile(zb))):
+            with pytest.raises(dp.ConfigError, match="knows only full backwards") as info:
+                run(graph, hw)
+            assert "\n" not in str(info.value)
+        # refused before tracing: no runtime callback failed (JAX logs that failure with its traceback)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     with pytest.raises(dp.ConfigError, match="no measured I/W split"):
         cal.hardware(zb)
     # With a split (here a fraction), one hardware prices every schedule: B at the measured B.

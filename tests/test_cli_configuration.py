@@ -47,6 +47,37 @@ def test_simulate_reports_the_configuration_s_figures(tiny):
         assert label in text
 
 
+def test_simulate_jitter_is_the_library_s_monte_carlo(tiny):
+    code, out, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS, "--jitter", "0.05",
+                          "--slow-fraction", "0.01", "--samples", "64", "--seed", "3", "--json"])
+    assert code == 0, err
+    got = json.loads(out)
+    model = dp.Transformer.from_hf_config(tiny, sequence=512, microbatch_size=2, recompute="selective",
+                                          flash_attention=True)
+    par = dp.Parallelism(tensor=2, pipeline=2, data=2, virtual=2, zero=1, sequence_parallel=True)
+    want = dp.Configuration(model, par, dp.Cluster("A100", gpus=8), 16, schedule="interleaved-1f1b").evaluate(
+        jitter=dp.Jitter(0.05, slow_fraction=0.01, slow_factor=1.1), samples=64, seed=3)
+    for key in ("expected_step_time", "p95_step_time"):
+        name, factor = UNIT_KEYS.get(key, (key, 1.0))
+        assert got[name] == pytest.approx(getattr(want, key) * factor, rel=1e-6), key
+    assert got["expected_step_time_s"] > got["step_time_s"]  # the keys say their unit
+    code, text, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS, "--jitter", "0.05",
+                           "--samples", "64"])
+    assert code == 0 and "with jitter" in text and "64 samples, seed 0" in text, err
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["1f1b", "--jitter", "0.1"], "--jitter applies to a training configuration"),
+    (["--model", "llama-3-8b", "--global-batch", "8", "--slow-factor", "1.2"], "--slow-factor needs --slow-fraction"),
+    (["--model", "llama-3-8b", "--global-batch", "8", "--jitter", "-1"], "--jitter: expected a number >= 0"),
+    (["--model", "llama-3-8b", "--global-batch", "8", "--slow-fraction", "2"], "expected a number in [0, 1]"),
+    (["--model", "llama-3-8b", "--global-batch", "8", "--jitter", "nan"], "expected a number >= 0"),
+])
+def test_bad_jitter_flags_are_one_line(argv, culprit):
+    code, out, err = run(["simulate", *argv])
+    assert code == 2 and err.count("\n") == 1 and culprit in err, err
+
+
 def test_toml_sections_match_the_flags(tiny, tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text(f"""

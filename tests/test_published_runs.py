@@ -96,13 +96,14 @@ def test_results_quote_the_data_file():
 
 
 # -- claim 1: SC'21 Table 1 ---------------------------------------------------------------------------------
-def test_claim_1_sc21_table1_within_13_percent_too_fast():
-    """With the kernel model (A100 ceiling fitted to Korthikanti Table 4): every row within 13%, MAPE under 7%
-    (9.0% with the flat 50%), every row too fast; the rise of teraFLOP/s from 1.7B to 1T now shows."""
+def test_claim_1_sc21_table1_within_10_percent_mostly_too_fast():
+    """With the kernel model (the A100's training ceiling fitted on the FIT set, this table among it): every
+    row within 10%, MAPE under 4% (9.0% with the flat 50%), all but the 1T row too fast; the rise of
+    teraFLOP/s from 1.7B to 1T shows."""
     r, s = rows("sc21_table1"), summary("sc21_table1")
-    assert s["max_abs_error"] < 0.13
-    assert s["mape"] < 0.07
-    assert all(x["error"] > 0 for x in r.values())
+    assert s["max_abs_error"] < 0.10
+    assert s["mape"] < 0.04
+    assert sum(x["error"] > 0 for x in r.values()) == len(r) - 1 and r["1008.0B"]["error"] < 0
     assert r["1008.0B"]["predicted"] > r["1.7B"]["predicted"]
 
 
@@ -131,24 +132,27 @@ def test_claim_3_selective_plus_sp_speedup_reproduced():
         assert v["predicted"] == pytest.approx(v["published"], rel=0.05), model
 
 
-def test_claim_3_iteration_times_within_9_percent():
-    """Every iteration time within 9% (MAPE under 5%; 23.1% with the flat 50%), in the published order."""
+def test_claim_3_iteration_times_within_13_percent():
+    """Every iteration time within 13% (MAPE under 6.5%; 23.1% with the flat 50%), in the published order;
+    since the A100's training ceiling (fitted to SC'21's tables and this one together) the larger models run
+    too slow, the 1T rows by 11-13%, the 22B within 3%."""
     r, s = rows("korthikanti_table5"), summary("korthikanti_table5")
-    assert s["max_abs_error"] < 0.09 and s["mape"] < 0.05
+    assert s["max_abs_error"] < 0.13 and s["mape"] < 0.065
     assert s["order_reproduced"]
-    for name in ("22B full recompute", "175B present work", "530B present work"):
-        assert abs(r[name]["error"]) < 0.04, name
+    for name in ("22B full recompute", "22B present work"):
+        assert abs(r[name]["error"]) < 0.03, name
 
 
 def test_claim_3_one_22b_layer():
-    """Every forward within 1%, every backward within 7% (Table 4 is where the A100's GEMM ceiling was fitted:
-    within 4.7% under the collective fit of that time, kernels_a100.json), and
+    """Every forward within 5%, every backward within 10% (Table 4 is where the A100's kernel ceiling was
+    fitted: within 4.7% under the collective fit of that time, kernels_a100.json; the training ceiling fitted
+    to whole runs since slows every kernel by 4%), and
     sequence parallelism now shortens the forward (its norms and dropout are sharded memory-bound kernels),
     as measured (7.7 -> 7.2 ms)."""
     t4 = {r["experiment"]: r for r in RESULTS["studies"]["korthikanti_table4"]["rows"]}
     for r in t4.values():
         assert r["forward_ms"]["predicted"] == pytest.approx(r["forward_ms"]["published"], rel=0.05)
-        assert r["backward_ms"]["predicted"] == pytest.approx(r["backward_ms"]["published"], rel=0.07)
+        assert r["backward_ms"]["predicted"] == pytest.approx(r["backward_ms"]["published"], rel=0.10)
     base, sp = t4["Baseline no recompute"], t4["Sequence Parallelism"]
     assert sp["forward_ms"]["predicted"] < base["forward_ms"]["predicted"]
     assert sp["forward_ms"]["published"] < base["forward_ms"]["published"]
@@ -158,16 +162,16 @@ def test_claim_3_one_22b_layer():
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
 def test_claim_4_h100_predictions():
-    """Llama 3 405B too fast by 5-11% (rows 1-2 and the context-parallel row 3); torchtitan's 8B FSDP far too
-    fast, outside its bracket; Megatron-LM's H100 table (with its stated TP overlap) within 11% (MAPE under 5%),
-    the 32B row the slowest (its exposed collectives and bubble)."""
+    """Llama 3 405B too fast by 9-15% (rows 1-2 and the context-parallel row 3); torchtitan's 8B FSDP far too
+    fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps) within 17% (MAPE under
+    5.5%), the 32B row the slowest (its exposed collectives and bubble)."""
     for name, r in rows("llama3_table4").items():
-        assert 0.04 < r["error"] < 0.11, name
+        assert 0.08 < r["error"] < 0.15, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
     s, mh = summary("megatron_h100"), rows("megatron_h100")
-    assert s["max_abs_error"] < 0.11 and s["mape"] < 0.05
-    assert mh["32B"]["error"] < -0.05 and abs(mh["1.7B"]["error"]) < 0.06
+    assert s["max_abs_error"] < 0.17 and s["mape"] < 0.055
+    assert mh["32B"]["error"] < -0.05 and abs(mh["1.7B"]["error"]) < 0.08
 
 
 def test_claim_4_orderings_on_h100():
@@ -250,8 +254,9 @@ TEST_RESULTS = json.loads((PAPER / "test_results.json").read_text())
 
 def test_test_set_sources_are_not_fit_sources():
     assert not set(tr.TEST) & set(DATA)
-    fit = json.loads((PAPER / "fit_h100_ceiling.json").read_text())
-    assert set(fit["studies"]) <= set(rp.STUDIES)  # the one whole-run parameter saw FIT rows only
+    fit = json.loads((PAPER / "fit_ceilings.json").read_text())
+    for device in fit.values():  # the one whole-run parameter per device saw FIT rows only
+        assert set(device["studies"]) <= set(rp.STUDIES)
 
 
 def test_test_results_quote_the_test_data_file():

@@ -358,3 +358,121 @@ def test_gantt_draws_the_configurations_breakdown_as_one_stacked_bar():
     assert widths["compute gemm"] == pytest.approx(r.breakdown["compute_gemm"] * scale, rel=1e-6)
     assert len(fig.axes) == 3  # chart, memory, breakdown
     assert len(gantt(r.result, cfg.hardware(), schedule=cfg.schedule(), gradient_sync=True).axes) == 2
+
+
+# -- long steps: zoomed windows; a configuration's collectives on rows of their own (issue 24) ----
+def test_windows_of_a_long_1f1b_are_its_warm_up_steady_state_and_drain():
+    """1F1B on 4 devices, 128 microbatches, F = 1 s, B = 2 s: the step is (N + D - 1)(F + B) = 393 s;
+    device 0 runs the most warm-up forwards, so every device has begun backward when it starts B0 at
+    D F + (D - 1) B = 10 s; it also ends its forwards first, F127 at 393 - 11 = 382 s. A window is
+    20 mean op durations (1.5 s) = 30 s, the steady slice centred at (10 + 382) / 2 = 196 s."""
+    from diffpipe.viz import windows
+    from diffpipe.viz.gantt import LONG_OPS, WINDOW_OPS
+
+    s = dp.schedules.get("1f1b", devices=D, microbatches=128)
+    tl = timeline(s)
+    assert tl.makespan == pytest.approx(393.0) and WINDOW_OPS == 20 and 2 * 128 > LONG_OPS
+    got = [(w.name, w.start, w.finish) for w in windows(tl)]
+    assert got == [("warm-up", 0.0, 30.0), ("steady state", 181.0, 211.0), ("drain", 363.0, 393.0)]
+    assert windows(timeline(dp.schedules.get("1f1b", devices=D, microbatches=48))) == ()  # 96 ops a device: short
+    assert len(windows(timeline(dp.schedules.get("1f1b", devices=D, microbatches=N)), force=True)) == 3
+
+
+def test_a_long_gantt_is_drawn_as_zoomed_windows_over_the_whole_step():
+    from diffpipe.viz import windows
+
+    s = dp.schedules.get("1f1b", devices=D, microbatches=128)
+    fig = gantt(s, arrows=False)
+    panels, memory = fig.axes[:3], fig.axes[3]
+    assert len(fig.axes) == 4  # three windows, the whole step's memory
+    for ax, w in zip(panels, windows(timeline(s))):
+        assert ax.get_xlim() == pytest.approx((w.start, w.finish))
+        assert ax.get_title() == f"{w.name}: {w.start:.4g}–{w.finish:.4g} s"
+        # every box of the window overlaps it, and every op that overlaps it has its box
+        boxes = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+        assert all(x1 >= w.start and x0 <= w.finish for x0, x1 in boxes)
+        ops = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches if p.get_y() + p.get_height() / 2 < D]
+        tl = timeline(s)
+        inside = sorted((tl.start[i], tl.finish[i]) for i in range(len(tl.ops))
+                        if tl.finish[i] >= w.start and tl.start[i] <= w.finish)
+        np.testing.assert_allclose(np.array(sorted(ops)), np.array(inside), rtol=1e-6)
+        whole = [x for x in inside if x[0] >= w.start and x[1] <= w.finish]
+        labels = [t for t in ax.texts if float(t.get_position()[1]) < D]  # legible: each whole op labelled
+        assert len(labels) == len(whole) and len(whole) >= len(inside) - 2 * D
+    assert [t.get_text() for t in panels[0].get_yticklabels()][:D] == [f"d{d}" for d in range(D)]
+    assert memory.get_xlim()[1] == pytest.approx(393.0 * 1.01)
+    assert [t.get_text() for t in memory.texts] == ["warm-up", "steady state", "drain"]
+    assert len(gantt(s, memory=False, zoom=False).axes) == 1  # the single view, when asked for
+    with pytest.raises(dp.ConfigError, match="zoom must be True, False or None"):
+        gantt(s, zoom="yes")
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel():
+    model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=256, vocabulary=2048, flash_attention=True)
+    cfg = dp.Configuration(model, dp.Parallelism(tensor=2, pipeline=2, data=1), dp.Cluster("H100", gpus=4), 8)
+    return cfg, cfg.evaluate(), cfg.schedule(), cfg.hardware()
+
+
+def test_op_collectives_are_the_exposed_part_of_each_op(tensor_parallel):
+    """Each op lasts overhead + size x (its stage's compute + exposed collectives), and the per-op
+    collectives add up, per device, to the breakdown's ``exposed_tensor`` (``Configuration.figures``)."""
+    from diffpipe.viz import op_collectives
+
+    cfg, r, s, hw = tensor_parallel
+    col = op_collectives(cfg, s, hw)
+    assert set(col) == {"tensor", "expert", "gather"} and not col["expert"].any() and not col["gather"].any()
+    per_device = np.zeros(s.devices)
+    for d, order in enumerate(s.orders):
+        index = {op: i for i, op in enumerate(s.ops)}
+        per_device[d] = sum(col["tensor"][index[op]] for op in order)
+    assert np.mean(per_device) == pytest.approx(r.breakdown["exposed_tensor"], rel=1e-6)
+    compute = np.asarray(sum(cfg.compute_seconds().values()), np.float64)  # [F, I, W] x layers
+    rows = cfg.stage_rows()
+    duration = np.asarray(r.result.finish) - np.asarray(r.result.start)
+    assert hw.kind_overhead is None  # one overhead for every kind
+    overhead = {kind: float(hw.overhead) for kind in "FBIW"}
+    for i, op in enumerate(s.ops):
+        kinds = {"F": [0], "B": [1, 2], "I": [1], "W": [2]}[op.kind]
+        work = sum(compute[k, rows == op.stage].sum() for k in kinds)
+        assert duration[i] == pytest.approx(overhead[op.kind] + work + col["tensor"][i], rel=2e-5), op
+        assert 0 < col["tensor"][i] < duration[i]
+
+
+def test_gantt_draws_collectives_on_a_row_under_each_device(tensor_parallel):
+    from matplotlib.colors import to_hex
+
+    from diffpipe.viz import op_collectives
+    from diffpipe.viz.gantt import _BREAKDOWN_COLORS
+
+    cfg, r, s, hw = tensor_parallel
+    col = op_collectives(cfg, s, hw)
+    fig = gantt(r.result, hw, schedule=s, gradient_sync=r.gradient_sync, collectives=col, breakdown=r.breakdown)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:4] == ["d0", "d0 comm", "d1", "d1 comm"]
+    scale = {"time (ms)": 1e3, "time (s)": 1.0, "time (µs)": 1e6}[fig.axes[-1].get_xlabel()]
+    red = _BREAKDOWN_COLORS["exposed_tensor"]
+    comm = sorted((round(p.get_y() + 0.3), p.get_x(), p.get_x() + p.get_width()) for p in ax.patches
+                  if to_hex(p.get_facecolor()) == red)
+    tl = timeline(r.result, hw, schedule=s)
+    want = sorted((2 * d + 1, (tl.finish[i] - col["tensor"][i]) * scale, tl.finish[i] * scale)
+                  for i, op in enumerate(s.ops) for d in s.devices_of(op))
+    assert len(comm) == len(want)
+    for (row, x0, x1), (wrow, w0, w1) in zip(comm, want):
+        assert row == wrow and x0 == pytest.approx(w0, rel=1e-6) and x1 == pytest.approx(w1, rel=1e-6)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "tensor-parallel collectives (exposed, comm row)" in legend
+
+
+def test_bad_collectives_are_refused(tensor_parallel):
+    cfg, r, s, hw = tensor_parallel
+    with pytest.raises(dp.ConfigError, match="expected one value per op"):
+        timeline(r.result, hw, schedule=s, collectives={"tensor": [0.0]})
+    with pytest.raises(dp.ConfigError, match="which lasts only"):
+        timeline(r.result, hw, schedule=s, collectives={"tensor": np.full(len(s.ops), 10.0)})
+    with pytest.raises(dp.ConfigError, match="mapping of kind to seconds"):
+        timeline(r.result, hw, schedule=s, collectives=[1.0])
+    with pytest.raises(dp.ConfigError, match="finite and at least 0"):
+        timeline(r.result, hw, schedule=s, collectives={"tensor": np.full(len(s.ops), -1.0)})
+    assert timeline(r.result, hw, schedule=s, collectives={"tensor": np.zeros(len(s.ops))}).collectives == ()

@@ -30,7 +30,7 @@ from ..schedules._analysis import staleness as schedule_staleness
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
-from ._hardware import CostTables, Hardware, checks, enclosing_on_error, error_if, on_error_for
+from ._hardware import CostTables, Hardware, check_split_known, checks, enclosing_on_error, error_if, on_error_for
 
 
 def _temperature(temperature: Any, dtype) -> Array | None:
@@ -80,6 +80,14 @@ def _check_types(graph: Any, hw: Any) -> None:
         raise ConfigError(f"expected a Graph, got {type(graph).__name__}")
     if not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
+    _check_split(graph, hw)
+
+
+def _check_split(graph: Graph, hw: Hardware) -> None:
+    """The eager form of ``Hardware.tables``' split check on a concrete graph: its one line, before
+    anything is traced (inside jit it surfaces through a runtime callback, which prints a traceback)."""
+    if not hw.split_known and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph)):
+        check_split_known(False, graph)
 
 
 def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
@@ -292,6 +300,7 @@ def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None)
     callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
     ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
     arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
+    _check_split(graph, hw)
     return _checked(partial(_simulate_graph, graph, hw, temperature), hw, on_error_for(hw, temperature),
                     lambda out: out.makespan)
 

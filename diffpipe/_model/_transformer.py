@@ -164,6 +164,13 @@ class Transformer:
             plus backward the FlashAttention repository's ``flash_attn_triton.py`` calls "slightly
             slower than" FlashAttention-1's CUDA one): half the rate ("around 2x speedup compared to
             FlashAttention", the FlashAttention-2 paper's abstract). Timing only (kernel models).
+        reduce_bytes: bytes of one gradient element in the data-parallel reduction (None:
+            ``dtype_bytes``). 4 where the framework reduces bf16 training's gradients in fp32: Megatron-LM
+            (``accumulate_allreduce_grads_in_fp32`` forced for bf16 unless ``--grad-reduce-in-bf16``,
+            ``megatron/training/arguments.py`` at d98e8a6), torchtitan (``mixed_precision_reduce``, only
+            ``"float32"``), Composer's FSDP ``mixed_precision: DEFAULT`` (``reduce_dtype=torch.float32``,
+            ``composer/trainer/mosaic_fsdp_utils.py`` at v0.16.4 and v0.17.2). Communication only: the
+            static bytes stay ``bytes_per_parameter``.
     """
 
     layers: int
@@ -199,13 +206,15 @@ class Transformer:
     rope_head_dim: int = 0
     flash_attention: bool = False
     flash_version: int = 2
+    reduce_bytes: int | None = None
 
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(
         kv_heads=None, head_dim=None, v_head_dim=None, ffn_hidden=None, activation="gelu", norm="layernorm",
         positions="learned", bias=True, qkv_bias=None, qk_norm=False, dropout=True, experts=1,
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
-        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=2)
+        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=2,
+        reduce_bytes=None)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
@@ -236,7 +245,7 @@ class Transformer:
                      "bytes_per_parameter", "experts", "experts_per_token"):
             if not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int")
-        for name in ("kv_heads", "head_dim", "v_head_dim", "ffn_hidden", "moe_ffn_hidden"):
+        for name in ("kv_heads", "head_dim", "v_head_dim", "ffn_hidden", "moe_ffn_hidden", "reduce_bytes"):
             if getattr(self, name) is not None and not is_positive_int(getattr(self, name)):
                 fail(name, "a positive int or None")
         for name in ("shared_experts", "q_lora_rank", "kv_lora_rank", "rope_head_dim"):
@@ -352,7 +361,7 @@ class LayerCosts(eqx.Module):
         parameters: parameters held by the stage that holds the layer (the head counts its copy
             of a tied embedding: see ``shared_parameters``).
         static_bytes: ``parameters x bytes_per_parameter`` (weights, gradients, optimizer state).
-        gradient_bytes: ``parameters x dtype_bytes``: what a data-parallel all-reduce moves.
+        gradient_bytes: ``parameters x reduce_bytes``: what a data-parallel all-reduce moves.
         activation_bytes: bytes stored from the layer's forward until its backward.
         output_bytes: the activation sent to the next layer (the gradient sent back is the same
             size); 0 after the head.
@@ -640,7 +649,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
         weight=row(0.0, matmul, logits),
         parameters=parameters,
         static_bytes=parameters * model.bytes_per_parameter,
-        gradient_bytes=parameters * d,
+        gradient_bytes=parameters * float(model.reduce_bytes or d),
         activation_bytes=activation_bytes(model),
         output_bytes=row(d * s * b * h, d * s * b * h, 0.0),
         shared_parameters=V * h if model.tied_embedding else 0.0,

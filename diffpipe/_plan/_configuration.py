@@ -219,14 +219,17 @@ class Configuration:
         sequence parallelism) times ``1 - overlap.tensor``; ``expert`` (all-to-alls); ``gather``
         (ZeRO-3 parameter all-gathers: with ``overlap.prefetch``, only what exceeds the layer's own
         compute, which the prefetch runs under); with context parallelism, ``context`` (the K,V
-        ring's transfers beyond the attention kernels they overlap: ``context_seconds``)."""
+        ring's transfers beyond the attention kernels they overlap: ``context_seconds``). What each
+        hides costs ``overlap.contention`` of its time in slower compute (``CommunicationOverlap``)."""
         costs = self.costs() if costs is None else costs
         raw = self.collective_seconds_by_group(costs)
-        out = {"tensor": raw["tensor"] * (1.0 - self.overlap.tensor), "expert": raw["expert"]}
+        overlap = self.overlap
+        out = {"tensor": raw["tensor"] * (1.0 - overlap.tensor + overlap.contention * overlap.tensor),
+               "expert": raw["expert"]}
         gather = raw["data"]
-        if self.overlap.prefetch:
+        if overlap.prefetch:
             compute = self.compute_seconds(costs) if compute is None else compute
-            gather = jnp.maximum(gather - sum(compute.values()), 0.0)
+            gather = overlap.hidden_cost(gather, sum(compute.values()))
         out["gather"] = gather
         if costs.context_block is not None:
             out["context"] = self.context_seconds(costs)
@@ -258,7 +261,8 @@ class Configuration:
             forward, backward = attention(False), attention(True)
             steps = {"forward_step": forward[_F], "backward_step": backward[_I],
                      "recompute_step": forward[_I] if costs.recomputes_attention else None}
-        return jnp.asarray(ring_exchange(costs.context_block, c, bandwidth, latency, **steps), dtype)
+        return jnp.asarray(ring_exchange(costs.context_block, c, bandwidth, latency, **steps,
+                                         contention=self.overlap.contention), dtype)
 
     def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for
@@ -268,32 +272,38 @@ class Configuration:
     def sync_scale(self, costs: ParallelCosts | None = None, compute: dict[str, Array] | None = None) -> Array:
         """``[layers]`` factor on each layer's gradient bytes for the engine's sync lane, which prices a
         ring over the raw data link: the link's bandwidth over the bus bandwidth (``Cluster.bus_bandwidth``),
-        times, with ``overlap.data_bucket``, the share of the stage's sync left after its last backward:
-        the last bucket, or what the last microbatch's backward of that stage cannot hide."""
+        times the share of the stage's sync left on the critical path. With ``overlap.data_bucket``, the
+        gradient reduction is left after the stage's last backward by its last bucket, or by what the
+        last microbatch's backward of that stage cannot hide; with ``overlap.param_gather`` (ZeRO-1/2),
+        the weights' all-gather runs under the next step's forward. What they hide costs
+        ``overlap.contention`` of its time (the compute it runs under is that much slower)."""
         costs = self.costs() if costs is None else costs
+        overlap, par, model = self.overlap, self.parallelism, self.model
         where = self.placement
         link = where.links["data"]
         bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
         scale = self.cluster.link(link)[0] / bus
         dtype = self.cluster.device.throughput.dtype
         rows = self.stage_rows()
-        if self.overlap.data_bucket is None or self.parallelism.shards == 1:
-            return jnp.broadcast_to(scale, rows.shape).astype(dtype)
+        # the weights' all-gather's part of ZeRO-1/2's all-reduce-equivalent bytes, (r + d) / 2 a parameter
+        d = float(model.dtype_bytes)
+        gather = d / (float(model.reduce_bytes or d) + d) if overlap.param_gather and par.zero in (1, 2) else 0.0
+        hidden_gather = gather * overlap.contention
+        if overlap.data_bucket is None or par.shards == 1:
+            return jnp.broadcast_to(scale * (1.0 - gather + hidden_gather), rows.shape).astype(dtype)
         compute = self.compute_seconds(costs) if compute is None else compute
         total = sum(compute.values())
         backward = total[_I] + total[_W]
-        stages = self.parallelism.stages
-        onehot = jnp.asarray(rows[None, :] == np.arange(stages)[:, None], dtype)  # [stages, layers]
-        grad = jnp.asarray(costs.gradient_bytes, dtype)
-        n = self.parallelism.shards
-        ring = 2.0 * (n - 1) / n
-        stage_bytes = onehot @ grad
-        sync = ring * stage_bytes / bus
+        onehot = jnp.asarray(rows[None, :] == np.arange(par.stages)[:, None], dtype)  # [stages, layers]
+        n = par.shards
+        stage_bytes = (1.0 - gather) * (onehot @ jnp.asarray(costs.gradient_bytes, dtype))  # the reduction's
+        sync = 2.0 * (n - 1) / n * stage_bytes / bus
         hidden = onehot @ backward
-        tail = jnp.minimum(self.overlap.data_bucket, stage_bytes)
+        tail = jnp.minimum(overlap.data_bucket, stage_bytes)
         safe = jnp.where(stage_bytes > 0, stage_bytes, 1.0)
-        share = jnp.where(stage_bytes > 0, jnp.maximum(tail / safe, jnp.maximum(sync - hidden, 0.0) / jnp.where(
-            sync > 0, sync, 1.0)), 1.0)
+        exposed = jnp.maximum(tail / safe, jnp.maximum(sync - hidden, 0.0) / jnp.where(sync > 0, sync, 1.0))
+        reduction = exposed + overlap.contention * (1.0 - exposed)
+        share = jnp.where(stage_bytes > 0, (1.0 - gather) * reduction + hidden_gather, 1.0)
         return scale * (onehot.T @ share)
 
     def network(self) -> Network:

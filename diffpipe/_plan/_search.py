@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
+import shlex
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -74,7 +75,7 @@ from .._results import csv_text, json_text, markdown_table
 from .._workload._parallel import Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
 from ._configuration import HEADROOM, Configuration
-from ._export import FRAMEWORKS, Launch, export_problem, megatron_args
+from ._export import FRAMEWORKS, Launch, export_problem, megatron_args, torchtitan_toml
 
 #: Families searched by default: synchronous single-pipeline schedules a framework runs
 #: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).
@@ -180,6 +181,23 @@ class PlanTable:
         """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``)."""
         return megatron_args(self.launch(i), self.model_of(i))
 
+    def export(self, framework: str) -> tuple[int, str]:
+        """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the
+        model's shape included, one shell line; ``torchtitan``: its TOML; ``csv``: the torch CSV of
+        the schedule) and that export; ``ConfigError`` naming the first refusal when no row exports."""
+        exporters = {"megatron": lambda i: shlex.join(self.megatron_args(i)) + "\n",
+                     "torchtitan": lambda i: torchtitan_toml(self.launch(i)),
+                     "csv": lambda i: schedules.to_torch_csv(self.configuration(i).schedule())}
+        if framework not in exporters:
+            raise ConfigError(f"plan table: export format must be one of {', '.join(exporters)}, got {framework!r}")
+        first = None
+        for i in range(len(self.rows)):  # e.g. Megatron-LM runs no zb-h1: the fastest row it runs
+            try:
+                return i, exporters[framework](i)
+            except (ConfigError, ScheduleError) as error:
+                first = first or error
+        raise ConfigError(f"plan: no evaluated configuration exports to {framework} ({first})")
+
     def configuration(self, i: int = 0) -> Configuration:
         """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
         row = self._row(i)
@@ -211,8 +229,8 @@ class PlanTable:
         rows = [[" ".join(map(str, r[c])) if c == "layers_per_stage" else r[c] for c in COLUMNS] for r in self.rows]
         return csv_text(COLUMNS, rows, path)
 
-    def to_markdown(self, top: int | None = 10) -> str:
-        """The first ``top`` rows (all when None) and the rejection counts, as Markdown."""
+    def cells(self, top: int | None = 10) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        """The header and cells of the first ``top`` rows (all when None), as ``to_markdown`` shows them."""
         header = ("family", "tp", "cp", "pp", "dp", "v", "ep", "mbs", "recompute", "zero", "sp", "step (s)",
                   "tok/s/GPU", "MFU (%)", "mem/GPU (GB)", "bubble (%)", "comm (%)")
         cells = []
@@ -223,10 +241,17 @@ class PlanTable:
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
                           f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
                           f"{100 * r['communication_share']:.1f}"))
-        text = markdown_table(header, cells)
+        return header, cells
+
+    def to_markdown(self, top: int | None = 10) -> str:
+        """The first ``top`` rows (all when None) and the rejection counts, as Markdown."""
+        return markdown_table(*self.cells(top)) + "\n" + self.notes()
+
+    def notes(self) -> str:
+        """What follows the table: the columns' legend, the fit rule, the counts and the rejections."""
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejected.items()))
         capacity = float(self.cluster.device.memory)
-        return (text + f"\n{LEGEND}; fits: at most {capacity * (1 - self.headroom) / 1e9:.1f} GB of "
+        return (f"{LEGEND}; fits: at most {capacity * (1 - self.headroom) / 1e9:.1f} GB of "
                 f"{capacity / 1e9:.0f} GB ({self.headroom:.0%} kept free)\n{self.explored} configurations explored, "
                 f"{self.simulated} simulated; rejected: {reasons or 'none'}\n")
 

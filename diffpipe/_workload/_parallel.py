@@ -56,9 +56,11 @@ data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activat
   over their own data group, ``N_d / e`` ranks.
 - Data-parallel gradient sync (docs/architecture.md, "The data-parallel gradient sync"): the
   bytes one device's sync of a stage moves, in *all-reduce-equivalent* bytes for a ring over
-  ``N_d`` ranks: the stage's gradient bytes ``d Psi`` for stages 0-2 (ZeRO-1/2's reduce-scatter
-  + all-gather moves what an all-reduce moves), half of that for stage 3 (a reduce-scatter;
-  parameters are all-gathered in the passes instead).
+  ``N_d`` ranks, with gradients reduced in ``r`` bytes an element (``Transformer.reduce_bytes``,
+  ``d`` by default): ``r Psi`` for stage 0 (an all-reduce), ``(r + d) Psi / 2`` for stages 1-2 (a
+  reduce-scatter of the gradients and an all-gather of the ``d``-byte weights, each half an
+  all-reduce), ``r Psi / 2`` for stage 3 (a reduce-scatter; parameters are all-gathered in the
+  passes instead).
   Expert gradients sync over ``N_d / e`` ranks: their bytes are scaled by ``((n_e - 1)/n_e) /
   ((N_d - 1)/N_d)`` so that the ring formula over ``N_d`` gives their bandwidth term.
 - ZeRO-3 parameter all-gathers (SC'20 §7.2.2): every layer's weights are all-gathered over the
@@ -214,6 +216,14 @@ class Parallelism:
             raise ConfigError(f"parallelism: tensor={t} must divide {what} with sequence_parallel")
 
 
+#: Compute slowdown while a collective overlaps it: the average measured in "Characterizing
+#: Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power
+#: Implications" (arXiv:2507.03114, 2025, abstract: "an average computational slowdown of 18.9%, with a
+#: maximum of 40.0%", GPT and LLaMA models on 4 A100s, H100s, MI250s and MI210s), against the same
+#: compute with no communication beside it.
+CONTENTION = 0.189
+
+
 @dataclass(frozen=True)
 class CommunicationOverlap:
     """How much communication a framework hides behind compute (fractions, not switches).
@@ -230,11 +240,18 @@ class CommunicationOverlap:
         prefetch: ZeRO-3 parameter all-gathers are prefetched during the previous layer's compute
             (FSDP's forward/backward prefetch): each layer's gather costs only what its neighbour's
             compute does not cover.
+        param_gather: ZeRO-1/2's all-gather of the updated weights runs under the next step's forward
+            (Megatron-LM ``--overlap-param-gather``), leaving the gradient reduce-scatter in the sync.
+        contention: seconds of compute lost per second of communication hidden behind it (NCCL's
+            kernels take SMs and memory bandwidth from the kernels they overlap); ``CONTENTION`` by
+            default. Only hidden communication pays it, so with nothing overlapped it changes nothing.
     """
 
     tensor: float = 0.0
     data_bucket: float | None = None
     prefetch: bool = False
+    param_gather: bool = False
+    contention: float = CONTENTION
 
     def __post_init__(self) -> None:
         if isinstance(self.tensor, bool) or not isinstance(self.tensor, (int, float)) or not 0 <= self.tensor <= 1:
@@ -242,8 +259,18 @@ class CommunicationOverlap:
         b = self.data_bucket
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
             raise ConfigError(f"overlap: data_bucket must be a positive number of bytes or None, got {b!r}")
-        if not isinstance(self.prefetch, bool):
-            raise ConfigError(f"overlap: prefetch must be a bool, got {self.prefetch!r}")
+        for name in ("prefetch", "param_gather"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"overlap: {name} must be a bool, got {getattr(self, name)!r}")
+        k = self.contention
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k <= 1:
+            raise ConfigError(f"overlap: contention must be a fraction in [0, 1], got {k!r}")
+
+    def hidden_cost(self, communication: Any, compute: Any) -> Array:
+        """Seconds ``communication`` adds to the ``compute`` it runs under: what it exceeds the compute
+        by, plus ``contention`` times the part it hides (``jnp``, differentiable)."""
+        hidden = jnp.minimum(communication, compute)
+        return communication - hidden + self.contention * hidden
 
 
 def transformer_engine_tensor_overlap(tensor: int) -> float:
@@ -449,13 +476,14 @@ def shard_context(base: LayerCosts, local: LayerCosts, tensor: int, context: int
 
 
 def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forward_step: Any = 0.0,
-                  backward_step: Any = 0.0, recompute_step: Any = None) -> Array:
+                  backward_step: Any = 0.0, recompute_step: Any = None, contention: float = 0.0) -> Array:
     """``[3, layers]`` seconds of the context-parallel K,V ring (TransformerEngine's
     ``AttnFuncWithCPAndKVP2P``) left on the critical path of each layer's ``F``, ``I`` and ``W``.
 
     One transfer of ``x`` bytes lasts ``latency + x / bandwidth`` and overlaps the attention kernel of
     the ring step it is issued in (``*_step``: ``[layers]`` seconds of one step's kernel; 0: no
-    overlap); a step is exposed by what its transfer exceeds its kernel. ``F``: ``c - 1`` transfers of
+    overlap); a step is exposed by what its transfer exceeds its kernel, plus ``contention`` times the
+    part its kernel hides (``CommunicationOverlap.hidden_cost``). ``F``: ``c - 1`` transfers of
     the block ``K_c``. ``I``: ``c`` transfers, ``K_c``, then ``c - 2`` of ``2 K_c`` (K,V with the
     partial dK,dV), then ``K_c`` (``2 (c - 1) K_c`` in all), against the backward kernel; with
     ``recompute_step`` (recomputation re-running the attention core) also the forward's ``c - 1``
@@ -466,7 +494,8 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     two = latency + 2.0 * block / bandwidth
 
     def exposed(transfer: Array, step: Any) -> Array:
-        return jnp.maximum(transfer - step, 0.0)
+        hidden = jnp.minimum(transfer, step)
+        return transfer - hidden + contention * hidden
 
     forward = (c - 1.0) * exposed(one, forward_step)
     backward = (2.0 if context > 1 else 0.0) * exposed(one, backward_step) + max(c - 2.0, 0.0) * exposed(
@@ -531,8 +560,10 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
               + zero_static_bytes(per_device_expert, par.zero, shards_e, d, bpp))
     ring = (n - 1) / n if n > 1 else 0.0
     expert_scale = ((shards_e - 1) / shards_e / ring) if ring and shards_e > 1 else 0.0
-    sync = 0.5 if par.zero == 3 else 1.0
-    gradient = sync * d * (per_device_dense + expert_scale * per_device_expert)
+    r = float(model.reduce_bytes or d)  # one gradient element as the data group reduces it
+    # all-reduce-equivalent bytes per parameter: all-reduce; reduce-scatter + weight all-gather; reduce-scatter
+    reduce = r if par.zero == 0 else (r + d) / 2 if par.zero in (1, 2) else r / 2
+    gradient = reduce * (per_device_dense + expert_scale * per_device_expert)
     gather_bytes = None
     if par.zero == 3:  # parameter all-gathers before each layer's forward and backward
         gather = np.array([all_gather(n, d * p)[0] for p in per_device_dense]) + np.array(
@@ -563,7 +594,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
         update_bytes=2 * (k + d) * owned,
         parameters=parameters,
         shared_static_bytes=shared_static,
-        shared_gradient_bytes=sync * d * shared,
+        shared_gradient_bytes=reduce * shared,
         kernels=kernels,
         gather_bytes=gather_bytes,
         context_block=context_block,

@@ -211,7 +211,7 @@ class Workload(eqx.Module):
             network=Network.uniform() if network is None else network,
             samples=float(model.microbatch_size), layers_per_stage=layers_per_stage,
             shared_static_bytes=costs.shared_parameters * model.bytes_per_parameter,
-            shared_gradient_bytes=costs.shared_parameters * model.dtype_bytes,
+            shared_gradient_bytes=costs.shared_parameters * (model.reduce_bytes or model.dtype_bytes),
         )
 
     def with_split(self, layers_per_stage: Sequence[int] | None) -> Workload:

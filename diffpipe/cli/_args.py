@@ -97,6 +97,21 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _number_in(low: float, high: float = math.inf) -> Callable[[str], float]:
+    """A finite number in ``[low, high]`` (``--jitter``, ``--slow-fraction``, ``--slow-factor``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            bound = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _value(raw: str) -> object:
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"

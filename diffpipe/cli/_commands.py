@@ -21,7 +21,7 @@ from .._caches import (
 )
 from .._checks import is_int
 from .._choices import COMMUNICATION_MODES
-from .._errors import ConfigError, ScheduleError
+from .._errors import ConfigError
 from .._progress import Progress
 from ._args import (
     DEFAULT_DEVICES,
@@ -65,17 +65,41 @@ from ._outputs import (
 _natural = _integer_at_least(0)
 
 
+#: A straggler's slowdown when ``--slow-fraction`` is given alone (``stragglers.py``'s ``slow_factor``).
+SLOW_FACTOR = 1.1
+
+
+def _jitter(args: argparse.Namespace) -> dict[str, float] | None:
+    """The ``dp.Jitter`` arguments of ``--jitter``/``--slow-fraction``/``--slow-factor``, or None."""
+    cv, fraction, factor = args.jitter, args.slow_fraction, args.slow_factor
+    if cv is None and fraction is None:
+        if factor is not None:
+            raise ConfigError("simulate: --slow-factor needs --slow-fraction (the share of straggling GPUs)")
+        return None
+    return dict(cv=cv or 0.0, slow_fraction=fraction or 0.0,
+                slow_factor=(SLOW_FACTOR if fraction else 1.0) if factor is None else factor)
+
+
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
+    jitter = _jitter(args)
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating one step")
-        cfg = training.build(max_ops=args.max_ops)
-        result = cfg.evaluate()
+        cfg = training.build(max_ops=args.max_ops)  # the size guards run before JAX is imported
+        if jitter is not None:
+            from .._engine._jitter import Jitter
+
+            jitter = Jitter(**jitter)
+            bar.stage(f"sampling {args.samples} steps")
+        result = cfg.evaluate(jitter=jitter, samples=args.samples, seed=args.seed)
         schedule = cfg.schedule()
         if outputs:
+            from ..viz import op_collectives
+
             bar.stage("drawing")
-            _write_all(_pictures(args, schedule, cfg.hardware(), result.result, result.gradient_sync,
-                                 result.breakdown))
+            hw = cfg.hardware()
+            _write_all(_pictures(args, schedule, hw, result.result, result.gradient_sync, result.breakdown,
+                                 op_collectives(cfg, schedule, hw) if args.gantt else None))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:
@@ -87,6 +111,9 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
     print(f"  {_settings_line(training.settings)}")
     print(f"  step time       {r.step_time:.3f} s" + ("" if r.gradient_sync else
                                                         f"  ({schedule.family}'s own R/U ops: no gradient-sync lane)"))
+    if r.expected_step_time is not None:
+        print(f"  with jitter     {r.expected_step_time:.3f} s expected, {r.p95_step_time:.3f} s at the 95th "
+              f"percentile ({args.samples} samples, seed {args.seed})")
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
     print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
@@ -273,6 +300,11 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
             raise ConfigError("--torch-csv cannot be combined with a training configuration (--model, --tp, ...)")
         _simulate_configuration(args, _training(args, config), outputs)
         return
+    given = [flag for flag, dest in (("--jitter", "jitter"), ("--slow-fraction", "slow_fraction"),
+                                     ("--slow-factor", "slow_factor")) if getattr(args, dest) is not None]
+    if given:
+        raise ConfigError(f"simulate: {given[0]} applies to a training configuration (--model or --config "
+                          "with [training]); a schedule on a machine has no random op times")
     schedule = _schedule(args, config)
     machine = _machine(args, config)
     from .._engine._simulate import simulate
@@ -486,15 +518,12 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    import shlex
-
-    from .._plan._export import megatron_args, torchtitan_toml
     from .._plan._search import plan
-    from ..schedules import to_torch_csv
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
-    _check_outputs(("--out", args.out, None), inputs=_input_paths(args))
+    _check_outputs(("--out", args.out, None), ("--report", args.report, (".html", ".htm")),
+                   inputs=_input_paths(args))
     train, par, clu, settings = _configuration_values(args, _Config())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
@@ -510,21 +539,19 @@ def _cmd_plan(args: argparse.Namespace) -> None:
                  headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
                  export=args.export if args.export in ("megatron", "torchtitan") else None)
     text, exported = None, None
-    exporters = {"megatron": lambda i: shlex.join(megatron_args(table.launch(i), table.model_of(i))) + "\n",
-                 "torchtitan": lambda i: torchtitan_toml(table.launch(i)),
-                 "csv": lambda i: to_torch_csv(table.configuration(i).schedule())}
-    if args.export:  # the fastest row the framework can run (e.g. Megatron-LM runs no zb-h1)
-        first = None
-        for i in range(len(table.rows)):
-            try:
-                text, exported = exporters[args.export](i), i
-                break
-            except (ConfigError, ScheduleError) as error:
-                first = first or error
-        if text is None:
-            raise ConfigError(f"plan: no evaluated configuration exports to {args.export} ({first})")
-    if args.out and text is not None:
-        _write_all([("--out", args.out, text)])
+    if args.export:
+        exported, text = table.export(args.export)
+    heading = (f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
+               f"{table.model.sequence} tokens")
+    outputs = [("--out", args.out, text)] if args.out else []
+    if args.report:
+        from ..viz.report import report
+
+        with Progress("plan") as bar:
+            bar.stage("drawing the report")
+            outputs.append(("--report", args.report, report(table, title=heading, settings=_settings_line(settings),
+                                                            top=args.top)))
+    _write_all(outputs)
     if args.json:
         data = table.to_dict()
         data["settings"] = settings
@@ -533,14 +560,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
             data["export"] = {"format": args.export, "row": exported, "text": text}
         _print_json(data)
         return
-    print(f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
-          f"{table.model.sequence} tokens")
+    print(heading)
     print(_settings_line(settings))
     print(table.to_markdown(args.top), end="")
     if text is not None:
         which = "the best row" if exported == 0 else f"row {exported + 1}, the fastest it runs"
         print(f"\n{args.export} ({which}): " + (f"wrote {args.out}" if args.out else f"\n{text}"),
               end="\n" if args.out else "")
+    if args.report:
+        print(f"wrote {args.report}")
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:

@@ -47,6 +47,7 @@ from ._args import (
     _count,
     _integer_at_least,
     _listed,
+    _number_in,
     _Parser,
     _Terminated,
     _UsageError,
@@ -117,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schedule(p)
     _add_machine(p)
     _add_training(p)
+    g = p.add_argument_group("random op times (a training configuration; dp.Jitter, docs/cost-model.md)")
+    g.add_argument("--jitter", type=_number_in(0.0), metavar="CV",
+                   help="coefficient of variation of every compute op: also report the expected and 95th-"
+                        "percentile step by batched Monte Carlo")
+    g.add_argument("--slow-fraction", type=_number_in(0.0, 1.0), dest="slow_fraction", metavar="P",
+                   help="probability that a GPU is a straggler in a step (default 0)")
+    g.add_argument("--slow-factor", type=_number_in(1.0), dest="slow_factor", metavar="X",
+                   help="how much longer a straggler's compute ops last (default 1.1 with --slow-fraction)")
+    g.add_argument("--samples", type=_count, default=512, help="Monte Carlo samples (default 512)")
+    g.add_argument("--seed", type=_integer_at_least(0), default=0, help="random seed (default 0)")
     p.add_argument("--gantt", metavar="PNG|SVG", help="also draw a Gantt chart")
     p.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -182,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
     p.add_argument("--export", choices=["megatron", "torchtitan", "csv"], help="export the best configuration")
     p.add_argument("--out", metavar="PATH", help="write the export to PATH")
+    p.add_argument("--report", metavar="HTML",
+                   help="write one self-contained HTML page: step time against memory by family, the best "
+                        "configuration's Gantt chart and breakdown, its Megatron-LM and torchtitan exports")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_plan)
     p = command("calibrate", "fit per-stage times, per-op overhead and p2p time from a torch.profiler trace",

@@ -21,7 +21,8 @@ from ._inputs import _Machine
 UNIT_KEYS = {"step_time": ("step_time_s", 1.0), "mfu": ("mfu_percent", 100.0),
              "memory_per_gpu": ("memory_per_gpu_gb", 1e-9), "memory": ("memory_gb", 1e-9),
              "capacity": ("capacity_gb", 1e-9), "bubble_ratio": ("bubble_percent", 100.0),
-             "communication_share": ("communication_percent", 100.0), "bound": ("bound_s", 1.0)}
+             "communication_share": ("communication_percent", 100.0), "bound": ("bound_s", 1.0),
+             "expected_step_time": ("expected_step_time_s", 1.0), "p95_step_time": ("p95_step_time_s", 1.0)}
 
 
 def _with_units(figures: dict[str, Any]) -> dict[str, Any]:
@@ -85,17 +86,20 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None],
 
 
 def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
-              gradient_sync: bool = False, breakdown: dict[str, float] | None = None) -> list[tuple[str, str, Any]]:
+              gradient_sync: bool = False, breakdown: dict[str, float] | None = None,
+              collectives: dict[str, Any] | None = None) -> list[tuple[str, str, Any]]:
     """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
     ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's);
-    ``breakdown``: a configuration's ``ConfigResult.breakdown``, drawn as a bar under the Gantt."""
+    ``breakdown``: a configuration's ``ConfigResult.breakdown``, drawn as a bar under the Gantt;
+    ``collectives``: its collectives per op (``viz.op_collectives``), drawn on rows of their own."""
     subject = schedule if result is None else result
     out: list[tuple[str, str, Any]] = []
     if getattr(args, "gantt", None):
         from ..viz import gantt
         from ..viz.gantt import DEFAULT_DPI
 
-        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync, breakdown=breakdown)
+        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync, breakdown=breakdown,
+                    collectives=collectives)
         fmt = Path(args.gantt).suffix.lower().lstrip(".")
         out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
     if getattr(args, "trace", None):

@@ -14,7 +14,7 @@ transfer on its link, the receiver's previous op) has finished.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from .._engine._graph import compile as compile_graph
 from .._engine._hardware import Hardware, nan_checked
 from .._engine._simulate import Result, simulate, simulate_graph, static_memory
 from .._errors import ConfigError
+from .._plan._configuration import Configuration
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_delta, activation_table
 
@@ -82,6 +83,9 @@ class Timeline:
     can end after the last drawn op (setup and wind-down, a data-parallel gradient sync and
     optimizer step: ``compile(..., gradient_sync=True)``). ``syncs`` holds that sync's ``R`` and
     ``U`` nodes when asked for (``timeline(..., gradient_sync=True)``), else nothing.
+    ``collectives`` maps a collective kind (``tensor``, ``expert``, ``gather``, ``context``: the
+    ``exposed_<kind>`` parts of ``ConfigResult.breakdown``) to the seconds of it inside each op
+    (``op_collectives``; an array following ``schedule.ops``); kinds that are zero everywhere are left out.
     """
 
     schedule: Schedule
@@ -94,6 +98,7 @@ class Timeline:
     communication: str
     step: float = 0.0
     syncs: tuple[SyncOp, ...] = ()
+    collectives: tuple[tuple[str, np.ndarray], ...] = ()
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -147,7 +152,7 @@ def _lane_key(lane: str) -> tuple:
 
 
 def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
-             gradient_sync: bool = False) -> Timeline:
+             gradient_sync: bool = False, collectives: Mapping[str, Any] | None = None) -> Timeline:
     """Lay out ``source`` (a ``Schedule``, simulated on ``hw``, or a ``Result`` of ``schedule``).
 
     ``hw`` defaults, for a schedule, to unit times (``Hardware.from_times(1.0, 2.0)``: F = 1 s,
@@ -155,6 +160,8 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     arrows and memory is counted in activations. ``gradient_sync``: simulate (or, for a
     ``Result``, expect) the step with the data-parallel gradient sync, as ``simulate``'s flag, and
     lay out its ``R`` and ``U`` nodes (``Timeline.syncs``); a ``Result`` then needs its ``hw``.
+    ``collectives``: ``{kind: seconds per op}`` of the collectives inside the ops
+    (``op_collectives(configuration)``), each at most its op's duration.
     """
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
@@ -198,7 +205,54 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     memory, unit = _memory(schedule, hw, start, finish)
     syncs = _syncs(schedule, hw, float(result.makespan)) if gradient_sync else ()
     return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode,
-                    float(result.makespan), syncs)
+                    float(result.makespan), syncs, _checked_collectives(collectives, schedule, finish - start))
+
+
+def _checked_collectives(collectives: Any, schedule: Schedule, duration: np.ndarray) -> tuple:
+    if collectives is None:
+        return ()
+    if not isinstance(collectives, Mapping):
+        raise ConfigError(f"collectives must be a mapping of kind to seconds per op, got {type(collectives).__name__}")
+    out = []
+    for kind, seconds in collectives.items():
+        if not isinstance(kind, str):
+            raise ConfigError(f"collectives: kinds must be strings, got {kind!r}")
+        values = np.asarray(seconds, dtype=np.float64)
+        if values.shape != (len(schedule.ops),):
+            raise ConfigError(f"collectives[{kind!r}]: expected one value per op ({len(schedule.ops)}), "
+                              f"got shape {values.shape}")
+        if not np.all(np.isfinite(values)) or np.any(values < 0):
+            raise ConfigError(f"collectives[{kind!r}]: seconds must be finite and at least 0")
+        if np.any(values > duration * (1 + 1e-5) + 1e-12):
+            i = int(np.argmax(values - duration))
+            raise ConfigError(f"collectives[{kind!r}]: {values[i]:.6g} s inside {schedule.ops[i]}, which lasts "
+                              f"only {duration[i]:.6g} s (are they of this schedule and hardware?)")
+        if np.any(values > 0):
+            out.append((kind, values))
+    return tuple(out)
+
+
+def op_collectives(configuration: Configuration, schedule: Schedule | None = None,
+                   hw: Hardware | None = None) -> dict[str, np.ndarray]:
+    """``{kind: seconds per op of schedule.ops}`` of the collectives left exposed inside each op of
+    ``configuration``'s step (``Configuration.exposed_collectives``: tensor-parallel all-reduces or
+    all-gathers and reduce-scatters, expert all-to-alls, ZeRO-3 gathers, the context ring): an op
+    of stage ``s`` holds ``size[m]`` x the sum over the stage's layers of its kind's row (``F``: the
+    forward row, ``I``: input-grad, ``W``: weight, ``B``: both), as its duration does
+    (``Configuration.workload``). ``schedule``/``hw`` default to the configuration's own."""
+    schedule = configuration.schedule() if schedule is None else schedule
+    hw = configuration.hardware() if hw is None else hw
+    rows = configuration.stage_rows()
+    size = np.broadcast_to(np.asarray(hw.size, np.float64), (schedule.microbatches,))
+    out = {}
+    for kind, table in configuration.exposed_collectives().items():
+        table = np.asarray(table, np.float64)
+        per_stage = np.zeros((3, schedule.stages))
+        np.add.at(per_stage.T, rows, table.T)
+        per_kind = {"F": per_stage[0], "I": per_stage[1], "W": per_stage[2], "B": per_stage[1] + per_stage[2]}
+        out[kind] = np.array([size[op.microbatch] * per_kind[op.kind][op.stage] if op.kind in per_kind else 0.0
+                              for op in schedule.ops])
+    return out
 
 
 def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:

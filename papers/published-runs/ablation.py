@@ -1,5 +1,7 @@
 """What each change of the cost model moved on the TEST set: the full model, and the full model with
-one change undone at a time (issue 22's closing-note ablation).
+one change undone at a time (issue 22's closing-note ablation), the training ceilings refitted on the
+FIT set under every variant (``fit_ceilings.py``), as the protocol fits them, so that an undone change is
+not judged against ceilings fitted with it.
 
 Changes (each undone by patching the one place it lives, nothing else):
 
@@ -7,86 +9,118 @@ Changes (each undone by patching the one place it lives, nothing else):
   _kernels._cross_entropy_passes``); undone: the earlier two passes, ``d + 8`` and ``4 + d`` bytes per logit.
 - ``flash1``: llm-foundry's Triton attention at FlashAttention-1's rate (``FLASH_RATE[1] = 0.5``); undone: at
   FlashAttention-2's rate.
-- ``ceiling``: the H100 ceiling refitted on the FIT set after Megatron-LM's stated --tp-comm-overlap was
-  modelled (``H100_CEILING``); undone: the earlier fit, 0.9247, from FIT rows whose TP collectives were all
-  exposed.
+- ``contention``: compute slowed by ``CommunicationOverlap.contention`` of the communication it hides; undone:
+  hidden communication free.
+- ``reduce``: gradients reduced in fp32 where the framework does (``Transformer.reduce_bytes``: Megatron-LM,
+  torchtitan, Composer's DEFAULT, Lightning's autocast); undone: in bf16.
+- ``param_gather``: Megatron-LM's stated ``--overlap-param-gather``; undone: the weights' all-gather in the sync.
+- ``a100_ceiling``: the A100's training ceiling (``CEILINGS["A100"]``); undone: the kernel fit alone (1.0), the
+  H100's still refitted.
 
-The TEST rows are the same as ``test_runs.py``'s; nothing is fitted here.
+The TEST rows are the same as ``test_runs.py``'s; nothing is fitted to them.
 
-    PYTHONPATH=. python papers/published-runs/ablation.py            # ~4 x 10 min; writes ablation.json
+    PYTHONPATH=. python papers/published-runs/ablation.py            # 7 x (refit + TEST); writes ablation.json
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-
-import equinox as eqx
+from typing import Any
 
 import diffpipe as dp
 from diffpipe._machine import _presets
 from diffpipe._model import _kernels
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("published_runs_test", HERE / "test_runs.py")
-tr = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = tr
-_spec.loader.exec_module(tr)
 
-#: The H100 ceiling before this change (fitted with every TP collective of the FIT rows exposed).
-OLD_CEILING = 0.9247
+
+def _load(name: str, file: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, HERE / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+tr = _load("published_runs_test", "test_runs.py")
+fc = _load("published_runs_ceilings", "fit_ceilings.py")
+rp = fc.rp  # run.py, as the ceiling fit reads it
+
+CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "a100_ceiling")
 
 
 @contextlib.contextmanager
-def undone(change: str | None) -> Iterator[None]:
-    if change is None:
+def patched(target: Any, **values: Any) -> Iterator[None]:
+    saved = {k: getattr(target, k) for k in values}
+    for k, v in values.items():
+        setattr(target, k, v)
+    try:
         yield
-        return
+    finally:
+        for k, v in saved.items():
+            setattr(target, k, v)
+
+
+def undone(change: str | None) -> contextlib.AbstractContextManager:
+    if change is None:
+        return contextlib.nullcontext()
     if change == "ce":
-        saved = _kernels._cross_entropy_passes
-        _kernels._cross_entropy_passes = lambda d: ((d + 8.0,), (4.0 + d,))
-        try:
-            yield
-        finally:
-            _kernels._cross_entropy_passes = saved
-    elif change == "flash1":
-        saved = dict(_kernels.FLASH_RATE)
-        _kernels.FLASH_RATE[1] = _kernels.FLASH_RATE[2]
-        try:
-            yield
-        finally:
-            _kernels.FLASH_RATE.update(saved)
-    elif change == "ceiling":
-        saved = _presets.KERNELS["H100"]
-        scale = OLD_CEILING / _presets.H100_CEILING
-        _presets.KERNELS["H100"] = eqx.tree_at(lambda k: (k.gemm_efficiency, k.attention_efficiency), saved,
-                                               (saved.gemm_efficiency * scale, saved.attention_efficiency * scale))
-        try:
-            yield
-        finally:
-            _presets.KERNELS["H100"] = saved
-    else:
-        raise ValueError(change)
+        return patched(_kernels, _cross_entropy_passes=lambda d: ((d + 8.0,), (4.0 + d,)))
+    if change == "flash1":
+        return patched(_kernels, FLASH_RATE={**_kernels.FLASH_RATE, 1: _kernels.FLASH_RATE[2]})
+    if change == "contention":
+        return patched(dp, CommunicationOverlap=functools.partial(dp.CommunicationOverlap, contention=0.0))
+    if change == "reduce":
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched(rp, MEGATRON_BF16_REDUCE_BYTES=2, TORCHTITAN_REDUCE_BYTES=2))
+        stack.enter_context(patched(tr, COMPOSER_REDUCE_BYTES={"DEFAULT": 2, "PURE": 2}, LIGHTNING_REDUCE_BYTES=2))
+        return stack
+    if change == "param_gather":
+        return patched(rp, MEGATRON_PARAM_GATHER=False)
+    if change == "a100_ceiling":
+        return contextlib.nullcontext()  # handled by the refit: the A100 is not refitted
+    raise ValueError(change)
+
+
+@contextlib.contextmanager
+def ceilings(alphas: dict[str, float]) -> Iterator[None]:
+    """The presets' kernel models with each device's ceiling at ``alphas[device]``."""
+    base = dict(_presets.KERNELS)
+    for device, alpha in alphas.items():
+        for p in fc.PRESETS[device]:
+            _presets.KERNELS[p] = fc.scaled(base[p], alpha / _presets.CEILINGS[device])
+    try:
+        yield
+    finally:
+        _presets.KERNELS.update(base)
 
 
 def main() -> dict:
     out = {}
-    for change in (None, "ce", "flash1", "ceiling"):
+    for change in (None, *CHANGES):
         label = "all" if change is None else f"all but {change}"
         dp.clear_caches()  # nothing computed under another variant is reused
         with undone(change):
-            results = [tr.evaluate(row) for row in tr.rows()]
+            devices = ("H100",) if change == "a100_ceiling" else tuple(fc.STUDIES)
+            alphas = {device: fc.fit(device)["alpha"] for device in devices}
+            if change == "a100_ceiling":
+                alphas["A100"] = 1.0
+            with ceilings(alphas):
+                results = [tr.evaluate(row) for row in tr.rows()]
         out[label] = summary = tr.summarise(results)
+        summary["ceilings"] = alphas
         a, sl = summary["all"], summary["slope"]
-        print(f"{label:18s} MAPE {100 * a['mape']:5.1f}%  mean {100 * a['mean_error']:+5.1f}%  "
+        print(f"{label:22s} MAPE {100 * a['mape']:5.1f}%  mean {100 * a['mean_error']:+5.1f}%  "
               + "  ".join(f"{k} {100 * v['mape']:.1f}% ({100 * v['mean_error']:+.1f}%)" for k, v in summary.items()
                           if k.startswith("device:"))
               + f"  slope ratio {sl.get('ratio', float('nan')):.2f}  pairs {summary['pairs']['ordered']}/"
-              f"{summary['pairs']['pairs']}", flush=True)
+              f"{summary['pairs']['pairs']}  ceilings {alphas}", flush=True)
     dp.write_atomic(HERE / "ablation.json", json.dumps(out, indent=1) + "\n")
     return out
 

@@ -115,7 +115,8 @@ ASSUMPTIONS: dict[str, list[str]] = {
     ],
     "torchtitan": [
         "Llama 3.1 8B from its config.json at sequence 8192 (train_configs/llama3_8b.toml at torchtitan 9dec370, "
-        "the version of the measurement), bf16, flash attention, FSDP as ZeRO-3, one microbatch of the local "
+        "the version of the measurement), bf16, flash attention, FSDP as ZeRO-3 reducing gradients in fp32 "
+        "(--training.mixed_precision_reduce, whose one choice is float32 at 9dec370), one microbatch of the local "
         "batch (2) per step.",
         "torchtitan's 'selective' activation checkpointing at its default option '2' checkpoints every other "
         "layer in full: diffpipe has no such mode, so the row is simulated with no and with full "
@@ -132,9 +133,11 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "131,072, sequence 4,096; microbatch size 1, selective recomputation, sequence parallelism where "
         "tensor > 1, 1F1B without virtual stages, the distributed optimizer (zero=1): the README gives none of "
         "these.",
-        "The README's communication overlaps: DP as --overlap-grad-reduce buckets, TP (--tp-comm-overlap) as "
+        "The README's communication overlaps: DP as --overlap-grad-reduce buckets and --overlap-param-gather "
+        "(the distributed optimizer's weight all-gather under the next forward), TP (--tp-comm-overlap) as "
         "Transformer Engine's default userbuffer chunking (dp.transformer_engine_tensor_overlap: 69% of the TP "
-        "collectives hidden at tensor 2, 81% at 4, 88% at 8); PP transfers overlap in the 'overlap' mode.",
+        "collectives hidden at tensor 2, 81% at 4, 88% at 8); PP transfers overlap in the 'overlap' mode. "
+        "Gradients reduced in fp32 (Megatron-LM's rule for bf16 without --grad-reduce-in-bf16).",
     ],
     "sc21_orderings": [
         "Each figure's configuration is the authors' run_figure_*.sh (GPT as in sc21, full recomputation, "
@@ -181,10 +184,21 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], batch: int, *,
     return dp.Configuration(model, par, clu, batch, layers_per_stage=layers_per_stage, overlap=overlap)
 
 
+#: Bytes of a gradient element in the data-parallel reduction, where the source's framework states it:
+#: Megatron-LM reduces bf16 training's gradients in fp32 unless ``--grad-reduce-in-bf16``
+#: (``megatron/training/arguments.py`` at d98e8a6: "bfloat16 requires gradient accumulation and all-reduce to be
+#: done in fp32"); torchtitan's ``--training.mixed_precision_reduce`` has one choice, ``float32``
+#: (``torchtitan/config_manager.py`` at 9dec370). SC'21 trained in fp16 (gradients reduced in fp16); Korthikanti
+#: et al. and Llama 3 state no reduction dtype here: the training precision.
+MEGATRON_BF16_REDUCE_BYTES = 4
+TORCHTITAN_REDUCE_BYTES = 4
+#: Megatron-LM's README states ``--overlap-param-gather`` for its H100 table.
+MEGATRON_PARAM_GATHER = True
+
 #: Megatron-LM's ``--overlap-grad-reduce`` bucket: ``max(40M, 1M x data)`` parameters
-#: (``megatron/core/distributed/distributed_data_parallel.py``), in bf16 gradients.
-def megatron_bucket(data: int) -> float:
-    return 2.0 * max(40e6, 1e6 * data)
+#: (``megatron/core/distributed/distributed_data_parallel.py``), of ``reduce_bytes`` each.
+def megatron_bucket(data: int, reduce_bytes: int = 2) -> float:
+    return float(reduce_bytes) * max(40e6, 1e6 * data)
 
 
 def fsdp_overlap(model: dp.Transformer) -> Any:
@@ -322,7 +336,7 @@ def torchtitan_rows() -> list[Row]:
     for r in DATA["torchtitan"]["fsdp"]:
         for recompute in ("none", "full"):
             model = dp.presets.model("llama-3-8b", sequence=8192, microbatch_size=r["local_batch"],
-                                     recompute=recompute, flash_attention=True)
+                                     recompute=recompute, flash_attention=True, reduce_bytes=TORCHTITAN_REDUCE_BYTES)
 
             def build(model=model, r=r):
                 return configuration(model, TITAN_H100, r["batch"], data=r["gpus"], zero=3,
@@ -335,7 +349,7 @@ def torchtitan_rows() -> list[Row]:
         virtual = 2 if interleaved else 1
         mbs = r["local_batch"] // (r["pp"] * virtual)
         model = dp.presets.model("llama-3.1-405b", sequence=8192, microbatch_size=mbs, recompute="full",
-                                 flash_attention=True)
+                                 flash_attention=True, reduce_bytes=TORCHTITAN_REDUCE_BYTES)
 
         def build(model=model, r=r, virtual=virtual):
             return configuration(model, TITAN_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["fsdp"],
@@ -350,14 +364,15 @@ def megatron_h100() -> list[Row]:
     rows = []
     for r in DATA["megatron_h100"]["table"]:
         model = gpt(r["layers"], r["hidden"], r["heads"], sequence=4096, vocabulary=131072, microbatch_size=1,
-                    recompute="selective", flash_attention=True)
+                    recompute="selective", flash_attention=True, reduce_bytes=MEGATRON_BF16_REDUCE_BYTES)
 
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
                                  zero=1, sequence_parallel=r["tp"] > 1,
                                  overlap=dp.CommunicationOverlap(
                                      tensor=dp.transformer_engine_tensor_overlap(r["tp"]),
-                                     data_bucket=megatron_bucket(r["dp"])))
+                                     data_bucket=megatron_bucket(r["dp"], MEGATRON_BF16_REDUCE_BYTES),
+                                     param_gather=MEGATRON_PARAM_GATHER))
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))

@@ -53,13 +53,15 @@ TEST_ASSUMPTIONS = {
         "kernel (attn_impl 'triton', the default of submit_benchmarks.py, which sweep.sh does not override, at "
         "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
-        "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule); "
+        "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule), "
+        "in fp32 for MP Mode DEFAULT and bf16 for PURE (Composer's get_mixed_precision at v0.16.4 / v0.17.2); "
         "the H100s are SXM parts on 400 Gb/s InfiniBand per GPU (the README says neither).",
     ],
     "flash_attention": [
         "GPT-3 as Megatron's GPT (biases, dropout, GeLU, tied embeddings, learned positions), vocabulary 50264 "
         "(50257 padded to a multiple of 8), flash attention, bf16; 'zero1' rows as ZeRO-1, others ZeRO-0; one "
-        "8-GPU node; PyTorch DDP's 25 MiB gradient buckets overlapped with the backward.",
+        "8-GPU node; PyTorch DDP's 25 MiB gradient buckets overlapped with the backward, in fp32 (Lightning's "
+        "'precision: bf16' autocasts with fp32 parameters, so their gradients are fp32).",
     ],
     "bloom": [
         "BLOOM-176B as Megatron's GPT with ALiBi priced as rotary positions (no position parameters), an "
@@ -102,6 +104,15 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, bat
     return dp.Configuration(model, par, dp.Cluster(gpus=gpus, **cluster), batch, schedule=schedule, **extra)
 
 
+#: Bytes of a gradient element in FSDP's reduce-scatter by Composer's ``mixed_precision`` mode (``get_mixed_precision``
+#: in ``composer/trainer/mosaic_fsdp_utils.py`` at v0.16.4 and v0.17.2, the versions llm-foundry pinned at b2a43a147
+#: and 5e85bd62d): ``DEFAULT`` reduces in fp32, ``PURE`` in the training precision.
+COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
+
+#: flash-attention's training runs: Lightning's ``precision: bf16`` autocasts with fp32 parameters, so DDP reduces fp32
+#: gradients.
+LIGHTNING_REDUCE_BYTES = 4
+
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``).
 DDP_BUCKET = 25 * 2 ** 20
 
@@ -122,7 +133,8 @@ def llm_foundry() -> list[Row]:
                 continue
             model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                    vocabulary=50368, microbatch_size=r["mbs"], recompute=r["recompute"], bias=False,
-                                   dropout=False, flash_attention=True, flash_version=1)
+                                   dropout=False, flash_attention=True, flash_version=1,
+                                   reduce_bytes=COMPOSER_REDUCE_BYTES[r["mp_mode"]])
             cluster = MOSAIC_H100 if device == "H100" else dict(MOSAIC_A100, device=device)
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
 
@@ -140,7 +152,7 @@ def flash_attention() -> list[Row]:
     for r in TEST["flash_attention"]["rows"]:
         model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                vocabulary=50264, microbatch_size=r["mbs"], recompute=r["recompute"],
-                               flash_attention=True)
+                               flash_attention=True, reduce_bytes=LIGHTNING_REDUCE_BYTES)
         zero = 1 if r["optimizer_sharding"] == "zero1" else 0
 
         def build(model=model, r=r, zero=zero):
