@@ -123,6 +123,7 @@ def test_a_bad_value_is_still_named():
 def test_set_up_without_eager_ops_is_bit_identical_to_the_eager_computation():
     # The set-up paths run in NumPy or as one program: bit for bit what JAX computes eagerly.
     from diffpipe._workload._parallel import Parallelism
+    from diffpipe._workload._workload import _CURVES, _fields_at
 
     model = dp.presets.model("llama-3-70b")
     cluster = dp.Cluster(dp.presets.device("H100"), gpus=64, devices_per_node=8, intra="nvlink4", inter="ib-ndr")
@@ -136,6 +137,11 @@ def test_set_up_without_eager_ops_is_bit_identical_to_the_eager_computation():
                                   np.asarray(device._seconds(layer.forward, layer.forward_bytes, layer.tokens)))
     workload = cfg.workload()
     assert not np.all(np.asarray(workload.forward) == np.asarray(workload.forward)[0])  # a real table
-    for boundaries in ([0.0, 20.0, 41.0, 62.0, 82.0], [0.0, 10.5, 33.25, 70.0, 82.0]):
+    curves = {name: getattr(workload, name) for name in _CURVES}
+    for boundaries in ([0.0, 20.0, 41.0, 62.0, 82.0], [0.0, 10.5, 33.25, 70.0, 82.0], [0.0, 82.0]):
         x = jnp.asarray(boundaries)
-        chex.assert_trees_all_equal(workload.stage_fields(x), workload._stage_fields(x))
+        chex.assert_trees_all_equal(workload.stage_fields(x), _fields_at(curves, x))
+    # Padded to a bucket of stage counts, the real stages' values are the unpadded program's.
+    for boundaries in (np.linspace(0.0, 82.0, 41), np.arange(0.0, 83.0, 2.0), np.linspace(0.0, 82.0, 34)):
+        x = jnp.asarray(boundaries, jnp.float32)
+        chex.assert_trees_all_equal(workload.stage_fields(x), jax.jit(_fields_at)(curves, x))

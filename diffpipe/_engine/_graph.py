@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._caches import BoundedDict
 from .._errors import ConfigError, ScheduleError
 from ..schedules import Op, Schedule
 from ..schedules._analysis import weight_versions
@@ -533,6 +534,57 @@ def common_sizes(graphs: Sequence[Graph]) -> dict[str, int]:
         costs=max(g.node_cost.shape[0] for g in graphs), edge_costs=max(g.edge_cost.shape[0] for g in graphs),
         transfers=max(g.xfer_node.shape[0] for g in graphs),
     )
+
+
+#: Smallest bucket of levels and of level width (``bucket_sizes``): below these, padding costs less
+#: than one more compiled program.
+BUCKET_LEVELS = 16
+BUCKET_WIDTH = 16
+#: Devices pad to at least ``levels / BUCKET_DEVICES`` (a schedule over ``d`` devices has at least
+#: about ``2 d`` levels, fill and drain), so the device count rarely splits a bucket; per-device
+#: arrays are small (the largest, the pair links, ``devices^2``).
+BUCKET_DEVICES = 8
+#: Padded graphs kept (``bucketed``), keyed by the graph object.
+_BUCKETED_KEPT = 256
+_BUCKETED: BoundedDict = BoundedDict(_BUCKETED_KEPT)  # id(graph) -> (graph, padded)
+
+
+def _power_of_two(n: int, floor: int = 1) -> int:
+    n = max(int(n), floor)
+    return 1 << (n - 1).bit_length()
+
+
+def bucket_sizes(graph: Graph) -> dict[str, int]:
+    """The size bucket of ``graph`` (``pad_graph``'s keyword arguments): levels and level width up
+    to powers of two (at least ``BUCKET_LEVELS``, ``BUCKET_WIDTH``), devices and pipelines up to
+    powers of two, and every other size up to ``levels x width`` rows (the most nodes a graph of
+    that many levels of that width has; a size past it goes to its own power of two), devices to
+    at least ``levels / BUCKET_DEVICES``. So a bucket is, in practice, the pair (levels, width) of
+    powers of two: graphs of one bucket and
+    one communication setting share every compiled evaluator, and padding never changes a result
+    (``pad_graph``)."""
+    s = common_sizes([graph])
+    levels, width = _power_of_two(s["levels"], BUCKET_LEVELS), _power_of_two(s["width"], BUCKET_WIDTH)
+    nodes, k = levels * width, _power_of_two(s["k"])
+    out = dict(nodes=nodes, k=k, levels=levels, width=width, pipelines=_power_of_two(s["pipelines"]),
+               devices=max(_power_of_two(s["devices"]), levels // BUCKET_DEVICES))
+    for name in ("sinks", "lane", "steps", "stages", "microbatches", "costs"):
+        out[name] = max(nodes, _power_of_two(s[name]))
+    for name in ("edge_costs", "transfers"):
+        out[name] = max(nodes * k, _power_of_two(s[name]))
+    return out
+
+
+def bucketed(graph: Graph) -> Graph:
+    """``graph`` padded to its size bucket (``bucket_sizes``), cached by graph object: one compiled
+    evaluator then serves every graph of the bucket. Results are those of ``graph`` on its own
+    rows, devices, stages and microbatches (``pad_hardware`` pads the hardware to match)."""
+    held = _BUCKETED.get(id(graph))
+    if held is not None and held[0] is graph:
+        return held[1]
+    padded = pad_graph(graph, **bucket_sizes(graph))
+    _BUCKETED[id(graph)] = (graph, padded)
+    return padded
 
 
 def stack_graphs(graphs: Sequence[Graph]) -> Graph:

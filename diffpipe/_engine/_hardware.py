@@ -39,7 +39,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from .._arrays import as_float, concrete
 from .._caches import bounded
@@ -210,6 +210,9 @@ class Network(eqx.Module):
     devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
     data_parallel_link: str = eqx.field(static=True, default="inter")
+    #: ``data_parallel`` as a traced int32 scalar (``with_traced_data_parallel``), so that one
+    #: compiled program serves every data-parallel size; None: the static ``data_parallel``.
+    replicas: Int[Array, ""] | None = None
 
     def __check_init__(self) -> None:
         if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
@@ -249,6 +252,17 @@ class Network(eqx.Module):
         latency = _traced_check("network latency", latency)
         bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
+
+    def with_traced_data_parallel(self) -> Network:
+        """This network with ``data_parallel`` carried as an array leaf (``replicas``) and the
+        static field 1: programs compiled for it serve every data-parallel size with the same
+        results (the ring's participants are an integer product either way)."""
+        if self.replicas is not None:
+            return self
+        return Network(self.latency, self.bandwidth, self.inter_latency, self.inter_bandwidth, self.pair_latency,
+                       self.pair_bandwidth, mode=self.mode, devices_per_node=self.devices_per_node,
+                       data_parallel=1, data_parallel_link=self.data_parallel_link,
+                       replicas=np.asarray(self.data_parallel, np.int32))
 
     def data_parallel_links(self) -> tuple[Array, Array]:
         """Latency and bandwidth of the data-parallel link (``data_parallel_link``), as the
@@ -486,11 +500,16 @@ class Hardware(eqx.Module):
         a1, a2, a3 = cost[:, 3], cost[:, 4], cost[:, 5]
         # all-reduce rows: (participants, first device, last device); a ring over the slowest link:
         # the first-to-last participant link when the schedule has several, and the data-parallel link
-        n = a1 * self.network.data_parallel
+        replicas = self.network.replicas
+        n = a1 * (self.network.data_parallel if replicas is None else replicas)
         several = a1 > 1
         ring_lat = jnp.where(several, latency[a2, a3], 0.0)
         ring_bw = jnp.where(several, bandwidth[a2, a3], jnp.inf)
-        if self.network.data_parallel > 1:
+        if replicas is not None:  # the same values as the static branch below, selected at run time
+            dp_lat, dp_bw = self.network.data_parallel_links()
+            ring_lat = jnp.where(replicas > 1, jnp.maximum(ring_lat, dp_lat), ring_lat)
+            ring_bw = jnp.where(replicas > 1, jnp.minimum(ring_bw, dp_bw), ring_bw)
+        elif self.network.data_parallel > 1:
             dp_lat, dp_bw = self.network.data_parallel_links()
             ring_lat = jnp.maximum(ring_lat, dp_lat)
             ring_bw = jnp.minimum(ring_bw, dp_bw)
@@ -574,3 +593,39 @@ class CostTables(eqx.Module):
         dur = self.base[graph.node_row] + size * self.per_size[graph.node_row]
         delay = self.edge_base[graph.edge_row] + size[:, None, :] * self.edge_per_size[graph.edge_row]
         return dur, delay
+
+
+#: Optional per-stage ``Hardware`` leaves (None unless given), ``[pipelines, stages]`` once normalised.
+OPTIONAL_PER_STAGE = ("full_backward", "pair_overlap")
+
+
+def pad_hardware(hw: Hardware, padded: Graph) -> Hardware:
+    """``hw`` padded to ``padded``'s sizes (a graph padded by ``pad_graph``/``bucketed``): per-stage
+    leaves given per stage (``[stages]`` or ``[pipelines, stages]``) with 0 to the padded stages and
+    pipelines, a per-microbatch ``size`` with 0, a per-device ``capacity`` with ``inf`` and the pair
+    matrices with latency 0 and bandwidth ``inf``; scalars stay scalars (they broadcast). No padded
+    node reads a padded value, so every real node's cost, every makespan and every real device's
+    memory is ``hw``'s on the unpadded graph. Concrete leaves are padded in NumPy (exact copies: no
+    eager JAX operation compiles), traced ones with ``jnp.pad`` (inside the caller's program)."""
+    def pad(x: Any, shape: tuple[int, ...], fill: float) -> Any:
+        if x is None or x.ndim == 0:
+            return x
+        shape = shape[len(shape) - x.ndim:]
+        if x.ndim > len(shape) or any(n > m for n, m in zip(x.shape, shape)):
+            raise ConfigError(f"hardware: a leaf of shape {x.shape} does not fit the padded graph's {list(shape)}")
+        widths = [(0, m - n) for n, m in zip(x.shape, shape)]
+        if isinstance(x, jax.core.Tracer):
+            return jnp.pad(x, widths, constant_values=fill)
+        return np.pad(np.asarray(x), widths, constant_values=fill)
+
+    stages = (padded.pipelines, padded.stages)
+    names = [n for n in (*STAGE_FIELDS, *OPTIONAL_PER_STAGE) if getattr(hw, n) is not None]
+    out = eqx.tree_at(lambda h: [getattr(h, n) for n in names] + [h.size, h.capacity], hw,
+                      [pad(getattr(hw, n), stages, 0.0) for n in names]
+                      + [pad(hw.size, (padded.microbatches,), 0.0), pad(hw.capacity, (padded.devices,), np.inf)])
+    pairs = [(n, f) for n, f in (("pair_latency", 0.0), ("pair_bandwidth", np.inf))
+             if getattr(hw.network, n) is not None]
+    if pairs:
+        out = eqx.tree_at(lambda h: [getattr(h.network, n) for n, _ in pairs], out,
+                          [pad(getattr(hw.network, n), (padded.devices,) * 2, f) for n, f in pairs])
+    return out

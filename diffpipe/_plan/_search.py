@@ -54,13 +54,15 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
 from .._caches import BoundedDict, bounded
 from .._checks import check_int, check_number, is_int
 from .._choices import RECOMPUTE, ZERO_STAGES
-from .._engine._hardware import nan_checked
+from .._engine._graph import Graph, bucketed
+from .._engine._hardware import nan_checked, pad_hardware
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -372,20 +374,36 @@ def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, sty
 
 @eqx.filter_jit
 @nan_checked
-def _batched(graph, hws):
+def _batched(graph, hws, devices):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
-    (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last layout)."""
+    padded to its bucket (``simulate``'s own terms, vmapped: the evaluator folds the batch into its
+    batch-last layout). ``devices``: the real graph's device count (a traced value, so that every
+    graph of a bucket shares the program); the padded devices are idle and hold nothing."""
     def one(hw):
         out = simulate_graph(graph, hw)
-        return out.makespan, out.bubble_ratio, out.peak_memory
+        return out.makespan, 1.0 - jnp.sum(out.busy) / (devices * out.makespan), out.peak_memory
 
     return jax.vmap(one)(hws)
 
 
-def _stack(hws: Sequence[Any]) -> Any:
-    """One batched ``Hardware``: stacked in NumPy (exact) and put on the device once per leaf
-    (``jnp.stack`` compiles a program per shape and count)."""
-    return jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *hws)
+#: Batches of ``_batched`` are padded to powers of two (copies of the first member), at least this.
+_BATCH_BUCKET = 4
+
+
+def _simulate_members(graph: Graph, hws: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_batched`` of the members' hardware on ``graph``, padded to the graph's size bucket and the
+    batch to a power of two, so that one compiled program serves every graph of a bucket (docs/
+    architecture.md, "Compilation"): makespans ``[B]``, bubble ratios ``[B]``, memory ``[B, devices]``."""
+    padded = bucketed(graph)
+    n = len(hws)
+    count = max(_BATCH_BUCKET, 1 << (n - 1).bit_length())
+    members = [pad_hardware(eqx.tree_at(lambda h: h.network, hw, hw.network.with_traced_data_parallel()), padded)
+               for hw in hws]
+    members += [members[0]] * (count - n)
+    stacked = jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *members)
+    steps, bubbles, memory = (np.asarray(x) for x in _batched(padded, stacked, jax.device_put(
+        np.asarray(graph.devices, np.float32))))
+    return steps[:n], bubbles[:n], memory[:n, :graph.devices]
 
 
 #: The ``ConfigResult`` figures a plan row reports.
@@ -780,9 +798,9 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                 graph = graphs[key]
                 bar.phase(f"searching: simulating {len(keep)} configuration(s)")
                 th = time.perf_counter()
-                hws = _stack([cfg.hardware() for _, cfg in keep])
+                hws = [cfg.hardware() for _, cfg in keep]
                 ts = time.perf_counter()
-                steps, bubbles, memory = (np.asarray(x) for x in _batched(graph, hws))
+                steps, bubbles, memory = _simulate_members(graph, hws)
                 t_hardware += ts - th
                 t_simulate += time.perf_counter() - ts
                 simulated += len(keep)

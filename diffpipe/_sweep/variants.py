@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .._caches import BoundedDict
+from .._engine._hardware import OPTIONAL_PER_STAGE as OPTIONAL_PER_STAGE
 from .._engine._hardware import STAGE_FIELDS, Hardware, Network, check_split_known
 from .._errors import ConfigError
 from ..schedules import Schedule
@@ -25,8 +26,6 @@ from ..schedules import Schedule
 NETWORK_SCALARS = ("latency", "bandwidth", "inter_latency", "inter_bandwidth")
 #: Optional Hardware leaves (None unless given): carried when every variant gives them.
 OPTIONAL_SCALARS = ("setup", "wind_down")
-#: Optional per-stage Hardware leaves (None unless given), ``[pipelines, stages]`` when carried.
-OPTIONAL_PER_STAGE = ("full_backward", "pair_overlap")
 
 
 @dataclass(frozen=True)

@@ -259,23 +259,20 @@ class Workload(eqx.Module):
         x = jnp.asarray(boundaries, dtype=self.forward.dtype)
         if x.ndim != 1 or x.shape[0] < 2:
             raise ConfigError(f"workload: boundaries must be [stages + 1] positions, got shape {x.shape}")
-        if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, x))):
-            return self._stage_fields(x)
-        return _stage_fields(self, x)  # concrete: one compiled program, not one per operation
-
-    def _stage_fields(self, x: Float[Array, " stages+1"]) -> dict[str, Array]:
-        def per_stage(q: Array) -> Array:
-            return jnp.diff(_cumulative_at(q, x))
-
-        static, gradient = per_stage(self.static_bytes), per_stage(self.gradient_bytes)
-        if x.shape[0] == 2:  # one stage holds the first and the last layer
-            static = static - self.shared_static_bytes
-            gradient = gradient - self.shared_gradient_bytes
-        message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(self.output_bytes, x[1:-1])])
-        return dict(forward=per_stage(self.forward), input_grad=per_stage(self.input_grad),
-                    weight=per_stage(self.weight), update=per_stage(self.update), message_bytes=message,
-                    gradient_bytes=gradient, static_bytes=static,
-                    activation_bytes=per_stage(self.activation_bytes))
+        curves = {name: getattr(self, name) for name in _CURVES}
+        if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((curves, x))):
+            return _fields_at(curves, x)
+        # Concrete: one compiled program per bucket of stage counts, not one per operation or per
+        # workload: only the per-layer curves enter it, and more than one stage pads the boundaries
+        # with copies of the last (empty stages past the real ones; every output is elementwise
+        # in the boundaries, so the real stages' values are unchanged) to a power of two.
+        n = x.shape[0]
+        if n == 2:
+            return _fields_compiled(curves, x)
+        bounds = np.asarray(x)
+        padded = np.concatenate([bounds, np.full(_power_of_two(n - 1, STAGE_BUCKET) + 1 - n, bounds[-1])])
+        out = _fields_compiled(curves, jax.device_put(padded))
+        return {name: jax.device_put(np.asarray(v)[: n - 1]) for name, v in out.items()}  # host slices
 
     def fields(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> dict[str, Any]:
         """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity, network and
@@ -351,8 +348,34 @@ def hardware_from_model(
     return eqx.tree_at(lambda h: h.update, hw, jnp.asarray(update, dtype=dtype))  # per stage, as given
 
 
-#: ``Workload.stage_fields`` of a concrete workload, compiled once per shape.
-_stage_fields = eqx.filter_jit(Workload._stage_fields)
+#: The per-layer curves ``Workload.stage_fields`` reads.
+_CURVES = ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
+           "output_bytes", "shared_static_bytes", "shared_gradient_bytes")
+#: Concrete boundaries of more than one stage are padded to a power of two stages, at least this.
+STAGE_BUCKET = 32
+
+
+def _power_of_two(n: int, floor: int) -> int:
+    return 1 << (max(n, floor) - 1).bit_length()
+
+
+def _fields_at(w: dict[str, Array], x: Float[Array, " stages+1"]) -> dict[str, Array]:
+    """``Workload.stage_fields`` of the per-layer curves ``w`` (``_CURVES``) at boundaries ``x``."""
+    def per_stage(q: Array) -> Array:
+        return jnp.diff(_cumulative_at(q, x))
+
+    static, gradient = per_stage(w["static_bytes"]), per_stage(w["gradient_bytes"])
+    if x.shape[0] == 2:  # one stage holds the first and the last layer
+        static = static - w["shared_static_bytes"]
+        gradient = gradient - w["shared_gradient_bytes"]
+    message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(w["output_bytes"], x[1:-1])])
+    return dict(forward=per_stage(w["forward"]), input_grad=per_stage(w["input_grad"]),
+                weight=per_stage(w["weight"]), update=per_stage(w["update"]), message_bytes=message,
+                gradient_bytes=gradient, static_bytes=static, activation_bytes=per_stage(w["activation_bytes"]))
+
+
+#: ``_fields_at`` of concrete curves, compiled once per layer count and bucket of stage counts.
+_fields_compiled = jax.jit(_fields_at)
 
 
 def _cumulative_at(q: Float[Array, " layers"], x: Float[Array, " n"]) -> Float[Array, " n"]:
