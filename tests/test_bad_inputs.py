@@ -897,8 +897,9 @@ def test_size_guard_refuses_before_allocating(argv, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def _long_trace(folder: Path, microbatches: int = 2000) -> list[str]:
-    """Two ranks of a GPipe-ordered step: calibrating it simulates the traced schedule (seconds)."""
+def _long_trace(folder: Path, microbatches: int = 8000) -> list[str]:
+    """Two ranks of a GPipe-ordered step: calibrating it simulates the traced schedule (about 15 s on
+    an idle 2-core machine at 8,000 microbatches; 2,000 took 3 s, the test's own wait)."""
     names = []
     for rank in range(2):
         events, t = [], 0

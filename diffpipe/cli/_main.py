@@ -366,6 +366,7 @@ class _Signals:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    program = argv is None  # the process itself (the console script, ``python -m diffpipe``)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     if not debug:  # jax logs a failed check inside jit as a traceback of its own
@@ -400,5 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug and caught is not None:
             traceback.print_exception(caught)
         print(" ".join(line.split()), file=sys.stderr)
+    if program and code in (130, 143):
+        # Ended by a signal mid-work: leave without the interpreter's shutdown, where XLA's threads,
+        # stopped inside a compilation, can crash the process (seen: SIGSEGV after the line above).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
