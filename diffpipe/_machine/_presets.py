@@ -6,8 +6,8 @@ from __future__ import annotations
 from .._arrays import as_float
 from .._engine._hardware import Network
 from ._device import DEFAULT_EFFICIENCY, Device
-from ._specs import DEVICES, NETWORKS, device_key, network_key
 from ._kernels import KernelModel
+from ._specs import DEVICES, NETWORKS, device_key, network_key
 
 #: ``KernelModel`` of each measured device, copied from ``papers/kernel-efficiency/kernels_<device>.json``
 #: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted

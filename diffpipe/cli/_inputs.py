@@ -412,8 +412,8 @@ def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[di
 
 def _longest(train: dict[str, Any]) -> int:
     """The model's longest context: its ``max_position_embeddings`` (a preset's, else the config's)."""
-    from .._model._specs import longest_context
     from .._model._hf import transformer_fields
+    from .._model._specs import longest_context
 
     if "model" in train:
         return longest_context(train["model"])
