@@ -396,8 +396,8 @@ class Hardware(eqx.Module):
         so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
         transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
         so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``full_backward`` is the time of a
-        full ``B`` when it is not ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind replacing ``overhead``,
-        a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
+        full ``B`` when it is not ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind
+        replacing ``overhead``, a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
         values in that order. ``setup``/``wind_down``: seconds before the first op and after the
         last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
         ``split_known=False``: only full backwards are known (the class docstring).
