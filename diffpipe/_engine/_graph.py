@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._arrays import power_of_two
 from .._caches import BoundedDict
 from .._errors import ConfigError, ScheduleError
 from ..schedules import Op, Schedule
@@ -549,11 +550,6 @@ _BUCKETED_KEPT = 256
 _BUCKETED: BoundedDict = BoundedDict(_BUCKETED_KEPT)  # id(graph) -> (graph, padded)
 
 
-def _power_of_two(n: int, floor: int = 1) -> int:
-    n = max(int(n), floor)
-    return 1 << (n - 1).bit_length()
-
-
 def bucket_sizes(graph: Graph) -> dict[str, int]:
     """The size bucket of ``graph`` (``pad_graph``'s keyword arguments): levels and level width up
     to powers of two (at least ``BUCKET_LEVELS``, ``BUCKET_WIDTH``), devices and pipelines up to
@@ -564,14 +560,14 @@ def bucket_sizes(graph: Graph) -> dict[str, int]:
     one communication setting share every compiled evaluator, and padding never changes a result
     (``pad_graph``)."""
     s = common_sizes([graph])
-    levels, width = _power_of_two(s["levels"], BUCKET_LEVELS), _power_of_two(s["width"], BUCKET_WIDTH)
-    nodes, k = levels * width, _power_of_two(s["k"])
-    out = dict(nodes=nodes, k=k, levels=levels, width=width, pipelines=_power_of_two(s["pipelines"]),
-               devices=max(_power_of_two(s["devices"]), levels // BUCKET_DEVICES))
+    levels, width = power_of_two(s["levels"], BUCKET_LEVELS), power_of_two(s["width"], BUCKET_WIDTH)
+    nodes, k = levels * width, power_of_two(s["k"])
+    out = dict(nodes=nodes, k=k, levels=levels, width=width, pipelines=power_of_two(s["pipelines"]),
+               devices=max(power_of_two(s["devices"]), levels // BUCKET_DEVICES))
     for name in ("sinks", "lane", "steps", "stages", "microbatches", "costs"):
-        out[name] = max(nodes, _power_of_two(s[name]))
+        out[name] = max(nodes, power_of_two(s[name]))
     for name in ("edge_costs", "transfers"):
-        out[name] = max(nodes * k, _power_of_two(s[name]))
+        out[name] = max(nodes * k, power_of_two(s[name]))
     return out
 
 

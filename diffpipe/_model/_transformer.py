@@ -208,6 +208,12 @@ class Transformer:
     flash_version: int = 2
     reduce_bytes: int | None = None
 
+    @property
+    def reduction_bytes(self) -> int:
+        """Bytes of one gradient element as the data group reduces it: ``reduce_bytes``, else
+        ``dtype_bytes``."""
+        return self.reduce_bytes or self.dtype_bytes
+
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(
         kv_heads=None, head_dim=None, v_head_dim=None, ffn_hidden=None, activation="gelu", norm="layernorm",
@@ -649,7 +655,7 @@ def layer_costs(model: Transformer) -> LayerCosts:
         weight=row(0.0, matmul, logits),
         parameters=parameters,
         static_bytes=parameters * model.bytes_per_parameter,
-        gradient_bytes=parameters * float(model.reduce_bytes or d),
+        gradient_bytes=parameters * float(model.reduction_bytes),
         activation_bytes=activation_bytes(model),
         output_bytes=row(d * s * b * h, d * s * b * h, 0.0),
         shared_parameters=V * h if model.tied_embedding else 0.0,

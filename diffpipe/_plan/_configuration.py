@@ -287,7 +287,7 @@ class Configuration:
         rows = self.stage_rows()
         # the weights' all-gather's part of ZeRO-1/2's all-reduce-equivalent bytes, (r + d) / 2 a parameter
         d = float(model.dtype_bytes)
-        gather = d / (float(model.reduce_bytes or d) + d) if overlap.param_gather and par.zero in (1, 2) else 0.0
+        gather = d / (float(model.reduction_bytes) + d) if overlap.param_gather and par.zero in (1, 2) else 0.0
         hidden_gather = gather * overlap.contention
         if overlap.data_bucket is None or par.shards == 1:
             return jnp.broadcast_to(scale * (1.0 - gather + hidden_gather), rows.shape).astype(dtype)

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
+from .._arrays import power_of_two
 from .._caches import BoundedDict, bounded
 from .._checks import check_int, check_number, is_int
 from .._choices import RECOMPUTE, ZERO_STAGES
@@ -396,7 +397,7 @@ def _simulate_members(graph: Graph, hws: Sequence[Any]) -> tuple[np.ndarray, np.
     architecture.md, "Compilation"): makespans ``[B]``, bubble ratios ``[B]``, memory ``[B, devices]``."""
     padded = bucketed(graph)
     n = len(hws)
-    count = max(_BATCH_BUCKET, 1 << (n - 1).bit_length())
+    count = power_of_two(n, _BATCH_BUCKET)
     members = [pad_hardware(eqx.tree_at(lambda h: h.network, hw, hw.network.with_traced_data_parallel()), padded)
                for hw in hws]
     members += [members[0]] * (count - n)

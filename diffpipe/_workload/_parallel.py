@@ -267,10 +267,15 @@ class CommunicationOverlap:
             raise ConfigError(f"overlap: contention must be a fraction in [0, 1], got {k!r}")
 
     def hidden_cost(self, communication: Any, compute: Any) -> Array:
-        """Seconds ``communication`` adds to the ``compute`` it runs under: what it exceeds the compute
-        by, plus ``contention`` times the part it hides (``jnp``, differentiable)."""
-        hidden = jnp.minimum(communication, compute)
-        return communication - hidden + self.contention * hidden
+        """Seconds ``communication`` adds to the ``compute`` it runs under (``hidden_cost``)."""
+        return hidden_cost(communication, compute, self.contention)
+
+
+def hidden_cost(communication: Any, compute: Any, contention: float) -> Array:
+    """Seconds ``communication`` adds to the ``compute`` it runs under: what it exceeds the compute by,
+    plus ``contention`` times the part it hides (``jnp``, differentiable)."""
+    hidden = jnp.minimum(communication, compute)
+    return communication - hidden + contention * hidden
 
 
 def transformer_engine_tensor_overlap(tensor: int) -> float:
@@ -483,7 +488,7 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     One transfer of ``x`` bytes lasts ``latency + x / bandwidth`` and overlaps the attention kernel of
     the ring step it is issued in (``*_step``: ``[layers]`` seconds of one step's kernel; 0: no
     overlap); a step is exposed by what its transfer exceeds its kernel, plus ``contention`` times the
-    part its kernel hides (``CommunicationOverlap.hidden_cost``). ``F``: ``c - 1`` transfers of
+    part its kernel hides (``hidden_cost``). ``F``: ``c - 1`` transfers of
     the block ``K_c``. ``I``: ``c`` transfers, ``K_c``, then ``c - 2`` of ``2 K_c`` (K,V with the
     partial dK,dV), then ``K_c`` (``2 (c - 1) K_c`` in all), against the backward kernel; with
     ``recompute_step`` (recomputation re-running the attention core) also the forward's ``c - 1``
@@ -494,8 +499,7 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     two = latency + 2.0 * block / bandwidth
 
     def exposed(transfer: Array, step: Any) -> Array:
-        hidden = jnp.minimum(transfer, step)
-        return transfer - hidden + contention * hidden
+        return hidden_cost(transfer, step, contention)
 
     forward = (c - 1.0) * exposed(one, forward_step)
     backward = (2.0 if context > 1 else 0.0) * exposed(one, backward_step) + max(c - 2.0, 0.0) * exposed(
@@ -560,7 +564,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
               + zero_static_bytes(per_device_expert, par.zero, shards_e, d, bpp))
     ring = (n - 1) / n if n > 1 else 0.0
     expert_scale = ((shards_e - 1) / shards_e / ring) if ring and shards_e > 1 else 0.0
-    r = float(model.reduce_bytes or d)  # one gradient element as the data group reduces it
+    r = float(model.reduction_bytes)
     # all-reduce-equivalent bytes per parameter: all-reduce; reduce-scatter + weight all-gather; reduce-scatter
     reduce = r if par.zero == 0 else (r + d) / 2 if par.zero in (1, 2) else r / 2
     gradient = reduce * (per_device_dense + expert_scale * per_device_expert)

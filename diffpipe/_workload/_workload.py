@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._arrays import concrete
+from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
 from .._engine._hardware import Hardware, Network, _check_values, _float, _required
 from .._errors import ConfigError
@@ -211,7 +211,7 @@ class Workload(eqx.Module):
             network=Network.uniform() if network is None else network,
             samples=float(model.microbatch_size), layers_per_stage=layers_per_stage,
             shared_static_bytes=costs.shared_parameters * model.bytes_per_parameter,
-            shared_gradient_bytes=costs.shared_parameters * (model.reduce_bytes or model.dtype_bytes),
+            shared_gradient_bytes=costs.shared_parameters * model.reduction_bytes,
         )
 
     def with_split(self, layers_per_stage: Sequence[int] | None) -> Workload:
@@ -270,7 +270,7 @@ class Workload(eqx.Module):
         if n == 2:
             return _fields_compiled(curves, x)
         bounds = np.asarray(x)
-        padded = np.concatenate([bounds, np.full(_power_of_two(n - 1, STAGE_BUCKET) + 1 - n, bounds[-1])])
+        padded = np.concatenate([bounds, np.full(power_of_two(n - 1, STAGE_BUCKET) + 1 - n, bounds[-1])])
         out = _fields_compiled(curves, jax.device_put(padded))
         return {name: jax.device_put(np.asarray(v)[: n - 1]) for name, v in out.items()}  # host slices
 
@@ -353,10 +353,6 @@ _CURVES = ("forward", "input_grad", "weight", "update", "static_bytes", "gradien
            "output_bytes", "shared_static_bytes", "shared_gradient_bytes")
 #: Concrete boundaries of more than one stage are padded to a power of two stages, at least this.
 STAGE_BUCKET = 32
-
-
-def _power_of_two(n: int, floor: int) -> int:
-    return 1 << (max(n, floor) - 1).bit_length()
 
 
 def _fields_at(w: dict[str, Array], x: Float[Array, " stages+1"]) -> dict[str, Array]:
