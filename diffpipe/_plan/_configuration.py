@@ -51,6 +51,8 @@ from .._machine._cluster import Cluster
 from .._model._kernels import Kernels, kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
+from .._workload._frameworks import Framework
+from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import (
     GROUPS,
     CommunicationOverlap,
@@ -99,6 +101,10 @@ class Configuration:
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
         overlap: how much communication the framework hides (``CommunicationOverlap``; default none:
             tensor collectives on the critical path, the gradient sync after the backward, no prefetch).
+        framework: the training framework whose overlap and gradient precision the step has (a
+            ``Framework`` or a preset name: ``diffpipe._workload._frameworks.FRAMEWORKS``); it sets
+            ``overlap`` (give one or the other) and the model's ``reduce_bytes`` where the model states
+            none. Default: ``overlap`` as given.
     """
 
     model: Transformer
@@ -114,11 +120,17 @@ class Configuration:
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
                  communication: str = "overlap", layers_per_stage: Any = None,
-                 overlap: CommunicationOverlap | None = None) -> None:
+                 overlap: CommunicationOverlap | None = None, framework: str | Framework | None = None) -> None:
         if not isinstance(model, Transformer):
             raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
         if not isinstance(parallelism, Parallelism):
             raise ConfigError(f"configuration: parallelism must be a Parallelism, got {type(parallelism).__name__}")
+        if framework is not None:
+            if overlap is not None:
+                raise ConfigError("configuration: give overlap or framework, not both (the framework sets the overlap)")
+            fw = get_framework(framework)
+            model = fw.model(model)
+            overlap = fw.overlap(model, parallelism)
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)

@@ -95,13 +95,10 @@ def _step(cfg: Any, res: Any) -> float:
 
 def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, batch: int, *, tensor: int = 1,
                   pipeline: int = 1, zero: int = 0, schedule: str | None = None,
-                  overlap: dict[str, Any] | None = None) -> dp.Configuration:
+                  framework: Any = None) -> dp.Configuration:
     data = gpus // (tensor * pipeline)
     par = dp.Parallelism(tensor=tensor, pipeline=pipeline, data=data, zero=zero)
-    extra = {}
-    if overlap is not None and hasattr(dp, "CommunicationOverlap"):  # (absent before issue 22: the "before" run)
-        extra["overlap"] = dp.CommunicationOverlap(**overlap)
-    return dp.Configuration(model, par, dp.Cluster(gpus=gpus, **cluster), batch, schedule=schedule, **extra)
+    return dp.Configuration(model, par, dp.Cluster(gpus=gpus, **cluster), batch, schedule=schedule, framework=framework)
 
 
 #: Bytes of a gradient element in FSDP's reduce-scatter by Composer's ``mixed_precision`` mode (``get_mixed_precision``
@@ -109,18 +106,11 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, bat
 #: and 5e85bd62d): ``DEFAULT`` reduces in fp32, ``PURE`` in the training precision.
 COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
 
-#: flash-attention's training runs: Lightning's ``precision: bf16`` autocasts with fp32 parameters, so DDP reduces fp32
-#: gradients.
-LIGHTNING_REDUCE_BYTES = 4
-
-#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``).
-DDP_BUCKET = 25 * 2 ** 20
-
-
-def fsdp_overlap(model: dp.Transformer) -> dict[str, Any]:
-    """PyTorch FSDP wrapping each block (as ``run.py``'s FIT rows): per-block reduce-scatter during the
-    backward, parameters prefetched."""
-    return dict(data_bucket=float(dp.layer_costs(model).gradient_bytes[1]), prefetch=True)
+#: llm-foundry: PyTorch FSDP wrapping each block (``diffpipe.presets.FRAMEWORKS["fsdp"]``; its fp32 reduction is
+#: Composer's DEFAULT mode, the model states the PURE rows' bf16). flash-attention's training runs: Lightning's
+#: ``precision: bf16`` autocasts with fp32 parameters, so DDP (25 MiB buckets) reduces fp32 gradients (``"ddp"``).
+FSDP = dp.presets.framework("fsdp")
+DDP = dp.presets.framework("ddp")
 
 
 def llm_foundry() -> list[Row]:
@@ -139,7 +129,7 @@ def llm_foundry() -> list[Row]:
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
 
             def build(model=model, cluster=cluster, r=r, zero=zero):
-                return configuration(model, cluster, r["gpus"], r["batch"], zero=zero, overlap=fsdp_overlap(model))
+                return configuration(model, cluster, r["gpus"], r["batch"], zero=zero, framework=FSDP)
 
             series = f"{section}:{r['model']}:{r['sequence']}:{r['mbs']}:{r['recompute']}"
             out.append(Row("llm_foundry", series, f"{section}: {r['name']}", generation, r["tps_per_gpu"],
@@ -152,12 +142,12 @@ def flash_attention() -> list[Row]:
     for r in TEST["flash_attention"]["rows"]:
         model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                vocabulary=50264, microbatch_size=r["mbs"], recompute=r["recompute"],
-                               flash_attention=True, reduce_bytes=LIGHTNING_REDUCE_BYTES)
+                               flash_attention=True)
         zero = 1 if r["optimizer_sharding"] == "zero1" else 0
 
         def build(model=model, r=r, zero=zero):
             return configuration(model, dict(device="A100", devices_per_node=8, intra="nvlink3", inter="ib-hdr"),
-                                 r["gpus"], r["batch"], zero=zero, overlap=dict(data_bucket=DDP_BUCKET))
+                                 r["gpus"], r["batch"], zero=zero, framework=DDP)
 
         out.append(Row("flash_attention", "flash_attention", r["name"], "A100", r["tps"] / r["gpus"],
                        "tokens/s per GPU", build, _tokens, None, r["gpus"]))
