@@ -48,6 +48,14 @@ def test_presets_overlap_as_their_sources_state():
     assert none.overlap(MODEL, par) == dp.CommunicationOverlap()
 
 
+def test_the_cli_names_are_the_presets():
+    from diffpipe._choices import FRAMEWORK_NAMES
+    from diffpipe._workload._frameworks import FRAMEWORKS
+
+    assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES
+    assert all(FRAMEWORKS[n].name == n for n in FRAMEWORKS)
+
+
 def test_a_model_that_states_its_reduction_keeps_it():
     pure = dataclasses.replace(MODEL, reduce_bytes=2)  # Composer's PURE mode
     assert dp.presets.framework("fsdp").model(pure).reduce_bytes == 2

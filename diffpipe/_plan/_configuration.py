@@ -116,6 +116,7 @@ class Configuration:
     communication: str
     layers_per_stage: tuple[int, ...] | None
     overlap: CommunicationOverlap
+    framework: Framework | None
 
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
@@ -128,9 +129,9 @@ class Configuration:
         if framework is not None:
             if overlap is not None:
                 raise ConfigError("configuration: give overlap or framework, not both (the framework sets the overlap)")
-            fw = get_framework(framework)
-            model = fw.model(model)
-            overlap = fw.overlap(model, parallelism)
+            framework = get_framework(framework)
+            model = framework.model(model)
+            overlap = framework.overlap(model, parallelism)
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)
@@ -164,7 +165,7 @@ class Configuration:
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),
-                            ("layers_per_stage", layers_per_stage), ("overlap", overlap)):
+                            ("layers_per_stage", layers_per_stage), ("overlap", overlap), ("framework", framework)):
             object.__setattr__(self, name, value)
         placement(parallelism, cluster)  # tensor groups inside a node, groups tiling the nodes
 
