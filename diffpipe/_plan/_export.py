@@ -57,7 +57,7 @@ _MEGATRON_ZERO = {
         "optim_grads_params", "--ckpt-format", "fsdp_dtensor"],
 }
 #: The frameworks ``export_problem`` knows.
-FRAMEWORKS = ("megatron", "torchtitan")
+EXPORT_TARGETS = ("megatron", "torchtitan")
 
 
 def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int) -> str | None:
@@ -95,7 +95,7 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
             return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
                     "context_parallel_degree > 1: use zero=2 or 3")
         return None
-    raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+    raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(EXPORT_TARGETS)}")
 
 
 @dataclass(frozen=True, init=False)
@@ -506,5 +506,5 @@ def torchtitan_toml(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FRAMEWORKS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
+__all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
            "megatron_layout", "megatron_model_args", "parse_megatron_layout", "torchtitan_modules", "torchtitan_toml"]
