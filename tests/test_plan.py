@@ -303,6 +303,9 @@ def test_plan_prices_the_framework(table, megatron_table):
             assert row["bound"] <= row["step_time"] * (1 + 1e-5)
     # Megatron's overlaps hide tensor collectives and the gradient sync: its best step is faster
     assert megatron_table.best["step_time"] < table.best["step_time"]
+    # the export launches what was priced: Megatron's overlap flags
+    _, text = megatron_table.export("megatron")
+    assert "--overlap-grad-reduce" in text and "--overlap-grad-reduce" not in table.export("megatron")[1]
 
 
 @pytest.mark.parametrize(("framework", "zero"), [("megatron", 1), ("torchtitan", 3), ("ddp", 0)])

@@ -78,7 +78,7 @@ from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import CommunicationOverlap, Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
 from ._configuration import HEADROOM, Configuration
-from ._export import EXPORT_TARGETS, Launch, export_problem, megatron_args, torchtitan_toml
+from ._export import EXPORT_TARGETS, Launch, export_problem, megatron_args, megatron_overlap_args, torchtitan_toml
 
 #: Families searched by default: synchronous single-pipeline schedules a framework runs
 #: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).
@@ -182,8 +182,10 @@ class PlanTable:
         return dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
 
     def megatron_args(self, i: int = 0) -> list[str]:
-        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``)."""
-        return megatron_args(self.launch(i), self.model_of(i))
+        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``), and the
+        overlap flags of the framework the plan priced (``megatron_overlap_args``)."""
+        return megatron_args(self.launch(i), self.model_of(i)) + megatron_overlap_args(self.framework,
+                                                                                       self.parallelism(i))
 
     def export(self, framework: str) -> tuple[int, str]:
         """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the
@@ -223,7 +225,8 @@ class PlanTable:
                       layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "gpus": self.cluster.gpus, "explored": self.explored,
+        return {"global_batch": self.global_batch, "gpus": self.cluster.gpus,
+                "framework": "none" if self.framework is None else self.framework.name, "explored": self.explored,
                 "simulated": self.simulated, "rejected": dict(self.rejected), "seconds": dict(self.seconds),
                 "rows": [dict(r, layers_per_stage=list(r["layers_per_stage"])) for r in self.rows]}
 
