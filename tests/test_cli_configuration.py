@@ -237,3 +237,22 @@ def test_simulate_prices_the_named_framework(tiny, tmp_path):
     assert code == 2 and "framework" in err and "deepspeed" in err and len(err.strip().splitlines()) == 1
     code, out, err = run(["simulate", "--hf-config", tiny, *FLAGS, "--framework", "deepspeed"])
     assert code == 2 and "--framework" in err and "Traceback" not in err
+
+
+def test_plan_prices_the_framework_the_export_launches(tiny):
+    axes = ["--hf-config", tiny, "--cluster", "8xH100", "--global-batch", "16", "--sequence", "512", "--tp", "2",
+            "--pp", "2", "--families", "1f1b", "--microbatch-size", "2", "--recompute", "selective", "--zero", "1",
+            "--sequence-parallel", "--balance-top", "0", "--json"]
+    runs = {}
+    for name, extra in (("none", []), ("megatron", ["--framework", "megatron"]),
+                        ("export", ["--export", "megatron"]), ("override", ["--export", "megatron", "--framework",
+                                                                            "none"])):
+        code, out, err = run(["plan", *axes, *extra])
+        assert code == 0, err
+        runs[name] = json.loads(out)
+    assert runs["none"]["framework"] == "none" and runs["override"]["framework"] == "none"
+    assert runs["megatron"]["framework"] == runs["export"]["framework"] == "megatron"
+    assert runs["export"]["rows"][0]["step_time_s"] == runs["megatron"]["rows"][0]["step_time_s"]
+    assert runs["megatron"]["rows"][0]["step_time_s"] < runs["none"]["rows"][0]["step_time_s"]
+    assert "--overlap-grad-reduce" in runs["export"]["export"]["text"]
+    assert "--overlap-grad-reduce" not in runs["override"]["export"]["text"]
