@@ -550,8 +550,10 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     text, exported = None, None
     if args.export:
         exported, text = table.export(args.export)
+    framework = table.framework.name if table.framework else "none"
     heading = (f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
-               f"{table.model.sequence} tokens, priced for {table.framework.name if table.framework else 'none'}")
+               f"{table.model.sequence} tokens, framework {framework}"
+               + (" (nothing overlapped: --framework megatron|torchtitan|fsdp|ddp)" if framework == "none" else ""))
     outputs = [("--out", args.out, text)] if args.out else []
     if args.report:
         from ..viz.report import report
