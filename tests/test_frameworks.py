@@ -96,3 +96,36 @@ def test_a_user_framework_is_accepted():
     assert dp.presets.framework(mine) is mine
     r = _config(dp.Parallelism(data=8), framework=mine).evaluate()
     assert r.step_time > 0
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_fsdp_reduces_every_microbatch_under_its_backward(zero):
+    # Composer runs FSDP outside no_sync: every microbatch's backward reduce-scatters its gradients (an all-reduce
+    # without ZeRO); all but the last microbatch pay it inside W, the last is the step's sync
+    import jax.numpy as jnp
+    import numpy as np
+
+    from diffpipe._workload._parallel import hidden_cost
+
+    par = dp.Parallelism(data=8, zero=zero)
+    m = 4
+    cfg = dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), m * MODEL.microbatch_size * 8,
+                           framework="fsdp")
+    assert cfg.microbatches == m and cfg.overlap.every_microbatch
+    exposed = cfg.exposed_collectives()
+    n = 8
+    params_r = np.asarray(dp.layer_costs(cfg.model).gradient_bytes)  # parameters x reduce_bytes, one device
+    bus = cfg.cluster.bus_bandwidth("intra", 8)
+    ring, steps = (2, 2 * (n - 1)) if zero == 0 else (1, n - 1)
+    seconds = ring * (n - 1) / n * params_r / bus + steps * cfg.cluster.step_latency("intra")
+    compute = sum(cfg.compute_seconds().values())
+    want = (m - 1) / m * hidden_cost(jnp.asarray(seconds), compute[1] + compute[2], cfg.overlap.contention)
+    chex.assert_trees_all_close(exposed["reduce"][2], want, rtol=1e-5)
+    assert np.all(np.asarray(exposed["reduce"][:2]) == 0)
+    # torchtitan's FSDP2 steps had one microbatch: nothing of the kind
+    assert "reduce" not in dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), m * 2 * 8,
+                                            framework="torchtitan").exposed_collectives()
+    # one microbatch: its reduction is the step's sync
+    single = dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), 2 * 8, framework="fsdp")
+    assert "reduce" not in single.exposed_collectives()
+    assert cfg.evaluate().breakdown["exposed_reduce"] > 0

@@ -59,6 +59,7 @@ from .._workload._parallel import (
     ParallelCosts,
     Parallelism,
     Placement,
+    hidden_cost,
     parallel_costs,
     placement,
     ring_exchange,
@@ -246,7 +247,33 @@ class Configuration:
         out["gather"] = gather
         if costs.context_block is not None:
             out["context"] = self.context_seconds(costs)
+        if overlap.every_microbatch and self.parallelism.shards > 1 and self.microbatches > 1:
+            compute = self.compute_seconds(costs) if compute is None else compute
+            out["reduce"] = self.microbatch_reduction(costs, compute)
         return out
+
+    def microbatch_reduction(self, costs: ParallelCosts, compute: dict[str, Array]) -> Array:
+        """``[3, layers]`` seconds the gradient reduction of every microbatch but the last adds to the
+        layer's ``W`` (``overlap.every_microbatch``): a reduce-scatter of each layer's gradients (ZeRO-1-3;
+        an all-reduce without ZeRO) over the data group's bus, run under the layer's own backward
+        (``hidden_cost``: what exceeds it, plus the contention of what it hides), averaged over the
+        microbatches (the last one's reduction is the step's sync lane)."""
+        par, model = self.parallelism, self.model
+        where = self.placement
+        link = where.links["data"]
+        n = par.shards
+        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        r, d = float(model.reduction_bytes), float(model.dtype_bytes)
+        # costs.gradient_bytes is all-reduce-equivalent: r (ZeRO-0), (r + d) / 2 (1-2), r / 2 (3) a parameter
+        per_param = {0: r, 1: (r + d) / 2, 2: (r + d) / 2, 3: r / 2}[par.zero]
+        ring, steps = (2.0, 2 * (n - 1)) if par.zero == 0 else (1.0, n - 1)
+        dtype = self.cluster.device.throughput.dtype
+        reduce_bytes = jnp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r
+        seconds = ring * (n - 1) / n * reduce_bytes / bus + steps * self.cluster.step_latency(link)
+        total = sum(compute.values())
+        paid = (self.microbatches - 1) / self.microbatches * hidden_cost(seconds, total[_I] + total[_W],
+                                                                          self.overlap.contention)
+        return jnp.zeros((3, model.layers + 2), dtype).at[_W].set(paid)
 
     def context_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the context-parallel K,V ring left on each op's critical path

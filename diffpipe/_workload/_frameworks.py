@@ -27,7 +27,10 @@ as the validated model does. Each preset states its source:
   choice is ``float32`` at 9dec370).
 - ``"fsdp"``: PyTorch FSDP wrapping every block, as llm-foundry's MPT does (``fsdp_wrap_fn``), with
   Composer's ``mixed_precision: DEFAULT`` (``get_mixed_precision`` at Composer v0.16.4 and v0.17.2):
-  the same overlap as ``"torchtitan"``, gradients reduced in fp32.
+  the same overlap as ``"torchtitan"``, gradients reduced in fp32, and reduced after every
+  microbatch: Composer enters no ``no_sync`` for a model that is not DDP (``_train_microbatches`` in
+  ``composer/trainer/trainer.py`` at v0.16.4 and v0.17.2: ``if ... not isinstance(self.state.model,
+  DistributedDataParallel): sync_context = contextlib.nullcontext()``).
 - ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
   all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
 
@@ -68,6 +71,8 @@ class Framework:
         param_gather: ZeRO-1/2's weight all-gather runs under the next step's forward.
         tensor_overlap: Transformer Engine's userbuffer overlap of the tensor collectives (with
             sequence parallelism only).
+        every_microbatch: the gradients are reduced after every microbatch's backward
+            (``CommunicationOverlap.every_microbatch``), not once a step.
         reduce_bytes: bytes of a gradient element in the data-parallel reduction (None: the model's
             training precision).
         source: where the preset comes from.
@@ -78,6 +83,7 @@ class Framework:
     prefetch: bool = False
     param_gather: bool = False
     tensor_overlap: bool = False
+    every_microbatch: bool = False
     reduce_bytes: int | None = None
     source: str = ""
 
@@ -87,7 +93,7 @@ class Framework:
         if self.buckets not in BUCKETS:
             raise ConfigError(f"framework {self.name!r}: buckets must be one of {', '.join(BUCKETS)}, "
                               f"got {self.buckets!r}")
-        for field in ("prefetch", "param_gather", "tensor_overlap"):
+        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"framework {self.name!r}: {field} must be a bool, got {getattr(self, field)!r}")
         r = self.reduce_bytes
@@ -114,7 +120,7 @@ class Framework:
         if self.tensor_overlap and parallelism.sequence_parallel and parallelism.tensor > 1:
             tensor = transformer_engine_tensor_overlap(parallelism.tensor)
         return CommunicationOverlap(tensor=tensor, data_bucket=bucket, prefetch=self.prefetch,
-                                    param_gather=self.param_gather)
+                                    param_gather=self.param_gather, every_microbatch=self.every_microbatch)
 
 
 _MEGATRON = "Megatron-LM README.md (performance table's flags) and sources at d98e8a6"
@@ -125,7 +131,8 @@ FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", buckets="megatron", prefetch=True, param_gather=True, tensor_overlap=True,
                           reduce_bytes=4, source=_MEGATRON),
     "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
-    "fsdp": Framework("fsdp", **_FSDP_BLOCK, source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce)"),
+    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True,
+                      source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch)"),
     "ddp": Framework("ddp", buckets="ddp", reduce_bytes=4, source="PyTorch DDP, bucket_cap_mb=25, autocast"),
 }
 
