@@ -80,6 +80,7 @@ BAD_VALUES = {
     "options": ['3', '"chunks=2"', '[1]', '{ chunks = [1, 2] }', '{ chunks = { a = 1 } }'],
     "zero": ['"1"', 'true', '-1', '4', '1.0'],
     "recompute": ['true', '"some"', '1', '""'],
+    "framework": ['"deepspeed"', 'true', '1', '""', '"Megatron"'],
     "sequence": ['"abc"', 'true', '0', '-3', '1.5', '"4"', '[4]', '"longest"'],
 }
 #: What each section needs besides the bad key to be otherwise complete.
