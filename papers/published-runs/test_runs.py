@@ -54,6 +54,7 @@ TEST_ASSUMPTIONS = {
         "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
         "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule), "
+        "after every microbatch (Composer enters no no_sync for FSDP: the 'fsdp' framework preset), "
         "in fp32 for MP Mode DEFAULT and bf16 for PURE (Composer's get_mixed_precision at v0.16.4 / v0.17.2); "
         "the H100s are SXM parts on 400 Gb/s InfiniBand per GPU (the README says neither).",
     ],
