@@ -181,11 +181,26 @@ def rows(quick: bool = False) -> list[Row]:
     return [r for r in out if r.name in QUICK] if quick else out
 
 
-def evaluate(row: Row) -> dict[str, Any]:
+#: ``--stragglers``: Monte Carlo samples of each row's step (``stragglers.py``'s count).
+STRAGGLER_SAMPLES = 32
+
+
+def stragglers() -> Any:
+    """The stragglers ``stragglers.py`` fitted on the FIT set (``stragglers.json``) as a ``dp.Jitter``."""
+    fitted = json.loads((HERE / "stragglers.json").read_text())
+    return dp.Jitter(0.0, slow_fraction=fitted["fit"]["slow_fraction"], slow_factor=fitted["slow_factor"])
+
+
+def evaluate(row: Row, jitter: Any = None) -> dict[str, Any]:
+    """One row's prediction; with ``jitter`` (``stragglers()``) the expected step of the Monte Carlo
+    (``Configuration.evaluate(jitter=...)``) in place of the deterministic one."""
     t0 = time.perf_counter()
     cfg = row.build()
-    res = cfg.evaluate()
+    res = cfg.evaluate() if jitter is None else cfg.evaluate(jitter=jitter, samples=STRAGGLER_SAMPLES)
     predicted = float(row.predict(cfg, res))
+    if jitter is not None:  # the metric of the expected step: a throughput falls, a step time grows with it
+        slower = float(res.expected_step_time) / float(res.step_time)
+        predicted = predicted * slower if row.metric == "seconds per iteration" else predicted / slower
     # throughput-like metrics: error of the throughput; a step time: of its inverse (so that + is "too fast")
     ratio = predicted / row.published if row.metric != "seconds per iteration" else row.published / predicted
     return dict(study=row.study, series=row.series, name=row.name, device=row.device, gpus=row.gpus,
@@ -264,10 +279,10 @@ def markdown(results: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(quick: bool = False, log: Callable[[str], None] = print, jitter: Any = None) -> dict[str, Any]:
     results = []
     for row in rows(quick):
-        r = evaluate(row)
+        r = evaluate(row, jitter)
         log(f"{row.study:16s} {row.name:55s} published {r['published']:9.4g} predicted {r['predicted']:9.4g} "
             f"error {100 * r['error']:+6.1f}% ({r['seconds']:.1f} s)")
         results.append(r)
@@ -278,13 +293,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a CI-sized subset of rows (nothing written)")
     ap.add_argument("--out", type=Path, default=None, help="folder for test_results.json/.md (default: here)")
+    ap.add_argument("--stragglers", action="store_true",
+                    help="predict the expected step with stragglers.py's FIT-fitted stragglers "
+                         "(test_results_stragglers.json/.md)")
     args = ap.parse_args(argv)
-    out = run(args.quick, log=lambda s: print(s, flush=True))
+    jitter = stragglers() if args.stragglers else None
+    out = run(args.quick, log=lambda s: print(s, flush=True), jitter=jitter)
+    if jitter is not None:
+        out["stragglers"] = dict(slow_fraction=jitter.slow_fraction, slow_factor=jitter.slow_factor,
+                                 samples=STRAGGLER_SAMPLES)
     folder = args.out if args.out is not None else (None if args.quick else HERE)
     if folder is not None:
+        name = "test_results_stragglers" if jitter is not None else "test_results"
         folder.mkdir(parents=True, exist_ok=True)
-        dp.write_atomic(folder / "test_results.json", json.dumps(out, indent=1) + "\n")
-        dp.write_atomic(folder / "test_results.md", markdown(out["rows"], out["summary"]))
+        dp.write_atomic(folder / f"{name}.json", json.dumps(out, indent=1) + "\n")
+        dp.write_atomic(folder / f"{name}.md", markdown(out["rows"], out["summary"]))
     s = out["summary"]
     for key, v in s.items():
         if isinstance(v, dict) and "mape" in v:
