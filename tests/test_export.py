@@ -5,7 +5,8 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
 
 - Megatron-LM, commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (Aug 2026):
   ``megatron/core/model_parallel_config.py`` (``tensor_model_parallel_size``,
-  ``pipeline_model_parallel_size``, ``sequence_parallel``, ``expert_model_parallel_size``),
+  ``pipeline_model_parallel_size``, ``sequence_parallel``, ``expert_model_parallel_size``,
+  ``expert_tensor_parallel_size``: Optional[int], None meaning the tensor size),
   ``megatron/core/transformer/transformer_config.py`` (``num_layers``; ``recompute_granularity``
   Literal['full', 'selective'], ``recompute_method`` Literal['uniform', 'block'], ``recompute_num_layers``),
   ``megatron/training/config/training_config.py`` (``micro_batch_size``, ``global_batch_size``),
@@ -28,7 +29,8 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
   ``--moe-layer-freq``, ``--q-lora-rank``, ``--kv-lora-rank``, ``--qk-head-dim``,
   ``--qk-pos-emb-head-dim``, ``--v-head-dim``.
 - torchtitan, commit e347b1e5e6b6941d789d16d340145294d82dc71e (Feb 2026, the last that read TOML):
-  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism``, ``ActivationCheckpoint``;
+  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism`` (``expert_parallel_degree`` and
+  ``expert_tensor_parallel_degree``, ints defaulting to 1), ``ActivationCheckpoint``;
   the stage count from ``pipeline_parallel_layers_per_stage``: ``torchtitan/distributed/pipeline_parallel.py``
   (v0.2.0-v0.2.2), ``ceil((n_layers + first_stage_less_layers + last_stage_less_layers) / layers_per_stage)``.
   Schedule names: torch's own ``get_schedule_class`` (imported: torch is installed).
@@ -51,6 +53,7 @@ MEGATRON_FLAGS: dict[str, dict] = {
     "--tensor-model-parallel-size": {"type": int},
     "--pipeline-model-parallel-size": {"type": int},
     "--expert-model-parallel-size": {"type": int},
+    "--expert-tensor-parallel-size": {"type": int},
     "--sequence-parallel": {"action": "store_true"},
     "--num-layers": {"type": int},
     "--seq-length": {"type": int},
@@ -91,7 +94,7 @@ TORCHTITAN_FIELDS = {
         "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int, "fsdp_reshard_after_forward": str,
         "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "module_fqns_per_model_part": list,
         "pipeline_parallel_layers_per_stage": int, "pipeline_parallel_schedule": str,
-        "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int,
+        "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int, "expert_tensor_parallel_degree": int,
         "pipeline_parallel_first_stage_less_layers": int, "pipeline_parallel_last_stage_less_layers": int,
     },
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},

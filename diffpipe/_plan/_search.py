@@ -242,7 +242,8 @@ class PlanTable:
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
             family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            ep = r["expert"] if r.get("expert_tensor", r["tensor"]) == r["tensor"] else f"{r['expert']} (etp {r['expert_tensor']})"
+            et = r.get("expert_tensor", r["tensor"])
+            ep = r["expert"] if et == r["tensor"] else f"{r['expert']} (etp {et})"
             cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], ep,
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",

@@ -531,7 +531,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     cluster = _cluster(clu, clu["gpus"])
     # dp.plan's axes, where a flag narrows them (else dp.plan's defaults)
     axes = {"families": args.families, "tensor": par.get("tensor"), "pipeline": par.get("pipeline"),
-            "expert": par.get("expert"), "virtual": par.get("virtual"), "context": par.get("context"),
+            "expert": par.get("expert"), "expert_tensor": par.get("expert_tensor"), "virtual": par.get("virtual"),
+            "context": par.get("context"),
             "microbatch_sizes": train.get("microbatch_size"), "recompute": train.get("recompute"),
             "zero": par.get("zero"), "sequence_parallel": par.get("sequence_parallel")}
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
