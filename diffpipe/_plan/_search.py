@@ -871,8 +871,9 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                       zero, tensors, simulated, contexts)
         request = dict(model=model, cluster=cluster, global_batch=global_batch, sequence=sequence, families=families,
                        tensor=tensor,
-                       pipeline=pipeline, expert=expert, virtual=virtual, context=context, microbatch_sizes=sizes,
-                       recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
+                       pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
+                       context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
+                       headroom=headroom,
                        communication=communication)
         raise ConfigError(_checked_suggestion(reason, changes, request))
     rows_out = _ranked(rows_out)
