@@ -129,6 +129,7 @@ LAUNCHES = [
     launch(layers_per_stage=(9, 10, 10, 10, 10, 10, 10, 11), zero=3, expert=4),
     launch(family="1f1b", pipeline=1, virtual=1, tensor=1, data=16, layers_per_stage=(32,), recompute="none",
            zero=2, sequence_parallel=False, global_batch=64),
+    launch(family="1f1b", virtual=1, layers_per_stage=(20,) * 4, zero=2, expert=8, expert_tensor=1),  # folded
 ]
 
 
@@ -142,6 +143,8 @@ def test_megatron_args_parse_back(cfg):
     assert ns.num_layers == cfg.layers and ns.seq_length == cfg.sequence
     assert ns.sequence_parallel == (cfg.parallelism.sequence_parallel and cfg.parallelism.tensor > 1)
     assert (ns.expert_model_parallel_size or 1) == cfg.parallelism.expert
+    # unset, Megatron's expert tensor size is the tensor size (validate_args)
+    assert (ns.expert_tensor_parallel_size or ns.tensor_model_parallel_size) == cfg.parallelism.etp
     # the split: one of the two stage flags, as Megatron requires (arguments.py: at most one)
     if ns.pipeline_model_parallel_layout is not None:
         assert ns.num_layers_per_virtual_pipeline_stage is None
@@ -181,6 +184,10 @@ def test_torchtitan_toml_parses_back(cfg):
                 assert value in TORCHTITAN_CHOICES[section, name]
     par, training = doc["parallelism"], doc["training"]
     degrees = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    if cfg.parallelism.expert > 1:  # torchtitan v0.2.2 parallel_dims.py: ETP 1 or TP, efsdp an integer
+        ep, etp = par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]
+        assert (ep, etp) == (cfg.parallelism.expert, cfg.parallelism.etp) and etp in (1, par["tensor_parallel_degree"])
+        assert par["data_parallel_shard_degree"] * par["tensor_parallel_degree"] % (etp * ep) == 0
     assert degrees * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == cfg.parallelism.gpus
     assert training["global_batch_size"] == cfg.global_batch and training["seq_len"] == cfg.sequence
     assert doc["activation_checkpoint"]["mode"] == cfg.recompute
@@ -326,7 +333,8 @@ def test_launch_sizes_live_in_the_parallelism_only(cfg):
     old = {"family": cfg.family, "microbatch_size": cfg.microbatch_size, "global_batch": cfg.global_batch,
            "sequence": cfg.sequence, "layers_per_stage": cfg.layers_per_stage, "recompute": cfg.recompute,
            **dataclasses.asdict(par)}
-    with pytest.raises(dp.ConfigError, match=r"launch: unknown field\(s\) context, data, expert, pipeline, "):
+    with pytest.raises(dp.ConfigError,
+                       match=r"launch: unknown field\(s\) context, data, expert, expert_tensor, pipeline, "):
         Launch(**old)
     for name in ("tensor", "gpus", "stages"):
         with pytest.raises(AttributeError, match=name):
