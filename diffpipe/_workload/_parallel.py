@@ -189,7 +189,7 @@ class Parallelism:
             if et == self.tensor:  # the expert group is carved out of the data (and context) ranks
                 what = f"data={self.data}" if self.context == 1 else f"context x data = {self.context * self.data}"
                 raise ConfigError(f"parallelism: expert={e} must divide {what} (with expert_tensor = tensor the "
-                                  "expert group is carved out of the data-parallel ranks)")
+                                  "expert group is carved out of the data and context ranks)")
             raise ConfigError(f"parallelism: expert_tensor x expert = {et} x {e} = {et * e} must divide tensor x "
                               f"context x data = {self.tensor * self.context * self.data} (the expert layers "
                               "fold onto the same ranks)")
