@@ -132,8 +132,8 @@ class Launch:
 
     Attributes:
         family: the pipeline schedule family (``diffpipe.schedules.names()``).
-        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, expert tensor, ZeRO stage,
-            sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
+        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, expert tensor, ZeRO
+            stage, sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
         microbatch_size: samples per microbatch.
         global_batch: samples per optimizer step, over all data-parallel ranks.
         sequence: tokens per sample.
@@ -385,8 +385,9 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
     Parallel degrees (context parallelism as ``--context-parallel-size`` with ``--cp-comm-type p2p``,
     the ring diffpipe prices; ``--expert-model-parallel-size`` and, when it differs from the tensor
     size, ``--expert-tensor-parallel-size``), ``--num-layers``, ``--seq-length``, the batch, then the
-    stage split: nothing for an even split without virtual stages, ``--num-layers-per-virtual-pipeline-stage`` for an
-    even interleaved split, ``--pipeline-model-parallel-layout`` (with the embedding and loss
+    stage split: nothing for an even split without virtual stages,
+    ``--num-layers-per-virtual-pipeline-stage`` for an even interleaved split,
+    ``--pipeline-model-parallel-layout`` (with the embedding and loss
     placement) for an uneven one. Recompute: ``--recompute-granularity selective`` (Megatron's default
     selective module is the attention core, as diffpipe's), or ``full`` with ``--recompute-method
     uniform --recompute-num-layers 1`` (every layer from its input). ZeRO: see ``_MEGATRON_ZERO``.
