@@ -75,7 +75,8 @@ SCHEMA: dict[str, dict[str, str]] = {
                  "global_batch": "count", "recompute": "recompute", "flash_attention": "bool",
                  "framework": "framework"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
-                    "zero": "zero", "sequence_parallel": "bool", "context": "count"},
+                    "zero": "zero", "sequence_parallel": "bool", "context": "count",
+                    "expert_tensor": "count"},
     "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
 }
 _MACHINE_SECTIONS = ("times", "model", "device", "network")
@@ -375,6 +376,8 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     mode = _mode(args.mode or network.get("mode") or "overlap")
     framework = train.get("framework", "none")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
+    if parallelism.etp != parallelism.tensor:
+        extra += f" ETP{parallelism.etp}"
     cp = f" CP{parallelism.context}" if parallelism.context > 1 else ""
     label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
              f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
