@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     jitter = stragglers() if args.stragglers else None
     out = run(args.quick, log=lambda s: print(s, flush=True), jitter=jitter)
     if jitter is not None:
-        out["stragglers"] = dict(slow_fraction=jitter.slow_fraction, slow_factor=jitter.slow_factor,
-                                 samples=STRAGGLER_SAMPLES)
+        out["stragglers"] = dict(slow_fraction=float(jitter.slow_fraction),
+                                 slow_factor=float(jitter.slow_factor), samples=STRAGGLER_SAMPLES)
     folder = args.out if args.out is not None else (None if args.quick else HERE)
     if folder is not None:
         name = "test_results_stragglers" if jitter is not None else "test_results"
