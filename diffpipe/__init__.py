@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from ._plan._search import plan as plan
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
+    from ._workload._frameworks import Framework as Framework
     from ._workload._parallel import CommunicationOverlap as CommunicationOverlap
     from ._workload._parallel import Parallelism as Parallelism
     from ._workload._parallel import transformer_engine_tensor_overlap as transformer_engine_tensor_overlap

@@ -14,3 +14,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: The built-in communication modes by name (``_engine._communication.MODES`` maps each to its
 #: class; a test checks they agree).
 COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous")
+#: The training-framework presets by name (``_workload._frameworks.FRAMEWORKS`` maps each to its
+#: ``Framework``; a test checks they agree).
+FRAMEWORK_NAMES = ("none", "megatron", "torchtitan", "fsdp", "ddp")

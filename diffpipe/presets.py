@@ -1,11 +1,13 @@
-"""Named devices, links and models, as published by their vendors (``diffpipe.presets``).
+"""Named devices, links, models and frameworks (``diffpipe.presets``).
 
-``device("H100")`` gives a ``Device``, ``network("nvlink4", "ib-ndr")`` a ``Network`` and
-``model("llama-3-70b")`` a ``Transformer``; the tables ``DEVICES``, ``NETWORKS`` and ``MODELS``
-hold the published figures with their sources. Units: FLOP/s, bytes, bytes/s per direction,
-seconds. The tables live in ``diffpipe._machine._specs`` and ``diffpipe._model._specs`` (no JAX:
-listing presets stays light), the constructors in ``diffpipe._machine._presets`` and
-``diffpipe._model._presets``, loaded on first use; this module gathers them.
+``device("H100")`` gives a ``Device``, ``network("nvlink4", "ib-ndr")`` a ``Network``,
+``model("llama-3-70b")`` a ``Transformer`` and ``framework("megatron")`` a ``Framework`` (what a
+training framework overlaps and in what precision it reduces gradients: ``FRAMEWORKS``); the tables
+``DEVICES``, ``NETWORKS`` and ``MODELS`` hold the published figures with their sources. Units:
+FLOP/s, bytes, bytes/s per direction, seconds. The tables live in ``diffpipe._machine._specs`` and
+``diffpipe._model._specs`` (no JAX: listing presets stays light), the constructors in
+``diffpipe._machine._presets``, ``diffpipe._model._presets`` and ``diffpipe._workload._frameworks``,
+loaded on first use; this module gathers them.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ if TYPE_CHECKING:
     from ._machine._presets import device as device
     from ._machine._presets import network as network
     from ._model._presets import model as model
+    from ._workload._frameworks import FRAMEWORKS as FRAMEWORKS
+    from ._workload._frameworks import framework as framework
 
 #: The constructors, which need JAX: name -> the module that defines it, imported on first access.
-_CONSTRUCTORS = {"device": "._machine._presets", "network": "._machine._presets", "model": "._model._presets"}
+_CONSTRUCTORS = {"device": "._machine._presets", "network": "._machine._presets", "model": "._model._presets",
+                 "framework": "._workload._frameworks", "FRAMEWORKS": "._workload._frameworks"}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,7 @@ BAD_VALUES = {
     "options": ['3', '"chunks=2"', '[1]', '{ chunks = [1, 2] }', '{ chunks = { a = 1 } }'],
     "zero": ['"1"', 'true', '-1', '4', '1.0'],
     "recompute": ['true', '"some"', '1', '""'],
+    "framework": ['"deepspeed"', 'true', '1', '""', '"Megatron"'],
     "sequence": ['"abc"', 'true', '0', '-3', '1.5', '"4"', '[4]', '"longest"'],
 }
 #: What each section needs besides the bad key to be otherwise complete.
@@ -813,6 +815,22 @@ def test_debug_shows_the_traceback_of_a_known_error():
     assert code == 2 and "Traceback" in err and err.splitlines()[-1].startswith("diffpipe: error: ")
 
 
+def test_a_signal_wrapped_by_an_import_still_ends_as_that_signal(monkeypatch):
+    # a SIGTERM that lands inside an extension's initialisation comes back as that import's error
+    from diffpipe.cli import _main
+
+    def import_interrupted(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException as error:
+            raise ImportError("Encountered an error while initializing the extension.") from error
+
+    monkeypatch.setattr(_main, "_cmd_list", import_interrupted)
+    code, _, err = run_cli(["list"])
+    assert code == 143 and err.strip() == "diffpipe: terminated (no file was changed)"
+
+
 def test_sigterm_while_writing_leaves_nothing(workdir, monkeypatch):
     from matplotlib.figure import Figure
 
@@ -919,7 +937,6 @@ def test_sigterm_ends_a_long_command_promptly_leaving_nothing(command, tmp_path)
     or more): exit code 143 within 5 s, one line, and nothing new in the output directory. The
     signal's exception may land where it is swallowed (JAX's callbacks) or wait behind a compiled
     call: the CLI then ends itself after its grace (``cli._main.GRACE_S``)."""
-    import time
 
     argv = {"plan": ["plan", "--model", "llama-3-70b", "--gpus", "64", "--global-batch", "64", "--export",
                      "megatron", "--out", "out.txt"],

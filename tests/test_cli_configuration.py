@@ -210,3 +210,49 @@ def test_other_commands_refuse_the_configuration_sections(tmp_path):
     (tmp_path / "a.toml").write_text("[parallelism]\ntensor = 2\n")
     code, out, err = run(["sweep", "--config", tmp_path / "a.toml"])
     assert code == 2 and "[parallelism] cannot be used by 'sweep'" in err, err
+
+
+def test_simulate_prices_the_named_framework(tiny, tmp_path):
+    model = dp.Transformer.from_hf_config(tiny, sequence=512, microbatch_size=2, recompute="selective",
+                                          flash_attention=True)
+    par = dp.Parallelism(tensor=2, pipeline=2, data=2, virtual=2, zero=1, sequence_parallel=True)
+    want = dp.Configuration(model, par, dp.Cluster("A100", gpus=8), 16, schedule="interleaved-1f1b",
+                            framework="megatron").evaluate()
+    code, out, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS, "--framework", "megatron",
+                          "--json"])
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["framework"] == "megatron"
+    assert got["step_time_s"] == pytest.approx(want.step_time, rel=1e-6)
+    code, out, err = run(["simulate", "interleaved-1f1b", "--hf-config", tiny, *FLAGS, "--json"])
+    assert json.loads(out)["framework"] == "none" and json.loads(out)["step_time_s"] != got["step_time_s"]
+    # the same from the file's [training] framework
+    path = tmp_path / "run.toml"
+    path.write_text('[training]\nframework = "megatron"\n')
+    code, out, err = run(["simulate", "interleaved-1f1b", "--config", path, "--hf-config", tiny, *FLAGS, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == got["step_time_s"]
+    path.write_text('[training]\nframework = "deepspeed"\n')
+    code, out, err = run(["simulate", "--config", path, "--hf-config", tiny, *FLAGS])
+    assert code == 2 and "framework" in err and "deepspeed" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["simulate", "--hf-config", tiny, *FLAGS, "--framework", "deepspeed"])
+    assert code == 2 and "--framework" in err and "Traceback" not in err
+
+
+def test_plan_prices_the_framework_the_export_launches(tiny):
+    axes = ["--hf-config", tiny, "--cluster", "8xH100", "--global-batch", "16", "--sequence", "512", "--tp", "2",
+            "--pp", "2", "--families", "1f1b", "--microbatch-size", "2", "--recompute", "selective", "--zero", "1",
+            "--sequence-parallel", "--balance-top", "0", "--json"]
+    runs = {}
+    for name, extra in (("none", []), ("megatron", ["--framework", "megatron"]),
+                        ("export", ["--export", "megatron"]), ("override", ["--export", "megatron", "--framework",
+                                                                            "none"])):
+        code, out, err = run(["plan", *axes, *extra])
+        assert code == 0, err
+        runs[name] = json.loads(out)
+    assert runs["none"]["framework"] == "none" and runs["override"]["framework"] == "none"
+    assert runs["megatron"]["framework"] == runs["export"]["framework"] == "megatron"
+    assert runs["export"]["rows"][0]["step_time_s"] == runs["megatron"]["rows"][0]["step_time_s"]
+    assert runs["megatron"]["rows"][0]["step_time_s"] < runs["none"]["rows"][0]["step_time_s"]
+    assert "--overlap-grad-reduce" in runs["export"]["export"]["text"]
+    assert "--overlap-grad-reduce" not in runs["override"]["export"]["text"]

@@ -430,3 +430,28 @@ def test_megatron_flags_are_in_megatron_s_own_list(name):
                 assert arg in known, arg
                 takes_value = i + 1 < len(args) and not args[i + 1].startswith("--")
                 assert takes_value == (arg not in novalue), arg
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_megatron_overlap_flags_are_megatron_s_and_pass_its_rules(zero):
+    # Megatron-LM d98e8a6's validate_args: --overlap-param-gather needs --overlap-grad-reduce and the distributed
+    # optimizer or Megatron-FSDP; --tp-comm-overlap needs --sequence-parallel
+    from diffpipe._plan._export import megatron_overlap_args
+
+    known = {line.strip() for line in MEGATRON_LIST.read_text().splitlines() if line.startswith("--")}
+    novalue = {line.strip() for line in MEGATRON_LIST.with_name("megatron_arguments_d98e8a6_novalue.txt")
+               .read_text().splitlines() if line.startswith("--")}
+    mega = dp.presets.framework("megatron")
+    for sp in (True, False):
+        par = dp.Parallelism(tensor=4, pipeline=2, data=4, zero=zero, sequence_parallel=sp)
+        flags = megatron_overlap_args(mega, par)
+        base = dp.megatron_args(launch(tensor=4, pipeline=2, data=4, virtual=1, family="1f1b",
+                                       layers_per_stage=(40, 40), zero=zero, sequence_parallel=sp))
+        assert set(flags) <= known and set(flags) <= novalue
+        assert flags[0] == "--overlap-grad-reduce"
+        if "--overlap-param-gather" in flags:
+            assert "--use-distributed-optimizer" in base or "--use-megatron-fsdp" in base
+        assert ("--overlap-param-gather" in flags) == (zero > 0)
+        assert ("--tp-comm-overlap" in flags) == sp and (not sp or "--sequence-parallel" in base)
+    assert megatron_overlap_args(None, par) == []
+    assert megatron_overlap_args(dp.presets.framework("torchtitan"), par) == []

@@ -285,3 +285,39 @@ def test_export_limits_refuse_at_once():
                                              "no ZeRO-1") as info:
         dp.plan(TINY, cluster(), 64, zero=1, progress=False, export="torchtitan")
     assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def megatron_table():
+    return dp.plan(TINY, cluster(), 64, tensor=(2, 4), pipeline=(2, 4), families=("1f1b", "interleaved-1f1b"),
+                   virtual=(2,), microbatch_sizes=(1, 2), balance=False, progress=False, framework="megatron")
+
+
+def test_plan_prices_the_framework(table, megatron_table):
+    assert megatron_table.framework.name == "megatron"
+    for i in sorted({0, len(megatron_table.rows) - 1}):
+        row, cfg = megatron_table.rows[i], megatron_table.configuration(i)
+        assert cfg.framework.name == "megatron"
+        assert row["step_time"] == cfg.evaluate().step_time
+        if not row["balanced"]:
+            assert row["bound"] <= row["step_time"] * (1 + 1e-5)
+    # Megatron's overlaps hide tensor collectives and the gradient sync: its best step is faster
+    assert megatron_table.best["step_time"] < table.best["step_time"]
+    # the export launches what was priced: Megatron's overlap flags
+    _, text = megatron_table.export("megatron")
+    assert "--overlap-grad-reduce" in text and "--overlap-grad-reduce" not in table.export("megatron")[1]
+
+
+@pytest.mark.parametrize(("framework", "zero"), [("megatron", 1), ("torchtitan", 3), ("ddp", 0)])
+def test_closed_form_time_bound_holds_under_a_framework(framework, zero):
+    clu = cluster(dp.presets.device("H100"))
+    par = dp.Parallelism(tensor=2, pipeline=2, data=4, zero=zero, sequence_parallel=True)
+    cfg = dp.Configuration(TINY, par, clu, 64, framework=framework)
+    result = cfg.evaluate()
+    fw = dp.presets.framework(framework)
+    k = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links, fw)
+    unhidden = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links)
+    static, act, before, work, update = _closed_form(k, TINY, 2, 1, _family_shape("1f1b")[2], {})
+    assert np.max(before + cfg.microbatches * work + update) <= result.step_time * (1 + 1e-5)
+    if framework == "megatron":  # the tensor collectives' unhideable share is counted, not all of them
+        assert np.all(k.work <= unhidden.work) and np.any(k.work < unhidden.work)

@@ -280,6 +280,21 @@ def test_test_summary_follows_from_the_committed_rows():
             assert fresh[key][k] == pytest.approx(v, rel=1e-9), (key, k)
 
 
+def test_straggler_results_are_the_deterministic_rows_slowed():
+    # test_runs.py --stragglers: the same rows, each at most as fast as deterministically, its summary its rows'
+    path = Path(tr.HERE) / "test_results_stragglers.json"
+    with_stragglers = json.loads(path.read_text())
+    assert with_stragglers["stragglers"]["slow_fraction"] == tr.stragglers().slow_fraction
+    pairs = zip(TEST_RESULTS["rows"], with_stragglers["rows"], strict=True)
+    for det, slow in pairs:
+        assert det["name"] == slow["name"] and det["published"] == slow["published"]
+        assert slow["error"] <= det["error"] + 1e-9, det["name"]
+    fresh = tr.summarise(with_stragglers["rows"])
+    for key, value in with_stragglers["summary"].items():
+        for k, v in value.items():
+            assert fresh[key][k] == pytest.approx(v, rel=1e-9), (key, k)
+
+
 def test_test_quick_rows_recompute_the_committed_numbers():
     """Rerun ``test_runs.py --quick``'s rows and get the committed predictions back."""
     fresh = tr.run(quick=True, log=lambda _: None)

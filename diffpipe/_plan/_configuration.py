@@ -51,12 +51,15 @@ from .._machine._cluster import Cluster
 from .._model._kernels import Kernels, kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
+from .._workload._frameworks import Framework
+from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import (
     GROUPS,
     CommunicationOverlap,
     ParallelCosts,
     Parallelism,
     Placement,
+    hidden_cost,
     parallel_costs,
     placement,
     ring_exchange,
@@ -99,6 +102,10 @@ class Configuration:
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
         overlap: how much communication the framework hides (``CommunicationOverlap``; default none:
             tensor collectives on the critical path, the gradient sync after the backward, no prefetch).
+        framework: the training framework whose overlap and gradient precision the step has (a
+            ``Framework`` or a preset name: ``diffpipe._workload._frameworks.FRAMEWORKS``); it sets
+            ``overlap`` (give one or the other) and the model's ``reduce_bytes`` where the model states
+            none. Default: ``overlap`` as given.
     """
 
     model: Transformer
@@ -110,15 +117,22 @@ class Configuration:
     communication: str
     layers_per_stage: tuple[int, ...] | None
     overlap: CommunicationOverlap
+    framework: Framework | None
 
     def __init__(self, model: Transformer, parallelism: Parallelism, cluster: Cluster, global_batch: int, *,
                  schedule: str | None = None, options: dict[str, Any] | None = None,
                  communication: str = "overlap", layers_per_stage: Any = None,
-                 overlap: CommunicationOverlap | None = None) -> None:
+                 overlap: CommunicationOverlap | None = None, framework: str | Framework | None = None) -> None:
         if not isinstance(model, Transformer):
             raise ConfigError(f"configuration: model must be a Transformer, got {type(model).__name__}")
         if not isinstance(parallelism, Parallelism):
             raise ConfigError(f"configuration: parallelism must be a Parallelism, got {type(parallelism).__name__}")
+        if framework is not None:
+            if overlap is not None:
+                raise ConfigError("configuration: give overlap or framework, not both (the framework sets the overlap)")
+            framework = get_framework(framework)
+            model = framework.model(model)
+            overlap = framework.overlap(model, parallelism)
         if not isinstance(cluster, Cluster):
             raise ConfigError(f"configuration: cluster must be a Cluster, got {type(cluster).__name__}")
         check_int("configuration: global_batch", global_batch, 1)
@@ -152,7 +166,7 @@ class Configuration:
         for name, value in (("model", model), ("parallelism", parallelism), ("cluster", cluster),
                             ("global_batch", int(global_batch)), ("family", fam.name),
                             ("options", tuple(sorted(options.items()))), ("communication", communication),
-                            ("layers_per_stage", layers_per_stage), ("overlap", overlap)):
+                            ("layers_per_stage", layers_per_stage), ("overlap", overlap), ("framework", framework)):
             object.__setattr__(self, name, value)
         placement(parallelism, cluster)  # tensor groups inside a node, groups tiling the nodes
 
@@ -233,7 +247,33 @@ class Configuration:
         out["gather"] = gather
         if costs.context_block is not None:
             out["context"] = self.context_seconds(costs)
+        if overlap.every_microbatch and self.parallelism.shards > 1 and self.microbatches > 1:
+            compute = self.compute_seconds(costs) if compute is None else compute
+            out["reduce"] = self.microbatch_reduction(costs, compute)
         return out
+
+    def microbatch_reduction(self, costs: ParallelCosts, compute: dict[str, Array]) -> Array:
+        """``[3, layers]`` seconds the gradient reduction of every microbatch but the last adds to the
+        layer's ``W`` (``overlap.every_microbatch``): a reduce-scatter of each layer's gradients (ZeRO-1-3;
+        an all-reduce without ZeRO) over the data group's bus, run under the layer's own backward
+        (``hidden_cost``: what exceeds it, plus the contention of what it hides), averaged over the
+        microbatches (the last one's reduction is the step's sync lane)."""
+        par, model = self.parallelism, self.model
+        where = self.placement
+        link = where.links["data"]
+        n = par.shards
+        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        r, d = float(model.reduction_bytes), float(model.dtype_bytes)
+        # costs.gradient_bytes is all-reduce-equivalent: r (ZeRO-0), (r + d) / 2 (1-2), r / 2 (3) a parameter
+        per_param = {0: r, 1: (r + d) / 2, 2: (r + d) / 2, 3: r / 2}[par.zero]
+        ring, steps = (2.0, 2 * (n - 1)) if par.zero == 0 else (1.0, n - 1)
+        dtype = self.cluster.device.throughput.dtype
+        reduce_bytes = jnp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r
+        seconds = ring * (n - 1) / n * reduce_bytes / bus + steps * self.cluster.step_latency(link)
+        total = sum(compute.values())
+        paid = (self.microbatches - 1) / self.microbatches * hidden_cost(seconds, total[_I] + total[_W],
+                                                                          self.overlap.contention)
+        return jnp.zeros((3, model.layers + 2), dtype).at[_W].set(paid)
 
     def context_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the context-parallel K,V ring left on each op's critical path

@@ -36,6 +36,7 @@ from .._checks import check_int
 from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._model._transformer import Transformer
+from .._workload._frameworks import Framework
 from .._workload._parallel import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
@@ -57,7 +58,7 @@ _MEGATRON_ZERO = {
         "optim_grads_params", "--ckpt-format", "fsdp_dtensor"],
 }
 #: The frameworks ``export_problem`` knows.
-FRAMEWORKS = ("megatron", "torchtitan")
+EXPORT_TARGETS = ("megatron", "torchtitan")
 
 
 def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int) -> str | None:
@@ -100,7 +101,7 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
             return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
                     "context_parallel_degree > 1: use zero=2 or 3")
         return _torchtitan_expert_problem(par)
-    raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+    raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(EXPORT_TARGETS)}")
 
 
 def _torchtitan_expert_problem(par: Parallelism) -> str | None:
@@ -440,6 +441,24 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
     return args
 
 
+def megatron_overlap_args(framework: Framework | None, parallelism: Parallelism) -> list[str]:
+    """Megatron-LM's overlap flags for what ``framework`` hides on ``parallelism`` (the ``Framework``
+    a ``plan`` priced; nothing for None or another framework's buckets): ``--overlap-grad-reduce`` for
+    Megatron's gradient buckets; ``--overlap-param-gather`` for the distributed optimizer's (ZeRO-1/2)
+    or Megatron-FSDP's (ZeRO-3) gathers, which Megatron-LM's ``validate_args`` accepts only with the
+    first (``megatron/training/arguments.py`` at d98e8a6); ``--tp-comm-overlap`` with sequence
+    parallelism over a tensor group, which it requires."""
+    if framework is None or framework.buckets != "megatron":
+        return []
+    args = ["--overlap-grad-reduce"]
+    zero = parallelism.zero
+    if (framework.param_gather and zero in (1, 2)) or (framework.prefetch and zero == 3):
+        args.append("--overlap-param-gather")
+    if framework.tensor_overlap and parallelism.sequence_parallel and parallelism.tensor > 1:
+        args.append("--tp-comm-overlap")
+    return args
+
+
 # -- torchtitan --------------------------------------------------------------------------------------
 
 
@@ -537,5 +556,6 @@ def torchtitan_toml(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FRAMEWORKS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
-           "megatron_layout", "megatron_model_args", "parse_megatron_layout", "torchtitan_modules", "torchtitan_toml"]
+__all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
+           "megatron_overlap_args", "megatron_layout", "megatron_model_args", "parse_megatron_layout",
+           "torchtitan_modules", "torchtitan_toml"]

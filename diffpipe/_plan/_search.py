@@ -73,10 +73,12 @@ from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
 from .._progress import Progress
 from .._results import csv_text, json_text, markdown_table
-from .._workload._parallel import Parallelism, parallel_costs, placement
+from .._workload._frameworks import Framework
+from .._workload._frameworks import framework as get_framework
+from .._workload._parallel import CommunicationOverlap, Parallelism, parallel_costs, placement
 from ..schedules._analysis import peak_activations
 from ._configuration import HEADROOM, Configuration
-from ._export import FRAMEWORKS, Launch, export_problem, megatron_args, torchtitan_toml
+from ._export import EXPORT_TARGETS, Launch, export_problem, megatron_args, megatron_overlap_args, torchtitan_toml
 
 #: Families searched by default: synchronous single-pipeline schedules a framework runs
 #: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).
@@ -163,6 +165,7 @@ class PlanTable:
     global_batch: int
     communication: str = "overlap"
     headroom: float = HEADROOM
+    framework: Framework | None = None
 
     @property
     def best(self) -> dict[str, Any]:
@@ -181,8 +184,10 @@ class PlanTable:
         return dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
 
     def megatron_args(self, i: int = 0) -> list[str]:
-        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``)."""
-        return megatron_args(self.launch(i), self.model_of(i))
+        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``), and the
+        overlap flags of the framework the plan priced (``megatron_overlap_args``)."""
+        return megatron_args(self.launch(i), self.model_of(i)) + megatron_overlap_args(self.framework,
+                                                                                       self.parallelism(i))
 
     def export(self, framework: str) -> tuple[int, str]:
         """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the
@@ -206,7 +211,8 @@ class PlanTable:
         row = self._row(i)
         model = self.model_of(i)
         return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
-                             communication=self.communication, layers_per_stage=row["layers_per_stage"])
+                             communication=self.communication, layers_per_stage=row["layers_per_stage"],
+                             framework=self.framework)
 
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
@@ -224,7 +230,8 @@ class PlanTable:
                       layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "gpus": self.cluster.gpus, "explored": self.explored,
+        return {"global_batch": self.global_batch, "gpus": self.cluster.gpus,
+                "framework": "none" if self.framework is None else self.framework.name, "explored": self.explored,
                 "simulated": self.simulated, "rejected": dict(self.rejected), "seconds": dict(self.seconds),
                 "rows": [dict(r, layers_per_stage=list(r["layers_per_stage"])) for r in self.rows]}
 
@@ -306,10 +313,16 @@ def _values(name: str, value: Any, allowed: Sequence[Any] | None = None) -> tupl
 class _Costs:
     """The closed-form per-layer numbers of one (model variant, tensor, expert, data, ZeRO, SP), in
     float64 numpy: F and I with the collectives they wait for, the whole F + I + W work, the optimizer
-    step, static and activation bytes. Only bounds are computed from them (never a reported number)."""
+    step, static and activation bytes. Only bounds are computed from them (never a reported number).
+    With a ``framework``, each group's collectives count only the share its overlap can never hide
+    (``_exposed_at_least``), so the bound stays below the step the ``Configuration`` prices."""
 
-    def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
+    def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str],
+                 framework: Framework | None = None):
+        if framework is not None:
+            model = framework.model(model)
         costs = parallel_costs(model, par)
+        least = _exposed_at_least(None if framework is None else framework.overlap(model, par))
         key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, _cluster_key(cluster))
         if key not in _TIMES:
             if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
@@ -323,7 +336,8 @@ class _Costs:
             if group not in costs.collective_bytes:
                 continue  # the context ring: what it exposes is >= 0, left out of the lower bound
             bandwidth, latency = (float(x) for x in cluster.link(link))
-            comm = comm + costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
+            seconds = costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
+            comm = comm + least.get(group, 1.0) * seconds
         self.forward = f + comm[0]
         self.work = self.forward + i + comm[1] + w + comm[2]
         bandwidth = float(cluster.memory_bandwidth)
@@ -333,6 +347,19 @@ class _Costs:
         self.static = np.asarray(costs.static_bytes, np.float64)
         self.activation = np.asarray(costs.activation_bytes, np.float64)
         self.shared_static = float(costs.shared_static_bytes)
+
+
+def _exposed_at_least(overlap: CommunicationOverlap | None) -> dict[str, float]:
+    """The smallest share of each collective group's time that ``overlap`` leaves on the step
+    (``Configuration.exposed_collectives``): the tensor collectives ``1 - tensor + contention x tensor``;
+    the ZeRO-3 gathers (group ``data``), prefetched, at least their contention (all hidden); the expert
+    all-to-alls in full."""
+    if overlap is None:
+        return {}
+    out = {"tensor": 1.0 - overlap.tensor + overlap.contention * overlap.tensor}
+    if overlap.prefetch:
+        out["data"] = overlap.contention
+    return out
 
 
 #: Bounded caches across plans (warm plans skip the per-variant cost tables): model variant and
@@ -545,6 +572,7 @@ def plan(
     communication: str = "overlap",
     progress: bool | None = None,
     export: str | None = None,
+    framework: str | Framework | None = None,
 ) -> PlanTable:
     """Search the configurations of ``model`` on ``cluster`` for ``global_batch`` samples per step.
 
@@ -579,6 +607,8 @@ def plan(
             (default): once the plan has run ``DELAY`` (2) seconds; True: from the start; False: never.
         export: ``"megatron"`` or ``"torchtitan"``: search only what that framework runs
             (``export_problem``; ``rejected["megatron export"]``, ...), so that every row exports.
+        framework: the training framework each configuration is priced for (``Configuration``'s
+            ``framework``: its overlap and gradient precision); None: nothing overlapped.
 
     Returns:
         A ``PlanTable``; ``table.best`` is the fastest configuration that fits.
@@ -595,7 +625,8 @@ def plan(
                        pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
                        context=context, microbatch_sizes=microbatch_sizes,
                        recompute=recompute, zero=zero, sequence_parallel=sequence_parallel, headroom=headroom,
-                       top_k=top_k, balance=balance, communication=communication, export=export, bar=bar)
+                       top_k=top_k, balance=balance, communication=communication, export=export, bar=bar,
+                       framework=None if framework is None else get_framework(framework))
     finally:
         bar.close()
 
@@ -605,7 +636,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             microbatch_sizes: Any,
             recompute: Any, zero: Any,
             sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
-            export: str | None, bar: Progress) -> PlanTable:
+            export: str | None, bar: Progress, framework: Framework | None = None) -> PlanTable:
     """``plan``'s search (its arguments; ``bar`` the progress)."""
     t0 = time.perf_counter()
     if not isinstance(model, Transformer):
@@ -660,8 +691,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                           f"tensor sizes searched: {', '.join(map(str, tensors))}")
     capacity = float(cluster.device.memory) * (1.0 - headroom)
 
-    if export is not None and export not in FRAMEWORKS:
-        raise ConfigError(f"plan: export must be one of {', '.join(FRAMEWORKS)} (or None), got {export!r}")
+    if export is not None and export not in EXPORT_TARGETS:
+        raise ConfigError(f"plan: export must be one of {', '.join(EXPORT_TARGETS)} (or None), got {export!r}")
     rejected: Counter = Counter()
     export_reasons: Counter = Counter()
     explored = 0
@@ -750,9 +781,9 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             except ConfigError as error:
                 costs[key] = str(error)
             else:
-                full = (variant, par, cluster_key)
+                full = (variant, par, cluster_key, framework)
                 if full not in _COSTS:
-                    _COSTS[full] = _Costs(variant, par, cluster, where.links)
+                    _COSTS[full] = _Costs(variant, par, cluster, where.links, framework)
                 costs[key] = _COSTS[full]
         k = costs[key]
         if isinstance(k, str):
@@ -809,7 +840,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                     c = candidates[i]
                     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
                     cfgs.append(Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                                              communication=communication))
+                                              communication=communication, framework=framework))
                 schedule = cfgs[0].schedule()
             except (ScheduleError, ConfigError):  # the family refuses these sizes
                 rejected["schedule"] += len(members)
@@ -873,8 +904,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                        tensor=tensor,
                        pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
                        context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
-                       headroom=headroom,
-                       communication=communication)
+                       headroom=headroom, communication=communication, framework=framework)
         raise ConfigError(_checked_suggestion(reason, changes, request))
     rows_out = _ranked(rows_out)
 
@@ -882,7 +912,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     if balance:
         bar.stage("balancing the best stages", min(top_k, len(rows_out)))
         for row in list(rows_out[:top_k]):
-            balanced = _balance(row, model, cluster, global_batch, communication, capacity)
+            balanced = _balance(row, model, cluster, global_batch, communication, capacity, framework)
             if balanced is not None:
                 rows_out.append(balanced)
             bar.update(1)
@@ -891,7 +921,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     seconds = {"enumerate": t_enumerate, "evaluate": t_evaluate, "graphs": t_graph, "hardware": t_hardware,
                "simulate": t_simulate, "balance": t_balance, "total": time.perf_counter() - t0}
     return PlanTable(tuple(rows_out), dict(rejected), explored, simulated, seconds, model, cluster, global_batch,
-                     communication, headroom)
+                     communication, headroom, framework)
 
 
 def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | None:
@@ -942,7 +972,7 @@ def _ranked(rows: list[dict]) -> list[dict]:
 
 
 def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
-             capacity: float) -> dict | None:
+             capacity: float, framework: Framework | None = None) -> dict | None:
     """``optimize`` the stage split of ``row``; the balanced row when the exact evaluation confirms it
     is faster and fits, else None."""
     if row["pipeline"] * row["virtual"] < 2:
@@ -953,7 +983,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
                    row.get("context", 1), None if et == row["tensor"] else et)
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                        communication=communication)
+                        communication=communication, framework=framework)
     graph = cfg.graph()
     workload = cfg.workload()
     try:
@@ -965,7 +995,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
         return None
     try:
         balanced = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                                 communication=communication, layers_per_stage=counts)
+                                 communication=communication, layers_per_stage=counts, framework=framework)
         result = balanced.evaluate()
     except ConfigError:
         return None

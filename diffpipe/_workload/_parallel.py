@@ -307,6 +307,9 @@ class CommunicationOverlap:
         contention: seconds of compute lost per second of communication hidden behind it (NCCL's
             kernels take SMs and memory bandwidth from the kernels they overlap); ``CONTENTION`` by
             default. Only hidden communication pays it, so with nothing overlapped it changes nothing.
+        every_microbatch: the data-parallel gradient reduction runs during every microbatch's
+            backward, not once a step (PyTorch FSDP outside ``no_sync``, as Composer runs it): each
+            microbatch but the last, whose reduction is the step's sync, pays it under its backward.
     """
 
     tensor: float = 0.0
@@ -314,6 +317,7 @@ class CommunicationOverlap:
     prefetch: bool = False
     param_gather: bool = False
     contention: float = CONTENTION
+    every_microbatch: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.tensor, bool) or not isinstance(self.tensor, (int, float)) or not 0 <= self.tensor <= 1:
@@ -321,7 +325,7 @@ class CommunicationOverlap:
         b = self.data_bucket
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
             raise ConfigError(f"overlap: data_bucket must be a positive number of bytes or None, got {b!r}")
-        for name in ("prefetch", "param_gather"):
+        for name in ("prefetch", "param_gather", "every_microbatch"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"overlap: {name} must be a bool, got {getattr(self, name)!r}")
         k = self.contention

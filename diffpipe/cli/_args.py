@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_int, is_number
-from .._choices import COMMUNICATION_MODES, RECOMPUTE, ZERO_STAGES
+from .._choices import COMMUNICATION_MODES, FRAMEWORK_NAMES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._guards import MAX_OPS
 
@@ -204,6 +204,10 @@ _CONFIG_FLAGS = (
     _Flag("--global-batch", "global_batch", "training", "samples per optimizer step", _count),
     _Flag("--recompute", "recompute", "training", "activation recomputation", choices=RECOMPUTE,
           search="list", default="all"),
+    _Flag("--framework", "framework", "training", "the training framework whose communication overlap and gradient "
+          "reduction precision are priced (megatron: its README's overlap flags, fp32 reduction; torchtitan, fsdp: "
+          "FSDP per block; ddp: 25 MiB buckets; default none: nothing overlapped)", choices=FRAMEWORK_NAMES,
+          default="none"),
     _Flag("--flash-attention", "flash_attention", "training", "fused attention, no s x s tensors stored (default: "
           "on; --no-flash-attention: off)", switch=True),
     _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",

@@ -522,6 +522,14 @@ def _cmd_export(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+def _plan_framework(train: dict[str, Any], export: str | None) -> str:
+    """The framework ``plan`` prices: ``--framework``, else the export target's (megatron, torchtitan),
+    else none."""
+    if "framework" in train:
+        return train["framework"]
+    return export if export in ("megatron", "torchtitan") else "none"
+
+
 def _cmd_plan(args: argparse.Namespace) -> None:
     from .._plan._search import plan
 
@@ -543,12 +551,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
                  **{k: tuple(v) if isinstance(v, list) else v for k, v in axes.items() if v is not None},
                  headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
-                 export=args.export if args.export in ("megatron", "torchtitan") else None)
+                 export=args.export if args.export in ("megatron", "torchtitan") else None,
+                 framework=_plan_framework(train, args.export))
     text, exported = None, None
     if args.export:
         exported, text = table.export(args.export)
+    framework = table.framework.name if table.framework else "none"
     heading = (f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
-               f"{table.model.sequence} tokens")
+               f"{table.model.sequence} tokens, framework {framework}"
+               + (" (nothing overlapped: --framework megatron|torchtitan|fsdp|ddp)" if framework == "none" else ""))
     outputs = [("--out", args.out, text)] if args.out else []
     if args.report:
         from ..viz.report import report

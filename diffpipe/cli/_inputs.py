@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _io, schedules
 from .._checks import check_int, is_int, is_number
-from .._choices import RECOMPUTE, ZERO_STAGES
+from .._choices import FRAMEWORK_NAMES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._args import (
     _CLUSTER_FLAGS,
@@ -51,6 +51,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                 "a table of NAME = number, bool or string"),
     "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
     "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
+    "framework": (lambda v: v in FRAMEWORK_NAMES, f"one of {', '.join(FRAMEWORK_NAMES)}"),
     "sequence": (lambda v: (is_int(v) and v >= 1) or v == "max", "an integer >= 1 or \"max\""),
 }
 
@@ -71,7 +72,8 @@ SCHEMA: dict[str, dict[str, str]] = {
                 "inter_bandwidth": "bandwidth"},
     # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
     "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
-                 "global_batch": "count", "recompute": "recompute", "flash_attention": "bool"},
+                 "global_batch": "count", "recompute": "recompute", "flash_attention": "bool",
+                 "framework": "framework"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
                     "zero": "zero", "sequence_parallel": "bool", "context": "count",
                     "expert_tensor": "count"},
@@ -309,6 +311,7 @@ class _Training:
     label: str
     virtual_given: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
+    framework: str = "none"
 
     def build(self, family: str | None = None, options: dict[str, Any] | None = None,
               adapt: bool = False, max_ops: int = MAX_OPS) -> Any:
@@ -323,7 +326,8 @@ class _Training:
 
         def make(par: Any) -> Any:
             return _configuration.Configuration(self.model, par, self.cluster, self.global_batch, schedule=family,
-                                                options=options, communication=self.communication)
+                                                options=options, communication=self.communication,
+                                                framework=self.framework)
 
         cfg = make(par)
         _guard_configuration(cfg, max_ops)
@@ -370,6 +374,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     parallelism = Parallelism(**par)
     cluster = _cluster(clu, parallelism.gpus)
     mode = _mode(args.mode or network.get("mode") or "overlap")
+    framework = train.get("framework", "none")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
     if parallelism.etp != parallelism.tensor:
         extra += f" ETP{parallelism.etp}"
@@ -377,11 +382,12 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
              f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "
              f"TP{parallelism.tensor}{cp} PP{parallelism.pipeline} DP{parallelism.data}{extra} ZeRO-{parallelism.zero}"
-             f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}")
+             f"{' SP' if parallelism.sequence_parallel else ''}, global batch {train['global_batch']}"
+             f"{'' if framework == 'none' else ', ' + framework}")
     family = getattr(args, "family", None) or section.get("family")
     options = {**section.get("options", {}), **_family_options(args.option)}
     return _Training(model, parallelism, cluster, train["global_batch"], mode, family, options, label,
-                     "virtual" in par, settings)
+                     "virtual" in par, settings, framework)
 
 
 def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict, dict]:

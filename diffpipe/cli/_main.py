@@ -243,6 +243,20 @@ def _keep_compiled(args: argparse.Namespace) -> None:
 _JIT_ERRORS = ("EquinoxRuntimeError", "_EquinoxRuntimeError", "JaxRuntimeError", "XlaRuntimeError")
 
 
+def _signal_in_chain(error: BaseException) -> BaseException | None:
+    """The signal's exception (``_Terminated``, ``KeyboardInterrupt``) that ``error`` was raised while
+    handling, if any: a signal landing inside an import or an extension's initialisation comes back
+    wrapped (e.g. numpy's ``ImportError``)."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        if isinstance(link, (_Terminated, KeyboardInterrupt)):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
+
+
 def _error_line(error: BaseException) -> tuple[int, str]:
     """The exit code and the one line for an exception the commands did not turn into ConfigError."""
     text = str(error)
@@ -393,7 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Terminated as error:
         code, line, caught = 143, "diffpipe: terminated (no file was changed)", error
     except Exception as error:
-        (code, line), caught = _error_line(error), error
+        signalled = _signal_in_chain(error)
+        if isinstance(signalled, _Terminated):
+            code, line, caught = 143, "diffpipe: terminated (no file was changed)", error
+        elif isinstance(signalled, KeyboardInterrupt):
+            code, line, caught = 130, "diffpipe: interrupted (no file was changed)", error
+        else:
+            (code, line), caught = _error_line(error), error
     finally:
         quiet.__exit__(None, None, None)
         signals.__exit__()

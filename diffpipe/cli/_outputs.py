@@ -50,7 +50,8 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
             "tensor": par.tensor, "context": par.context, "pipeline": par.pipeline, "data": par.data,
             "expert": par.expert, "expert_tensor": par.etp,
             "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
-            "global_batch": cfg.global_batch, **_with_units(result.to_dict()),
+            "global_batch": cfg.global_batch, "framework": "none" if cfg.framework is None else cfg.framework.name,
+            **_with_units(result.to_dict()),
             "busy_s": [float(x) for x in result.result.busy]}
 
 

@@ -73,7 +73,8 @@ def _label(op: Any, schedule: Any) -> str:
 _BREAKDOWN_COLORS = {
     "compute_gemm": "#1f77b4", "compute_attention": "#9467bd", "compute_memory": "#17becf",
     "compute_launch": "#7f7f7f", "compute_roofline": "#1f77b4", "exposed_tensor": "#d62728",
-    "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "exposed_context": "#2ca02c", "bubble": "#dddddd",
+    "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "exposed_context": "#2ca02c",
+    "exposed_reduce": "#c49c94", "bubble": "#dddddd",
     "jitter": "#bcbd22",
     "other": "#8c564b",
 }
@@ -108,7 +109,8 @@ def _breakdown_bar(ax: Any, breakdown: dict[str, float], step: float, scale: flo
 #: Colours and legend names of the collectives inside ops (``Timeline.collectives``), as the
 #: breakdown bar's ``exposed_<kind>`` segments.
 _COLLECTIVE_NAMES = {"tensor": "tensor-parallel collectives", "expert": "expert all-to-all",
-                     "gather": "ZeRO-3 all-gather", "context": "context-parallel K,V ring"}
+                     "gather": "ZeRO-3 all-gather", "context": "context-parallel K,V ring",
+                     "reduce": "gradient reduction per microbatch"}
 
 #: A schedule whose busiest device runs more than ``LONG_OPS`` ops is drawn as zoomed windows
 #: (``zoom=None``); each window spans about ``WINDOW_OPS`` of its ops.

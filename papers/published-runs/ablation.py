@@ -25,6 +25,7 @@ The TEST rows are the same as ``test_runs.py``'s; nothing is fitted to them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -36,6 +37,7 @@ from typing import Any
 import diffpipe as dp
 from diffpipe._machine import _presets
 from diffpipe._model import _kernels
+from diffpipe._workload import _frameworks
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,14 +77,20 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
     if change == "flash1":
         return patched(_kernels, FLASH_RATE={**_kernels.FLASH_RATE, 1: _kernels.FLASH_RATE[2]})
     if change == "contention":
-        return patched(dp, CommunicationOverlap=functools.partial(dp.CommunicationOverlap, contention=0.0))
+        free = functools.partial(dp.CommunicationOverlap, contention=0.0)
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched(dp, CommunicationOverlap=free))
+        stack.enter_context(patched(_frameworks, CommunicationOverlap=free))  # the presets' overlaps
+        return stack
     if change == "reduce":
         stack = contextlib.ExitStack()
-        stack.enter_context(patched(rp, MEGATRON_BF16_REDUCE_BYTES=2, TORCHTITAN_REDUCE_BYTES=2))
-        stack.enter_context(patched(tr, COMPOSER_REDUCE_BYTES={"DEFAULT": 2, "PURE": 2}, LIGHTNING_REDUCE_BYTES=2))
+        stack.enter_context(patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, reduce_bytes=None),
+                                    TORCHTITAN=dataclasses.replace(rp.TORCHTITAN, reduce_bytes=None)))
+        stack.enter_context(patched(tr, COMPOSER_REDUCE_BYTES={"DEFAULT": 2, "PURE": 2},
+                                    DDP=dataclasses.replace(tr.DDP, reduce_bytes=None)))
         return stack
     if change == "param_gather":
-        return patched(rp, MEGATRON_PARAM_GATHER=False)
+        return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, param_gather=False))
     if change == "a100_ceiling":
         return contextlib.nullcontext()  # handled by the refit: the A100 is not refitted
     raise ValueError(change)

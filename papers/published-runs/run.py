@@ -176,36 +176,24 @@ class Row:
 
 def configuration(model: dp.Transformer, cluster: dict[str, Any], batch: int, *, tensor: int = 1,
                   pipeline: int = 1, data: int = 1, virtual: int = 1, zero: int = 0,
-                  sequence_parallel: bool = False, layers_per_stage: Any = None, overlap: Any = None,
+                  sequence_parallel: bool = False, layers_per_stage: Any = None, framework: Any = None,
                   context: int = 1) -> Any:
     par = dp.Parallelism(tensor=tensor, pipeline=pipeline, data=data, virtual=virtual, zero=zero,
                          sequence_parallel=sequence_parallel, context=context)
     clu = dp.Cluster(gpus=par.gpus, **cluster)
-    return dp.Configuration(model, par, clu, batch, layers_per_stage=layers_per_stage, overlap=overlap)
+    return dp.Configuration(model, par, clu, batch, layers_per_stage=layers_per_stage, framework=framework)
 
 
-#: Bytes of a gradient element in the data-parallel reduction, where the source's framework states it:
-#: Megatron-LM reduces bf16 training's gradients in fp32 unless ``--grad-reduce-in-bf16``
-#: (``megatron/training/arguments.py`` at d98e8a6: "bfloat16 requires gradient accumulation and all-reduce to be
-#: done in fp32"); torchtitan's ``--training.mixed_precision_reduce`` has one choice, ``float32``
-#: (``torchtitan/config_manager.py`` at 9dec370). SC'21 trained in fp16 (gradients reduced in fp16); Korthikanti
-#: et al. and Llama 3 state no reduction dtype here: the training precision.
-MEGATRON_BF16_REDUCE_BYTES = 4
-TORCHTITAN_REDUCE_BYTES = 4
-#: Megatron-LM's README states ``--overlap-param-gather`` for its H100 table.
-MEGATRON_PARAM_GATHER = True
-
-#: Megatron-LM's ``--overlap-grad-reduce`` bucket: ``max(40M, 1M x data)`` parameters
-#: (``megatron/core/distributed/distributed_data_parallel.py``), of ``reduce_bytes`` each.
-def megatron_bucket(data: int, reduce_bytes: int = 2) -> float:
-    return float(reduce_bytes) * max(40e6, 1e6 * data)
-
-
-def fsdp_overlap(model: dp.Transformer) -> Any:
-    """PyTorch FSDP wrapping each block: its gradients reduce-scattered per block during the backward (one
-    block's gradients the last bucket) and its parameters all-gathered ahead (prefetch)."""
-    block = dp.layer_costs(model).gradient_bytes[1]
-    return dp.CommunicationOverlap(data_bucket=float(block), prefetch=True)
+#: The frameworks of the sources, as ``diffpipe.presets.FRAMEWORKS`` states them (what each overlaps and its gradient
+#: reduction precision, with sources: ``diffpipe/_workload/_frameworks.py``): Megatron-LM's README table runs with
+#: ``--overlap-grad-reduce``, ``--overlap-param-gather`` and ``--tp-comm-overlap`` and reduces bf16 gradients in fp32;
+#: torchtitan's FSDP2 wraps every block and reduces in fp32. SC'21 trained in fp16 (gradients reduced in fp16) with
+#: nothing overlapped; Korthikanti et al. state no overlap of the gradient all-reduce (§6.3).
+MEGATRON = dp.presets.framework("megatron")
+TORCHTITAN = dp.presets.framework("torchtitan")
+#: Llama 3 states neither its reduction dtype (the training precision here) nor its bucketing: Megatron-LM's
+#: ``--overlap-grad-reduce`` buckets are assumed.
+LLAMA3 = dp.Framework("llama-3 (assumed)", buckets="megatron", source="Megatron-LM's buckets assumed")
 
 
 def _tflops_eq3(batch: int) -> Callable[[Any, Any], float]:
@@ -324,7 +312,7 @@ def llama3_table4() -> list[Row]:
             return configuration(model, META_H100, r["dp"] * r["batch_per_dp"], tensor=r["tp"], pipeline=r["pp"],
                                  data=r["dp"], virtual=len(split) // r["pp"], zero=2, sequence_parallel=True,
                                  layers_per_stage=split, context=r["cp"],
-                                 overlap=dp.CommunicationOverlap(data_bucket=megatron_bucket(r["dp"])))
+                                 framework=LLAMA3)
 
         rows.append(Row("llama3_table4", r["name"], "TFLOPs/GPU (BF16 MFU x 989)", r["tflops"], build, _tflops_model,
                         extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))
@@ -336,11 +324,11 @@ def torchtitan_rows() -> list[Row]:
     for r in DATA["torchtitan"]["fsdp"]:
         for recompute in ("none", "full"):
             model = dp.presets.model("llama-3-8b", sequence=8192, microbatch_size=r["local_batch"],
-                                     recompute=recompute, flash_attention=True, reduce_bytes=TORCHTITAN_REDUCE_BYTES)
+                                     recompute=recompute, flash_attention=True)
 
             def build(model=model, r=r):
                 return configuration(model, TITAN_H100, r["batch"], data=r["gpus"], zero=3,
-                                     overlap=fsdp_overlap(model))
+                                     framework=TORCHTITAN)
 
             rows.append(Row("torchtitan", f"{r['name']} (recompute {recompute})", "tokens/s per GPU",
                             r["tps_per_gpu"], build, _tokens, extra={"bracket": recompute, "case": r["name"]}))
@@ -349,11 +337,11 @@ def torchtitan_rows() -> list[Row]:
         virtual = 2 if interleaved else 1
         mbs = r["local_batch"] // (r["pp"] * virtual)
         model = dp.presets.model("llama-3.1-405b", sequence=8192, microbatch_size=mbs, recompute="full",
-                                 flash_attention=True, reduce_bytes=TORCHTITAN_REDUCE_BYTES)
+                                 flash_attention=True)
 
         def build(model=model, r=r, virtual=virtual):
             return configuration(model, TITAN_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["fsdp"],
-                                 virtual=virtual, zero=3, overlap=fsdp_overlap(model))
+                                 virtual=virtual, zero=3, framework=TORCHTITAN)
 
         rows.append(Row("torchtitan", r["name"], "tokens/s per GPU (Float8 run; ordering only)", r["tps_per_gpu"],
                         build, _tokens, extra={"pair": "405b", "schedule": r["schedule"]}))
@@ -364,15 +352,12 @@ def megatron_h100() -> list[Row]:
     rows = []
     for r in DATA["megatron_h100"]["table"]:
         model = gpt(r["layers"], r["hidden"], r["heads"], sequence=4096, vocabulary=131072, microbatch_size=1,
-                    recompute="selective", flash_attention=True, reduce_bytes=MEGATRON_BF16_REDUCE_BYTES)
+                    recompute="selective", flash_attention=True)
 
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
                                  zero=1, sequence_parallel=r["tp"] > 1,
-                                 overlap=dp.CommunicationOverlap(
-                                     tensor=dp.transformer_engine_tensor_overlap(r["tp"]),
-                                     data_bucket=megatron_bucket(r["dp"], MEGATRON_BF16_REDUCE_BYTES),
-                                     param_gather=MEGATRON_PARAM_GATHER))
+                                 framework=MEGATRON)
 
         rows.append(Row("megatron_h100", r["name"], "teraFLOP/s per GPU (model FLOPs)", r["tflops"], build,
                         _tflops_model, extra={"gpus": r["gpus"], "mfu_published": r["mfu"]}))

@@ -54,6 +54,7 @@ TEST_ASSUMPTIONS = {
         "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
         "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule), "
+        "after every microbatch (Composer enters no no_sync for FSDP: the 'fsdp' framework preset), "
         "in fp32 for MP Mode DEFAULT and bf16 for PURE (Composer's get_mixed_precision at v0.16.4 / v0.17.2); "
         "the H100s are SXM parts on 400 Gb/s InfiniBand per GPU (the README says neither).",
     ],
@@ -95,13 +96,10 @@ def _step(cfg: Any, res: Any) -> float:
 
 def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, batch: int, *, tensor: int = 1,
                   pipeline: int = 1, zero: int = 0, schedule: str | None = None,
-                  overlap: dict[str, Any] | None = None) -> dp.Configuration:
+                  framework: Any = None) -> dp.Configuration:
     data = gpus // (tensor * pipeline)
     par = dp.Parallelism(tensor=tensor, pipeline=pipeline, data=data, zero=zero)
-    extra = {}
-    if overlap is not None and hasattr(dp, "CommunicationOverlap"):  # (absent before issue 22: the "before" run)
-        extra["overlap"] = dp.CommunicationOverlap(**overlap)
-    return dp.Configuration(model, par, dp.Cluster(gpus=gpus, **cluster), batch, schedule=schedule, **extra)
+    return dp.Configuration(model, par, dp.Cluster(gpus=gpus, **cluster), batch, schedule=schedule, framework=framework)
 
 
 #: Bytes of a gradient element in FSDP's reduce-scatter by Composer's ``mixed_precision`` mode (``get_mixed_precision``
@@ -109,18 +107,11 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, bat
 #: and 5e85bd62d): ``DEFAULT`` reduces in fp32, ``PURE`` in the training precision.
 COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
 
-#: flash-attention's training runs: Lightning's ``precision: bf16`` autocasts with fp32 parameters, so DDP reduces fp32
-#: gradients.
-LIGHTNING_REDUCE_BYTES = 4
-
-#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``).
-DDP_BUCKET = 25 * 2 ** 20
-
-
-def fsdp_overlap(model: dp.Transformer) -> dict[str, Any]:
-    """PyTorch FSDP wrapping each block (as ``run.py``'s FIT rows): per-block reduce-scatter during the
-    backward, parameters prefetched."""
-    return dict(data_bucket=float(dp.layer_costs(model).gradient_bytes[1]), prefetch=True)
+#: llm-foundry: PyTorch FSDP wrapping each block (``diffpipe.presets.FRAMEWORKS["fsdp"]``; its fp32 reduction is
+#: Composer's DEFAULT mode, the model states the PURE rows' bf16). flash-attention's training runs: Lightning's
+#: ``precision: bf16`` autocasts with fp32 parameters, so DDP (25 MiB buckets) reduces fp32 gradients (``"ddp"``).
+FSDP = dp.presets.framework("fsdp")
+DDP = dp.presets.framework("ddp")
 
 
 def llm_foundry() -> list[Row]:
@@ -139,7 +130,7 @@ def llm_foundry() -> list[Row]:
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
 
             def build(model=model, cluster=cluster, r=r, zero=zero):
-                return configuration(model, cluster, r["gpus"], r["batch"], zero=zero, overlap=fsdp_overlap(model))
+                return configuration(model, cluster, r["gpus"], r["batch"], zero=zero, framework=FSDP)
 
             series = f"{section}:{r['model']}:{r['sequence']}:{r['mbs']}:{r['recompute']}"
             out.append(Row("llm_foundry", series, f"{section}: {r['name']}", generation, r["tps_per_gpu"],
@@ -152,12 +143,12 @@ def flash_attention() -> list[Row]:
     for r in TEST["flash_attention"]["rows"]:
         model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                vocabulary=50264, microbatch_size=r["mbs"], recompute=r["recompute"],
-                               flash_attention=True, reduce_bytes=LIGHTNING_REDUCE_BYTES)
+                               flash_attention=True)
         zero = 1 if r["optimizer_sharding"] == "zero1" else 0
 
         def build(model=model, r=r, zero=zero):
             return configuration(model, dict(device="A100", devices_per_node=8, intra="nvlink3", inter="ib-hdr"),
-                                 r["gpus"], r["batch"], zero=zero, overlap=dict(data_bucket=DDP_BUCKET))
+                                 r["gpus"], r["batch"], zero=zero, framework=DDP)
 
         out.append(Row("flash_attention", "flash_attention", r["name"], "A100", r["tps"] / r["gpus"],
                        "tokens/s per GPU", build, _tokens, None, r["gpus"]))
@@ -190,11 +181,26 @@ def rows(quick: bool = False) -> list[Row]:
     return [r for r in out if r.name in QUICK] if quick else out
 
 
-def evaluate(row: Row) -> dict[str, Any]:
+#: ``--stragglers``: Monte Carlo samples of each row's step (``stragglers.py``'s count).
+STRAGGLER_SAMPLES = 32
+
+
+def stragglers() -> Any:
+    """The stragglers ``stragglers.py`` fitted on the FIT set (``stragglers.json``) as a ``dp.Jitter``."""
+    fitted = json.loads((HERE / "stragglers.json").read_text())
+    return dp.Jitter(0.0, slow_fraction=fitted["fit"]["slow_fraction"], slow_factor=fitted["slow_factor"])
+
+
+def evaluate(row: Row, jitter: Any = None) -> dict[str, Any]:
+    """One row's prediction; with ``jitter`` (``stragglers()``) the expected step of the Monte Carlo
+    (``Configuration.evaluate(jitter=...)``) in place of the deterministic one."""
     t0 = time.perf_counter()
     cfg = row.build()
-    res = cfg.evaluate()
+    res = cfg.evaluate() if jitter is None else cfg.evaluate(jitter=jitter, samples=STRAGGLER_SAMPLES)
     predicted = float(row.predict(cfg, res))
+    if jitter is not None:  # the metric of the expected step: a throughput falls, a step time grows with it
+        slower = float(res.expected_step_time) / float(res.step_time)
+        predicted = predicted * slower if row.metric == "seconds per iteration" else predicted / slower
     # throughput-like metrics: error of the throughput; a step time: of its inverse (so that + is "too fast")
     ratio = predicted / row.published if row.metric != "seconds per iteration" else row.published / predicted
     return dict(study=row.study, series=row.series, name=row.name, device=row.device, gpus=row.gpus,
@@ -273,10 +279,10 @@ def markdown(results: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(quick: bool = False, log: Callable[[str], None] = print, jitter: Any = None) -> dict[str, Any]:
     results = []
     for row in rows(quick):
-        r = evaluate(row)
+        r = evaluate(row, jitter)
         log(f"{row.study:16s} {row.name:55s} published {r['published']:9.4g} predicted {r['predicted']:9.4g} "
             f"error {100 * r['error']:+6.1f}% ({r['seconds']:.1f} s)")
         results.append(r)
@@ -287,13 +293,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a CI-sized subset of rows (nothing written)")
     ap.add_argument("--out", type=Path, default=None, help="folder for test_results.json/.md (default: here)")
+    ap.add_argument("--stragglers", action="store_true",
+                    help="predict the expected step with stragglers.py's FIT-fitted stragglers "
+                         "(test_results_stragglers.json/.md)")
     args = ap.parse_args(argv)
-    out = run(args.quick, log=lambda s: print(s, flush=True))
+    jitter = stragglers() if args.stragglers else None
+    out = run(args.quick, log=lambda s: print(s, flush=True), jitter=jitter)
+    if jitter is not None:
+        out["stragglers"] = dict(slow_fraction=float(jitter.slow_fraction),
+                                 slow_factor=float(jitter.slow_factor), samples=STRAGGLER_SAMPLES)
     folder = args.out if args.out is not None else (None if args.quick else HERE)
     if folder is not None:
+        name = "test_results_stragglers" if jitter is not None else "test_results"
         folder.mkdir(parents=True, exist_ok=True)
-        dp.write_atomic(folder / "test_results.json", json.dumps(out, indent=1) + "\n")
-        dp.write_atomic(folder / "test_results.md", markdown(out["rows"], out["summary"]))
+        dp.write_atomic(folder / f"{name}.json", json.dumps(out, indent=1) + "\n")
+        dp.write_atomic(folder / f"{name}.md", markdown(out["rows"], out["summary"]))
     s = out["summary"]
     for key, v in s.items():
         if isinstance(v, dict) and "mape" in v:

@@ -1,0 +1,150 @@
+"""What a training framework does with a step's communication and gradient precision: ``Framework``
+and its presets ``FRAMEWORKS`` (``diffpipe.presets.framework(name)``).
+
+A ``Configuration`` prices a step as its framework runs it: which collectives hide behind compute
+(``CommunicationOverlap``) and in what precision the data-parallel group reduces the gradients
+(``Transformer.reduce_bytes``). The published-run studies (``papers/published-runs``) simulate every
+run with the preset of its framework, so a ``plan`` or ``simulate`` with the same preset prices a step
+as the validated model does. Each preset states its source:
+
+- ``"none"``: nothing overlapped (tensor collectives on the critical path, the gradient sync after the
+  backward, ZeRO-3 gathers not prefetched), gradients reduced in the training precision. The
+  default of ``Configuration``, and Megatron-LM's own defaults in 2021-22 (Korthikanti et al. 2022,
+  §6.3: the gradient all-reduce not overlapped).
+- ``"megatron"``: Megatron-LM as its README's performance table runs it ("Fine-grained overlapping
+  with DP (--overlap-grad-reduce, --overlap-param-gather), TP (--tp-comm-overlap)"; README.md at
+  d98e8a6). The gradient sync in buckets of ``max(40M, 1M x data)`` parameters
+  (``megatron/core/distributed/distributed_data_parallel.py``), the distributed optimizer's weight
+  all-gather under the next forward (ZeRO-1/2), Transformer Engine's userbuffer overlap of the
+  tensor collectives where sequence parallelism is on (Megatron-LM refuses ``--tp-comm-overlap``
+  without it; ``transformer_engine_tensor_overlap``), ZeRO-3 (Megatron-FSDP) gathers prefetched;
+  gradients reduced in fp32 (``megatron/training/arguments.py`` at d98e8a6: "bfloat16 requires
+  gradient accumulation and all-reduce to be done in fp32" unless ``--grad-reduce-in-bf16``).
+- ``"torchtitan"``: torchtitan's FSDP2, ``fully_shard`` on every transformer block
+  (``torchtitan/parallelisms/parallelize_llama.py`` at 9dec370): each block's gradients
+  reduce-scattered as its backward ends (one block's gradients are the last bucket), its parameters
+  all-gathered ahead; gradients reduced in fp32 (``--training.mixed_precision_reduce``, whose one
+  choice is ``float32`` at 9dec370).
+- ``"fsdp"``: PyTorch FSDP wrapping every block, as llm-foundry's MPT does (``fsdp_wrap_fn``), with
+  Composer's ``mixed_precision: DEFAULT`` (``get_mixed_precision`` at Composer v0.16.4 and v0.17.2):
+  the same overlap as ``"torchtitan"``, gradients reduced in fp32, and reduced after every
+  microbatch: Composer enters no ``no_sync`` for a model that is not DDP (``_train_microbatches`` in
+  ``composer/trainer/trainer.py`` at v0.16.4 and v0.17.2: ``if ... not isinstance(self.state.model,
+  DistributedDataParallel): sync_context = contextlib.nullcontext()``).
+- ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
+  all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
+
+Where the model states its own ``reduce_bytes``, the framework keeps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .._errors import ConfigError
+from .._model._transformer import Transformer, layer_costs
+from ._parallel import CommunicationOverlap, Parallelism, transformer_engine_tensor_overlap
+
+#: How a framework buckets the data-parallel gradient sync during the backward.
+BUCKETS = ("none", "megatron", "block", "ddp")
+#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``).
+DDP_BUCKET = 25 * 2 ** 20
+
+
+def megatron_bucket(data: int, reduce_bytes: float) -> float:
+    """Bytes of Megatron-LM's ``--overlap-grad-reduce`` bucket: ``max(40M, 1M x data)`` parameters of
+    ``reduce_bytes`` each (``megatron/core/distributed/distributed_data_parallel.py``)."""
+    return float(reduce_bytes) * max(40e6, 1e6 * data)
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What a training framework hides behind compute and how it reduces gradients.
+
+    Attributes:
+        name: the preset's name.
+        buckets: how the gradient sync overlaps the backward (``BUCKETS``): ``"none"`` (after the
+            backward), ``"megatron"`` (Megatron-LM's buckets, ``megatron_bucket``), ``"block"`` (one
+            transformer block's gradients per bucket: FSDP wrapping every block), ``"ddp"`` (DDP's 25 MiB).
+        prefetch: ZeRO-3 parameter all-gathers run ahead, under the previous block's compute.
+        param_gather: ZeRO-1/2's weight all-gather runs under the next step's forward.
+        tensor_overlap: Transformer Engine's userbuffer overlap of the tensor collectives (with
+            sequence parallelism only).
+        every_microbatch: the gradients are reduced after every microbatch's backward
+            (``CommunicationOverlap.every_microbatch``), not once a step.
+        reduce_bytes: bytes of a gradient element in the data-parallel reduction (None: the model's
+            training precision).
+        source: where the preset comes from.
+    """
+
+    name: str
+    buckets: str = "none"
+    prefetch: bool = False
+    param_gather: bool = False
+    tensor_overlap: bool = False
+    every_microbatch: bool = False
+    reduce_bytes: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"framework: name must be a non-empty string, got {self.name!r}")
+        if self.buckets not in BUCKETS:
+            raise ConfigError(f"framework {self.name!r}: buckets must be one of {', '.join(BUCKETS)}, "
+                              f"got {self.buckets!r}")
+        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(f"framework {self.name!r}: {field} must be a bool, got {getattr(self, field)!r}")
+        r = self.reduce_bytes
+        if r is not None and (isinstance(r, bool) or r not in (1, 2, 4)):
+            raise ConfigError(f"framework {self.name!r}: reduce_bytes must be 1, 2, 4 or None, got {r!r}")
+
+    def model(self, model: Transformer) -> Transformer:
+        """``model`` reducing its gradients in this framework's precision (unless it states its own)."""
+        if self.reduce_bytes is None or model.reduce_bytes is not None:
+            return model
+        return dataclasses.replace(model, reduce_bytes=self.reduce_bytes)
+
+    def overlap(self, model: Transformer, parallelism: Parallelism) -> CommunicationOverlap:
+        """The ``CommunicationOverlap`` of a step of ``model`` (as ``self.model`` returns it) on
+        ``parallelism`` under this framework."""
+        bucket: float | None = None
+        if self.buckets == "megatron":
+            bucket = megatron_bucket(parallelism.data, model.reduction_bytes)
+        elif self.buckets == "block":
+            bucket = float(layer_costs(model).gradient_bytes[1])
+        elif self.buckets == "ddp":
+            bucket = float(DDP_BUCKET)
+        tensor = 0.0
+        if self.tensor_overlap and parallelism.sequence_parallel and parallelism.tensor > 1:
+            tensor = transformer_engine_tensor_overlap(parallelism.tensor)
+        return CommunicationOverlap(tensor=tensor, data_bucket=bucket, prefetch=self.prefetch,
+                                    param_gather=self.param_gather, every_microbatch=self.every_microbatch)
+
+
+_MEGATRON = "Megatron-LM README.md (performance table's flags) and sources at d98e8a6"
+_FSDP_BLOCK = dict(buckets="block", prefetch=True, reduce_bytes=4)
+#: The presets (module docstring): name -> ``Framework``.
+FRAMEWORKS: dict[str, Framework] = {
+    "none": Framework("none", source="nothing overlapped; gradients reduced in the training precision"),
+    "megatron": Framework("megatron", buckets="megatron", prefetch=True, param_gather=True, tensor_overlap=True,
+                          reduce_bytes=4, source=_MEGATRON),
+    "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
+    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True,
+                      source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch)"),
+    "ddp": Framework("ddp", buckets="ddp", reduce_bytes=4, source="PyTorch DDP, bucket_cap_mb=25, autocast"),
+}
+
+
+def framework(name: str | Framework) -> Framework:
+    """The ``Framework`` preset ``name`` (``FRAMEWORKS``; case-insensitive), or ``name`` itself if it is
+    one."""
+    if isinstance(name, Framework):
+        return name
+    if not isinstance(name, str) or name.lower() not in FRAMEWORKS:
+        raise ConfigError(f"framework must be one of {', '.join(FRAMEWORKS)} or a Framework, got {name!r}")
+    return FRAMEWORKS[name.lower()]
+
+
+__all__ = ["BUCKETS", "DDP_BUCKET", "FRAMEWORKS", "Framework", "framework", "megatron_bucket"]

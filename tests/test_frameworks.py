@@ -1,0 +1,131 @@
+"""``Framework`` presets: each sets the overlap and the gradient precision its source states, and a
+``Configuration(framework=...)`` prices a step exactly as the same overlap given by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import pytest
+
+import diffpipe as dp
+from diffpipe._workload._frameworks import DDP_BUCKET, megatron_bucket
+
+MODEL = dp.Transformer(layers=4, hidden=1024, heads=8, sequence=1024, vocabulary=32000, microbatch_size=2,
+                       flash_attention=True)
+
+
+def _config(par: dp.Parallelism, model: dp.Transformer = MODEL, **kw) -> dp.Configuration:
+    cluster = dp.Cluster(gpus=par.gpus, device="H100", devices_per_node=8, intra="nvlink4", inter="ib-ndr")
+    return dp.Configuration(model, par, cluster, 8 * model.microbatch_size * par.data, **kw)
+
+
+def test_presets_overlap_as_their_sources_state():
+    par = dp.Parallelism(tensor=2, data=4, zero=1, sequence_parallel=True)
+    mega = dp.presets.framework("megatron")
+    model = mega.model(MODEL)
+    assert model.reduce_bytes == 4  # bf16 gradients reduced in fp32
+    o = mega.overlap(model, par)
+    assert o.data_bucket == 4 * 40e6 == megatron_bucket(4, 4)  # max(40M, 1M x 4) parameters of 4 bytes
+    assert megatron_bucket(64, 2) == 2 * 64e6
+    assert o.param_gather and o.prefetch
+    assert o.tensor == dp.transformer_engine_tensor_overlap(2) > 0
+    # --tp-comm-overlap needs sequence parallelism: without it the tensor collectives stay exposed
+    assert mega.overlap(model, dataclasses.replace(par, sequence_parallel=False)).tensor == 0.0
+
+    for name in ("torchtitan", "fsdp"):
+        fw = dp.presets.framework(name)
+        m = fw.model(MODEL)
+        o = fw.overlap(m, dp.Parallelism(data=8, zero=3))
+        assert m.reduce_bytes == 4 and o.prefetch and not o.param_gather and o.tensor == 0.0
+        assert o.data_bucket == float(dp.layer_costs(m).gradient_bytes[1])  # one block's gradients
+
+    o = dp.presets.framework("ddp").overlap(MODEL, dp.Parallelism(data=8))
+    assert o.data_bucket == DDP_BUCKET == 25 * 2 ** 20
+
+    none = dp.presets.framework("none")
+    assert none.model(MODEL) is MODEL
+    assert none.overlap(MODEL, par) == dp.CommunicationOverlap()
+
+
+def test_the_cli_names_are_the_presets():
+    from diffpipe._choices import FRAMEWORK_NAMES
+    from diffpipe._workload._frameworks import FRAMEWORKS
+
+    assert tuple(FRAMEWORKS) == FRAMEWORK_NAMES
+    assert all(FRAMEWORKS[n].name == n for n in FRAMEWORKS)
+
+
+def test_a_model_that_states_its_reduction_keeps_it():
+    pure = dataclasses.replace(MODEL, reduce_bytes=2)  # Composer's PURE mode
+    assert dp.presets.framework("fsdp").model(pure).reduce_bytes == 2
+
+
+@pytest.mark.parametrize("name, par", [
+    ("megatron", dp.Parallelism(tensor=2, data=4, zero=1, sequence_parallel=True)),
+    ("torchtitan", dp.Parallelism(data=8, zero=3)),
+    ("ddp", dp.Parallelism(data=8)),
+])
+def test_configuration_with_a_framework_equals_the_overlap_given_by_hand(name, par):
+    fw = dp.presets.framework(name)
+    by_name = _config(par, framework=name).evaluate()
+    model = fw.model(MODEL)
+    by_hand = _config(par, model, overlap=fw.overlap(model, par)).evaluate()
+    chex.assert_trees_all_close((by_name.step_time, by_name.memory_per_gpu),
+                                (by_hand.step_time, by_hand.memory_per_gpu))
+    nothing = _config(par).evaluate()
+    assert by_name.step_time != nothing.step_time  # the framework changed what is priced
+
+
+def test_bad_frameworks_are_one_clear_error():
+    par = dp.Parallelism(data=8)
+    with pytest.raises(dp.ConfigError, match="framework must be one of .*'deepspeed'"):
+        _config(par, framework="deepspeed")
+    with pytest.raises(dp.ConfigError, match="overlap or framework, not both"):
+        _config(par, framework="ddp", overlap=dp.CommunicationOverlap())
+    with pytest.raises(dp.ConfigError, match="buckets must be one of"):
+        dp.Framework("mine", buckets="sometimes")
+    with pytest.raises(dp.ConfigError, match="prefetch must be a bool"):
+        dp.Framework("mine", prefetch=1)
+    with pytest.raises(dp.ConfigError, match="reduce_bytes must be 1, 2, 4 or None"):
+        dp.Framework("mine", reduce_bytes=3)
+
+
+def test_a_user_framework_is_accepted():
+    mine = dp.Framework("mine", buckets="ddp", reduce_bytes=4)
+    assert dp.presets.framework(mine) is mine
+    r = _config(dp.Parallelism(data=8), framework=mine).evaluate()
+    assert r.step_time > 0
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_fsdp_reduces_every_microbatch_under_its_backward(zero):
+    # Composer runs FSDP outside no_sync: every microbatch's backward reduce-scatters its gradients (an all-reduce
+    # without ZeRO); all but the last microbatch pay it inside W, the last is the step's sync
+    import jax.numpy as jnp
+    import numpy as np
+
+    from diffpipe._workload._parallel import hidden_cost
+
+    par = dp.Parallelism(data=8, zero=zero)
+    m = 4
+    cfg = dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), m * MODEL.microbatch_size * 8,
+                           framework="fsdp")
+    assert cfg.microbatches == m and cfg.overlap.every_microbatch
+    exposed = cfg.exposed_collectives()
+    n = 8
+    params_r = np.asarray(dp.layer_costs(cfg.model).gradient_bytes)  # parameters x reduce_bytes, one device
+    bus = cfg.cluster.bus_bandwidth("intra", 8)
+    ring, steps = (2, 2 * (n - 1)) if zero == 0 else (1, n - 1)
+    seconds = ring * (n - 1) / n * params_r / bus + steps * cfg.cluster.step_latency("intra")
+    compute = sum(cfg.compute_seconds().values())
+    want = (m - 1) / m * hidden_cost(jnp.asarray(seconds), compute[1] + compute[2], cfg.overlap.contention)
+    chex.assert_trees_all_close(exposed["reduce"][2], want, rtol=1e-5)
+    assert np.all(np.asarray(exposed["reduce"][:2]) == 0)
+    # torchtitan's FSDP2 steps had one microbatch: nothing of the kind
+    assert "reduce" not in dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), m * 2 * 8,
+                                            framework="torchtitan").exposed_collectives()
+    # one microbatch: its reduction is the step's sync
+    single = dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), 2 * 8, framework="fsdp")
+    assert "reduce" not in single.exposed_collectives()
+    assert cfg.evaluate().breakdown["exposed_reduce"] > 0
