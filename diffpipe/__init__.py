@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from ._engine._communication import NoCommunication as NoCommunication
     from ._engine._communication import Overlap as Overlap
     from ._engine._communication import communication as communication
-    from ._engine._cost_model import CostModel as CostModel
+    from ._engine._cost_model import AbstractCostModel as AbstractCostModel
+    from ._engine._cost_model import CostTables as CostTables
     from ._engine._evaluate import AbstractAdjoint as AbstractAdjoint
     from ._engine._evaluate import AutodiffAdjoint as AutodiffAdjoint
     from ._engine._evaluate import SweepAdjoint as SweepAdjoint

@@ -47,7 +47,8 @@ from .._checks import is_number
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
-from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
+from ._cost_model import AbstractCostModel, CostTables
+from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph, compile
 
 
 def _numbers(value: Any) -> bool:
@@ -172,10 +173,14 @@ def check_split_known(split_known: bool, work: Any) -> None:
     """Raise ``SPLIT_UNKNOWN`` (a ``ConfigError``) when only full backwards are known
     (``split_known`` False) and ``work`` (a ``Schedule`` or a concrete ``Graph``) has ``I`` or
     ``W`` ops: the eager form of ``Hardware.tables``' check, for callers that would otherwise
-    price the ops (a sweep's stacked leaves, an optimizer's workload) without it."""
+    price the ops (a sweep's stacked leaves, an optimizer's workload) without it, and before
+    anything is traced (inside jit it surfaces through a runtime callback, which prints a
+    traceback). A traced graph passes (``tables`` checks it in the program)."""
     if split_known:
         return
     if isinstance(work, Graph):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(work)):
+            return  # a traced graph: ``tables`` checks it inside the program
         rows = np.asarray(work.node_cost[..., 0])
         split = bool(np.any((rows == COST_I) | (rows == COST_W)))
     else:
@@ -253,6 +258,11 @@ class Network(eqx.Module):
         bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
 
+    def compiled(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``compile(schedule)`` for this network's communication mode and topology."""
+        return compile(schedule, communication=self.mode, devices_per_node=self.devices_per_node,
+                       gradient_sync=gradient_sync)
+
     def with_traced_data_parallel(self) -> Network:
         """This network with ``data_parallel`` carried as an array leaf (``replicas``) and the
         static field 1: programs compiled for it serve every data-parallel size with the same
@@ -315,8 +325,8 @@ STAGE_FIELDS = ("forward", "input_grad", "weight", "update", "message_bytes", "g
                 "activation_bytes")
 
 
-class Hardware(eqx.Module):
-    """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
+class Hardware(AbstractCostModel):
+    """The built-in cost model: per-stage compute times, per-microbatch sizes, the network and the memory terms.
 
     Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
     input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
@@ -453,6 +463,20 @@ class Hardware(eqx.Module):
             return x
         raise ConfigError(f"hardware: capacity has shape {x.shape}, but the schedule has {graph.devices} devices")
 
+    # -- the cost-model methods beyond ``tables`` (``AbstractCostModel``) ---------------------------
+    @property
+    def dtype(self) -> Any:
+        """The float type of ``forward`` (read on every ``makespan`` call: no tree walk)."""
+        return self.forward.dtype
+
+    def compile_schedule(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``schedule`` compiled for this network's communication mode and topology."""
+        return self.network.compiled(schedule, gradient_sync=gradient_sync)
+
+    def check(self, graph: Graph) -> None:
+        """The eager form of ``tables``' split check (``check_split_known``)."""
+        check_split_known(self.split_known, graph)
+
     def check_graph(self, graph: Graph) -> None:
         """The graph's structure must have been compiled for this network's communication mode."""
         mode, compiled = self.network.mode, graph.communication
@@ -568,31 +592,6 @@ class Hardware(eqx.Module):
         """Duration of every node and delay of every edge of ``graph`` under this hardware."""
         dur, delay = self.tables(graph).batch_last().expand(graph)
         return dur[:, 0], delay[:, :, 0]
-
-
-class CostTables(eqx.Module):
-    """Cost rows of a graph under one hardware (or a batch, along the last axis after
-    ``batch_last``): a node lasts ``base[row] + size[microbatch] * per_size[row]``, a transfer edge
-    delays by ``edge_base[row] + size[microbatch] * edge_per_size[row]``."""
-
-    base: Float[Array, "costs ..."]
-    per_size: Float[Array, "costs ..."]
-    edge_base: Float[Array, "edge_costs ..."]
-    edge_per_size: Float[Array, "edge_costs ..."]
-    size: Float[Array, "microbatches ..."]
-
-    def batch_last(self, batched: bool = False) -> CostTables:
-        """Unbatched tables get a trailing batch axis of 1; batched ones (leading axis) move it last."""
-        if batched:
-            return jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), self)
-        return jax.tree.map(lambda x: x[..., None], self)
-
-    def expand(self, graph: Graph) -> tuple[Float[Array, "nodes batch"], Float[Array, "nodes k batch"]]:
-        """Per-node durations and per-edge delays (batch last)."""
-        size = self.size[graph.microbatch]
-        dur = self.base[graph.node_row] + size * self.per_size[graph.node_row]
-        delay = self.edge_base[graph.edge_row] + size[:, None, :] * self.edge_per_size[graph.edge_row]
-        return dur, delay
 
 
 #: Optional per-stage ``Hardware`` leaves (None unless given), ``[pipelines, stages]`` once normalised.

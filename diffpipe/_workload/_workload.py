@@ -22,7 +22,9 @@ from jaxtyping import Array, Float
 
 from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
-from .._engine._hardware import Hardware, Network, _check_values, _float, _required
+from .._engine._cost_model import AbstractCostModel, CostTables
+from .._engine._graph import Graph
+from .._engine._hardware import Hardware, Network, _check_values, _float, _required, check_split_known
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
@@ -42,8 +44,8 @@ def _counts(value: Any, what: str) -> tuple[int, ...]:
     return counts
 
 
-class Workload(eqx.Module):
-    """A model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
+class Workload(AbstractCostModel):
+    """A cost model: a model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
 
     Per-layer arrays ``[layers]`` (one microbatch of ``samples`` samples; see ``samples``):
         forward, input_grad, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
@@ -287,10 +289,39 @@ class Workload(eqx.Module):
         defaults to ``self.size``."""
         return Hardware(**self.fields(boundaries, size))
 
-    def tables(self, graph: Any) -> Any:
-        """The cost-model protocol (``CostModel``): ``graph``'s cost rows under this workload's
-        default split (``layers_per_stage``, uniform when ``None``)."""
-        return self.hardware(self.default_boundaries(graph.stages)).tables(graph)
+    # -- the cost model (``AbstractCostModel``): the ``Hardware`` of the default split -----------------
+    def priced(self, graph: Graph) -> Hardware:
+        """The ``Hardware`` pricing ``graph``: this workload at its default split
+        (``layers_per_stage``, uniform when ``None``)."""
+        return self.hardware(self.default_boundaries(graph.stages))
+
+    def tables(self, graph: Graph) -> CostTables:
+        """``graph``'s cost rows under the default split (``priced``)."""
+        return self.priced(graph).tables(graph)
+
+    def compile_schedule(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``schedule`` compiled for this workload's network (``Network.compiled``)."""
+        return self.network.compiled(schedule, gradient_sync=gradient_sync)
+
+    def check(self, graph: Graph) -> None:
+        """The split check (``check_split_known``)."""
+        check_split_known(self.split_known, graph)
+
+    def per_stage(self, name: str, graph: Graph) -> Array:
+        """``Hardware.per_stage`` of the default split."""
+        return self.priced(graph).per_stage(name, graph)
+
+    def per_microbatch(self, graph: Graph) -> Array:
+        """``Hardware.per_microbatch`` of the default split."""
+        return self.priced(graph).per_microbatch(graph)
+
+    def per_device(self, graph: Graph) -> Array:
+        """``Hardware.per_device`` of the default split."""
+        return self.priced(graph).per_device(graph)
+
+    def step_terms(self, graph: Graph) -> tuple[Array, Array]:
+        """``Hardware.step_terms`` of the default split."""
+        return self.priced(graph).step_terms(graph)
 
 
 def hardware_from_model(
