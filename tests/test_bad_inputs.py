@@ -659,7 +659,7 @@ def _tiny():
 
 
 def _empty_table():
-    from diffpipe._plan._search import PlanTable
+    from diffpipe._plan._table import PlanTable
 
     return PlanTable((), {}, 0, 0, {}, _tiny(), dp.Cluster(gpus=8), 8)
 

@@ -15,7 +15,7 @@ from _cli import hf_config, run
 import diffpipe as dp
 from diffpipe._model._kernels import layer_kernels
 from diffpipe._model._transformer import activation_bytes, layer_costs
-from diffpipe._plan._search import CONTEXT_MIN_TOKENS, CONTEXT_SEQUENCE, _contexts
+from diffpipe._plan._space import CONTEXT_MIN_TOKENS, CONTEXT_SEQUENCE, _contexts
 from diffpipe._workload._parallel import Parallelism, parallel_costs, placement, ring_exchange, shard_flops
 
 

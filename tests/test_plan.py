@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._plan._search import TIE, _closed_form, _Costs, _family_shape
+from diffpipe._plan._bounds import _closed_form, _Costs
+from diffpipe._plan._space import _family_shape
+from diffpipe._plan._table import TIE
 
 TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",
                       norm="rmsnorm", positions="rotary", bias=False, dropout=False, kv_heads=4)
