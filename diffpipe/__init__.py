@@ -76,8 +76,8 @@ if TYPE_CHECKING:
     from ._plan._export import megatron_model_args as megatron_model_args
     from ._plan._export import parse_megatron_layout as parse_megatron_layout
     from ._plan._export import torchtitan_toml as torchtitan_toml
-    from ._plan._table import PlanTable as PlanTable
     from ._plan._search import plan as plan
+    from ._plan._table import PlanTable as PlanTable
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
     from ._workload._parallel import CommunicationOverlap as CommunicationOverlap
