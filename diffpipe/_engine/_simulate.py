@@ -31,7 +31,7 @@ from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
 from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph
-from ._hardware import checks, enclosing_on_error, error_if, on_error_for
+from ._jit_checks import checks, enclosing_on_error, error_if, on_error_for
 
 
 def _temperature(temperature: Any, dtype) -> Array | None:
@@ -58,7 +58,7 @@ _RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
 def _checked(fn, hw: AbstractCostModel, on_error: str, total=lambda out: out):
     """``fn()``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
     ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun). A
-    program traced with ``on_error="nan"`` (``_hardware.checks``: concrete inputs) reports a failed
+    program traced with ``on_error="nan"`` (``_jit_checks.checks``: concrete inputs) reports a failed
     check as a NaN makespan (``total(out)``): the eager checks then name the culprit."""
     try:
         out = fn(on_error=on_error)

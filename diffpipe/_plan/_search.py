@@ -62,7 +62,8 @@ from .._arrays import power_of_two
 from .._checks import check_int, check_number
 from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._graph import Graph, bucketed
-from .._engine._hardware import nan_checked, pad_hardware
+from .._engine._hardware import pad_hardware
+from .._engine._jit_checks import nan_checked
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster

@@ -24,7 +24,8 @@ from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
 from .._engine._cost_model import AbstractCostModel, CostTables
 from .._engine._graph import Graph
-from .._engine._hardware import Hardware, Network, _check_values, _float, _required, check_split_known
+from .._engine._hardware import Hardware, Network, _required, check_split_known
+from .._engine._jit_checks import _check_values, _float
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
