@@ -178,6 +178,8 @@ def test_a_cost_model_subclass_simulates_like_the_reference(name):
     graph = dp.compile(s)
     chex.assert_trees_all_close(dp.makespan(graph, model), max(finish.values()), rtol=1e-6)
     assert float(ours.peak_memory.max()) == 0.0 and bool(ours.fits.all())  # the defaults: no bytes
+    with pytest.raises(dp.ConfigError, match="per_stage 'forward' is not one of activation_bytes"):
+        model.per_stage("forward", graph)  # the defaults price bytes only
     # d makespan / d slowdown by forward differences of the exact makespan (piecewise linear in it)
     grad = jax.grad(lambda m: dp.makespan(graph, m))(model).slowdown
     step = 1e-2

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._errors import ConfigError
 from ._graph import Graph, compile
 
 if TYPE_CHECKING:
@@ -88,11 +89,13 @@ class AbstractCostModel(eqx.Module):
 
     def recheck(self) -> None:
         """Rerun the model's eager value checks, which name the culprit, after a check traced inside
-        a program failed: the ``__check_init__`` of each module field (a ``Network``), then this
-        model's."""
+        a program failed: each field's that is a cost model (``recheck``) or another module (a
+        ``Network``: ``__check_init__``), then this model's ``__check_init__``."""
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, eqx.Module) and hasattr(value, "__check_init__"):
+            if isinstance(value, AbstractCostModel):
+                value.recheck()
+            elif isinstance(value, eqx.Module) and hasattr(value, "__check_init__"):
                 value.__check_init__()
         if hasattr(self, "__check_init__"):
             self.__check_init__()
@@ -101,7 +104,7 @@ class AbstractCostModel(eqx.Module):
         """Per stage, the bytes ``name`` (one of ``BYTE_TERMS``: stored activations of a microbatch
         of size 1, bytes held for the step, bytes of a boundary message); default 0."""
         if name not in BYTE_TERMS:
-            raise ValueError(f"per_stage: {name!r} is not one of {', '.join(BYTE_TERMS)}")
+            raise ConfigError(f"cost model: per_stage {name!r} is not one of {', '.join(BYTE_TERMS)}")
         return jnp.zeros((graph.pipelines, graph.stages), self.dtype)
 
     def per_microbatch(self, graph: Graph) -> Float[Array, " microbatches"]:
