@@ -125,19 +125,24 @@ class AbstractCommunication(eqx.Module):
         return self if self.transfer_nodes else "edges"
 
     # -- identity: equal to its name, hashed as it, printed as it (the module docstring) ------------
+    # Every jitted call hashes and compares the modes in its arguments' static fields: these read
+    # class and instance attributes with ``object.__getattribute__``, not equinox's (a Python hook).
     def _fields(self) -> tuple:
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        get = object.__getattribute__
+        return tuple((f.name, get(self, f.name)) for f in dataclasses.fields(type(self)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
-            return other == self.name
-        return type(other) is type(self) and other._fields() == self._fields()  # type: ignore[attr-defined]
+            return other == type(self).name
+        if type(other) is not type(self):
+            return False
+        return other is self or other._fields() == self._fields()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(self.name)
+        return hash(type(self).name)
 
     def __str__(self) -> str:
-        return self.name
+        return type(self).name
 
 
 class NoCommunication(AbstractCommunication):

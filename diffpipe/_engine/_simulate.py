@@ -79,7 +79,7 @@ def _check_types(graph: Any, hw: Any) -> None:
         raise ConfigError(f"expected a Graph, got {type(graph).__name__}")
     if not isinstance(hw, AbstractCostModel):
         raise ConfigError(f"expected a Hardware (or another AbstractCostModel), got {type(hw).__name__}")
-    hw.check(graph)
+    type(hw).check(hw, graph)  # not ``hw.check``: equinox builds a bound-method module per access (hot path)
 
 
 def _tables(graph: Graph, hw: AbstractCostModel, batched: bool) -> CostTables:
