@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._plan._bounds import _closed_form, _Costs
-from diffpipe._plan._space import _family_shape
+from diffpipe._plan._bounds import Costs, closed_form
+from diffpipe._plan._space import family_shape
 from diffpipe._plan._table import TIE
 
 TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",
@@ -68,8 +68,8 @@ def test_closed_form_memory_is_a_lower_bound(family, pipeline, virtual):
     cfg = dp.Configuration(TINY, par, clu, 64, schedule=family)
     result = cfg.evaluate()
     links = cfg.placement.links
-    k = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, links)
-    static, act, before, work, update = _closed_form(k, TINY, pipeline, virtual, _family_shape(family)[2], {})
+    k = Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, links)
+    static, act, before, work, update = closed_form(k, TINY, pipeline, virtual, family_shape(family)[2], {})
     peak = np.asarray(dp.schedules.peak_activations(cfg.schedule()), float)
     assert np.all(static + act <= np.asarray(result.memory) * (1 + 1e-6))
     assert np.all(static + peak * act <= np.asarray(result.memory) * (1 + 1e-6))

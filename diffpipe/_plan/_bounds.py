@@ -1,5 +1,5 @@
 """The closed forms the search bounds candidates by, before simulating (``_search``'s docstring,
-step 2): per-variant per-layer costs in float64 NumPy (``_Costs``, cached across plans) and, per
+step 2): per-variant per-layer costs in float64 NumPy (``Costs``, cached across plans) and, per
 pipeline rank of the uniform split, static and activation bytes and a lower bound on the step."""
 
 from __future__ import annotations
@@ -11,24 +11,24 @@ from .._machine._cluster import Cluster
 from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._workload._parallel import Parallelism, parallel_costs
-from ._space import _stage_devices
+from ._space import stage_devices
 
 
-class _Costs:
+class Costs:
     """The closed-form per-layer numbers of one (model variant, tensor, expert, data, ZeRO, SP), in
     float64 numpy: F and I with the collectives they wait for, the whole F + I + W work, the optimizer
     step, static and activation bytes. Only bounds are computed from them (never a reported number)."""
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
         costs = parallel_costs(model, par)
-        key = (model, par.tensor, par.sequence_parallel, par.expert, par.context, _cluster_key(cluster))
-        if key not in _TIMES:
+        key = (model, par.tensor, par.sequence_parallel, par.expert, par.context, cluster_key(cluster))
+        if key not in TIMES:
             if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
                 times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
             else:
                 times = costs.costs.times(cluster.device)
-            _TIMES[key] = tuple(np.asarray(x, np.float64) for x in times)
-        f, i, w = _TIMES[key]
+            TIMES[key] = tuple(np.asarray(x, np.float64) for x in times)
+        f, i, w = TIMES[key]
         comm = np.zeros((3, model.layers + 2))
         for group, link in links.items():  # Configuration.collective_seconds, in numpy
             if group not in costs.collective_bytes:
@@ -47,13 +47,14 @@ class _Costs:
 
 
 #: Bounded caches across plans (warm plans skip the per-variant cost tables): model variant and
-#: parallel sizes and the cluster's values -> ``_Costs``; model variant and tensor -> op seconds.
+#: parallel sizes and the cluster's values -> ``Costs``; model variant and tensor -> op seconds.
 CACHE_SIZE = 50_000
-_COSTS: BoundedDict = BoundedDict(CACHE_SIZE)
-_TIMES: BoundedDict = BoundedDict(CACHE_SIZE)
+COSTS: BoundedDict = BoundedDict(CACHE_SIZE)
+TIMES: BoundedDict = BoundedDict(CACHE_SIZE)
 
 
-def _cluster_key(cluster: Cluster) -> tuple:
+def cluster_key(cluster: Cluster) -> tuple:
+    """The cluster's values that the closed forms read, as a hashable key (``COSTS``, ``TIMES``)."""
     leaves = (cluster.device.peak_flops, cluster.device.efficiency, cluster.device.memory, cluster.intra_bandwidth,
               cluster.intra_latency, cluster.inter_bandwidth, cluster.inter_latency, cluster.memory_bandwidth)
     return (cluster.device.name, cluster.gpus, cluster.devices_per_node, *(float(x) for x in leaves))
@@ -63,7 +64,7 @@ def _stage_sums(values: np.ndarray, rows: np.ndarray, stages: int) -> np.ndarray
     return np.bincount(rows, weights=values, minlength=stages)
 
 
-def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, style: str,
+def closed_form(k: Costs, model: Transformer, pipeline: int, virtual: int, style: str,
                  split_rows: dict[int, np.ndarray]) -> tuple[np.ndarray, ...]:
     """Per pipeline rank, under the uniform split: static bytes, the smallest stage's activations
     (one microbatch), the forward of microbatch 0 before its first stage, per-microbatch work (F + I +
@@ -72,7 +73,7 @@ def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, sty
     if stages not in split_rows:
         split_rows[stages] = stage_of_layers(model, stages)
     rows = split_rows[stages]
-    device_of = _stage_devices(style, pipeline, stages)
+    device_of = stage_devices(style, pipeline, stages)
     static = _stage_sums(k.static, rows, stages)
     if stages == 1:
         static = static - k.shared_static
@@ -86,3 +87,6 @@ def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, sty
     work = np.bincount(device_of, weights=_stage_sums(k.work, rows, stages), minlength=pipeline)
     update = np.bincount(device_of, weights=_stage_sums(k.update, rows, stages), minlength=pipeline)
     return dev_static, dev_act, before, work, update
+
+
+__all__ = ["CACHE_SIZE", "COSTS", "TIMES", "Costs", "closed_form", "cluster_key"]

@@ -73,19 +73,19 @@ from .._optimize._optimize import optimize
 from .._progress import Progress
 from .._workload._parallel import placement
 from ..schedules._analysis import peak_activations
-from ._bounds import _COSTS, _closed_form, _cluster_key, _Costs
+from ._bounds import COSTS, Costs, closed_form, cluster_key
 from ._configuration import HEADROOM, Configuration
 from ._export import FRAMEWORKS, export_problem
 from ._space import (
-    _CHUNK_ONE_IS_OTHER,
+    CHUNK_ONE_IS_OTHER,
     DEFAULT_FAMILIES,
     DEFAULT_MICROBATCH_SIZES,
     DEFAULT_VIRTUAL,
-    _Candidate,
-    _contexts,
-    _divisors,
-    _family_shape,
-    _values,
+    Candidate,
+    checked_values,
+    context_sizes,
+    divisors,
+    family_shape,
 )
 from ._table import PlanTable, ranked
 
@@ -141,7 +141,7 @@ def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memo
     return {name: figures[name] for name in FIGURES}
 
 
-def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
+def _row(c: Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
     return {"family": c.family, "tensor": c.tensor, "context": c.context, "pipeline": c.pipeline, "data": c.data,
             "virtual": c.virtual,
             "expert": c.expert, "microbatch_size": c.microbatch_size, "microbatches": cfg.microbatches,
@@ -331,32 +331,32 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
         raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
-    families = _values("families", families)
+    families = checked_values("families", families)
     for f in families:
         try:
             schedules.family(f)
         except ScheduleError as error:
             raise ConfigError(f"plan: {error}") from None
-    recompute = _values("recompute", recompute, RECOMPUTE)
-    zero = _values("zero", zero, ZERO_STAGES)
-    sps = _values("sequence_parallel", sequence_parallel, (True, False))
-    sizes = tuple(check_int("plan: microbatch size", b) for b in _values("microbatch_sizes", microbatch_sizes))
-    if virtual is not None and not any(_family_shape(f)[0] for f in families):
+    recompute = checked_values("recompute", recompute, RECOMPUTE)
+    zero = checked_values("zero", zero, ZERO_STAGES)
+    sps = checked_values("sequence_parallel", sequence_parallel, (True, False))
+    sizes = tuple(check_int("plan: microbatch size", b) for b in checked_values("microbatch_sizes", microbatch_sizes))
+    if virtual is not None and not any(family_shape(f)[0] for f in families):
         raise ConfigError(f"plan: virtual={virtual!r} cannot take effect: none of {', '.join(families)} takes "
                           "chunks (e.g. interleaved-1f1b does)")
-    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", DEFAULT_VIRTUAL if virtual is None
+    virtuals = tuple(check_int("plan: virtual", v) for v in checked_values("virtual", DEFAULT_VIRTUAL if virtual is None
                                                                      else virtual))
-    contexts = _contexts(model, context)
+    contexts = context_sizes(model, context)
     if expert is not None:
-        experts_given = [check_int("plan: expert", e) for e in _values("expert", expert)]
+        experts_given = [check_int("plan: expert", e) for e in checked_values("expert", expert)]
         if model.experts == 1 and experts_given != [1]:
             raise ConfigError(f"plan: expert={expert!r} needs a mixture-of-experts model (this one is dense)")
         for e in experts_given:
             if model.experts % e:
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     g, node = cluster.gpus, cluster.devices_per_node
-    tensors = [check_int("plan: tensor", t) for t in _values("tensor", tensor)] if tensor is not None else [
-        t for t in _divisors(node) if g % t == 0]
+    tensors = [check_int("plan: tensor", t) for t in checked_values("tensor", tensor)] if tensor is not None else [
+        t for t in divisors(node) if g % t == 0]
     if tuple(sps) == (True,) and all(t == 1 for t in tensors):
         raise ConfigError("plan: sequence_parallel=True needs a tensor size above 1 (it splits the tensor group); "
                           f"tensor sizes searched: {', '.join(map(str, tensors))}")
@@ -367,10 +367,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     rejected: Counter = Counter()
     export_reasons: Counter = Counter()
     explored = 0
-    candidates: list[_Candidate] = []
+    candidates: list[Candidate] = []
     for t in tensors:
-        pipelines = [check_int("plan: pipeline", p) for p in _values("pipeline", pipeline)] if pipeline is not None \
-            else [p for p in _divisors(g // t) if p <= model.layers] if g % t == 0 else []
+        pipelines = [check_int("plan: pipeline", p) for p in checked_values("pipeline", pipeline)] \
+            if pipeline is not None else [p for p in divisors(g // t) if p <= model.layers] if g % t == 0 else []
         for p, cp in ((p, cp) for p in pipelines for cp in contexts):
             if g % (t * p):
                 explored += 1
@@ -382,18 +382,18 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                 continue
             d = g // (t * p * cp)
             experts = [1] if model.experts == 1 else (
-                [e for e in _divisors(d) if model.experts % e == 0] if expert is None
-                else list(_values("expert", expert)))
+                [e for e in divisors(d) if model.experts % e == 0] if expert is None
+                else list(checked_values("expert", expert)))
             shapes = []
             for f in families:
-                chunks, per, _ = _family_shape(f)
+                chunks, per, _ = family_shape(f)
                 if p == 1:  # no pipeline: every family is the same run; keep one
                     if f == families[0]:
                         shapes.append((f, 1))
                     continue
                 if chunks:
-                    shapes += [(f, v) for v in virtuals if not (v == 1 and f in _CHUNK_ONE_IS_OTHER)]
-                    if f not in _CHUNK_ONE_IS_OTHER and 1 not in virtuals:
+                    shapes += [(f, v) for v in virtuals if not (v == 1 and f in CHUNK_ONE_IS_OTHER)]
+                    if f not in CHUNK_ONE_IS_OTHER and 1 not in virtuals:
                         shapes.append((f, 1))
                 else:
                     shapes.append((f, per))
@@ -406,7 +406,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                     if sp and t == 1:
                                         continue  # sequence parallelism needs a tensor group
                                     explored += 1
-                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp, cp)
+                                    c = Candidate(f, t, p, d, v, e, b, r, z, sp, cp)
                                     if p * v > model.layers:
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
@@ -418,10 +418,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                         candidates.append(c)
 
     # structural checks and closed forms, cached per cost variant
-    costs: dict[tuple, _Costs | str] = {}
+    costs: dict[tuple, Costs | str] = {}
     split_rows: dict[int, np.ndarray] = {}
     closed: dict[tuple, tuple[np.ndarray, ...]] = {}
-    cluster_key = _cluster_key(cluster)
+    cluster_id = cluster_key(cluster)
     lower: list[tuple[float, int]] = []
     static_lb: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     needs: dict[int, float] = {}  # candidate -> the tightest known lower bound on its peak memory
@@ -438,18 +438,18 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             except ConfigError as error:
                 costs[key] = str(error)
             else:
-                full = (variant, par, cluster_key)
-                if full not in _COSTS:
-                    _COSTS[full] = _Costs(variant, par, cluster, where.links)
-                costs[key] = _COSTS[full]
+                full = (variant, par, cluster_id)
+                if full not in COSTS:
+                    COSTS[full] = Costs(variant, par, cluster, where.links)
+                costs[key] = COSTS[full]
         k = costs[key]
         if isinstance(k, str):
             rejected["tensor"] += 1
             continue
-        style = _family_shape(c.family)[2]
+        style = family_shape(c.family)[2]
         shape = (key, c.pipeline, c.virtual, style)
         if shape not in closed:
-            closed[shape] = _closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
+            closed[shape] = closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
         dev_static, dev_act, fwd_before, dev_work, dev_update = closed[shape]
         needs[index] = float(np.max(dev_static + dev_act))
         if needs[index] > capacity:
@@ -581,7 +581,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                      communication, headroom)
 
 
-def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | None:
+def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | None:
     """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
     for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
     buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
@@ -598,7 +598,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     is faster and fits, else None."""
     if row["pipeline"] * row["virtual"] < 2:
         return None
-    c = _Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
+    c = Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
                    row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"],
                    row.get("context", 1))
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)

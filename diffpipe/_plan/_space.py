@@ -1,5 +1,5 @@
 """The planner's search space: the sizes and families ``plan`` searches by default, a candidate
-configuration (``_Candidate``), and the enumeration helpers (divisors, a family's shape, the
+configuration (``Candidate``), and the enumeration helpers (divisors, a family's shape, the
 context-parallel sizes, checked value lists)."""
 
 from __future__ import annotations
@@ -32,11 +32,14 @@ CONTEXT_SEQUENCE = 16384
 #: and the matmuls' rows shrink; the published long-sequence recipes keep 8,192 to 16,384 per rank.
 CONTEXT_MIN_TOKENS = 4096
 #: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
-_CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
+CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class Candidate:
+    """One configuration of the search: family, parallel sizes, microbatch size, recomputation,
+    ZeRO stage and sequence parallelism (``plan``'s step 1)."""
+
     family: str
     tensor: int
     pipeline: int
@@ -55,14 +58,14 @@ class _Candidate:
                            context=self.context)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending, in O(sqrt n) steps."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @bounded(64)
-def _family_shape(family: str) -> tuple[bool, int, str]:
+def family_shape(family: str) -> tuple[bool, int, str]:
     """(takes chunks, stages per device without chunks, placement style ``loop`` or ``v``) of a family."""
     fam = schedules.family(family)
     chunks = "chunks" in fam.option_names
@@ -73,14 +76,17 @@ def _family_shape(family: str) -> tuple[bool, int, str]:
     return chunks, per, style
 
 
-def _stage_devices(style: str, pipeline: int, stages: int) -> np.ndarray:
+def stage_devices(style: str, pipeline: int, stages: int) -> np.ndarray:
+    """The pipeline rank holding each stage under placement ``style`` (``loop`` or ``v``)."""
     s = np.arange(stages)
     if style == "v":
         return np.where(s < pipeline, s, 2 * pipeline - 1 - s)
     return s % pipeline
 
 
-def _values(name: str, value: Any, allowed: Sequence[Any] | None = None) -> tuple:
+def checked_values(name: str, value: Any, allowed: Sequence[Any] | None = None) -> tuple:
+    """``value`` (one or a collection) as a non-empty tuple, each in ``allowed`` when given;
+    ``ConfigError`` naming ``name`` otherwise."""
     items = tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else (value,)
     if not items:
         raise ConfigError(f"plan: {name} has no values")
@@ -91,7 +97,7 @@ def _values(name: str, value: Any, allowed: Sequence[Any] | None = None) -> tupl
     return items
 
 
-def _contexts(model: Transformer, context: Any) -> tuple[int, ...]:
+def context_sizes(model: Transformer, context: Any) -> tuple[int, ...]:
     """The context-parallel sizes ``plan`` searches (its ``context`` argument, or the default: the
     docstring); a given size the model cannot split its sequence by is refused in one line."""
     s = model.sequence
@@ -103,7 +109,7 @@ def _contexts(model: Transformer, context: Any) -> tuple[int, ...]:
             out.append(c)
             c *= 2
         return tuple(out)
-    sizes = tuple(check_int("plan: context", c) for c in _values("context", context))
+    sizes = tuple(check_int("plan: context", c) for c in checked_values("context", context))
     for c in sizes:
         if c > 1 and s % (2 * c):
             raise ConfigError(f"plan: context={c} needs a sequence that is a multiple of 2 x {c} = {2 * c} (the "
@@ -112,3 +118,8 @@ def _contexts(model: Transformer, context: Any) -> tuple[int, ...]:
             raise ConfigError(f"plan: context={c} needs flash attention (context parallelism runs "
                               "TransformerEngine's fused attention)")
     return sizes
+
+
+__all__ = ["CHUNK_ONE_IS_OTHER", "CONTEXT_MIN_TOKENS", "CONTEXT_SEQUENCE", "DEFAULT_FAMILIES",
+           "DEFAULT_MICROBATCH_SIZES", "DEFAULT_VIRTUAL", "Candidate", "checked_values", "context_sizes", "divisors",
+           "family_shape", "stage_devices"]
