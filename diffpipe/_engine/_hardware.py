@@ -44,7 +44,7 @@ from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
 from ._cost_model import AbstractCostModel, CostTables
 from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph, compile
-from ._jit_checks import _check_values, _float, _traced_check, error_if
+from ._jit_checks import check_values, checked_float, error_if, traced_check
 
 #: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
 SPLIT_UNKNOWN = ("hardware: the schedule splits its backward (I/W ops) but this hardware knows only full "
@@ -111,21 +111,21 @@ class Network(eqx.Module):
         if self.data_parallel_link not in DATA_PARALLEL_LINKS:
             raise ConfigError(f"network: data_parallel_link must be one of {', '.join(DATA_PARALLEL_LINKS)}, "
                               f"got {self.data_parallel_link!r}")
-        _check_values("network latency", self.latency)
-        _check_values("network inter_latency", self.inter_latency)
-        _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
-        _check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
+        check_values("network latency", self.latency)
+        check_values("network inter_latency", self.inter_latency)
+        check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
+        check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
         if self.pair_latency is not None:
-            _check_values("network pair_latency", self.pair_latency)
+            check_values("network pair_latency", self.pair_latency)
         if self.pair_bandwidth is not None:
-            _check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
+            check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
 
     @classmethod
     def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
                 mode: str | AbstractCommunication = "overlap") -> Network:
         """Every link alike (one node)."""
-        return cls(_float(latency, "latency"), _float(bandwidth, "bandwidth"), _float(latency, "latency"),
-                   _float(bandwidth, "bandwidth"), mode=mode)
+        return cls(checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"),
+                   checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"), mode=mode)
 
     def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
         """``[devices, devices]`` latency and bandwidth of every directed pair."""
@@ -137,8 +137,8 @@ class Network(eqx.Module):
             latency = self._pairs(self.pair_latency, devices, "pair_latency")
         if self.pair_bandwidth is not None:
             bandwidth = self._pairs(self.pair_bandwidth, devices, "pair_bandwidth")
-        latency = _traced_check("network latency", latency)
-        bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
+        latency = traced_check("network latency", latency)
+        bandwidth = traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
 
     def compiled(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
@@ -173,7 +173,7 @@ class Network(eqx.Module):
 
 def _optional(value: Any, what: str) -> Array | None:
     """An optional float leaf: None stays None (no leaf), anything else becomes a float array."""
-    return None if value is None else _float(value, what)
+    return None if value is None else checked_float(value, what)
 
 
 def _kind_overhead(value: Any, overhead: Any) -> Array | None:
@@ -186,10 +186,10 @@ def _kind_overhead(value: Any, overhead: Any) -> Array | None:
         if unknown:
             raise ConfigError(f"hardware: kind_overhead has unknown kind(s) {unknown}; kinds are "
                               f"{', '.join(OVERHEAD_KINDS)}")
-        default = _float(overhead, "overhead")
-        return jnp.stack([_float(value[k], f"kind_overhead[{k}]") if k in value else default
+        default = checked_float(overhead, "overhead")
+        return jnp.stack([checked_float(value[k], f"kind_overhead[{k}]") if k in value else default
                           for k in OVERHEAD_KINDS])
-    return _float(value, "kind_overhead")
+    return checked_float(value, "kind_overhead")
 
 
 def _required(what: str, name: str, value: Any) -> Any:
@@ -248,10 +248,10 @@ class Hardware(AbstractCostModel):
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
-            _check_values(name, getattr(self, name))
+            check_values(name, getattr(self, name))
         for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
             if getattr(self, name) is not None:
-                _check_values(name, getattr(self, name))
+                check_values(name, getattr(self, name))
         fraction = None if self.pair_overlap is None else concrete(self.pair_overlap)
         if fraction is not None and np.any(fraction > 1):
             raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
@@ -259,7 +259,7 @@ class Hardware(AbstractCostModel):
         if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
             raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
                               f"per kind {', '.join(OVERHEAD_KINDS)}")
-        _check_values("capacity", self.capacity, positive=True, allow_inf=True)
+        check_values("capacity", self.capacity, positive=True, allow_inf=True)
 
     @classmethod
     def from_times(
@@ -296,15 +296,16 @@ class Hardware(AbstractCostModel):
         ``split_known=False``: only full backwards are known (the class docstring).
         """
         input_grad = _required("hardware", "input_grad", input_grad)
-        zero = _float(0.0)
+        zero = checked_float(0.0)
         return cls(
-            forward=_float(forward, "forward"), input_grad=_float(input_grad, "input_grad"),
-            weight=zero if weight is None else _float(weight, "weight"), update=_float(update, "update"),
-            overhead=_float(overhead, "overhead"), size=_float(size, "size"), message_bytes=zero,
-            gradient_bytes=zero, static_bytes=_float(static_bytes, "static_bytes"),
-            activation_bytes=_float(activation_bytes, "activation_bytes"), capacity=_float(capacity, "capacity"),
-            network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
-                            _float(math.inf), mode=mode),
+            forward=checked_float(forward, "forward"), input_grad=checked_float(input_grad, "input_grad"),
+            weight=zero if weight is None else checked_float(weight, "weight"), update=checked_float(update, "update"),
+            overhead=checked_float(overhead, "overhead"), size=checked_float(size, "size"), message_bytes=zero,
+            gradient_bytes=zero, static_bytes=checked_float(static_bytes, "static_bytes"),
+            activation_bytes=checked_float(activation_bytes, "activation_bytes"),
+            capacity=checked_float(capacity, "capacity"),
+            network=Network(checked_float(p2p_time, "p2p_time"), checked_float(math.inf),
+                            checked_float(p2p_time, "p2p_time"), checked_float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
             setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
@@ -378,7 +379,7 @@ class Hardware(AbstractCostModel):
     def tables(self, graph: Graph) -> CostTables:
         """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
         self.check_graph(graph)
-        t = {name: _traced_check(name, self.per_stage(name, graph))
+        t = {name: traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
         if not self.split_known:  # only full backwards known: an I or W op has no price
             rows = graph.node_cost[..., 0]
@@ -387,11 +388,11 @@ class Hardware(AbstractCostModel):
         if self.full_backward is None:
             full = t["input_grad"] + t["weight"]
         else:
-            full = _traced_check("full_backward", self.per_stage("full_backward", graph))
-        msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
-        grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
-        size = _traced_check("size", self.per_microbatch(graph))
-        overhead = _traced_check("overhead", self.overhead)
+            full = traced_check("full_backward", self.per_stage("full_backward", graph))
+        msg = traced_check("message_bytes", self.per_stage("message_bytes", graph))
+        grad_bytes = traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
+        size = traced_check("size", self.per_microbatch(graph))
+        overhead = traced_check("overhead", self.overhead)
         # The hardware's topology decides which links are inter-node; under contention the graph's
         # lanes were built for it too (check_graph above).
         per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
@@ -428,7 +429,7 @@ class Hardware(AbstractCostModel):
         per_kind = jnp.stack([t["forward"], full, t["input_grad"], t["weight"]])
         op_overhead = jnp.broadcast_to(overhead, (len(OVERHEAD_KINDS),))
         if self.kind_overhead is not None:
-            op_overhead = _traced_check("kind_overhead", self._checked_kind_overhead())
+            op_overhead = traced_check("kind_overhead", self._checked_kind_overhead())
         every = op_overhead[jnp.clip(kind - COST_F, 0, 3)]
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
                           [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
@@ -448,7 +449,7 @@ class Hardware(AbstractCostModel):
         return CostTables(base, per, e_base, e_per, size)
 
     def _checked_overlap(self, graph: Graph) -> Array:
-        x = _traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
+        x = traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
         return error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
 
     def _checked_kind_overhead(self) -> Array:
@@ -462,7 +463,7 @@ class Hardware(AbstractCostModel):
             value = getattr(self, name)
             if value is None:
                 return jnp.zeros(role.shape, self.overhead.dtype)
-            return jnp.where((role & bit) != 0, _traced_check(name, value), 0.0)
+            return jnp.where((role & bit) != 0, traced_check(name, value), 0.0)
 
         return term("setup", ROLE_SOURCE), term("wind_down", ROLE_SINK)
 

@@ -1,7 +1,7 @@
 """Checks of values, eager and inside a program, and how a check traced inside jit fails.
 
-Eager checks (``_check_values``, ``_float``) name the culprit in one ``ConfigError`` line; a check
-traced inside a program (``error_if``, ``_traced_check``) raises through equinox's host callback,
+Eager checks (``check_values``, ``checked_float``) name the culprit in one ``ConfigError`` line; a check
+traced inside a program (``error_if``, ``traced_check``) raises through equinox's host callback,
 or, in diffpipe's own programs of concrete inputs (``checks("nan")``, ``nan_checked``), turns the
 checked value into NaN so that the program has no host callback and JAX's persistent compilation
 cache can keep it (docs/architecture.md, "Compilation"); their callers then rerun the eager checks.
@@ -34,7 +34,7 @@ def _numbers(value: Any) -> bool:
     return is_number(value)
 
 
-def _float(value: Any, what: str = "value") -> Array:
+def checked_float(value: Any, what: str = "value") -> Array:
     """``value`` as a float array: arrays (and tracers) of a numeric dtype, numbers, or lists of
     numbers; anything else (None, a string, a bool) is a ``ConfigError`` naming ``what``."""
     if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.core.Tracer)):
@@ -45,7 +45,7 @@ def _float(value: Any, what: str = "value") -> Array:
     return as_float(value)
 
 
-def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
+def check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
     """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
     x = concrete(value)
     if x is None:
@@ -128,7 +128,7 @@ def error_if(x: Array, pred: Array, message: str) -> Array:
     return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")
 
 
-def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
+def traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
     """The same check inside jit (``error_if``)."""
     bad = jnp.isnan(x) | (x < 0)
     if positive:
@@ -137,3 +137,7 @@ def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: boo
         bad = bad | jnp.isinf(x)
     return error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
                     f"{'' if allow_inf else ' and finite'}")
+
+
+__all__ = ["check_values", "checked_float", "checks", "compiled_unless_traced", "enclosing_on_error", "error_if",
+           "nan_checked", "on_error_for", "traced_check"]
