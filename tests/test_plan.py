@@ -184,7 +184,7 @@ def test_cli_plan_flags_are_the_configuration_s():
     one = parser.parse_args(["simulate", "--model", "m", "--global-batch", "8", "--tp", "2", "--zero", "1"])
     assert (one.tensor, one.zero, one.model, one.global_batch) == (2, 1, "m", 8)
     # the help states dp.plan's defaults (the CLI parses without importing JAX, so it cannot read them)
-    from diffpipe._plan import _search as _plan
+    from diffpipe._plan import _space as _plan
     from diffpipe.cli._args import _CONFIG_FLAGS
 
     defaults = {f.flag: f.default for f in _CONFIG_FLAGS}

@@ -21,7 +21,7 @@ class Costs:
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
         costs = parallel_costs(model, par)
-        key = (model, par.tensor, par.sequence_parallel, par.expert, par.context, cluster_key(cluster))
+        key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, cluster_key(cluster))
         if key not in TIMES:
             if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
                 times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())

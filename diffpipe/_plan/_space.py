@@ -51,11 +51,12 @@ class Candidate:
     zero: int
     sequence_parallel: bool
     context: int = 1
+    expert_tensor: int | None = None
 
     def parallelism(self) -> Parallelism:
         return Parallelism(tensor=self.tensor, pipeline=self.pipeline, data=self.data, virtual=self.virtual,
                            expert=self.expert, zero=self.zero, sequence_parallel=self.sequence_parallel,
-                           context=self.context)
+                           context=self.context, expert_tensor=self.expert_tensor)
 
 
 def divisors(n: int) -> list[int]:

@@ -29,7 +29,8 @@ LEGEND = ("step: seconds per optimizer step; MFU: model FLOPs over the GPUs' den
           "tensor-, context- (the K,V ring, beyond the attention it overlaps), expert- and ZeRO-3 collectives inside "
           "ops (%); cp: context-parallel size; family '-': no pipeline (PP1)")
 
-COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
+COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "expert_tensor", "microbatch_size",
+           "microbatches",
            "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
            "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
            "communication_share", "bound")
@@ -112,7 +113,10 @@ class PlanTable:
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
         row = self._row(i)
-        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row})
+        sizes = {f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row}
+        if sizes.get("expert_tensor") == row["tensor"]:
+            sizes["expert_tensor"] = None  # the default: the tensor size
+        return Parallelism(**sizes)
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
@@ -140,7 +144,9 @@ class PlanTable:
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
             family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], r["expert"],
+            et = r.get("expert_tensor", r["tensor"])
+            ep = r["expert"] if et == r["tensor"] else f"{r['expert']} (etp {et})"
+            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], ep,
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
                           f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
