@@ -25,8 +25,10 @@ place they become objects. A mode compares equal to its name (and hashes as it) 
 results carry the mode object where users select by name (``SweepResult``'s ``communication``
 column, ``Comparison.communication``, ``Graph.communication``). A new mode is one subclass (see
 ``tests/test_communication.py`` for one defined outside the package).
-"""
 
+No ``from __future__ import annotations`` here: equinox reads the ``AbstractClassVar`` annotation
+of ``name`` when the class is created, and refuses a stringified one.
+"""
 
 import abc
 import dataclasses
