@@ -27,7 +27,7 @@ column, ``Comparison.communication``, ``Graph.communication``). A new mode is on
 ``tests/test_communication.py`` for one defined outside the package).
 
 No ``from __future__ import annotations`` here: equinox reads the ``AbstractClassVar`` annotation
-of ``name`` when the class is created, and refuses a stringified one.
+of ``name`` when the class is created (stringified, ``eqx.AbstractClassVar[str]`` became a field).
 """
 
 import abc
