@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from ._engine._communication import NoCommunication as NoCommunication
     from ._engine._communication import Overlap as Overlap
     from ._engine._communication import communication as communication
-    from ._engine._cost_model import CostModel as CostModel
+    from ._engine._cost_model import AbstractCostModel as AbstractCostModel
+    from ._engine._cost_model import CostTables as CostTables
     from ._engine._evaluate import AbstractAdjoint as AbstractAdjoint
     from ._engine._evaluate import AutodiffAdjoint as AutodiffAdjoint
     from ._engine._evaluate import SweepAdjoint as SweepAdjoint
@@ -75,8 +76,8 @@ if TYPE_CHECKING:
     from ._plan._export import megatron_model_args as megatron_model_args
     from ._plan._export import parse_megatron_layout as parse_megatron_layout
     from ._plan._export import torchtitan_toml as torchtitan_toml
-    from ._plan._search import PlanTable as PlanTable
     from ._plan._search import plan as plan
+    from ._plan._table import PlanTable as PlanTable
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
     from ._workload._frameworks import Framework as Framework

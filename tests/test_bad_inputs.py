@@ -661,7 +661,7 @@ def _tiny():
 
 
 def _empty_table():
-    from diffpipe._plan._search import PlanTable
+    from diffpipe._plan._table import PlanTable
 
     return PlanTable((), {}, 0, 0, {}, _tiny(), dp.Cluster(gpus=8), 8)
 
@@ -1162,13 +1162,13 @@ def test_mutated_plan_flags_keep_the_contract(data, workdir, monkeypatch):
     infeasible line quickly instead of a full search."""
     from diffpipe._plan import _search
 
-    real = _search._closed_form
+    real = _search.closed_form
 
     def huge(*args, **kwargs):
         static, act, *rest = real(*args, **kwargs)
         return (static + 1e30, act, *rest)
 
-    monkeypatch.setattr(_search, "_closed_form", huge)
+    monkeypatch.setattr(_search, "closed_form", huge)
     argv = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--global-batch", "8", "--families", "1f1b"]
     tokens = ["--tp", "--pp", "--ep", "--vpp", "--zero", "--recompute", "--microbatch-size", "--gpus", "--cluster",
               "--sequence", "--families", "--headroom", "--top", "--export", "--out", "--mode", "--mod", "--dp",

@@ -105,13 +105,13 @@ def row(step, memory, tensor=1, pipeline=1, **more):
 
 
 def test_ties_go_to_less_memory_then_fewer_gpus_per_replica():
-    from diffpipe._plan._search import TIE, _ranked
+    from diffpipe._plan._table import TIE, ranked
 
     rows = [row(2.0990, 70.1e9), row(2.0991, 49.3e9, tensor=2), row(2.0992, 49.3e9), row(2.5, 10e9)]
-    assert [(r["memory_per_gpu"], r["tensor"]) for r in _ranked(rows)] == [
+    assert [(r["memory_per_gpu"], r["tensor"]) for r in ranked(rows)] == [
         (49.3e9, 1), (49.3e9, 2), (70.1e9, 1), (10e9, 1)]
     apart = [row(1.0, 70e9), row(1.0 + 2 * TIE, 10e9)]
-    assert _ranked(apart)[0]["memory_per_gpu"] == 70e9  # not a tie: the faster one first
+    assert ranked(apart)[0]["memory_per_gpu"] == 70e9  # not a tie: the faster one first
 
 
 def test_cli_headroom_is_the_library_s():
@@ -148,7 +148,7 @@ def test_units_in_json_keys():
 
 def test_plan_table_prints_percentages_a_legend_and_no_1f1b_without_a_pipeline():
     import diffpipe as dp
-    from diffpipe._plan._search import PlanTable
+    from diffpipe._plan._table import PlanTable
 
     base = dict(family="1f1b", data=8, virtual=1, expert=1, microbatch_size=1, microbatches=8, recompute="none",
                 zero=1, sequence_parallel=False, layers_per_stage=(32,), balanced=False,

@@ -1,7 +1,6 @@
 """Communication modes as objects: the built-ins, the string edge, and modes defined outside diffpipe."""
 
 import zlib
-from dataclasses import dataclass
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -25,7 +24,6 @@ class HalfDuplex(dp.AbstractLaneCommunication):
         return frozenset((src, dst))
 
 
-@dataclass(frozen=True)
 class Delayed(dp.AbstractCommunication):
     """``overlap`` plus a fixed software latency ``extra`` on every link (a parametrised mode)."""
 

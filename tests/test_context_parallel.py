@@ -15,7 +15,7 @@ from _cli import hf_config, run
 import diffpipe as dp
 from diffpipe._model._kernels import layer_kernels
 from diffpipe._model._transformer import activation_bytes, layer_costs
-from diffpipe._plan._search import CONTEXT_MIN_TOKENS, CONTEXT_SEQUENCE, _contexts
+from diffpipe._plan._space import CONTEXT_MIN_TOKENS, CONTEXT_SEQUENCE, context_sizes
 from diffpipe._workload._parallel import Parallelism, parallel_costs, placement, ring_exchange, shard_flops
 
 
@@ -178,14 +178,14 @@ def test_context_size_must_be_a_positive_int(value):
 # -- plan --------------------------------------------------------------------------------------------------
 def test_default_context_sizes():
     assert (CONTEXT_SEQUENCE, CONTEXT_MIN_TOKENS) == (16384, 4096)
-    assert _contexts(llama(sequence=8192), None) == (1,)
-    assert _contexts(llama(sequence=16384), None) == (1, 2, 4)
-    assert _contexts(llama(sequence=131072), None) == (1, 2, 4, 8, 16, 32)
-    assert _contexts(llama(sequence=131072, flash_attention=False), None) == (1,)
-    assert _contexts(llama(sequence=24576), None) == (1, 2, 4)  # 24576 = 2^13 x 3: 8 would leave 3,072 per rank
-    assert _contexts(llama(), (1, 2)) == (1, 2)
+    assert context_sizes(llama(sequence=8192), None) == (1,)
+    assert context_sizes(llama(sequence=16384), None) == (1, 2, 4)
+    assert context_sizes(llama(sequence=131072), None) == (1, 2, 4, 8, 16, 32)
+    assert context_sizes(llama(sequence=131072, flash_attention=False), None) == (1,)
+    assert context_sizes(llama(sequence=24576), None) == (1, 2, 4)  # 24576 = 2^13 x 3: 8 would leave 3,072 per rank
+    assert context_sizes(llama(), (1, 2)) == (1, 2)
     with pytest.raises(dp.ConfigError, match="context=3 needs a sequence that is a multiple of 2 x 3") as info:
-        _contexts(llama(), 3)
+        context_sizes(llama(), 3)
     one_line(info)
     with pytest.raises(dp.ConfigError, match="context=2 needs flash attention"):
         dp.plan(llama(flash_attention=False), dp.Cluster("H100", gpus=8), 8, context=2)

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import chex
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +18,9 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import cli
+from diffpipe._engine._graph import COST_F, COST_W
 from diffpipe.schedules import Family, Formula, Op, Option, Placement, Schedule
+from diffpipe.schedules._reference import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "architecture.md")
@@ -135,7 +138,61 @@ def test_cost_model_from_a_per_layer_table():
     s = dp.schedules.get("zb-h1", devices=3, microbatches=6)
     ours, theirs = dp.simulate(s, hw), dp.simulate(s, by_hand)
     chex.assert_trees_all_close((ours.start, ours.finish), (theirs.start, theirs.finish), rtol=1e-6)
-    assert isinstance(work, dp.CostModel) and isinstance(hw, dp.CostModel)
+    assert isinstance(work, dp.AbstractCostModel) and isinstance(hw, dp.AbstractCostModel)
+
+
+class Straggler(dp.AbstractCostModel):
+    """A cost model written outside the package: ``hardware``'s costs with the compute ops of one
+    stage ``slowdown`` times slower (a throttled device). Memory and traffic: the defaults (none)."""
+
+    hardware: dp.Hardware
+    slowdown: jax.Array
+    stage: int = eqx.field(static=True)
+
+    def tables(self, graph):
+        tables = self.hardware.tables(graph)
+        kind, stage = graph.node_cost[:, 0], graph.node_cost[:, 2]
+        slow = (kind >= COST_F) & (kind <= COST_W) & (stage == self.stage)
+        return eqx.tree_at(lambda t: t.per_size, tables, jnp.where(slow, self.slowdown, 1.0) * tables.per_size)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b"])
+def test_a_cost_model_subclass_simulates_like_the_reference(name):
+    """``makespan`` and ``simulate`` take any ``AbstractCostModel``: a user's subclass gives the
+    start and finish times of the pure-Python reference evaluator under the same op durations,
+    and differentiates in its own fields."""
+    options = {"chunks": 2} if name == "interleaved-1f1b" else {}
+    s = dp.schedules.get(name, devices=3, microbatches=5, **options)
+    f, i, w = np.array([1.0, 1.5, 0.7, 1.2, 0.9, 1.1][: s.stages]), 0.8, 0.6
+    model = Straggler(dp.Hardware.from_times(forward=f, input_grad=i, weight=w), jnp.asarray(2.5), stage=1)
+    assert isinstance(model, dp.AbstractCostModel) and not isinstance(model, dp.Hardware)
+
+    def duration(op):
+        t = {"F": f[op.stage], "B": i + w, "I": i, "W": w}[op.kind]
+        return t * (2.5 if op.stage == 1 else 1.0)
+
+    start, finish = evaluate(s, duration)
+    ours = dp.simulate(s, model)
+    chex.assert_trees_all_close(ours.start, np.array([start[op] for op in s.ops]), rtol=1e-6)
+    chex.assert_trees_all_close(ours.finish, np.array([finish[op] for op in s.ops]), rtol=1e-6)
+    graph = dp.compile(s)
+    chex.assert_trees_all_close(dp.makespan(graph, model), max(finish.values()), rtol=1e-6)
+    assert float(ours.peak_memory.max()) == 0.0 and bool(ours.fits.all())  # the defaults: no bytes
+    with pytest.raises(dp.ConfigError, match="per_stage 'forward' is not one of activation_bytes"):
+        model.per_stage("forward", graph)  # the defaults price bytes only
+    # d makespan / d slowdown by forward differences of the exact makespan (piecewise linear in it)
+    grad = jax.grad(lambda m: dp.makespan(graph, m))(model).slowdown
+    step = 1e-2
+    bumped = dp.makespan(graph, eqx.tree_at(lambda m: m.slowdown, model, jnp.asarray(2.5 + step)))
+    chex.assert_trees_all_close(grad, (bumped - dp.makespan(graph, model)) / step, rtol=1e-3, atol=1e-4)
+
+
+def test_makespan_refuses_what_is_not_a_cost_model():
+    graph = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
+    with pytest.raises(dp.ConfigError, match="expected a Hardware \\(or another AbstractCostModel\\), got dict"):
+        dp.makespan(graph, {"forward": 1.0})
+    with pytest.raises(TypeError):
+        dp.AbstractCostModel()  # abstract: no tables
 
 
 # -- an adjoint -------------------------------------------------------------------------------------

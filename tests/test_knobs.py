@@ -9,6 +9,7 @@ that brute force over the few factors finds, and that ``optimize`` must match.
 import json
 from typing import ClassVar
 
+import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -135,11 +136,15 @@ def test_workload_and_hardware_are_cost_models(graph):
     ``Hardware``, hence cost models."""
     w = workload(2.0).with_split((2, 4, 3, 3))
     hw = w.hardware(w.boundaries((2, 4, 3, 3)))
-    assert isinstance(w, dp.CostModel) and isinstance(hw, dp.CostModel)
-    assert isinstance(dp.Hardware.from_times(1.0, 2.0), dp.CostModel)
+    assert isinstance(w, dp.AbstractCostModel) and isinstance(hw, dp.AbstractCostModel)
+    assert isinstance(dp.Hardware.from_times(1.0, 2.0), dp.AbstractCostModel)
     ours, theirs = w.tables(graph), hw.tables(graph)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(dp.makespan(graph, w)) == float(dp.makespan(graph, hw))  # makespan takes any cost model
+    ours, theirs = dp.simulate(graph, w), dp.simulate(graph, hw)  # memory too: the default split's
+    chex.assert_trees_all_equal((ours.finish, ours.peak_memory, ours.communication_bytes),
+                                (theirs.finish, theirs.peak_memory, theirs.communication_bytes))
     model = dp.Transformer(layers=4, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=2)
     device, network = dp.presets.device("H100"), dp.presets.network("nvlink4")
     via_workload = dp.Workload.from_model(model, device, network).with_split((2, 1, 1, 2))

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._plan._search import TIE, _closed_form, _Costs, _family_shape
+from diffpipe._plan._bounds import Costs, closed_form
+from diffpipe._plan._space import family_shape
+from diffpipe._plan._table import TIE
 
 TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",
                       norm="rmsnorm", positions="rotary", bias=False, dropout=False, kv_heads=4)
@@ -66,8 +68,8 @@ def test_closed_form_memory_is_a_lower_bound(family, pipeline, virtual):
     cfg = dp.Configuration(TINY, par, clu, 64, schedule=family)
     result = cfg.evaluate()
     links = cfg.placement.links
-    k = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, links)
-    static, act, before, work, update = _closed_form(k, TINY, pipeline, virtual, _family_shape(family)[2], {})
+    k = Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, links)
+    static, act, before, work, update = closed_form(k, TINY, pipeline, virtual, family_shape(family)[2], {})
     peak = np.asarray(dp.schedules.peak_activations(cfg.schedule()), float)
     assert np.all(static + act <= np.asarray(result.memory) * (1 + 1e-6))
     assert np.all(static + peak * act <= np.asarray(result.memory) * (1 + 1e-6))
@@ -182,7 +184,7 @@ def test_cli_plan_flags_are_the_configuration_s():
     one = parser.parse_args(["simulate", "--model", "m", "--global-batch", "8", "--tp", "2", "--zero", "1"])
     assert (one.tensor, one.zero, one.model, one.global_batch) == (2, 1, "m", 8)
     # the help states dp.plan's defaults (the CLI parses without importing JAX, so it cannot read them)
-    from diffpipe._plan import _search as _plan
+    from diffpipe._plan import _space as _plan
     from diffpipe.cli._args import _CONFIG_FLAGS
 
     defaults = {f.flag: f.default for f in _CONFIG_FLAGS}
@@ -315,9 +317,9 @@ def test_closed_form_time_bound_holds_under_a_framework(framework, zero):
     cfg = dp.Configuration(TINY, par, clu, 64, framework=framework)
     result = cfg.evaluate()
     fw = dp.presets.framework(framework)
-    k = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links, fw)
-    unhidden = _Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links)
-    static, act, before, work, update = _closed_form(k, TINY, 2, 1, _family_shape("1f1b")[2], {})
+    k = Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links, fw)
+    unhidden = Costs(TINY, dataclasses.replace(par, pipeline=1, virtual=1), clu, cfg.placement.links)
+    static, act, before, work, update = closed_form(k, TINY, 2, 1, family_shape("1f1b")[2], {})
     assert np.max(before + cfg.microbatches * work + update) <= result.step_time * (1 + 1e-5)
     if framework == "megatron":  # the tensor collectives' unhideable share is counted, not all of them
         assert np.all(k.work <= unhidden.work) and np.any(k.work < unhidden.work)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from ._graph import Graph
-from ._hardware import nan_checked
+from ._jit_checks import nan_checked
 from ._simulate import makespan, peak_memory
 
 #: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.

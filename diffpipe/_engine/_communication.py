@@ -16,19 +16,26 @@ A mode is an ``AbstractCommunication``. It declares, once, everything the rest o
   besides that op (``compile(gradient_sync=True)``'s optimizer steps): a blocking transfer the
   last op sends holds the device until it ends.
 
+A mode is an equinox abstract module (as diffrax's solvers): ``name`` is an abstract class
+variable, ``AbstractLaneCommunication.lane`` an abstract method, and a parametrised mode declares
+its parameters as fields (hashable values: a mode is a static field of ``Graph`` and ``Network``).
 Strings stay accepted where users type them (``compile(communication="contention")``,
 ``Network(mode=...)``, ``Hardware.from_times(mode=...)``, the CLI); ``communication(x)`` is the one
-place they become objects. Built-in modes compare equal to their names and print as them, so
-``graph.communication == "blocking"`` reads naturally. A new mode is one subclass (see
+place they become objects. A mode compares equal to its name (and hashes as it) and prints as it:
+results carry the mode object where users select by name (``SweepResult``'s ``communication``
+column, ``Comparison.communication``, ``Graph.communication``). A new mode is one subclass (see
 ``tests/test_communication.py`` for one defined outside the package).
+
+No ``from __future__ import annotations`` here: equinox reads the ``AbstractClassVar`` annotation
+of ``name`` when the class is created (stringified, ``eqx.AbstractClassVar[str]`` became a field).
 """
 
-from __future__ import annotations
-
 import abc
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -77,16 +84,16 @@ def transfer_order(schedule: Schedule, lane_of: Callable[[int, int], Hashable]) 
     return lanes
 
 
-class AbstractCommunication(abc.ABC):
+class AbstractCommunication(eqx.Module):
     """How transfers are modelled (see the module docstring).
 
-    Subclasses set the class attributes and override what differs from these defaults (a delay on
-    each data edge at the link's cost, no waits). They must be immutable and hashable: a mode is a
-    static field of ``Graph`` and ``Network``; modes that compile to the same graph share a
-    ``graph_key``.
+    Subclasses set ``name`` and the class variables that differ from these defaults, and override
+    what differs from the default methods (a delay on each data edge at the link's cost, no
+    waits). Parameters are fields, of hashable values: a mode is a static field of ``Graph`` and
+    ``Network``; modes that compile to the same graph share a ``graph_key``.
     """
 
-    name: ClassVar[str]
+    name: eqx.AbstractClassVar[str]
     #: a transfer is a node (with a duration and a lane) rather than a delay on its data edge
     transfer_nodes: ClassVar[bool] = False
     #: ``LINK`` or ``BLOCK``: the ``Graph.edge`` type of the waits ``compile`` adds
@@ -119,27 +126,25 @@ class AbstractCommunication(abc.ABC):
         """Modes with equal keys compile to identical graphs (edge modes without waits share one)."""
         return self if self.transfer_nodes else "edges"
 
-    # -- identity: immutable, hashable, equal to its name ------------------------------------
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
+    # -- identity: equal to its name, hashed as it, printed as it (the module docstring) ------------
+    # Every jitted call hashes and compares the modes in its arguments' static fields: these read
+    # class and instance attributes with ``object.__getattribute__``, not equinox's (a Python hook).
     def _fields(self) -> tuple:
-        return tuple(sorted(vars(self).items()))
+        get = object.__getattribute__
+        return tuple((f.name, get(self, f.name)) for f in dataclasses.fields(type(self)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
-            return other == self.name
-        return type(other) is type(self) and other._fields() == self._fields()  # type: ignore[attr-defined]
+            return other == type(self).name
+        if type(other) is not type(self):
+            return False
+        return other is self or other._fields() == self._fields()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(self.name)
+        return hash(type(self).name)
 
     def __str__(self) -> str:
-        return self.name
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._fields())
-        return f"{type(self).__name__}({args})"
+        return type(self).name
 
 
 class NoCommunication(AbstractCommunication):

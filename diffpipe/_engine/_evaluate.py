@@ -62,8 +62,8 @@ from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Float
 
 from .._errors import ConfigError
+from ._cost_model import CostTables
 from ._graph import PAD, Graph
-from ._hardware import CostTables
 
 #: Hardware variants a sweep evaluates together: larger batches run as a sequence of chunks this
 #: wide, so that the ``[nodes, chunk]`` carry stays in cache (benchmarks/bench_simulator.py).

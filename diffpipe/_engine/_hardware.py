@@ -29,10 +29,7 @@ Cost model (summarised in docs/architecture.md, "The cost model"):
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
@@ -41,126 +38,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._arrays import as_float, concrete
-from .._caches import bounded
-from .._checks import is_number
+from .._arrays import concrete
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
-from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph
-
-
-def _numbers(value: Any) -> bool:
-    """A number, or a (nested) list or tuple of numbers: never a bool, a string or None."""
-    if isinstance(value, (list, tuple)):
-        return len(value) > 0 and all(_numbers(v) for v in value)
-    return is_number(value)
-
-
-def _float(value: Any, what: str = "value") -> Array:
-    """``value`` as a float array: arrays (and tracers) of a numeric dtype, numbers, or lists of
-    numbers; anything else (None, a string, a bool) is a ``ConfigError`` naming ``what``."""
-    if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.core.Tracer)):
-        if not (jnp.issubdtype(value.dtype, jnp.number)):
-            raise ConfigError(f"hardware: {what} must be numeric, got an array of {value.dtype}")
-    elif not _numbers(value):
-        raise ConfigError(f"hardware: {what} must be a number or a list of numbers, got {value!r}")
-    return as_float(value)
-
-
-def _check_values(name: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> None:
-    """Eager check (constructors): finite (or +inf where allowed), non-negative (or positive)."""
-    x = concrete(value)
-    if x is None:
-        return
-    bad = np.isnan(x) | (x < 0) | (x <= 0 if positive else False)
-    if not allow_inf:
-        bad = bad | np.isinf(x)
-    if np.any(bad):
-        what = "positive" if positive else "non-negative"
-        what += " (inf allowed)" if allow_inf else " and finite"
-        got = x.ravel()[np.argmax(bad.ravel())]
-        hint = ""
-        if np.isinf(got) and x.dtype == np.float32:  # a finite input past float32's range becomes inf
-            hint = (f"; a value past float32's range ({float(np.finfo(np.float32).max):.4g})? enable 64-bit "
-                    "floats (JAX_ENABLE_X64=1) or use smaller sizes")
-        raise ConfigError(f"hardware: {name} must be {what}, got {float(got)!r}{hint}")
-
-
-#: How a check inside jit fails, while a diffpipe program is traced (``checks``): ``"raise"``, a host
-#: callback raising ``EquinoxRuntimeError`` (the default: inside a user's own ``jit`` the inputs are
-#: tracers and only the program can check them), or ``"nan"``, the checked value becomes NaN. A
-#: program with a host callback cannot be kept by JAX's persistent compilation cache, so diffpipe's
-#: programs for concrete inputs use ``"nan"`` and their callers check a NaN result's inputs eagerly
-#: (``Hardware.__check_init__`` names the culprit).
-_ON_ERROR: list[str] = []
-
-
-@contextlib.contextmanager
-def checks(on_error: str) -> Iterator[None]:
-    """Trace-time: the checks traced inside fail as ``on_error`` (``"raise"`` or ``"nan"``)."""
-    _ON_ERROR.append(on_error)
-    try:
-        yield
-    finally:
-        _ON_ERROR.pop()
-
-
-def on_error_for(*trees: Any) -> str:
-    """How the checks of a program about to be traced for ``trees`` fail: as the enclosing diffpipe
-    program's; else ``"nan"`` when every leaf is concrete (the caller can check them), else ``"raise"``."""
-    if _ON_ERROR:
-        return _ON_ERROR[-1]
-    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees))
-    return "raise" if traced else "nan"
-
-
-def nan_checked(fn: Any) -> Any:
-    """``fn`` with the checks it traces failing as NaN (``checks("nan")``): diffpipe's own programs
-    of inputs checked before (no host callback, so the compiled program can be kept on disk)."""
-    @functools.wraps(fn)
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        with checks("nan"):
-            return fn(*args, **kwargs)
-
-    return traced
-
-
-def compiled_unless_traced(function: Any, *args: Any) -> Any:
-    """``function(*args)``: one compiled program for concrete arguments (run eagerly, each of its
-    operations would compile a program of its own, in every process), the plain function inside a
-    caller's trace. The arguments are traced, never baked in: XLA folds no constant, and the result
-    is the eager one's bit for bit (XLA's kernels either way)."""
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-        return function(*args)
-    return _compiled(function)(*args)
-
-
-@bounded(64)
-def _compiled(function: Any) -> Any:
-    return eqx.filter_jit(function)
-
-
-def enclosing_on_error() -> str:
-    """How the checks of the diffpipe program being traced fail; ``"raise"`` outside one."""
-    return _ON_ERROR[-1] if _ON_ERROR else "raise"
-
-
-def error_if(x: Array, pred: Array, message: str) -> Array:
-    """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one)."""
-    return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")
-
-
-def _traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:
-    """The same check inside jit (``error_if``)."""
-    bad = jnp.isnan(x) | (x < 0)
-    if positive:
-        bad = bad | (x <= 0)
-    if not allow_inf:
-        bad = bad | jnp.isinf(x)
-    return error_if(x, jnp.any(bad), f"hardware: {name} must be {'positive' if positive else 'non-negative'}"
-                    f"{'' if allow_inf else ' and finite'}")
-
+from ._cost_model import AbstractCostModel, CostTables
+from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph, compile
+from ._jit_checks import check_values, checked_float, error_if, traced_check
 
 #: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
 SPLIT_UNKNOWN = ("hardware: the schedule splits its backward (I/W ops) but this hardware knows only full "
@@ -172,10 +56,14 @@ def check_split_known(split_known: bool, work: Any) -> None:
     """Raise ``SPLIT_UNKNOWN`` (a ``ConfigError``) when only full backwards are known
     (``split_known`` False) and ``work`` (a ``Schedule`` or a concrete ``Graph``) has ``I`` or
     ``W`` ops: the eager form of ``Hardware.tables``' check, for callers that would otherwise
-    price the ops (a sweep's stacked leaves, an optimizer's workload) without it."""
+    price the ops (a sweep's stacked leaves, an optimizer's workload) without it, and before
+    anything is traced (inside jit it surfaces through a runtime callback, which prints a
+    traceback). A traced graph passes (``tables`` checks it in the program)."""
     if split_known:
         return
     if isinstance(work, Graph):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(work)):
+            return  # a traced graph: ``tables`` checks it inside the program
         rows = np.asarray(work.node_cost[..., 0])
         split = bool(np.any((rows == COST_I) | (rows == COST_W)))
     else:
@@ -223,21 +111,21 @@ class Network(eqx.Module):
         if self.data_parallel_link not in DATA_PARALLEL_LINKS:
             raise ConfigError(f"network: data_parallel_link must be one of {', '.join(DATA_PARALLEL_LINKS)}, "
                               f"got {self.data_parallel_link!r}")
-        _check_values("network latency", self.latency)
-        _check_values("network inter_latency", self.inter_latency)
-        _check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
-        _check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
+        check_values("network latency", self.latency)
+        check_values("network inter_latency", self.inter_latency)
+        check_values("network bandwidth", self.bandwidth, positive=True, allow_inf=True)
+        check_values("network inter_bandwidth", self.inter_bandwidth, positive=True, allow_inf=True)
         if self.pair_latency is not None:
-            _check_values("network pair_latency", self.pair_latency)
+            check_values("network pair_latency", self.pair_latency)
         if self.pair_bandwidth is not None:
-            _check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
+            check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
 
     @classmethod
     def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
                 mode: str | AbstractCommunication = "overlap") -> Network:
         """Every link alike (one node)."""
-        return cls(_float(latency, "latency"), _float(bandwidth, "bandwidth"), _float(latency, "latency"),
-                   _float(bandwidth, "bandwidth"), mode=mode)
+        return cls(checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"),
+                   checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"), mode=mode)
 
     def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
         """``[devices, devices]`` latency and bandwidth of every directed pair."""
@@ -249,9 +137,14 @@ class Network(eqx.Module):
             latency = self._pairs(self.pair_latency, devices, "pair_latency")
         if self.pair_bandwidth is not None:
             bandwidth = self._pairs(self.pair_bandwidth, devices, "pair_bandwidth")
-        latency = _traced_check("network latency", latency)
-        bandwidth = _traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
+        latency = traced_check("network latency", latency)
+        bandwidth = traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
+
+    def compiled(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``compile(schedule)`` for this network's communication mode and topology."""
+        return compile(schedule, communication=self.mode, devices_per_node=self.devices_per_node,
+                       gradient_sync=gradient_sync)
 
     def with_traced_data_parallel(self) -> Network:
         """This network with ``data_parallel`` carried as an array leaf (``replicas``) and the
@@ -280,7 +173,7 @@ class Network(eqx.Module):
 
 def _optional(value: Any, what: str) -> Array | None:
     """An optional float leaf: None stays None (no leaf), anything else becomes a float array."""
-    return None if value is None else _float(value, what)
+    return None if value is None else checked_float(value, what)
 
 
 def _kind_overhead(value: Any, overhead: Any) -> Array | None:
@@ -293,10 +186,10 @@ def _kind_overhead(value: Any, overhead: Any) -> Array | None:
         if unknown:
             raise ConfigError(f"hardware: kind_overhead has unknown kind(s) {unknown}; kinds are "
                               f"{', '.join(OVERHEAD_KINDS)}")
-        default = _float(overhead, "overhead")
-        return jnp.stack([_float(value[k], f"kind_overhead[{k}]") if k in value else default
+        default = checked_float(overhead, "overhead")
+        return jnp.stack([checked_float(value[k], f"kind_overhead[{k}]") if k in value else default
                           for k in OVERHEAD_KINDS])
-    return _float(value, "kind_overhead")
+    return checked_float(value, "kind_overhead")
 
 
 def _required(what: str, name: str, value: Any) -> Any:
@@ -315,8 +208,8 @@ STAGE_FIELDS = ("forward", "input_grad", "weight", "update", "message_bytes", "g
                 "activation_bytes")
 
 
-class Hardware(eqx.Module):
-    """Per-stage compute times, per-microbatch sizes, the network and the memory terms.
+class Hardware(AbstractCostModel):
+    """The built-in cost model: per-stage compute times, per-microbatch sizes, the network and the memory terms.
 
     Times are seconds for a microbatch of relative size 1; bytes are bytes. ``input_grad`` is the
     input-gradient part ``I`` of the backward, ``weight`` the weight-gradient part ``W``; a full
@@ -355,10 +248,10 @@ class Hardware(eqx.Module):
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
-            _check_values(name, getattr(self, name))
+            check_values(name, getattr(self, name))
         for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
             if getattr(self, name) is not None:
-                _check_values(name, getattr(self, name))
+                check_values(name, getattr(self, name))
         fraction = None if self.pair_overlap is None else concrete(self.pair_overlap)
         if fraction is not None and np.any(fraction > 1):
             raise ConfigError(f"hardware: pair_overlap must lie in [0, 1] (the hidden fraction of a pair's shorter "
@@ -366,7 +259,7 @@ class Hardware(eqx.Module):
         if self.kind_overhead is not None and self.kind_overhead.shape[-1:] != (len(OVERHEAD_KINDS),):
             raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
                               f"per kind {', '.join(OVERHEAD_KINDS)}")
-        _check_values("capacity", self.capacity, positive=True, allow_inf=True)
+        check_values("capacity", self.capacity, positive=True, allow_inf=True)
 
     @classmethod
     def from_times(
@@ -403,15 +296,16 @@ class Hardware(eqx.Module):
         ``split_known=False``: only full backwards are known (the class docstring).
         """
         input_grad = _required("hardware", "input_grad", input_grad)
-        zero = _float(0.0)
+        zero = checked_float(0.0)
         return cls(
-            forward=_float(forward, "forward"), input_grad=_float(input_grad, "input_grad"),
-            weight=zero if weight is None else _float(weight, "weight"), update=_float(update, "update"),
-            overhead=_float(overhead, "overhead"), size=_float(size, "size"), message_bytes=zero,
-            gradient_bytes=zero, static_bytes=_float(static_bytes, "static_bytes"),
-            activation_bytes=_float(activation_bytes, "activation_bytes"), capacity=_float(capacity, "capacity"),
-            network=Network(_float(p2p_time, "p2p_time"), _float(math.inf), _float(p2p_time, "p2p_time"),
-                            _float(math.inf), mode=mode),
+            forward=checked_float(forward, "forward"), input_grad=checked_float(input_grad, "input_grad"),
+            weight=zero if weight is None else checked_float(weight, "weight"), update=checked_float(update, "update"),
+            overhead=checked_float(overhead, "overhead"), size=checked_float(size, "size"), message_bytes=zero,
+            gradient_bytes=zero, static_bytes=checked_float(static_bytes, "static_bytes"),
+            activation_bytes=checked_float(activation_bytes, "activation_bytes"),
+            capacity=checked_float(capacity, "capacity"),
+            network=Network(checked_float(p2p_time, "p2p_time"), checked_float(math.inf),
+                            checked_float(p2p_time, "p2p_time"), checked_float(math.inf), mode=mode),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
             setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
@@ -453,6 +347,20 @@ class Hardware(eqx.Module):
             return x
         raise ConfigError(f"hardware: capacity has shape {x.shape}, but the schedule has {graph.devices} devices")
 
+    # -- the cost-model methods beyond ``tables`` (``AbstractCostModel``) ---------------------------
+    @property
+    def dtype(self) -> Any:
+        """The float type of ``forward`` (read on every ``makespan`` call: no tree walk)."""
+        return self.forward.dtype
+
+    def compile_schedule(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``schedule`` compiled for this network's communication mode and topology."""
+        return self.network.compiled(schedule, gradient_sync=gradient_sync)
+
+    def check(self, graph: Graph) -> None:
+        """The eager form of ``tables``' split check (``check_split_known``)."""
+        check_split_known(self.split_known, graph)
+
     def check_graph(self, graph: Graph) -> None:
         """The graph's structure must have been compiled for this network's communication mode."""
         mode, compiled = self.network.mode, graph.communication
@@ -471,7 +379,7 @@ class Hardware(eqx.Module):
     def tables(self, graph: Graph) -> CostTables:
         """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
         self.check_graph(graph)
-        t = {name: _traced_check(name, self.per_stage(name, graph))
+        t = {name: traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
         if not self.split_known:  # only full backwards known: an I or W op has no price
             rows = graph.node_cost[..., 0]
@@ -480,11 +388,11 @@ class Hardware(eqx.Module):
         if self.full_backward is None:
             full = t["input_grad"] + t["weight"]
         else:
-            full = _traced_check("full_backward", self.per_stage("full_backward", graph))
-        msg = _traced_check("message_bytes", self.per_stage("message_bytes", graph))
-        grad_bytes = _traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
-        size = _traced_check("size", self.per_microbatch(graph))
-        overhead = _traced_check("overhead", self.overhead)
+            full = traced_check("full_backward", self.per_stage("full_backward", graph))
+        msg = traced_check("message_bytes", self.per_stage("message_bytes", graph))
+        grad_bytes = traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
+        size = traced_check("size", self.per_microbatch(graph))
+        overhead = traced_check("overhead", self.overhead)
         # The hardware's topology decides which links are inter-node; under contention the graph's
         # lanes were built for it too (check_graph above).
         per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
@@ -521,7 +429,7 @@ class Hardware(eqx.Module):
         per_kind = jnp.stack([t["forward"], full, t["input_grad"], t["weight"]])
         op_overhead = jnp.broadcast_to(overhead, (len(OVERHEAD_KINDS),))
         if self.kind_overhead is not None:
-            op_overhead = _traced_check("kind_overhead", self._checked_kind_overhead())
+            op_overhead = traced_check("kind_overhead", self._checked_kind_overhead())
         every = op_overhead[jnp.clip(kind - COST_F, 0, 3)]
         base = jnp.select([compute, kind == COST_U, kind == COST_R, kind == COST_T],
                           [every, overhead + t["update"][p, s], allreduce, t_base], 0.0)
@@ -541,7 +449,7 @@ class Hardware(eqx.Module):
         return CostTables(base, per, e_base, e_per, size)
 
     def _checked_overlap(self, graph: Graph) -> Array:
-        x = _traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
+        x = traced_check("pair_overlap", self.per_stage("pair_overlap", graph))
         return error_if(x, jnp.any(x > 1), "hardware: pair_overlap must lie in [0, 1]")
 
     def _checked_kind_overhead(self) -> Array:
@@ -555,7 +463,7 @@ class Hardware(eqx.Module):
             value = getattr(self, name)
             if value is None:
                 return jnp.zeros(role.shape, self.overhead.dtype)
-            return jnp.where((role & bit) != 0, _traced_check(name, value), 0.0)
+            return jnp.where((role & bit) != 0, traced_check(name, value), 0.0)
 
         return term("setup", ROLE_SOURCE), term("wind_down", ROLE_SINK)
 
@@ -568,31 +476,6 @@ class Hardware(eqx.Module):
         """Duration of every node and delay of every edge of ``graph`` under this hardware."""
         dur, delay = self.tables(graph).batch_last().expand(graph)
         return dur[:, 0], delay[:, :, 0]
-
-
-class CostTables(eqx.Module):
-    """Cost rows of a graph under one hardware (or a batch, along the last axis after
-    ``batch_last``): a node lasts ``base[row] + size[microbatch] * per_size[row]``, a transfer edge
-    delays by ``edge_base[row] + size[microbatch] * edge_per_size[row]``."""
-
-    base: Float[Array, "costs ..."]
-    per_size: Float[Array, "costs ..."]
-    edge_base: Float[Array, "edge_costs ..."]
-    edge_per_size: Float[Array, "edge_costs ..."]
-    size: Float[Array, "microbatches ..."]
-
-    def batch_last(self, batched: bool = False) -> CostTables:
-        """Unbatched tables get a trailing batch axis of 1; batched ones (leading axis) move it last."""
-        if batched:
-            return jax.tree.map(lambda x: jnp.moveaxis(x, 0, -1), self)
-        return jax.tree.map(lambda x: x[..., None], self)
-
-    def expand(self, graph: Graph) -> tuple[Float[Array, "nodes batch"], Float[Array, "nodes k batch"]]:
-        """Per-node durations and per-edge delays (batch last)."""
-        size = self.size[graph.microbatch]
-        dur = self.base[graph.node_row] + size * self.per_size[graph.node_row]
-        delay = self.edge_base[graph.edge_row] + size[:, None, :] * self.edge_per_size[graph.edge_row]
-        return dur, delay
 
 
 #: Optional per-stage ``Hardware`` leaves (None unless given), ``[pipelines, stages]`` once normalised.

@@ -38,9 +38,10 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_int, is_number
 from .._errors import ConfigError
+from ._cost_model import CostTables
 from ._evaluate import batched_makespan
 from ._graph import KIND_CODES, Graph
-from ._hardware import CostTables, Hardware
+from ._hardware import Hardware
 
 #: The op kinds that jitter, in the order of ``Jitter.cv``.
 JITTER_KINDS = ("F", "B", "I", "W")

@@ -27,10 +27,11 @@ from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
-from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph, compile
-from ._hardware import CostTables, Hardware, check_split_known, checks, enclosing_on_error, error_if, on_error_for
+from ._graph import EDGE_ACTIVATION, EDGE_GRADIENT, KIND_CODES, PAD, Graph
+from ._jit_checks import checks, enclosing_on_error, error_if, on_error_for
 
 
 def _temperature(temperature: Any, dtype) -> Array | None:
@@ -54,22 +55,20 @@ def _temperature(temperature: Any, dtype) -> Array | None:
 _RUNTIME_MESSAGE = re.compile(r"EquinoxRuntimeError: (.+)")
 
 
-def _checked(fn, hw: Hardware, on_error: str, total=lambda out: out):
+def _checked(fn, hw: AbstractCostModel, on_error: str, total=lambda out: out):
     """``fn()``; a check that failed inside jit (``eqx.error_if``) becomes a one-line
     ``ConfigError``, naming the value too when ``hw`` is concrete (its eager checks rerun). A
-    program traced with ``on_error="nan"`` (``_hardware.checks``: concrete inputs) reports a failed
+    program traced with ``on_error="nan"`` (``_jit_checks.checks``: concrete inputs) reports a failed
     check as a NaN makespan (``total(out)``): the eager checks then name the culprit."""
     try:
         out = fn(on_error=on_error)
     except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError) as error:
         if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
-            hw.network.__check_init__()
-            hw.__check_init__()  # raises ConfigError with the culprit and its value
+            hw.recheck()  # raises ConfigError with the culprit and its value
         found = _RUNTIME_MESSAGE.findall(str(error))
         raise ConfigError(found[-1].strip() if found else str(error).splitlines()[0]) from None
     if on_error == "nan" and not isinstance(total(out), jax.core.Tracer) and np.isnan(np.asarray(total(out))).any():
-        hw.network.__check_init__()
-        hw.__check_init__()
+        hw.recheck()
     return out
 
 
@@ -78,26 +77,19 @@ def _check_types(graph: Any, hw: Any) -> None:
         raise ConfigError("makespan expects a Graph: call diffpipe.compile(schedule) first")
     if not isinstance(graph, Graph):
         raise ConfigError(f"expected a Graph, got {type(graph).__name__}")
-    if not isinstance(hw, Hardware):
-        raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
-    _check_split(graph, hw)
+    if not isinstance(hw, AbstractCostModel):
+        raise ConfigError(f"expected a Hardware (or another AbstractCostModel), got {type(hw).__name__}")
+    type(hw).check(hw, graph)  # not ``hw.check``: equinox builds a bound-method module per access (hot path)
 
 
-def _check_split(graph: Graph, hw: Hardware) -> None:
-    """The eager form of ``Hardware.tables``' split check on a concrete graph: its one line, before
-    anything is traced (inside jit it surfaces through a runtime callback, which prints a traceback)."""
-    if not hw.split_known and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph)):
-        check_split_known(False, graph)
-
-
-def _tables(graph: Graph, hw: Hardware, batched: bool) -> CostTables:
+def _tables(graph: Graph, hw: AbstractCostModel, batched: bool) -> CostTables:
     """The hardware's cost tables for ``graph``, batch last (a batch of one when not ``batched``)."""
     if not batched:
         return hw.tables(graph).batch_last()
     return jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
 
 
-def _evaluate_makespan(graph: Graph, hw: Hardware, temperature: Array | None, batched: bool,
+def _evaluate_makespan(graph: Graph, hw: AbstractCostModel, temperature: Array | None, batched: bool,
                        adjoint: AbstractAdjoint, on_error: str = "raise") -> Array:
     with checks(on_error):
         out = batched_makespan(graph, _tables(graph, hw, batched), temperature, adjoint)
@@ -145,7 +137,7 @@ def _baked(graph: Graph):
 
 def makespan(
     graph: Graph,
-    hw: Hardware,
+    hw: AbstractCostModel,
     *,
     temperature: float | Array | None = None,
     batched: bool = False,
@@ -155,7 +147,8 @@ def makespan(
 
     Args:
         graph: from ``diffpipe.compile``.
-        hw: a ``Hardware``; with ``batched=True`` every leaf carries a leading batch axis.
+        hw: a ``Hardware``, or any other cost model (``AbstractCostModel``); with
+            ``batched=True`` every leaf carries a leading batch axis.
         temperature: ``None`` for the exact max-plus makespan; a positive value smooths every
             max (log-sum-exp), giving a differentiable upper bound that tends to the exact value.
         batched: evaluate a batch of hardware in one call (fastest way to run many what-ifs).
@@ -173,7 +166,7 @@ def makespan(
         if None in sizes or len(sizes) != 1:
             raise ConfigError("batched=True needs every Hardware leaf to carry the same leading batch axis "
                               "(build it with jax.vmap(Hardware.from_times))")
-    tau, adjoint = _temperature(temperature, hw.forward.dtype), as_adjoint(adjoint)
+    tau, adjoint = _temperature(temperature, hw.dtype), as_adjoint(adjoint)
     if (batched or graph.kind.shape[-1] > _BAKED_ROWS  # overhead amortised by the evaluation
             or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(graph))):  # e.g. vmapped stacked graphs
         return _checked(partial(_makespan, graph, hw, tau, batched, adjoint), hw, enclosing_on_error())
@@ -182,7 +175,7 @@ def makespan(
     return _checked(partial(_baked(graph), hw, tau, adjoint=adjoint, batched=batched), hw, enclosing_on_error())
 
 
-def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
+def peak_memory(graph: Graph, hw: AbstractCostModel) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
     """Per device: peak bytes (static + stored activations) and peak stored-activation count.
 
     Exact and independent of timing: a device runs its order sequentially, so the peak is the
@@ -194,7 +187,7 @@ def peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], F
     return _peak_memory_compiled(graph, hw)
 
 
-def _peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
+def _peak_memory(graph: Graph, hw: AbstractCostModel) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
     act = hw.per_stage("activation_bytes", graph)
     size = hw.per_microbatch(graph)
     nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
@@ -207,10 +200,11 @@ def _peak_memory(graph: Graph, hw: Hardware) -> tuple[Float[Array, " devices"], 
     return static_memory(graph, hw) + peak_bytes, peak_count
 
 
-def static_memory(graph: Graph, hw: Hardware) -> Float[Array, " devices"]:
+def static_memory(graph: Graph, hw: AbstractCostModel) -> Float[Array, " devices"]:
     """Per device, the bytes held for the whole step: each stage's ``static_bytes`` times the
     weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""
-    static = hw.per_stage("static_bytes", graph) * graph.versions.astype(hw.static_bytes.dtype)
+    static = hw.per_stage("static_bytes", graph)
+    static = static * graph.versions.astype(static.dtype)
     return jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
 
 
@@ -295,23 +289,24 @@ class GraphTimes(NamedTuple):
     step_finish: Float[Array, " steps"]
 
 
-def simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None = None) -> GraphTimes:
+def simulate_graph(graph: Graph, hw: AbstractCostModel, temperature: Array | None = None) -> GraphTimes:
     """One step of ``graph`` on ``hw``, every node of it: the jitted core of ``simulate``, for
     callers that need the nodes a schedule does not list (``compile(..., gradient_sync=True)``'s
     ``R`` and ``U``: ``viz``) or a vmapped batch of hardware (``plan``). No eager checks of the
     arguments (``simulate`` does them). A check failing inside jit is a one-line ``ConfigError``."""
-    _check_split(graph, hw)
+    hw.check(graph)
     return _checked(partial(_simulate_graph, graph, hw, temperature), hw, on_error_for(hw, temperature),
                     lambda out: out.makespan)
 
 
 @eqx.filter_jit
-def _simulate_graph(graph: Graph, hw: Hardware, temperature: Array | None, on_error: str = "raise") -> GraphTimes:
+def _simulate_graph(graph: Graph, hw: AbstractCostModel, temperature: Array | None,
+                    on_error: str = "raise") -> GraphTimes:
     with checks(on_error):
         return _simulate_graph_checked(graph, hw, temperature)
 
 
-def _simulate_graph_checked(graph: Graph, hw: Hardware, temperature: Array | None) -> GraphTimes:
+def _simulate_graph_checked(graph: Graph, hw: AbstractCostModel, temperature: Array | None) -> GraphTimes:
     tables = _tables(graph, hw, False)
     dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
@@ -340,17 +335,16 @@ def _simulate_graph_checked(graph: Graph, hw: Hardware, temperature: Array | Non
     return GraphTimes(finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish)
 
 
-def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | None = None,
+def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: float | None = None,
              gradient_sync: bool = False) -> Result:
     """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``;
     ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and updates; the
     per-op arrays stay those of the schedule's ops)."""
-    if not isinstance(hw, Hardware):
-        raise ConfigError(f"simulate expects a Hardware, got {type(hw).__name__}")
+    if not isinstance(hw, AbstractCostModel):
+        raise ConfigError(f"simulate expects a Hardware (or another AbstractCostModel), got {type(hw).__name__}")
     ops = stale = None
     if isinstance(schedule, Schedule):
-        graph = compile(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
-                        gradient_sync=gradient_sync)
+        graph = hw.compile_schedule(schedule, gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
         if gradient_sync:
@@ -360,7 +354,7 @@ def simulate(schedule: Schedule | Graph, hw: Hardware, *, temperature: float | N
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
     start, finish, total, busy, bubble, memory, count, volume, step_finish = simulate_graph(
-        graph, hw, _temperature(temperature, hw.forward.dtype))
+        graph, hw, _temperature(temperature, hw.dtype))
     index = np.asarray(graph.op_index)
     rows = np.flatnonzero(index >= 0)
     order = rows[np.argsort(index[rows])]

@@ -34,7 +34,8 @@ from jaxtyping import Array, Float
 
 from .._caches import bounded
 from .._checks import is_positive_int
-from .._engine._hardware import STAGE_FIELDS, Hardware, compiled_unless_traced
+from .._engine._hardware import STAGE_FIELDS, Hardware
+from .._engine._jit_checks import compiled_unless_traced
 from .._errors import ConfigError
 from .._model._transformer import Transformer
 from .._partition import partition, uniform_partition

@@ -39,7 +39,8 @@ from jax import lax
 
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
-from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known, nan_checked
+from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known
+from .._engine._jit_checks import nan_checked
 from .._engine._simulate import makespan, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition

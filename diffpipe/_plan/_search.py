@@ -36,8 +36,10 @@ rejected. The search:
 An infeasible request raises ``ConfigError`` with one line naming the smallest change that makes
 it feasible (more GPUs, recomputation, a larger tensor size, ZeRO, a divisible batch, ...).
 
-Why one module past 500 lines: the four steps of the search share the per-variant cost caches and
-closed forms that make it fast.
+The search space is ``_space`` (candidates, default sizes), the closed forms ``_bounds``, the
+answer ``_table`` (``PlanTable``). Why this module is past 500 lines: ``_search`` is one pass whose
+four steps share its state (per-plan caches, bounds, the running best), which ``plan``, the
+infeasibility answer and the balancing wrap.
 """
 
 from __future__ import annotations
@@ -45,11 +47,9 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
-import shlex
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import equinox as eqx
@@ -59,349 +59,40 @@ import numpy as np
 
 from .. import schedules
 from .._arrays import power_of_two
-from .._caches import BoundedDict, bounded
-from .._checks import check_int, check_number, is_int
+from .._checks import check_int, check_number
 from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._graph import Graph, bucketed
-from .._engine._hardware import nan_checked, pad_hardware
+from .._engine._hardware import pad_hardware
+from .._engine._jit_checks import nan_checked
 from .._engine._simulate import simulate_graph
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
-from .._model._kernels import kernel_times
-from .._model._transformer import Transformer, stage_of_layers
+from .._model._transformer import Transformer
 from .._optimize._knobs import StageBalance
 from .._optimize._optimize import optimize
 from .._progress import Progress
-from .._results import csv_text, json_text, markdown_table
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
-from .._workload._parallel import CommunicationOverlap, Parallelism, parallel_costs, placement
+from .._workload._parallel import placement
 from ..schedules._analysis import peak_activations
+from ._bounds import COSTS, Costs, closed_form, cluster_key
 from ._configuration import HEADROOM, Configuration
-from ._export import EXPORT_TARGETS, Launch, export_problem, megatron_args, megatron_overlap_args, torchtitan_toml
+from ._export import EXPORT_TARGETS, export_problem
+from ._space import (
+    CHUNK_ONE_IS_OTHER,
+    DEFAULT_FAMILIES,
+    DEFAULT_MICROBATCH_SIZES,
+    DEFAULT_VIRTUAL,
+    Candidate,
+    checked_values,
+    context_sizes,
+    divisors,
+    family_shape,
+)
+from ._table import PlanTable, ranked
 
-#: Families searched by default: synchronous single-pipeline schedules a framework runs
-#: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).
-DEFAULT_FAMILIES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
-DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
-DEFAULT_VIRTUAL = (2, 4)
-#: Context parallelism is searched by default from this sequence length on (below it, sizes 1 only):
-#: the published recipes that split the sequence start at 16,384 tokens (NeMo's Llama 3 8B 16k: CP 2).
-CONTEXT_SEQUENCE = 16384
-#: The fewest tokens per context rank the default search goes down to: context sizes are the powers of
-#: two ``c`` with ``sequence / c >= CONTEXT_MIN_TOKENS`` (and ``sequence`` a multiple of ``2c``). Below
-#: a few thousand tokens a ring step's attention kernel no longer hides its K,V transfer across nodes
-#: and the matmuls' rows shrink; the published long-sequence recipes keep 8,192 to 16,384 per rank.
-CONTEXT_MIN_TOKENS = 4096
-#: Families whose ``chunks = 1`` is another family (interleaved-1f1b is 1f1b, looped-bfs is gpipe).
-_CHUNK_ONE_IS_OTHER = ("interleaved-1f1b", "looped-bfs")
 #: Relative slack on the step-time bound (float32 simulation against float64 closed forms).
 _BOUND_SLACK = 1e-4
-#: Step times within this relative distance of the fastest of their run are a tie, ranked by memory
-#: per GPU, then by GPUs per model replica (tensor x pipeline): a row 0.05% faster for 20 GB more
-#: memory is not the one a practitioner picks, and the simulator is not that accurate.
-TIE = 1e-3
-#: The Markdown table's legend (its units and what ``comm`` and ``bubble`` are).
-LEGEND = ("step: seconds per optimizer step; MFU: model FLOPs over the GPUs' dense BF16 peak (%); mem/GPU: the peak "
-          "over pipeline ranks (GB, 10^9 bytes); bubble: share of the step a GPU idles (%; pipeline fill and drain, "
-          "and the gradient sync and optimizer step the backward does not hide); comm: share of the step in the "
-          "tensor-, context- (the K,V ring, beyond the attention it overlaps), expert- and ZeRO-3 collectives inside "
-          "ops (%); cp: context-parallel size; family '-': no pipeline (PP1)")
-
-COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "expert_tensor", "microbatch_size",
-           "microbatches",
-           "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
-           "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
-           "communication_share", "bound")
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    family: str
-    tensor: int
-    pipeline: int
-    data: int
-    virtual: int
-    expert: int
-    microbatch_size: int
-    recompute: str
-    zero: int
-    sequence_parallel: bool
-    context: int = 1
-    expert_tensor: int | None = None
-
-    def parallelism(self) -> Parallelism:
-        return Parallelism(tensor=self.tensor, pipeline=self.pipeline, data=self.data, virtual=self.virtual,
-                           expert=self.expert, zero=self.zero, sequence_parallel=self.sequence_parallel,
-                           context=self.context, expert_tensor=self.expert_tensor)
-
-
-@dataclass(frozen=True)
-class PlanTable:
-    """What ``plan`` found: the evaluated configurations, fastest first, and the rejections.
-
-    Attributes:
-        rows: one dict per evaluated configuration that fits (``COLUMNS``; seconds, bytes), sorted
-            by ``step_time``; balanced splits (``balanced=True``) are rows of their own. ``bound`` is
-            the closed-form lower bound on the step time of the uniform split (module docstring).
-        rejected: reason -> count (``tensor``, ``batch``, ``stages``, ``schedule``, ``memory``,
-            ``memory (simulated)``, ``bound``).
-        explored: configurations enumerated (every combination of the search axes).
-        simulated: configurations the exact simulator evaluated.
-        seconds: wall time per phase: ``enumerate`` (enumeration and closed forms), ``evaluate``
-            (of which ``graphs``: schedule compilation, ``hardware``: building each member's
-            ``Hardware``, ``simulate``: the batched exact simulation, its XLA compilation included),
-            ``balance``, ``total``.
-        model, cluster, global_batch: the request.
-    """
-
-    rows: tuple[dict[str, Any], ...]
-    rejected: dict[str, int]
-    explored: int
-    simulated: int
-    seconds: dict[str, float]
-    model: Transformer
-    cluster: Cluster
-    global_batch: int
-    communication: str = "overlap"
-    headroom: float = HEADROOM
-    framework: Framework | None = None
-
-    @property
-    def best(self) -> dict[str, Any]:
-        """The fastest configuration that fits (within ``TIE`` of the fastest evaluated one, the
-        least memory among those)."""
-        return self.rows[0]
-
-    def _row(self, i: Any) -> dict[str, Any]:
-        if not is_int(i) or not -len(self.rows) <= i < len(self.rows):
-            raise ConfigError(f"plan table: row i must be an integer in [0, {len(self.rows)}), got {i!r}")
-        return self.rows[i]
-
-    def model_of(self, i: int = 0) -> Transformer:
-        """The ``Transformer`` of row ``i`` (its microbatch size and recomputation)."""
-        row = self._row(i)
-        return dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
-
-    def megatron_args(self, i: int = 0) -> list[str]:
-        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``), and the
-        overlap flags of the framework the plan priced (``megatron_overlap_args``)."""
-        return megatron_args(self.launch(i), self.model_of(i)) + megatron_overlap_args(self.framework,
-                                                                                       self.parallelism(i))
-
-    def export(self, framework: str) -> tuple[int, str]:
-        """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the
-        model's shape included, one shell line; ``torchtitan``: its TOML; ``csv``: the torch CSV of
-        the schedule) and that export; ``ConfigError`` naming the first refusal when no row exports."""
-        exporters = {"megatron": lambda i: shlex.join(self.megatron_args(i)) + "\n",
-                     "torchtitan": lambda i: torchtitan_toml(self.launch(i)),
-                     "csv": lambda i: schedules.to_torch_csv(self.configuration(i).schedule())}
-        if framework not in exporters:
-            raise ConfigError(f"plan table: export format must be one of {', '.join(exporters)}, got {framework!r}")
-        first = None
-        for i in range(len(self.rows)):  # e.g. Megatron-LM runs no zb-h1: the fastest row it runs
-            try:
-                return i, exporters[framework](i)
-            except (ConfigError, ScheduleError) as error:
-                first = first or error
-        raise ConfigError(f"plan: no evaluated configuration exports to {framework} ({first})")
-
-    def configuration(self, i: int = 0) -> Configuration:
-        """Row ``i`` as a ``Configuration`` (``.evaluate()`` reproduces its numbers)."""
-        row = self._row(i)
-        model = self.model_of(i)
-        return Configuration(model, self.parallelism(i), self.cluster, self.global_batch, schedule=row["family"],
-                             communication=self.communication, layers_per_stage=row["layers_per_stage"],
-                             framework=self.framework)
-
-    def parallelism(self, i: int = 0) -> Parallelism:
-        """The ``Parallelism`` of row ``i``."""
-        row = self._row(i)
-        sizes = {f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row}
-        if sizes.get("expert_tensor") == row["tensor"]:
-            sizes["expert_tensor"] = None  # the default: the tensor size
-        return Parallelism(**sizes)
-
-    def launch(self, i: int = 0) -> Launch:
-        """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
-        row = self._row(i)
-        return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
-                      global_batch=self.global_batch, sequence=self.model.sequence,
-                      layers_per_stage=row["layers_per_stage"], recompute=row["recompute"])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "gpus": self.cluster.gpus,
-                "framework": "none" if self.framework is None else self.framework.name, "explored": self.explored,
-                "simulated": self.simulated, "rejected": dict(self.rejected), "seconds": dict(self.seconds),
-                "rows": [dict(r, layers_per_stage=list(r["layers_per_stage"])) for r in self.rows]}
-
-    def to_json(self, path: Any = None, indent: int | None = 2) -> str:
-        return json_text(self.to_dict(), path, indent)
-
-    def to_csv(self, path: Any = None) -> str:
-        rows = [[" ".join(map(str, r[c])) if c == "layers_per_stage" else r[c] for c in COLUMNS] for r in self.rows]
-        return csv_text(COLUMNS, rows, path)
-
-    def cells(self, top: int | None = 10) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-        """The header and cells of the first ``top`` rows (all when None), as ``to_markdown`` shows them."""
-        header = ("family", "tp", "cp", "pp", "dp", "v", "ep", "mbs", "recompute", "zero", "sp", "step (s)",
-                  "tok/s/GPU", "MFU (%)", "mem/GPU (GB)", "bubble (%)", "comm (%)")
-        cells = []
-        for r in self.rows[: top if top is not None else len(self.rows)]:
-            family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            et = r.get("expert_tensor", r["tensor"])
-            ep = r["expert"] if et == r["tensor"] else f"{r['expert']} (etp {et})"
-            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], ep,
-                          r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
-                          f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
-                          f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
-                          f"{100 * r['communication_share']:.1f}"))
-        return header, cells
-
-    def to_markdown(self, top: int | None = 10) -> str:
-        """The first ``top`` rows (all when None) and the rejection counts, as Markdown."""
-        return markdown_table(*self.cells(top)) + "\n" + self.notes()
-
-    def notes(self) -> str:
-        """What follows the table: the columns' legend, the fit rule, the counts and the rejections."""
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejected.items()))
-        capacity = float(self.cluster.device.memory)
-        return (f"{LEGEND}; fits: at most {capacity * (1 - self.headroom) / 1e9:.1f} GB of "
-                f"{capacity / 1e9:.0f} GB ({self.headroom:.0%} kept free)\n{self.explored} configurations explored, "
-                f"{self.simulated} simulated; rejected: {reasons or 'none'}\n")
-
-
-# -- enumeration ---------------------------------------------------------------------------------------
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending, in O(sqrt n) steps."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
-
-
-@bounded(64)
-def _family_shape(family: str) -> tuple[bool, int, str]:
-    """(takes chunks, stages per device without chunks, placement style ``loop`` or ``v``) of a family."""
-    fam = schedules.family(family)
-    chunks = "chunks" in fam.option_names
-    probe = schedules.get(family, devices=4, microbatches=8)
-    per = probe.stages // probe.devices
-    devices = [probe.placement.device(0, s) for s in range(probe.stages)]
-    style = "v" if per == 2 and devices[:8] == [0, 1, 2, 3, 3, 2, 1, 0] else "loop"
-    return chunks, per, style
-
-
-def _stage_devices(style: str, pipeline: int, stages: int) -> np.ndarray:
-    s = np.arange(stages)
-    if style == "v":
-        return np.where(s < pipeline, s, 2 * pipeline - 1 - s)
-    return s % pipeline
-
-
-def _values(name: str, value: Any, allowed: Sequence[Any] | None = None) -> tuple:
-    items = tuple(value) if isinstance(value, (list, tuple, set, frozenset)) else (value,)
-    if not items:
-        raise ConfigError(f"plan: {name} has no values")
-    if allowed is not None:
-        for v in items:
-            if v not in allowed:
-                raise ConfigError(f"plan: {name} {v!r} is not one of {', '.join(map(str, allowed))}")
-    return items
-
-
-class _Costs:
-    """The closed-form per-layer numbers of one (model variant, tensor, expert, data, ZeRO, SP), in
-    float64 numpy: F and I with the collectives they wait for, the whole F + I + W work, the optimizer
-    step, static and activation bytes. Only bounds are computed from them (never a reported number).
-    With a ``framework``, each group's collectives count only the share its overlap can never hide
-    (``_exposed_at_least``), so the bound stays below the step the ``Configuration`` prices."""
-
-    def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str],
-                 framework: Framework | None = None):
-        if framework is not None:
-            model = framework.model(model)
-        costs = parallel_costs(model, par)
-        least = _exposed_at_least(None if framework is None else framework.overlap(model, par))
-        key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, _cluster_key(cluster))
-        if key not in _TIMES:
-            if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
-                times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
-            else:
-                times = costs.costs.times(cluster.device)
-            _TIMES[key] = tuple(np.asarray(x, np.float64) for x in times)
-        f, i, w = _TIMES[key]
-        comm = np.zeros((3, model.layers + 2))
-        for group, link in links.items():  # Configuration.collective_seconds, in numpy
-            if group not in costs.collective_bytes:
-                continue  # the context ring: what it exposes is >= 0, left out of the lower bound
-            bandwidth, latency = (float(x) for x in cluster.link(link))
-            seconds = costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
-            comm = comm + least.get(group, 1.0) * seconds
-        self.forward = f + comm[0]
-        self.work = self.forward + i + comm[1] + w + comm[2]
-        bandwidth = float(cluster.memory_bandwidth)
-        if cluster.device.kernels is not None:
-            bandwidth *= float(cluster.device.kernels.memory_efficiency)
-        self.update = np.asarray(costs.update_bytes, np.float64) / bandwidth
-        self.static = np.asarray(costs.static_bytes, np.float64)
-        self.activation = np.asarray(costs.activation_bytes, np.float64)
-        self.shared_static = float(costs.shared_static_bytes)
-
-
-def _exposed_at_least(overlap: CommunicationOverlap | None) -> dict[str, float]:
-    """The smallest share of each collective group's time that ``overlap`` leaves on the step
-    (``Configuration.exposed_collectives``): the tensor collectives ``1 - tensor + contention x tensor``;
-    the ZeRO-3 gathers (group ``data``), prefetched, at least their contention (all hidden); the expert
-    all-to-alls in full."""
-    if overlap is None:
-        return {}
-    out = {"tensor": 1.0 - overlap.tensor + overlap.contention * overlap.tensor}
-    if overlap.prefetch:
-        out["data"] = overlap.contention
-    return out
-
-
-#: Bounded caches across plans (warm plans skip the per-variant cost tables): model variant and
-#: parallel sizes and the cluster's values -> ``_Costs``; model variant and tensor -> op seconds.
-CACHE_SIZE = 50_000
-_COSTS: BoundedDict = BoundedDict(CACHE_SIZE)
-_TIMES: BoundedDict = BoundedDict(CACHE_SIZE)
-
-
-def _cluster_key(cluster: Cluster) -> tuple:
-    leaves = (cluster.device.peak_flops, cluster.device.efficiency, cluster.device.memory, cluster.intra_bandwidth,
-              cluster.intra_latency, cluster.inter_bandwidth, cluster.inter_latency, cluster.memory_bandwidth)
-    return (cluster.device.name, cluster.gpus, cluster.devices_per_node, *(float(x) for x in leaves))
-
-
-def _stage_sums(values: np.ndarray, rows: np.ndarray, stages: int) -> np.ndarray:
-    return np.bincount(rows, weights=values, minlength=stages)
-
-
-def _closed_form(k: _Costs, model: Transformer, pipeline: int, virtual: int, style: str,
-                 split_rows: dict[int, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Per pipeline rank, under the uniform split: static bytes, the smallest stage's activations
-    (one microbatch), the forward of microbatch 0 before its first stage, per-microbatch work (F + I +
-    W with collectives) and the optimizer step (seconds)."""
-    stages = pipeline * virtual
-    if stages not in split_rows:
-        split_rows[stages] = stage_of_layers(model, stages)
-    rows = split_rows[stages]
-    device_of = _stage_devices(style, pipeline, stages)
-    static = _stage_sums(k.static, rows, stages)
-    if stages == 1:
-        static = static - k.shared_static
-    act = _stage_sums(k.activation, rows, stages)
-    dev_static = np.bincount(device_of, weights=static, minlength=pipeline)
-    dev_act = np.full(pipeline, np.inf)
-    np.minimum.at(dev_act, device_of, act)
-    first = np.full(pipeline, stages)
-    np.minimum.at(first, device_of, np.arange(stages))
-    before = np.concatenate([[0.0], np.cumsum(_stage_sums(k.forward, rows, stages))])[first]
-    work = np.bincount(device_of, weights=_stage_sums(k.work, rows, stages), minlength=pipeline)
-    update = np.bincount(device_of, weights=_stage_sums(k.update, rows, stages), minlength=pipeline)
-    return dev_static, dev_act, before, work, update
 
 
 # -- evaluation -----------------------------------------------------------------------------------------
@@ -452,7 +143,7 @@ def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memo
     return {name: figures[name] for name in FIGURES}
 
 
-def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
+def _row(c: Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
     return {"family": c.family, "tensor": c.tensor, "context": c.context, "pipeline": c.pipeline, "data": c.data,
             "virtual": c.virtual,
             "expert": c.expert, "expert_tensor": c.tensor if c.expert_tensor is None else c.expert_tensor,
@@ -654,24 +345,24 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
         raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
-    families = _values("families", families)
+    families = checked_values("families", families)
     for f in families:
         try:
             schedules.family(f)
         except ScheduleError as error:
             raise ConfigError(f"plan: {error}") from None
-    recompute = _values("recompute", recompute, RECOMPUTE)
-    zero = _values("zero", zero, ZERO_STAGES)
-    sps = _values("sequence_parallel", sequence_parallel, (True, False))
-    sizes = tuple(check_int("plan: microbatch size", b) for b in _values("microbatch_sizes", microbatch_sizes))
-    if virtual is not None and not any(_family_shape(f)[0] for f in families):
+    recompute = checked_values("recompute", recompute, RECOMPUTE)
+    zero = checked_values("zero", zero, ZERO_STAGES)
+    sps = checked_values("sequence_parallel", sequence_parallel, (True, False))
+    sizes = tuple(check_int("plan: microbatch size", b) for b in checked_values("microbatch_sizes", microbatch_sizes))
+    if virtual is not None and not any(family_shape(f)[0] for f in families):
         raise ConfigError(f"plan: virtual={virtual!r} cannot take effect: none of {', '.join(families)} takes "
                           "chunks (e.g. interleaved-1f1b does)")
-    virtuals = tuple(check_int("plan: virtual", v) for v in _values("virtual", DEFAULT_VIRTUAL if virtual is None
+    virtuals = tuple(check_int("plan: virtual", v) for v in checked_values("virtual", DEFAULT_VIRTUAL if virtual is None
                                                                      else virtual))
-    contexts = _contexts(model, context)
+    contexts = context_sizes(model, context)
     if expert is not None:
-        experts_given = [check_int("plan: expert", e) for e in _values("expert", expert)]
+        experts_given = [check_int("plan: expert", e) for e in checked_values("expert", expert)]
         if model.experts == 1 and experts_given != [1]:
             raise ConfigError(f"plan: expert={expert!r} needs a mixture-of-experts model (this one is dense)")
         for e in experts_given:
@@ -679,13 +370,13 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
     if expert_tensor is not None:
-        expert_tensors = [check_int("plan: expert_tensor", x) for x in _values("expert_tensor", expert_tensor)]
+        expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
             raise ConfigError(f"plan: expert_tensor={expert_tensor!r} needs a mixture-of-experts model (this one "
                               "is dense)")
     g, node = cluster.gpus, cluster.devices_per_node
-    tensors = [check_int("plan: tensor", t) for t in _values("tensor", tensor)] if tensor is not None else [
-        t for t in _divisors(node) if g % t == 0]
+    tensors = [check_int("plan: tensor", t) for t in checked_values("tensor", tensor)] if tensor is not None else [
+        t for t in divisors(node) if g % t == 0]
     if tuple(sps) == (True,) and all(t == 1 for t in tensors):
         raise ConfigError("plan: sequence_parallel=True needs a tensor size above 1 (it splits the tensor group); "
                           f"tensor sizes searched: {', '.join(map(str, tensors))}")
@@ -696,10 +387,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     rejected: Counter = Counter()
     export_reasons: Counter = Counter()
     explored = 0
-    candidates: list[_Candidate] = []
+    candidates: list[Candidate] = []
     for t in tensors:
-        pipelines = [check_int("plan: pipeline", p) for p in _values("pipeline", pipeline)] if pipeline is not None \
-            else [p for p in _divisors(g // t) if p <= model.layers] if g % t == 0 else []
+        pipelines = [check_int("plan: pipeline", p) for p in checked_values("pipeline", pipeline)] \
+            if pipeline is not None else [p for p in divisors(g // t) if p <= model.layers] if g % t == 0 else []
         for p, cp in ((p, cp) for p in pipelines for cp in contexts):
             if g % (t * p):
                 explored += 1
@@ -718,8 +409,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                     continue
                 folded = t * cp * d // (t if et is None else et)  # the ranks an expert group may span
                 experts = [1] if model.experts == 1 else (
-                    [e for e in _divisors(d if et is None else folded) if model.experts % e == 0] if expert is None
-                    else list(_values("expert", expert)))
+                    [e for e in divisors(d if et is None else folded) if model.experts % e == 0] if expert is None
+                    else list(checked_values("expert", expert)))
                 for e in experts:
                     if folded % e:
                         explored += 1
@@ -728,14 +419,14 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                         splits.append((e, et))
             shapes = []
             for f in families:
-                chunks, per, _ = _family_shape(f)
+                chunks, per, _ = family_shape(f)
                 if p == 1:  # no pipeline: every family is the same run; keep one
                     if f == families[0]:
                         shapes.append((f, 1))
                     continue
                 if chunks:
-                    shapes += [(f, v) for v in virtuals if not (v == 1 and f in _CHUNK_ONE_IS_OTHER)]
-                    if f not in _CHUNK_ONE_IS_OTHER and 1 not in virtuals:
+                    shapes += [(f, v) for v in virtuals if not (v == 1 and f in CHUNK_ONE_IS_OTHER)]
+                    if f not in CHUNK_ONE_IS_OTHER and 1 not in virtuals:
                         shapes.append((f, 1))
                 else:
                     shapes.append((f, per))
@@ -748,7 +439,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                     if sp and t == 1:
                                         continue  # sequence parallelism needs a tensor group
                                     explored += 1
-                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp, cp, et)
+                                    c = Candidate(f, t, p, d, v, e, b, r, z, sp, cp, et)
                                     if p * v > model.layers:
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
@@ -760,10 +451,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                         candidates.append(c)
 
     # structural checks and closed forms, cached per cost variant
-    costs: dict[tuple, _Costs | str] = {}
+    costs: dict[tuple, Costs | str] = {}
     split_rows: dict[int, np.ndarray] = {}
     closed: dict[tuple, tuple[np.ndarray, ...]] = {}
-    cluster_key = _cluster_key(cluster)
+    cluster_id = cluster_key(cluster)
     lower: list[tuple[float, int]] = []
     static_lb: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     needs: dict[int, float] = {}  # candidate -> the tightest known lower bound on its peak memory
@@ -781,18 +472,18 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             except ConfigError as error:
                 costs[key] = str(error)
             else:
-                full = (variant, par, cluster_key, framework)
-                if full not in _COSTS:
-                    _COSTS[full] = _Costs(variant, par, cluster, where.links, framework)
-                costs[key] = _COSTS[full]
+                full = (variant, par, cluster_id, framework)
+                if full not in COSTS:
+                    COSTS[full] = Costs(variant, par, cluster, where.links, framework)
+                costs[key] = COSTS[full]
         k = costs[key]
         if isinstance(k, str):
             rejected["tensor"] += 1
             continue
-        style = _family_shape(c.family)[2]
+        style = family_shape(c.family)[2]
         shape = (key, c.pipeline, c.virtual, style)
         if shape not in closed:
-            closed[shape] = _closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
+            closed[shape] = closed_form(k, model, c.pipeline, c.virtual, style, split_rows)
         dev_static, dev_act, fwd_before, dev_work, dev_update = closed[shape]
         needs[index] = float(np.max(dev_static + dev_act))
         if needs[index] > capacity:
@@ -906,7 +597,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                        context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
                        headroom=headroom, communication=communication, framework=framework)
         raise ConfigError(_checked_suggestion(reason, changes, request))
-    rows_out = _ranked(rows_out)
+    rows_out = ranked(rows_out)
 
     t2 = time.perf_counter()
     if balance:
@@ -916,7 +607,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             if balanced is not None:
                 rows_out.append(balanced)
             bar.update(1)
-        rows_out = _ranked(rows_out)
+        rows_out = ranked(rows_out)
     t_balance = time.perf_counter() - t2
     seconds = {"enumerate": t_enumerate, "evaluate": t_evaluate, "graphs": t_graph, "hardware": t_hardware,
                "simulate": t_simulate, "balance": t_balance, "total": time.perf_counter() - t0}
@@ -924,7 +615,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                      communication, headroom, framework)
 
 
-def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | None:
+def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | None:
     """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
     for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
     buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
@@ -935,42 +626,6 @@ def _export_problem(framework: str, c: _Candidate, global_batch: int) -> str | N
     return export_problem(framework, c.family, c.parallelism(), microbatches)
 
 
-def _contexts(model: Transformer, context: Any) -> tuple[int, ...]:
-    """The context-parallel sizes ``plan`` searches (its ``context`` argument, or the default: the
-    docstring); a given size the model cannot split its sequence by is refused in one line."""
-    s = model.sequence
-    if context is None:
-        if s < CONTEXT_SEQUENCE or not model.flash_attention:
-            return (1,)
-        out, c = [1], 2
-        while s % (2 * c) == 0 and s // c >= CONTEXT_MIN_TOKENS:
-            out.append(c)
-            c *= 2
-        return tuple(out)
-    sizes = tuple(check_int("plan: context", c) for c in _values("context", context))
-    for c in sizes:
-        if c > 1 and s % (2 * c):
-            raise ConfigError(f"plan: context={c} needs a sequence that is a multiple of 2 x {c} = {2 * c} (the "
-                              f"load-balanced causal split), got sequence={s}")
-        if c > 1 and not model.flash_attention:
-            raise ConfigError(f"plan: context={c} needs flash attention (context parallelism runs "
-                              "TransformerEngine's fused attention)")
-    return sizes
-
-
-def _ranked(rows: list[dict]) -> list[dict]:
-    """Rows fastest first; step times within ``TIE`` of the first of their run are ranked by memory
-    per GPU, then by tensor x pipeline (GPUs per model replica)."""
-    rows = sorted(rows, key=lambda r: r["step_time"])
-    out: list[dict] = []
-    while rows:
-        head = rows[0]["step_time"]
-        n = next((i for i, r in enumerate(rows) if r["step_time"] > head * (1 + TIE)), len(rows))
-        out += sorted(rows[:n], key=lambda r: (r["memory_per_gpu"], r["tensor"] * r["pipeline"], r["step_time"]))
-        rows = rows[n:]
-    return out
-
-
 def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
              capacity: float, framework: Framework | None = None) -> dict | None:
     """``optimize`` the stage split of ``row``; the balanced row when the exact evaluation confirms it
@@ -978,7 +633,7 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     if row["pipeline"] * row["virtual"] < 2:
         return None
     et = row.get("expert_tensor", row["tensor"])
-    c = _Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
+    c = Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
                    row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"],
                    row.get("context", 1), None if et == row["tensor"] else et)
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
@@ -1005,4 +660,4 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     return _row(c, balanced, counts, True, figures)
 
 
-__all__ = ["COLUMNS", "DEFAULT_FAMILIES", "PlanTable", "plan"]
+__all__ = ["plan"]

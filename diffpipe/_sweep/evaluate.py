@@ -29,7 +29,8 @@ from .. import _progress
 from .._caches import BoundedDict
 from .._engine._evaluate import batched_makespan
 from .._engine._graph import KIND_CODES, Graph, stack_graphs
-from .._engine._hardware import Hardware, nan_checked
+from .._engine._hardware import Hardware
+from .._engine._jit_checks import nan_checked
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
 from .variants import as_hardware, pad_variants
 

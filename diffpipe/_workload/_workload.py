@@ -22,7 +22,10 @@ from jaxtyping import Array, Float
 
 from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
-from .._engine._hardware import Hardware, Network, _check_values, _float, _required
+from .._engine._cost_model import AbstractCostModel, CostTables
+from .._engine._graph import Graph
+from .._engine._hardware import Hardware, Network, _required, check_split_known
+from .._engine._jit_checks import check_values, checked_float
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
@@ -42,8 +45,8 @@ def _counts(value: Any, what: str) -> tuple[int, ...]:
     return counts
 
 
-class Workload(eqx.Module):
-    """A model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
+class Workload(AbstractCostModel):
+    """A cost model: a model as a per-layer table, plus the machine terms a ``Hardware`` needs besides stages.
 
     Per-layer arrays ``[layers]`` (one microbatch of ``samples`` samples; see ``samples``):
         forward, input_grad, weight: seconds of ``F``, ``I`` (input gradient) and ``W`` (weight
@@ -83,8 +86,8 @@ class Workload(eqx.Module):
     capacity: Float[Array, "..."]
     size: Float[Array, "..."]
     network: Network
-    shared_static_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
-    shared_gradient_bytes: Float[Array, ""] = eqx.field(converter=_float, default=0.0)
+    shared_static_bytes: Float[Array, ""] = eqx.field(converter=checked_float, default=0.0)
+    shared_gradient_bytes: Float[Array, ""] = eqx.field(converter=checked_float, default=0.0)
     samples: float | None = eqx.field(static=True, default=None)
     layers_per_stage: tuple[int, ...] | None = eqx.field(static=True, default=None)
     split_known: bool = eqx.field(static=True, default=True)
@@ -103,8 +106,8 @@ class Workload(eqx.Module):
         for name in ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes",
                      "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
                      "shared_gradient_bytes"):
-            _check_values(f"workload {name}", getattr(self, name))
-        _check_values("workload capacity", self.capacity, positive=True, allow_inf=True)
+            check_values(f"workload {name}", getattr(self, name))
+        check_values("workload capacity", self.capacity, positive=True, allow_inf=True)
         if self.samples is not None and not (isinstance(self.samples, (int, float)) and self.samples > 0
                                              and math.isfinite(self.samples)):
             raise ConfigError(f"workload: samples must be a positive number or None, got {self.samples!r}")
@@ -144,13 +147,13 @@ class Workload(eqx.Module):
         ``split_known=False``: the table's backward is unsplit (the class docstring).
         """
         input_grad = _required("workload", "input_grad", input_grad)
-        f = _float(forward)
+        f = checked_float(forward)
         if f.ndim != 1 or f.shape[0] < 1:
             raise ConfigError(f"workload: forward must be a non-empty sequence of per-layer times, got shape "
                               f"{f.shape}")
 
         def layer(x: Any, name: str) -> Array:
-            x = _float(x)
+            x = checked_float(x)
             if x.ndim == 0:
                 return jnp.broadcast_to(x, f.shape)
             if x.shape != f.shape:
@@ -162,8 +165,8 @@ class Workload(eqx.Module):
             weight=layer(0.0 if weight is None else weight, "weight"), update=layer(update, "update"),
             static_bytes=layer(static_bytes, "static_bytes"), gradient_bytes=layer(gradient_bytes, "gradient_bytes"),
             activation_bytes=layer(activation_bytes, "activation_bytes"),
-            output_bytes=layer(output_bytes, "output_bytes"), overhead=_float(overhead),
-            capacity=_float(capacity), size=_float(size),
+            output_bytes=layer(output_bytes, "output_bytes"), overhead=checked_float(overhead),
+            capacity=checked_float(capacity), size=checked_float(size),
             network=Network.uniform() if network is None else network, samples=samples,
             layers_per_stage=None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage"),
             shared_static_bytes=shared_static_bytes, shared_gradient_bytes=shared_gradient_bytes,
@@ -287,10 +290,39 @@ class Workload(eqx.Module):
         defaults to ``self.size``."""
         return Hardware(**self.fields(boundaries, size))
 
-    def tables(self, graph: Any) -> Any:
-        """The cost-model protocol (``CostModel``): ``graph``'s cost rows under this workload's
-        default split (``layers_per_stage``, uniform when ``None``)."""
-        return self.hardware(self.default_boundaries(graph.stages)).tables(graph)
+    # -- the cost model (``AbstractCostModel``): the ``Hardware`` of the default split -----------------
+    def priced(self, graph: Graph) -> Hardware:
+        """The ``Hardware`` pricing ``graph``: this workload at its default split
+        (``layers_per_stage``, uniform when ``None``)."""
+        return self.hardware(self.default_boundaries(graph.stages))
+
+    def tables(self, graph: Graph) -> CostTables:
+        """``graph``'s cost rows under the default split (``priced``)."""
+        return self.priced(graph).tables(graph)
+
+    def compile_schedule(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
+        """``schedule`` compiled for this workload's network (``Network.compiled``)."""
+        return self.network.compiled(schedule, gradient_sync=gradient_sync)
+
+    def check(self, graph: Graph) -> None:
+        """The split check (``check_split_known``)."""
+        check_split_known(self.split_known, graph)
+
+    def per_stage(self, name: str, graph: Graph) -> Array:
+        """``Hardware.per_stage`` of the default split."""
+        return self.priced(graph).per_stage(name, graph)
+
+    def per_microbatch(self, graph: Graph) -> Array:
+        """``Hardware.per_microbatch`` of the default split."""
+        return self.priced(graph).per_microbatch(graph)
+
+    def per_device(self, graph: Graph) -> Array:
+        """``Hardware.per_device`` of the default split."""
+        return self.priced(graph).per_device(graph)
+
+    def step_terms(self, graph: Graph) -> tuple[Array, Array]:
+        """``Hardware.step_terms`` of the default split."""
+        return self.priced(graph).step_terms(graph)
 
 
 def hardware_from_model(

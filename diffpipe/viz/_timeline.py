@@ -26,7 +26,8 @@ from .. import _io
 from .._caches import bounded
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
-from .._engine._hardware import Hardware, nan_checked
+from .._engine._hardware import Hardware
+from .._engine._jit_checks import nan_checked
 from .._engine._simulate import Result, simulate, simulate_graph, static_memory
 from .._errors import ConfigError
 from .._plan._configuration import Configuration

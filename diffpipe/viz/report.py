@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._io import write_atomic
-from .._plan._search import PlanTable
+from .._plan._table import PlanTable
 from ._timeline import check_paths, op_collectives
 from .gantt import breakdown_parts, gantt
 
