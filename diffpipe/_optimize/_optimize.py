@@ -40,7 +40,7 @@ from jax import lax
 from .._engine._batch import evaluate_batched
 from .._engine._graph import Graph, compile
 from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known, nan_checked
-from .._engine._simulate import makespan, peak_memory
+from .._engine._simulate import makespan, peak_in_flight, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
 from .._results import csv_text, json_text, markdown_table
@@ -413,13 +413,14 @@ def optimize(
                           "the temperature")
     best = int(np.argmin(losses[:, -1]))
     chosen = tuple(jax.device_put(np.asarray(p)[best]) for p in params)
-    continuous_makespan = float(search.exact(tuple(np.asarray(x[best:best + 1]) for x in xs))[0][0])
+    continuous_makespan = float(search.exact(tuple(np.asarray(x)[best:best + 1] for x in xs))[0][0])
 
     # Rounding every start's optimum, then the exact local search from the best rounded plan, from
     # the best baseline and from the knobs' other starts.
     candidates = []
+    rows = [np.asarray(p) for p in params]  # NumPy rows: indexing a device array compiles eager programs
     for r in range(losses.shape[0]):
-        candidates += list(itertools.product(*(k.round(p[r], workload) for k, p in zip(knobs, params))))
+        candidates += list(itertools.product(*(k.round(jax.device_put(p[r]), workload) for k, p in zip(knobs, rows))))
     rounded, _ = search.best(candidates)
     origins = [rounded, baselines[baseline]]
     for i, knob_starts in enumerate(starts):
@@ -460,7 +461,7 @@ def _peak_in_flight(graph: Graph | Schedule) -> np.ndarray:
     """Per device, the peak number of stored activations (timing-free: the lane order decides)."""
     if isinstance(graph, Schedule):
         return np.asarray(peak_activations(graph), np.float64)
-    return np.asarray(peak_memory(graph, Hardware.from_times(0.0, 0.0))[1], np.float64)
+    return peak_in_flight(graph)  # NumPy: no program compiled per graph
 
 
 #: Spread of the logits of random restarts around the first start.
@@ -490,6 +491,8 @@ def _starts(knobs, workload, init, baselines, starts, restarts, key, dtype) -> t
             noise = jax.random.split(jax.random.fold_in(key, r), len(knobs))
             rows.append(tuple(p + RESTART_SPREAD * jax.random.normal(n, p.shape, dtype)
                               for p, n in zip(rows[0], noise)))
+    if not restarts:  # concrete rows: stacked in NumPy (an eager jnp.stack compiles a program per shape)
+        return tuple(jax.device_put(np.stack([np.asarray(row[i], dtype) for row in rows])) for i in range(len(knobs)))
     return tuple(jnp.stack([jnp.asarray(row[i], dtype) for row in rows]) for i in range(len(knobs)))
 
 
