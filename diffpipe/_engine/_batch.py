@@ -16,14 +16,11 @@ from ._graph import Graph
 from ._hardware import nan_checked
 from ._simulate import makespan, peak_memory
 
-#: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats. A
-#: larger batch runs as several calls of this size: one shape, so one compiled program, serves
-#: every batch past ``_BUCKETS`` (a plan's local search evaluates 450 to 2,186 neighbours a round,
-#: which a bucket of 4,096 both padded 1.9x and compiled once more).
-EVALUATION_CHUNK = 512
+#: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.
+EVALUATION_CHUNK = 4096
 #: Batches are padded to one of these sizes (the last one is ``chunk``), so that only a few shapes
-#: are ever compiled whatever the number of plans: two per graph (single plans, and chunks).
-_BUCKETS = (64,)
+#: are ever compiled whatever the number of plans.
+_BUCKETS = (64, 512)
 
 
 @eqx.filter_jit
