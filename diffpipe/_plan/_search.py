@@ -969,9 +969,11 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
         # the search's own batched program of this graph's bucket (compiled already): no program
         # per graph structure; the figures are ``evaluate()``'s bit for bit (tests/test_plan.py)
         steps, bubbles, memory = _simulate_members(graph, [balanced.hardware()])
-        if not math.isfinite(float(steps[0])):  # a check failed inside the program: evaluate names it
-            balanced.evaluate()
-        figures = _metrics(balanced, cfg.schedule(), float(steps[0]), float(bubbles[0]), memory[0])
+        if math.isfinite(float(steps[0])):
+            figures = _metrics(balanced, cfg.schedule(), float(steps[0]), float(bubbles[0]), memory[0])
+        else:  # a check failed inside the program: evaluate reruns the checks eagerly, naming the culprit
+            result = balanced.evaluate()
+            figures = {name: getattr(result, name) for name in FIGURES}
     except ConfigError:
         return None
     if figures["step_time"] >= row["step_time"] or figures["memory_per_gpu"] > capacity:
