@@ -1,11 +1,14 @@
 """The one release rule: the discrete world's activation peaks equal the simulator's."""
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from _cases import schedules
 
 import diffpipe as dp
+from diffpipe._engine._graph import bucketed
+from diffpipe._engine._simulate import peak_in_flight
 from diffpipe.schedules._analysis import activation_bytes_peaks, activation_delta, peak_activations
 
 CASES = schedules()
@@ -20,6 +23,11 @@ def test_peak_count_and_bytes_equal_the_simulator(case, schedule):
     result = dp.simulate(schedule, hw)  # one compilation checks both representations of the rule
     assert peak_activations(schedule) == tuple(int(x) for x in np.asarray(result.peak_activations))
     assert activation_bytes_peaks(schedule, act, size) == pytest.approx(tuple(np.asarray(result.peak_memory)), rel=1e-5)
+    # the NumPy count optimize reads (no program per graph) is the simulator's, padded or not
+    graph = dp.compile(schedule)
+    counts = np.asarray(result.peak_activations, np.float64)
+    chex.assert_trees_all_equal(peak_in_flight(graph), counts)
+    chex.assert_trees_all_equal(peak_in_flight(bucketed(graph))[: schedule.devices], counts)
 
 
 def test_release_rule():

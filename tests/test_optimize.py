@@ -6,6 +6,7 @@ count (12), so the compiled optimizer loop and the exact evaluators are reused a
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import diffpipe as dp
+from diffpipe._engine import _batch
 from diffpipe._optimize import _optimize
 from diffpipe._optimize._baselines import compositions, evaluate_plans
 
@@ -192,6 +194,29 @@ def test_partition_is_the_brute_force_optimum(layers, stages, seed, limited):
     i = [tuple(c) for c in splits.tolist()].index(found)
     assert ok[i]
     assert math.isclose(worst[i], worst[ok].min(), abs_tol=1e-12)
+
+
+def test_search_batches_share_two_programs_and_split_nothing(graph):
+    """The search's batches of plans run as calls of two shapes (one plan, a chunk): one program
+    each per graph, whatever the count (a local-search round is 450 to 2,186 plans); the results
+    are those of each plan alone, bit for bit, and the public exact simulator's."""
+    workload = random_workload(np.random.default_rng(5))
+    plans = compositions(LAYERS, STAGES)
+    chunk = _optimize.SEARCH_CHUNK
+    many = np.concatenate([plans] * (chunk // len(plans) + 2))  # past one chunk, a ragged last one
+    assert len(many) > chunk and len(many) % chunk
+    _batch._exact._cached.clear_cache()
+    times, memory, fits = evaluate_plans(graph, workload, many, chunk=chunk)
+    for i in (0, 7, len(plans) - 1):
+        alone = evaluate_plans(graph, workload, plans[i:i + 1], chunk=chunk)
+        chex.assert_trees_all_equal(alone, (times[i:i + 1], memory[i:i + 1], fits[i:i + 1]))
+        j = i + (chunk // len(plans) + 1) * len(plans)  # the same plan, in the last chunk
+        chex.assert_trees_all_equal((times[j], memory[j]), (times[i], memory[i]))
+        time, peak = exact(graph, workload, plans[i])
+        assert times[i] == pytest.approx(time, rel=1e-6)
+        np.testing.assert_allclose(memory[i], peak, rtol=1e-6)
+    evaluate_plans(graph, workload, plans[:3], chunk=chunk)
+    assert _batch._exact._cached._cache_size() == 2  # the chunk and the single-plan bucket
 
 
 # -- optimize against brute force ---------------------------------------------------------------------

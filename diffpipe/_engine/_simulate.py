@@ -200,6 +200,20 @@ def _peak_memory(graph: Graph, hw: AbstractCostModel) -> tuple[Float[Array, " de
     return static_memory(graph, hw) + peak_bytes, peak_count
 
 
+def peak_in_flight(graph: Graph) -> np.ndarray:
+    """Per device, the peak number of stored activations of a concrete ``graph`` (``peak_memory``'s
+    second output, timing-free), in NumPy: small integer sums are exact in floats, so it equals
+    ``peak_memory(graph, hw)[1]`` for every ``hw`` without compiling a program per graph."""
+    nodes, device = np.asarray(graph.lane_nodes), np.asarray(graph.lane_device)
+    sign = np.asarray(graph.release)[nodes].astype(np.float64)
+    total = np.cumsum(sign)
+    before = np.bincount(device, weights=sign, minlength=graph.devices)
+    base = np.cumsum(before) - before  # running sum before each device's lane starts
+    peak = np.full(graph.devices, -np.inf)
+    np.maximum.at(peak, device, total - base[device])
+    return np.maximum(peak, 0.0)
+
+
 def static_memory(graph: Graph, hw: AbstractCostModel) -> Float[Array, " devices"]:
     """Per device, the bytes held for the whole step: each stage's ``static_bytes`` times the
     weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""

@@ -217,7 +217,7 @@ class StageBalance(AbstractKnob):
         """Logits: zeros (compute-balanced), or the logits that reproduce ``layers_per_stage``."""
         if layers_per_stage is None:
             dtype = jnp.result_type(float) if workload is None else workload.forward.dtype
-            return jnp.zeros((self.stages,), dtype)
+            return jax.device_put(np.zeros((self.stages,), dtype))  # an eager jnp.zeros compiles a program
         if workload is None:
             raise ConfigError("StageBalance.init: layers_per_stage needs the workload")
         counts = _counts(layers_per_stage, "layers_per_stage")
@@ -276,7 +276,7 @@ class StageBalance(AbstractKnob):
                 (base["minmax"], False) if fitted is None else (fitted, True)]
 
     def fractional(self, params: Array, workload: Workload) -> np.ndarray:
-        return np.asarray(self.layers(params, workload))
+        return np.diff(np.asarray(self.boundaries(params, workload)))  # ``layers``, without an eager jnp.diff
 
 def _init_logits(workload: Workload, boundaries: Array) -> Array:
     return jnp.log(jnp.diff(_cumulative_at(_curve_weights(workload), boundaries)))
