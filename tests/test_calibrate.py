@@ -10,6 +10,7 @@ activations equal torch's. No assertion on a measured time.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -453,6 +454,18 @@ def test_workload_spreads_each_stage_over_its_layers():
     assert [float(x) for x in workload.forward] == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0])
     assert [float(x) for x in workload.input_grad] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
     assert float(workload.overhead) == pytest.approx(0.1)
+    # the calibrated step and per-kind terms go with it
+    assert [float(x) for x in workload.full_backward] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
+    assert workload.setup is not None and float(workload.setup) == 0.0
+    timed = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, setup=0.3, wind_down=0.2)
+    timed = dataclasses.replace(timed, overhead_by_kind={"F": 0.15})
+    workload = timed.workload(layers=[2, 3])
+    hw = workload.hardware(workload.default_boundaries(2))
+    chex.assert_trees_all_close(
+        (hw.kind_overhead, hw.full_backward, hw.setup, hw.wind_down),
+        (np.array([0.15, 0.1, 0.1, 0.1]), np.array([4.0, 6.0]), np.array(0.3), np.array(0.2)), rtol=1e-6)
+    gpipe = get("gpipe", devices=2, microbatches=3)
+    assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(timed.predict(gpipe), rel=1e-6)
     with pytest.raises(dp.ConfigError, match="layers has 1 entries, the calibration 2 stages"):
         cal.workload(layers=[1])
     with pytest.raises(dp.ConfigError, match="layers must be an integer >= 1"):
@@ -562,6 +575,7 @@ def real_run(tmp_path_factory):
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
         run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
         run.job("looped", "LoopedBFS", microbatches=4, stages_per_rank=4, width=16),  # 8 stages, 4 per rank
+        run.job("interleaved4", "Interleaved1F1B", microbatches=4, stages_per_rank=4, width=16),  # a loop, 4 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -623,13 +637,14 @@ def test_real_run_calibrates_and_predicts(real_run, name):
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
                                              ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
-                                             ("looped", ("LoopedBFS", "looped-bfs"))])
+                                             ("looped", ("LoopedBFS", "looped-bfs")),
+                                             ("interleaved4", ("Interleaved1F1B", "interleaved-1f1b"))])
 def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
                                                                          schedules):
     # 2 ranks holding 2 stages each (a V and a loop), or 4 each (a loop of 8 stages): the schedule is
     # sized by ranks, not stages
     work, failure = real_run
-    stages = 8 if name == "looped" else 4
+    stages = 8 if name in ("looped", "interleaved4") else 4
     files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
     if not all(Path(f).exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
@@ -643,6 +658,37 @@ def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_ru
     assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("diffpipe: error:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, layers", [("gpipe", [3, 1]), ("zbv", [2, 1, 1, 2]), ("interleaved4", None)])
+def test_the_workload_of_a_real_run_predicts_as_the_calibration(real_run, name, layers):
+    # Calibration.workload carries every calibrated term (the full backward, the per-kind
+    # overheads, setup and wind-down): its hardware at the measured split, and the stage-balance
+    # knob's hardware at that split, price every schedule as cal.predict does, in every mode
+    work, failure = real_run
+    files = [work / f"{name}.rank{r}.json" for r in range(2)]
+    if not all(f.exists() for f in files):
+        pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
+    cal = calibrate.from_torch_trace(files)
+    assert cal.setup + cal.wind_down > 0 and len(set(cal.overhead_by_kind.values())) > 1
+    stages = cal.stages
+    others = {"gpipe": [get("gpipe", devices=2, microbatches=4), get("1f1b", devices=2, microbatches=8)],
+              "zbv": [from_torch("ZBVZeroBubble", 2, 4), from_torch("Interleaved1F1B", 2, 4, 2),
+                      get("zb-v", devices=2, microbatches=8)],
+              "interleaved4": [from_torch("Interleaved1F1B", 2, 4, 4), from_torch("LoopedBFS", 2, 4, 4)]}[name]
+    for schedule in others:
+        assert schedule.stages == stages
+        for mode in ("overlap", "torch-runtime"):
+            workload = cal.workload(schedule, layers=layers, mode=mode)
+            assert workload.setup is not None and workload.wind_down is not None
+            boundaries = workload.default_boundaries(stages)
+            expected = cal.predict(schedule, mode=mode)
+            got = float(dp.simulate(schedule, workload.hardware(boundaries)).makespan)
+            assert got == pytest.approx(expected, rel=1e-6), (str(schedule), mode)
+            knob = dp.StageBalance(stages)
+            params = knob.init(workload, workload.layers_per_stage)
+            balanced = knob(params, workload.with_split(None))
+            assert float(dp.simulate(schedule, balanced).makespan) == pytest.approx(expected, rel=1e-5)
 
 
 def _traced_receive_posts(path: Path) -> dict:

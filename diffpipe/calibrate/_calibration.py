@@ -247,17 +247,11 @@ class Calibration:
         known = self.split_known(weight_fraction)
         if not known:
             self.times(schedule, weight_fraction=weight_fraction)  # a split schedule: the error names the stage
-        t = self.times(None, weight_fraction=weight_fraction)
-        # Every term given explicitly, at the value the cost model would default it to (a kind's
-        # overhead: ``overhead``; a full B: I + W), so every Hardware has one array structure and
-        # JAX compiles the simulator once per graph shape, not once per calibration.
-        kinds = t["kind_overhead"] or {}
-        kind_overhead = {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD}
-        full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
+        t = _explicit(self.times(None, weight_fraction=weight_fraction))
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
                                    overhead=t["overhead"], mode=communication_mode(mode),
-                                   kind_overhead=kind_overhead, full_backward=full, setup=t["setup"],
-                                   wind_down=t["wind_down"], split_known=known)
+                                   kind_overhead=t["kind_overhead"], full_backward=t["full_backward"],
+                                   setup=t["setup"], wind_down=t["wind_down"], split_known=known)
 
     def with_split(self, *, model: Any = None, layers_per_stage: Sequence[int] | None = None,
                    probe: Calibration | None = None) -> Calibration:
@@ -304,7 +298,7 @@ class Calibration:
         return replace(self, backward_split=tuple(split), split_source=source)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
-                 weight_fraction: float | None = None, mode: str = "overlap") -> Any:
+                 weight_fraction: float | None = None, mode: Any = "overlap") -> Any:
         """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize``.
 
         ``layers[s]`` is the number of layers the measured stage ``s`` holds (default 1 each); each
@@ -314,13 +308,15 @@ class Calibration:
         ``weight_fraction``, or a ``schedule`` without ``I``/``W`` ops) the workload has
         ``split_known=False``, so ``optimize``/``sweep``/``simulate`` of a schedule with ``I``/``W``
         ops on it raise rather than price ``I`` as the whole backward and ``W`` as free (build the
-        workload for that schedule instead).
+        workload for that schedule instead). The measured full backward (spread over the layers
+        like the other times), the per-kind overheads, ``setup`` and ``wind_down`` are the
+        workload's too, so its hardware at the measured split prices a schedule as ``predict``.
         """
 
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
         if len(counts) != self.stages:
             raise ConfigError(f"calibration: layers has {len(counts)} entries, the calibration {self.stages} stages")
-        t = self.times(schedule, weight_fraction=weight_fraction)
+        t = _explicit(self.times(schedule, weight_fraction=weight_fraction))
 
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
@@ -328,7 +324,8 @@ class Calibration:
         network = Network.uniform(t["p2p"], mode=communication_mode(mode))
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
                                    overhead=t["overhead"], network=network, layers_per_stage=counts,
-                                   split_known=t["split"])
+                                   split_known=t["split"], full_backward=spread(t["full_backward"]),
+                                   kind_overhead=t["kind_overhead"], setup=t["setup"], wind_down=t["wind_down"])
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
@@ -394,6 +391,17 @@ class Calibration:
                 weight_fraction: float | None = None, mode: Any = "overlap") -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
         write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction, mode=mode), "machine file")
+
+
+def _explicit(t: dict[str, Any]) -> dict[str, Any]:
+    """``Calibration.times`` with every term given explicitly, at the value the cost model would
+    default it to (a kind's overhead: ``overhead``; a full B: I + W), so every Hardware (and
+    Workload) of a calibration has one array structure and JAX compiles the simulator once per
+    graph shape, not once per calibration."""
+    kinds = t["kind_overhead"] or {}
+    full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
+    return {**t, "kind_overhead": {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD},
+            "full_backward": full}
 
 
 def robust_mean(values: Sequence[float]) -> float | None:
