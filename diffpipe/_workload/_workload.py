@@ -22,7 +22,16 @@ from jaxtyping import Array, Float
 
 from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
-from .._engine._hardware import OVERHEAD_KINDS, Hardware, Network, _check_values, _float, _kind_overhead, _optional, _required
+from .._engine._hardware import (
+    OVERHEAD_KINDS,
+    Hardware,
+    Network,
+    _check_values,
+    _float,
+    _kind_overhead,
+    _optional,
+    _required,
+)
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
@@ -68,9 +77,10 @@ class Workload(eqx.Module):
             runs); its hardware is ``Hardware(split_known=False)`` and refuses ``I``/``W`` ops.
         full_backward: optional per-layer seconds of a full ``B`` where it is not ``I + W`` (a
             measured full backward); a stage's ``Hardware.full_backward`` sums its layers'.
-        kind_overhead, setup, wind_down: optional, passed to the hardware as they are
-            (``Hardware``: per-kind overheads ``[4]``, the step's fixed time before its first op
-            and after its last); ``None`` is the plain model.
+        kind_overhead, setup, wind_down, send_cost, recv_cost: optional, passed to the hardware as
+            they are (``Hardware``: per-kind overheads ``[4]``, the step's fixed time before its
+            first op and after its last, the host time of a cross-device transfer on the device
+            that sends it and on the one that receives it); ``None`` is the plain model.
 
     Build with ``Workload.from_model`` (the transformer cost model on a ``Device``) or
     ``Workload.from_table`` (any per-layer table, e.g. measured).
@@ -97,6 +107,8 @@ class Workload(eqx.Module):
     kind_overhead: Float[Array, "4"] | None = None
     setup: Float[Array, ""] | None = None
     wind_down: Float[Array, ""] | None = None
+    send_cost: Float[Array, ""] | None = None
+    recv_cost: Float[Array, ""] | None = None
 
     def __check_init__(self) -> None:
         if not isinstance(self.network, Network):
@@ -113,7 +125,7 @@ class Workload(eqx.Module):
                      "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
                      "shared_gradient_bytes"):
             _check_values(f"workload {name}", getattr(self, name))
-        for name in ("full_backward", "kind_overhead", "setup", "wind_down"):
+        for name in _OPTIONAL:
             if getattr(self, name) is not None:
                 _check_values(f"workload {name}", getattr(self, name))
         if self.full_backward is not None and jnp.shape(self.full_backward) != shape:
@@ -157,6 +169,8 @@ class Workload(eqx.Module):
         kind_overhead: Any = None,
         setup: Any = None,
         wind_down: Any = None,
+        send_cost: Any = None,
+        recv_cost: Any = None,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
@@ -164,8 +178,8 @@ class Workload(eqx.Module):
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
         ``split_known=False``: the table's backward is unsplit (the class docstring).
         ``full_backward`` (per layer), ``kind_overhead`` (a mapping by kind or four values, as
-        ``Hardware.from_times`` takes it), ``setup`` and ``wind_down``: the class docstring; None
-        leaves them out.
+        ``Hardware.from_times`` takes it), ``setup``, ``wind_down``, ``send_cost`` and
+        ``recv_cost``: the class docstring; None leaves them out.
         """
         input_grad = _required("workload", "input_grad", input_grad)
         f = _float(forward)
@@ -195,6 +209,7 @@ class Workload(eqx.Module):
             full_backward=None if full_backward is None else layer(full_backward, "full_backward"),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             setup=_optional(setup, "setup"), wind_down=_optional(wind_down, "wind_down"),
+            send_cost=_optional(send_cost, "send_cost"), recv_cost=_optional(recv_cost, "recv_cost"),
         )
 
     @classmethod
@@ -303,13 +318,14 @@ class Workload(eqx.Module):
 
     def fields(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> dict[str, Any]:
         """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity, network,
-        ``split_known``, and the optional ``kind_overhead``, ``setup`` and ``wind_down``); ``size``
-        (relative microbatch sizes) defaults to ``self.size``."""
+        ``split_known``, and the optional ``kind_overhead``, ``setup``, ``wind_down``,
+        ``send_cost`` and ``recv_cost``); ``size`` (relative microbatch sizes) defaults to
+        ``self.size``."""
         stage = self.stage_fields(boundaries)
         size = self.size if size is None else jnp.asarray(size, dtype=stage["forward"].dtype)
         return dict(stage, overhead=self.overhead, size=size, capacity=self.capacity, network=self.network,
-                    split_known=self.split_known, kind_overhead=self.kind_overhead, setup=self.setup,
-                    wind_down=self.wind_down)
+                    split_known=self.split_known,
+                    **{name: getattr(self, name) for name in _OPTIONAL if name != "full_backward"})
 
     def hardware(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> Hardware:
         """``Hardware`` for stages between ``boundaries`` (see ``stage_fields``); ``size``
@@ -380,6 +396,8 @@ def hardware_from_model(
 #: The per-layer curves ``Workload.stage_fields`` reads (``full_backward`` where given).
 _CURVES = ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
            "output_bytes", "shared_static_bytes", "shared_gradient_bytes", "full_backward")
+#: The optional fields (None: left out of the hardware).
+_OPTIONAL = ("full_backward", "kind_overhead", "setup", "wind_down", "send_cost", "recv_cost")
 #: Concrete boundaries of more than one stage are padded to a power of two stages, at least this.
 STAGE_BUCKET = 32
 
