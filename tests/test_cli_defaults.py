@@ -85,6 +85,10 @@ def test_list_presets(what, name):
     if what == "devices":
         h100 = next(r for r in rows if r["name"] == "H100")
         assert h100["memory_gb"] == pytest.approx(presets.DEVICES["H100"].memory / 1e9)
+        # what nvidia-smi reports, in decimal GB: 81,559 MiB (Modal's table, _machine/_specs.REPORTED_SOURCE)
+        assert h100["reported_memory_gb"] == pytest.approx(81_559 * 2**20 / 1e9) == pytest.approx(85.52, abs=5e-3)
+        assert "nvidia-smi" in h100["source"] and "85.52" in run(["list", "devices"])[1]
+        assert next(r for r in rows if r["name"] == "MI300X")["reported_memory_gb"] is None
 
 
 def test_device_help_says_where_all_presets_are():

@@ -5,7 +5,8 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
 
 - Megatron-LM, commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (Aug 2026):
   ``megatron/core/model_parallel_config.py`` (``tensor_model_parallel_size``,
-  ``pipeline_model_parallel_size``, ``sequence_parallel``, ``expert_model_parallel_size``),
+  ``pipeline_model_parallel_size``, ``sequence_parallel``, ``expert_model_parallel_size``,
+  ``expert_tensor_parallel_size``: Optional[int], None meaning the tensor size),
   ``megatron/core/transformer/transformer_config.py`` (``num_layers``; ``recompute_granularity``
   Literal['full', 'selective'], ``recompute_method`` Literal['uniform', 'block'], ``recompute_num_layers``),
   ``megatron/training/config/training_config.py`` (``micro_batch_size``, ``global_batch_size``),
@@ -28,7 +29,8 @@ GPUs and Transformer Engine to import its parser; torchtitan's TOML era is a pas
   ``--moe-layer-freq``, ``--q-lora-rank``, ``--kv-lora-rank``, ``--qk-head-dim``,
   ``--qk-pos-emb-head-dim``, ``--v-head-dim``.
 - torchtitan, commit e347b1e5e6b6941d789d16d340145294d82dc71e (Feb 2026, the last that read TOML):
-  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism``, ``ActivationCheckpoint``;
+  ``torchtitan/config/job_config.py`` classes ``Training``, ``Parallelism`` (``expert_parallel_degree`` and
+  ``expert_tensor_parallel_degree``, ints defaulting to 1), ``ActivationCheckpoint``;
   the stage count from ``pipeline_parallel_layers_per_stage``: ``torchtitan/distributed/pipeline_parallel.py``
   (v0.2.0-v0.2.2), ``ceil((n_layers + first_stage_less_layers + last_stage_less_layers) / layers_per_stage)``.
   Schedule names: torch's own ``get_schedule_class`` (imported: torch is installed).
@@ -51,6 +53,7 @@ MEGATRON_FLAGS: dict[str, dict] = {
     "--tensor-model-parallel-size": {"type": int},
     "--pipeline-model-parallel-size": {"type": int},
     "--expert-model-parallel-size": {"type": int},
+    "--expert-tensor-parallel-size": {"type": int},
     "--sequence-parallel": {"action": "store_true"},
     "--num-layers": {"type": int},
     "--seq-length": {"type": int},
@@ -91,7 +94,7 @@ TORCHTITAN_FIELDS = {
         "data_parallel_replicate_degree": int, "data_parallel_shard_degree": int, "fsdp_reshard_after_forward": str,
         "tensor_parallel_degree": int, "pipeline_parallel_degree": int, "module_fqns_per_model_part": list,
         "pipeline_parallel_layers_per_stage": int, "pipeline_parallel_schedule": str,
-        "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int,
+        "pipeline_parallel_microbatch_size": int, "expert_parallel_degree": int, "expert_tensor_parallel_degree": int,
         "pipeline_parallel_first_stage_less_layers": int, "pipeline_parallel_last_stage_less_layers": int,
     },
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
@@ -126,6 +129,7 @@ LAUNCHES = [
     launch(layers_per_stage=(9, 10, 10, 10, 10, 10, 10, 11), zero=3, expert=4),
     launch(family="1f1b", pipeline=1, virtual=1, tensor=1, data=16, layers_per_stage=(32,), recompute="none",
            zero=2, sequence_parallel=False, global_batch=64),
+    launch(family="1f1b", virtual=1, layers_per_stage=(20,) * 4, zero=2, expert=8, expert_tensor=1),  # folded
 ]
 
 
@@ -139,6 +143,8 @@ def test_megatron_args_parse_back(cfg):
     assert ns.num_layers == cfg.layers and ns.seq_length == cfg.sequence
     assert ns.sequence_parallel == (cfg.parallelism.sequence_parallel and cfg.parallelism.tensor > 1)
     assert (ns.expert_model_parallel_size or 1) == cfg.parallelism.expert
+    # unset, Megatron's expert tensor size is the tensor size (validate_args)
+    assert (ns.expert_tensor_parallel_size or ns.tensor_model_parallel_size) == cfg.parallelism.etp
     # the split: one of the two stage flags, as Megatron requires (arguments.py: at most one)
     if ns.pipeline_model_parallel_layout is not None:
         assert ns.num_layers_per_virtual_pipeline_stage is None
@@ -178,6 +184,10 @@ def test_torchtitan_toml_parses_back(cfg):
                 assert value in TORCHTITAN_CHOICES[section, name]
     par, training = doc["parallelism"], doc["training"]
     degrees = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    if cfg.parallelism.expert > 1:  # torchtitan v0.2.2 parallel_dims.py: ETP 1 or TP, efsdp an integer
+        ep, etp = par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]
+        assert (ep, etp) == (cfg.parallelism.expert, cfg.parallelism.etp) and etp in (1, par["tensor_parallel_degree"])
+        assert par["data_parallel_shard_degree"] * par["tensor_parallel_degree"] % (etp * ep) == 0
     assert degrees * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == cfg.parallelism.gpus
     assert training["global_batch_size"] == cfg.global_batch and training["seq_len"] == cfg.sequence
     assert doc["activation_checkpoint"]["mode"] == cfg.recompute
@@ -323,7 +333,8 @@ def test_launch_sizes_live_in_the_parallelism_only(cfg):
     old = {"family": cfg.family, "microbatch_size": cfg.microbatch_size, "global_batch": cfg.global_batch,
            "sequence": cfg.sequence, "layers_per_stage": cfg.layers_per_stage, "recompute": cfg.recompute,
            **dataclasses.asdict(par)}
-    with pytest.raises(dp.ConfigError, match=r"launch: unknown field\(s\) context, data, expert, pipeline, "):
+    with pytest.raises(dp.ConfigError,
+                       match=r"launch: unknown field\(s\) context, data, expert, expert_tensor, pipeline, "):
         Launch(**old)
     for name in ("tensor", "gpus", "stages"):
         with pytest.raises(AttributeError, match=name):

@@ -4,7 +4,9 @@ The tables ``DEVICES`` and ``NETWORKS`` hold the published figures; ``_presets``
 ``Device`` and a ``Network`` from them. Listing and looking up presets needs no JAX.
 
 Units: FLOP/s, bytes, bytes/s per direction, seconds. Vendor "GB" is 10**9 bytes and is used as
-published (the usable memory a framework reports is a little lower still). Peak FLOP/s are the
+published: the capacity every fit test uses. The memory the driver reports (NVML, ``nvidia-smi``) is
+larger for HBM parts, whose "80 GB" is about 80 GiB (``DeviceSpec.reported_memory``, shown by
+``diffpipe list devices``; the CUDA context and communication buffers take part of it). Peak FLOP/s are the
 *dense* BF16 Tensor Core figures: the datasheets headline the 2:4-sparsity figure, twice that.
 """
 
@@ -21,7 +23,8 @@ class DeviceSpec(NamedTuple):
     bandwidth (bytes/s), the dense FP8 peak (FLOP/s; None where the part has no FP8 units) and the
     BF16 kernel-efficiency curve ``(efficiency, saturation_tokens)`` fitted to published matmul
     measurements (``Device.kernel_efficiency``; None: no measurements, the flat
-    ``DEFAULT_EFFICIENCY``)."""
+    ``DEFAULT_EFFICIENCY``), and the memory the driver reports (bytes; ``REPORTED_SOURCE``; None:
+    not sourced here)."""
 
     peak_flops: float
     memory: float
@@ -29,6 +32,15 @@ class DeviceSpec(NamedTuple):
     memory_bandwidth: float
     fp8_flops: float | None = None
     curve: tuple[float, float] | None = None
+    reported_memory: float | None = None
+
+
+#: Where ``DeviceSpec.reported_memory`` comes from: the total memory NVML reports through ``nvidia-smi``
+#: (MiB, 2**20 bytes) for each part, tabulated by Modal, "Why does an NVIDIA H100 80GB card offer 85.52
+#: GB?" (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity): H200 143,771 MiB, H100 80 GB 81,559,
+#: A100 80 GB 81,920, A100 40 GB 40,960.
+REPORTED_SOURCE = "NVML total via nvidia-smi, Modal's table (thundergolfer.com/blog/nvidia-gpu-memory-capacity)"
+MIB = 2**20
 
 
 #: ``Device.kernel_efficiency`` fitted (``papers/kernel-efficiency/fit.py``, ``fit.json``) to the bf16
@@ -64,15 +76,17 @@ class LinkSpec(NamedTuple):
 #: figure, twice the dense one. Memory bandwidth as published (TB/s = 1e12 bytes/s).
 DEVICES: dict[str, DeviceSpec] = {
     "A100": DeviceSpec(312e12, 80e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS "
-                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9),
+                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9,
+                       reported_memory=81_920 * MIB),
     "H100": DeviceSpec(989e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
                                      "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
-                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100),
+                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100, 81_559 * MIB),
     "H200": DeviceSpec(989e12, 141e9, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
                                       "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
-                       4.8e12, 1979e12, CURVE_H100),
+                       4.8e12, 1979e12, CURVE_H100, 143_771 * MIB),
     "A100-40GB": DeviceSpec(312e12, 40e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
-                                          "dense, 40GB HBM2, 1,555 GB/s", 1555e9),
+                                          "dense, 40GB HBM2, 1,555 GB/s", 1555e9,
+                            reported_memory=40_960 * MIB),
     "H100-PCIe": DeviceSpec(756e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 "
                                           "TFLOPS with sparsity, i.e. 756 dense; FP8 1,513 dense; 80GB HBM2e, "
                                           "2 TB/s", 2.0e12, 1513e12),

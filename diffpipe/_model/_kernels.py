@@ -10,7 +10,9 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   from ``h``) shards ``N`` by ``t``, a row-parallel one (attention output, MLP down, MLA's
   up-projections) shards ``K`` (Shoeybi et al. 2019). ``F`` runs ``(T, N, K)``; ``I`` the input
   gradient ``dX = dY W^T``, ``(T, K, N)``; ``W`` the weight gradient ``dW = X^T dY``, ``(K, N, T)``.
-  Routed experts: ``E / e`` experts per device of ``k c T e / E`` rows each (balanced routing). The
+  Routed experts: ``E / e`` experts per device of ``k c T e / E`` rows each (balanced routing); with
+  an expert tensor size ``e_t`` other than ``t`` (Megatron-LM ``--expert-tensor-parallel-size``),
+  ``k c T e e_t / (t E)`` rows of matrices split by ``e_t`` (the same FLOPs per device). The
   head's logit matmul is vocabulary-parallel (``N = V / t``). Unfused attention runs ``Q K^T`` and
   ``P V`` as batched GEMMs of ``b a / t`` heads (and four in its backward).
 - **Attention** (``flash_attention``): one fused kernel per pass, causal: ``2 b (a/t) s^2 (d_h + d_v)
@@ -139,12 +141,14 @@ class _Builder:
 
 
 def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
-                  expert: int = 1) -> Kernels:
+                  expert: int = 1, expert_tensor: int | None = None) -> Kernels:
     """The kernels of every op of every row of ``layer_costs(model)`` on one device of a tensor group
-    of ``tensor`` (and an expert group of ``expert``): the rules of the module docstring."""
+    of ``tensor`` (and an expert group of ``expert``, the routed experts' matrices split over
+    ``expert_tensor`` ranks, default ``tensor``): the rules of the module docstring."""
     if not isinstance(model, Transformer):
         raise ConfigError(f"layer_kernels expects a Transformer, got {type(model).__name__}")
     t, e = float(tensor), float(expert)
+    et = t if expert_tensor is None else float(expert_tensor)
     rep = 1 / t if sequence_parallel else 1.0
     b, s, h, V = (float(x) for x in (model.microbatch_size, model.sequence, model.hidden, model.vocabulary))
     d, T = float(model.dtype_bytes), b * s
@@ -206,9 +210,12 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         for rows_per_sample, k, n, count in _block_matmuls(model, is_moe):
             m = rows_per_sample * b
             column = k == h
+            shard = t
             if is_moe and count == float(model.experts) and model.experts > 1:
-                m, count = m * e, count / e  # E / e experts per device, e times the rows each
-            n_, k_ = (n / t, k) if column else (n, k / t)
+                # E / e experts per device, e e_t / t times the rows each (e: the all-to-all, e_t: the
+                # expert tensor group's gather of the t-sharded tokens), the matrices split by e_t
+                m, count, shard = (m * e if et == t else m * e * et / t), count / e, et
+            n_, k_ = (n / shard, k) if column else (n, k / shard)
             out.weight(row, m, n_, k_, count, (*fwd_kinds, _I, _W))
             weights += n_ * k_ * count
         elementwise(row, _F, is_moe, False)

@@ -69,9 +69,14 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
     Megatron-LM (d98e8a6): it runs ``1f1b`` and, with virtual stages, ``interleaved-1f1b``, whose
     microbatches must be a multiple of the pipeline size (``megatron/core/pipeline_parallel/
     schedules.py``, the interleaved schedule: the microbatch group per virtual stage is the pipeline
-    size by default, and a remainder below it is a ``RuntimeError``). torchtitan (v0.2.x): no
-    ZeRO-1 (FSDP2 shards gradients too), tensor parallelism always with sequence parallelism, and
-    a schedule torch's pipelining has (``TORCH_NAMES``).
+    size by default, and a remainder below it is a ``RuntimeError``); its expert folding is
+    ``Parallelism``'s own rule. torchtitan (v0.2.x): no ZeRO-1 (FSDP2 shards gradients too), tensor
+    parallelism always with sequence parallelism, a schedule torch's pipelining has
+    (``TORCH_NAMES``), and experts as ``torchtitan/distributed/parallel_dims.py`` (v0.2.1, v0.2.2,
+    e347b1e5) builds them: ``expert_tensor_parallel_degree`` 1 or the tensor size (``"Currently we only
+    support ETP=TP or ETP=1"``) and only with expert parallelism (``"No effect ... when ep = 1"``:
+    the experts then shard like the tensor group), the expert groups inside the sharded ranks (sparse
+    mesh ``["pp", "dp_replicate", "efsdp", "ep", "etp"]``, ``efsdp = dp_shard x cp x tp / (etp x ep)``).
     """
     par = parallelism
     if framework == "megatron":
@@ -94,8 +99,27 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
         if par.context > 1 and par.zero == 0:
             return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
                     "context_parallel_degree > 1: use zero=2 or 3")
-        return None
+        return _torchtitan_expert_problem(par)
     raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+
+
+def _torchtitan_expert_problem(par: Parallelism) -> str | None:
+    """What torchtitan v0.2.1-v0.2.2 refuses in ``par``'s expert layers (``export_problem``), or None."""
+    e, et = par.expert, par.etp
+    if e == 1:
+        if et != par.tensor:
+            return (f"torchtitan applies expert_tensor_parallel_degree only with expert parallelism (experts "
+                    f"shard like the tensor group, {par.tensor}, at expert=1): expert_tensor={et}")
+        return None
+    if et not in (1, par.tensor):
+        return f"torchtitan runs expert tensor parallelism of 1 or the tensor size {par.tensor}, not {et}"
+    shard = 1 if par.zero == 0 else par.data  # data_parallel_shard_degree
+    region = shard * par.context * par.tensor
+    if region % (et * e):
+        fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
+        return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
+                f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
+    return None
 
 
 @dataclass(frozen=True, init=False)
@@ -108,8 +132,8 @@ class Launch:
 
     Attributes:
         family: the pipeline schedule family (``diffpipe.schedules.names()``).
-        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, ZeRO stage,
-            sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
+        parallelism: the ``Parallelism`` (tensor, pipeline, data, virtual, expert, expert tensor, ZeRO
+            stage, sequence parallelism); a mapping of its fields is accepted too (``to_dict``'s form).
         microbatch_size: samples per microbatch.
         global_batch: samples per optimizer step, over all data-parallel ranks.
         sequence: tokens per sample.
@@ -359,9 +383,11 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
     """Megatron-LM command-line arguments for ``launch`` (``pretrain_gpt.py`` and friends).
 
     Parallel degrees (context parallelism as ``--context-parallel-size`` with ``--cp-comm-type p2p``,
-    the ring diffpipe prices), ``--num-layers``, ``--seq-length``, the batch, then the stage split: nothing
-    for an even split without virtual stages, ``--num-layers-per-virtual-pipeline-stage`` for an
-    even interleaved split, ``--pipeline-model-parallel-layout`` (with the embedding and loss
+    the ring diffpipe prices; ``--expert-model-parallel-size`` and, when it differs from the tensor
+    size, ``--expert-tensor-parallel-size``), ``--num-layers``, ``--seq-length``, the batch, then the
+    stage split: nothing for an even split without virtual stages,
+    ``--num-layers-per-virtual-pipeline-stage`` for an even interleaved split,
+    ``--pipeline-model-parallel-layout`` (with the embedding and loss
     placement) for an uneven one. Recompute: ``--recompute-granularity selective`` (Megatron's default
     selective module is the attention core, as diffpipe's), or ``full`` with ``--recompute-method
     uniform --recompute-num-layers 1`` (every layer from its input). ZeRO: see ``_MEGATRON_ZERO``.
@@ -388,6 +414,8 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
         args += ["--context-parallel-size", str(par.context), "--cp-comm-type", "p2p"]
     if par.expert > 1:
         args += ["--expert-model-parallel-size", str(par.expert)]
+    if par.etp != par.tensor:  # unset, Megatron takes the tensor size (validate_args)
+        args += ["--expert-tensor-parallel-size", str(par.etp)]
     if par.sequence_parallel and par.tensor > 1:
         args.append("--sequence-parallel")
     if model is not None:
@@ -445,7 +473,9 @@ def torchtitan_toml(launch: Launch) -> str:
 
     Data parallelism is DDP (``data_parallel_replicate_degree``) for ZeRO-0 and FSDP2
     (``data_parallel_shard_degree``) for ZeRO-3, or ZeRO-2 with ``fsdp_reshard_after_forward =
-    "never"`` (weights kept gathered from forward to backward). With pipelining, ``local_batch_size``
+    "never"`` (weights kept gathered from forward to backward). Expert parallelism names both
+    ``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (torchtitan's default for the
+    latter is 1, diffpipe's the tensor size). With pipelining, ``local_batch_size``
     is the data-parallel rank's share of the batch and ``pipeline_parallel_microbatch_size`` splits it
     into the pipeline's microbatches; without, ``local_batch_size`` is the microbatch and torchtitan
     accumulates gradients up to ``global_batch_size``. The split is
@@ -497,8 +527,9 @@ def torchtitan_toml(launch: Launch) -> str:
             values["pipeline_parallel_last_stage_less_layers"] = 0
         else:
             values["module_fqns_per_model_part"] = torchtitan_modules(launch.layers_per_stage)
-    if par.expert > 1:
+    if par.expert > 1:  # torchtitan's expert tensor degree defaults to 1, diffpipe's (Megatron's) to the tensor size
         values["expert_parallel_degree"] = par.expert
+        values["expert_tensor_parallel_degree"] = par.etp
     lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
     lines += ["", "[activation_checkpoint]", f"mode = {_toml_value(launch.recompute)}"]
     if launch.recompute == "selective":

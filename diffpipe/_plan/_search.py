@@ -106,7 +106,8 @@ LEGEND = ("step: seconds per optimizer step; MFU: model FLOPs over the GPUs' den
           "tensor-, context- (the K,V ring, beyond the attention it overlaps), expert- and ZeRO-3 collectives inside "
           "ops (%); cp: context-parallel size; family '-': no pipeline (PP1)")
 
-COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "microbatch_size", "microbatches",
+COLUMNS = ("family", "tensor", "context", "pipeline", "data", "virtual", "expert", "expert_tensor", "microbatch_size",
+           "microbatches",
            "recompute", "zero", "sequence_parallel", "layers_per_stage", "balanced", "step_time",
            "tokens_per_second_per_gpu", "mfu", "memory_per_gpu", "capacity", "bubble_ratio",
            "communication_share", "bound")
@@ -125,11 +126,12 @@ class _Candidate:
     zero: int
     sequence_parallel: bool
     context: int = 1
+    expert_tensor: int | None = None
 
     def parallelism(self) -> Parallelism:
         return Parallelism(tensor=self.tensor, pipeline=self.pipeline, data=self.data, virtual=self.virtual,
                            expert=self.expert, zero=self.zero, sequence_parallel=self.sequence_parallel,
-                           context=self.context)
+                           context=self.context, expert_tensor=self.expert_tensor)
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,10 @@ class PlanTable:
     def parallelism(self, i: int = 0) -> Parallelism:
         """The ``Parallelism`` of row ``i``."""
         row = self._row(i)
-        return Parallelism(**{f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row})
+        sizes = {f.name: row[f.name] for f in dataclasses.fields(Parallelism) if f.name in row}
+        if sizes.get("expert_tensor") == row["tensor"]:
+            sizes["expert_tensor"] = None  # the default: the tensor size
+        return Parallelism(**sizes)
 
     def launch(self, i: int = 0) -> Launch:
         """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
@@ -237,7 +242,9 @@ class PlanTable:
         cells = []
         for r in self.rows[: top if top is not None else len(self.rows)]:
             family = ("-" if r["pipeline"] == 1 else r["family"]) + (" (balanced)" if r["balanced"] else "")
-            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], r["expert"],
+            et = r.get("expert_tensor", r["tensor"])
+            ep = r["expert"] if et == r["tensor"] else f"{r['expert']} (etp {et})"
+            cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], ep,
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
                           f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
                           f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
@@ -303,7 +310,7 @@ class _Costs:
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str]):
         costs = parallel_costs(model, par)
-        key = (model, par.tensor, par.sequence_parallel, par.expert, par.context, _cluster_key(cluster))
+        key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, _cluster_key(cluster))
         if key not in _TIMES:
             if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
                 times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
@@ -421,7 +428,8 @@ def _metrics(cfg: Configuration, schedule: Any, step: float, bubble: float, memo
 def _row(c: _Candidate, cfg: Configuration, counts: tuple[int, ...], balanced: bool, figures: dict) -> dict:
     return {"family": c.family, "tensor": c.tensor, "context": c.context, "pipeline": c.pipeline, "data": c.data,
             "virtual": c.virtual,
-            "expert": c.expert, "microbatch_size": c.microbatch_size, "microbatches": cfg.microbatches,
+            "expert": c.expert, "expert_tensor": c.tensor if c.expert_tensor is None else c.expert_tensor,
+            "microbatch_size": c.microbatch_size, "microbatches": cfg.microbatches,
             "recompute": c.recompute, "zero": c.zero, "sequence_parallel": c.sequence_parallel,
             "layers_per_stage": tuple(int(x) for x in counts), "balanced": balanced, **figures}
 
@@ -524,6 +532,7 @@ def plan(
     tensor: int | Sequence[int] | None = None,
     pipeline: int | Sequence[int] | None = None,
     expert: int | Sequence[int] | None = None,
+    expert_tensor: int | Sequence[int] | None = None,
     virtual: int | Sequence[int] | None = None,
     context: int | Sequence[int] | None = None,
     microbatch_sizes: int | Sequence[int] = DEFAULT_MICROBATCH_SIZES,
@@ -547,7 +556,12 @@ def plan(
         families: schedule families (default ``DEFAULT_FAMILIES``); families with ``chunks`` take
             ``virtual`` values, others their own stages per device (``zb-v``: 2).
         tensor, pipeline, expert: sizes to try (default: every divisor that fits: tensor within a
-            node, pipeline up to the layers, expert dividing data and the experts of a MoE model).
+            node, pipeline up to the layers, expert dividing data and the experts of a MoE model; with
+            ``expert_tensor`` given, every expert size the folding allows: ``expert_tensor x expert``
+            dividing ``tensor x context x data``).
+        expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
+            the tensor size only, Megatron-LM's default); sizes that do not fit a configuration
+            (``expert_tensor x expert`` not dividing ``tensor x context x data``) are skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         context: context-parallel sizes to try (default: 1, and from a sequence of
@@ -578,8 +592,8 @@ def plan(
     bar = Progress("plan", progress is not False, show_now=progress is True)
     try:
         return _search(model, cluster, global_batch, sequence=sequence, families=families, tensor=tensor,
-                       pipeline=pipeline, expert=expert, virtual=virtual, context=context,
-                       microbatch_sizes=microbatch_sizes,
+                       pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
+                       context=context, microbatch_sizes=microbatch_sizes,
                        recompute=recompute, zero=zero, sequence_parallel=sequence_parallel, headroom=headroom,
                        top_k=top_k, balance=balance, communication=communication, export=export, bar=bar)
     finally:
@@ -587,7 +601,8 @@ def plan(
 
 
 def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence: int | None, families: Any,
-            tensor: Any, pipeline: Any, expert: Any, virtual: Any, context: Any, microbatch_sizes: Any,
+            tensor: Any, pipeline: Any, expert: Any, expert_tensor: Any, virtual: Any, context: Any,
+            microbatch_sizes: Any,
             recompute: Any, zero: Any,
             sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
             export: str | None, bar: Progress) -> PlanTable:
@@ -631,6 +646,12 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
         for e in experts_given:
             if model.experts % e:
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
+    expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
+    if expert_tensor is not None:
+        expert_tensors = [check_int("plan: expert_tensor", x) for x in _values("expert_tensor", expert_tensor)]
+        if model.experts == 1:
+            raise ConfigError(f"plan: expert_tensor={expert_tensor!r} needs a mixture-of-experts model (this one "
+                              "is dense)")
     g, node = cluster.gpus, cluster.devices_per_node
     tensors = [check_int("plan: tensor", t) for t in _values("tensor", tensor)] if tensor is not None else [
         t for t in _divisors(node) if g % t == 0]
@@ -658,9 +679,22 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                 rejected["context"] += 1
                 continue
             d = g // (t * p * cp)
-            experts = [1] if model.experts == 1 else (
-                [e for e in _divisors(d) if model.experts % e == 0] if expert is None
-                else list(_values("expert", expert)))
+            splits = []  # (expert, expert_tensor): the expert layers' decomposition
+            for et in expert_tensors:
+                if (t * cp * d) % (t if et is None else et):
+                    explored += 1
+                    rejected["expert"] += 1
+                    continue
+                folded = t * cp * d // (t if et is None else et)  # the ranks an expert group may span
+                experts = [1] if model.experts == 1 else (
+                    [e for e in _divisors(d if et is None else folded) if model.experts % e == 0] if expert is None
+                    else list(_values("expert", expert)))
+                for e in experts:
+                    if folded % e:
+                        explored += 1
+                        rejected["expert"] += 1
+                    else:
+                        splits.append((e, et))
             shapes = []
             for f in families:
                 chunks, per, _ = _family_shape(f)
@@ -674,7 +708,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                         shapes.append((f, 1))
                 else:
                     shapes.append((f, per))
-            for e in experts:
+            for e, et in splits:
                 for f, v in shapes:
                     for b in sizes:
                         for r in recompute:
@@ -683,7 +717,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                     if sp and t == 1:
                                         continue  # sequence parallelism needs a tensor group
                                     explored += 1
-                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp, cp)
+                                    c = _Candidate(f, t, p, d, v, e, b, r, z, sp, cp, et)
                                     if p * v > model.layers:
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
@@ -705,7 +739,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     bar.stage("enumerating (closed-form bounds)", len(candidates))
     for index, c in enumerate(candidates):
         bar.update(1)
-        key = (c.tensor, c.expert, c.data, c.zero, c.sequence_parallel, c.microbatch_size, c.recompute, c.context)
+        key = (c.tensor, c.expert, c.expert_tensor, c.data, c.zero, c.sequence_parallel, c.microbatch_size,
+               c.recompute, c.context)
         if key not in costs:
             variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
             par = dataclasses.replace(c.parallelism(), pipeline=1, virtual=1)
@@ -836,8 +871,9 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                       zero, tensors, simulated, contexts)
         request = dict(model=model, cluster=cluster, global_batch=global_batch, sequence=sequence, families=families,
                        tensor=tensor,
-                       pipeline=pipeline, expert=expert, virtual=virtual, context=context, microbatch_sizes=sizes,
-                       recompute=recompute, zero=zero, sequence_parallel=sps, headroom=headroom,
+                       pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
+                       context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
+                       headroom=headroom,
                        communication=communication)
         raise ConfigError(_checked_suggestion(reason, changes, request))
     rows_out = _ranked(rows_out)
@@ -911,9 +947,10 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     is faster and fits, else None."""
     if row["pipeline"] * row["virtual"] < 2:
         return None
+    et = row.get("expert_tensor", row["tensor"])
     c = _Candidate(row["family"], row["tensor"], row["pipeline"], row["data"], row["virtual"], row["expert"],
                    row["microbatch_size"], row["recompute"], row["zero"], row["sequence_parallel"],
-                   row.get("context", 1))
+                   row.get("context", 1), None if et == row["tensor"] else et)
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
                         communication=communication)

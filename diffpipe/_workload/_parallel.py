@@ -6,8 +6,10 @@ and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups
 way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``, ``megatron/core/parallel_state.py``)
 and torchtitan (mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``) do by default: a tensor group
 is ``tensor`` consecutive ranks (inside one node), a context group strides by ``tensor``, a data group
-by ``tensor x context``, pipeline neighbours by ``tensor x context x data``; the expert group is carved
-out of the data group (``expert`` consecutive data ranks, stride ``tensor``). ``parallel_costs`` gives the per-device
+by ``tensor x context``, pipeline neighbours by ``tensor x context x data``; the expert layers fold onto
+the same ranks in their own order (below): an expert tensor group is ``expert_tensor`` consecutive ranks,
+an expert group ``expert`` ranks at stride ``expert_tensor`` (with ``expert_tensor = tensor``, the default,
+it is carved out of the data and context ranks). ``parallel_costs`` gives the per-device
 per-layer table that ``diffpipe._plan._configuration`` turns into a ``Workload``: FLOPs, the collectives
 each op waits for (bytes over a bandwidth and latency hops, per group), static, gradient,
 activation, message and optimizer-traffic bytes.
@@ -44,8 +46,29 @@ data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activat
   parallelism (compute unchanged), holds ``E/e`` experts, and every MoE block does two
   all-to-alls (dispatch, combine) of its ``k`` (times the capacity factor) token copies,
   ``k' X / (t if SP else 1)`` bytes, in the forward and two in the backward (plus two more under
-  full recomputation). Expert weights are split by ``t`` as well (Megatron-Core's default expert
-  tensor parallel size is ``t``).
+  full recomputation). Expert weights are split over the expert tensor group, ``e_t`` ranks.
+- Parallel folding (Megatron-LM d98e8a6, ``megatron/core/parallel_state.py``,
+  ``initialize_model_parallel``; Liu et al., "MoE Parallel Folding", arXiv:2504.14960, 2025): the
+  expert layers have their own decomposition of the same ranks, ``world = t c N_d p = e_t e N_e p``,
+  built by a second ``RankGenerator(tp=e_t, ep=e, dp=N_e, pp=p, cp=1)`` in the same order
+  (``tp-ep-dp-pp``): ``e_t`` (``--expert-tensor-parallel-size``; unset, ``t``, as ``validate_args``
+  sets it) consecutive ranks, the expert group ``e`` ranks at stride ``e_t``, the expert data group
+  ``N_e = t c N_d / (e_t e)`` the rest; Megatron requires ``world % (e_t e p) == 0`` (a
+  ``RuntimeError`` there; here ``e_t e`` divides ``t c N_d``) and ``experts % e == 0``
+  (``validate_args``). So the expert group may span tensor and context ranks as well as data ranks
+  (``e_t = 1``: the tensor ranks join it). A MoE block's attention collectives stay over the tensor
+  group; its MLP collective (the all-gather and reduce-scatter of ``X`` with sequence parallelism, as
+  the dense MLP's) runs over the expert tensor group, ``e_t`` ranks, inside a node, so it is counted
+  with the tensor collectives; with ``e_t = t`` this is the tensor-parallel MLP's. (Megatron's
+  all-to-all dispatcher, ``megatron/core/transformer/moe/token_dispatcher.py``, gathers the ``k'``
+  routed copies over the expert tensor group after the all-to-all, ``k'`` times this volume; the
+  lighter term is kept so that ``e_t = t`` gives the results of the earlier model.) Expert weights
+  are ``1/(e_t e)`` of the routed experts on a device, ZeRO-sharded and gradient-synced over the
+  ``N_e`` ranks; the expert GEMMs run ``e e_t / t`` times the rows of ``E / e`` experts split by
+  ``e_t`` (the same FLOPs). torchtitan v0.2.2 (73a0e69, ``torchtitan/distributed/parallel_dims.py``)
+  builds the same order (sparse mesh ``["pp", "dp_replicate", "efsdp", "ep", "etp"]``, ``etp`` only
+  ``1`` or ``tp``); its main (b5bcd76) dropped ``etp`` (experts never tensor-split, "[MoE][4/n]
+  deprecate expert tensor parallel", #3167) and requires ``ep`` to divide ``dp_shard x cp x tp``.
 - ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
   Models", SC'20, §5 and Figure 1): with ``Psi`` parameters on a device, ``d``-byte weights and
   gradients and ``K``-byte optimizer state (mixed-precision Adam: ``d = 2``, ``K = 12``, so
@@ -53,7 +76,7 @@ data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activat
   + K Psi / N_d`` (stage 1: optimizer state sharded; Megatron-LM's distributed optimizer), ``d Psi
   + (d + K) Psi / N_d`` (stage 2: gradients too) and ``(2d + K) Psi / N_d`` (stage 3: weights too);
   i.e. ``16, 4 + 12/N_d, 2 + 14/N_d, 16/N_d`` bytes per parameter. Expert parameters are sharded
-  over their own data group, ``N_d / e`` ranks.
+  over their own data group, ``N_e`` ranks (``N_d c / e`` with ``e_t = t``).
 - Data-parallel gradient sync (docs/architecture.md, "The data-parallel gradient sync"): the
   bytes one device's sync of a stage moves, in *all-reduce-equivalent* bytes for a ring over
   ``N_d`` ranks, with gradients reduced in ``r`` bytes an element (``Transformer.reduce_bytes``,
@@ -61,7 +84,7 @@ data, ``e`` expert sizes; ``X = d b (s / c) h`` the bytes of one block's activat
   reduce-scatter of the gradients and an all-gather of the ``d``-byte weights, each half an
   all-reduce), ``r Psi / 2`` for stage 3 (a reduce-scatter; parameters are all-gathered in the
   passes instead).
-  Expert gradients sync over ``N_d / e`` ranks: their bytes are scaled by ``((n_e - 1)/n_e) /
+  Expert gradients sync over ``N_e`` ranks: their bytes are scaled by ``((N_e - 1)/N_e) /
   ((N_d - 1)/N_d)`` so that the ring formula over ``N_d`` gives their bandwidth term.
 - ZeRO-3 parameter all-gathers (SC'20 §7.2.2): every layer's weights are all-gathered over the
   data group before its forward and again before its backward (1.5x the all-reduce volume in all,
@@ -127,7 +150,13 @@ class Parallelism:
         data: data-parallel size ``N_d`` (replicas of a pipeline).
         virtual: model chunks per pipeline device (interleaved schedules; Megatron
             ``--num-layers-per-virtual-pipeline-stage`` gives it implicitly).
-        expert: expert-parallel size ``e``, carved out of the data group (``e`` divides ``data``).
+        expert: expert-parallel size ``e`` (Megatron ``--expert-model-parallel-size``, torchtitan
+            ``expert_parallel_degree``): the routed experts split over ``e`` ranks of the expert layers'
+            own decomposition (module docstring, "parallel folding"): ``expert_tensor x expert`` must
+            divide ``tensor x context x data``.
+        expert_tensor: expert tensor-parallel size (Megatron ``--expert-tensor-parallel-size``, torchtitan
+            v0.2.x ``expert_tensor_parallel_degree``): every routed expert's matrices split over this many
+            ranks. None (default): ``tensor``, Megatron-LM's default (``etp``).
         zero: ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).
         sequence_parallel: Megatron's sequence parallelism (Korthikanti et al. 2022).
         context: context-parallel size ``c`` (Megatron ``--context-parallel-size``, torchtitan
@@ -143,21 +172,43 @@ class Parallelism:
     zero: int = 0
     sequence_parallel: bool = False
     context: int = 1
+    expert_tensor: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor", "pipeline", "data", "virtual", "expert", "context"):
             check_int(f"parallelism: {name}", getattr(self, name), 1)
+        if self.expert_tensor is not None:
+            check_int("parallelism: expert_tensor", self.expert_tensor, 1)
         if not is_int(self.zero) or self.zero not in ZERO_STAGES:
             raise ConfigError(f"parallelism: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ConfigError(f"parallelism: sequence_parallel must be a bool, got {self.sequence_parallel!r}")
-        if self.data % self.expert:
-            raise ConfigError(f"parallelism: expert={self.expert} must divide data={self.data} (the expert group "
-                              "is carved out of the data-parallel group)")
+        e, et = self.expert, self.etp
+        if (self.tensor * self.context * self.data) % (et * e):
+            # Megatron-LM d98e8a6 initialize_model_parallel: world_size % (etp x ep x pp) == 0
+            if et == self.tensor:  # the expert group is carved out of the data (and context) ranks
+                what = f"data={self.data}" if self.context == 1 else f"context x data = {self.context * self.data}"
+                raise ConfigError(f"parallelism: expert={e} must divide {what} (with expert_tensor = tensor the "
+                                  "expert group is carved out of the data and context ranks)")
+            raise ConfigError(f"parallelism: expert_tensor x expert = {et} x {e} = {et * e} must divide tensor x "
+                              f"context x data = {self.tensor * self.context * self.data} (the expert layers "
+                              "fold onto the same ranks)")
+
+    @property
+    def etp(self) -> int:
+        """The expert tensor-parallel size: ``expert_tensor``, or ``tensor`` when None (Megatron-LM's
+        default, ``megatron/core/parallel_state.py`` and ``megatron/training/arguments.py``)."""
+        return self.tensor if self.expert_tensor is None else self.expert_tensor
+
+    @property
+    def expert_data(self) -> int:
+        """The expert data-parallel size: ranks holding the same expert weights, ``tensor x context
+        x data / (expert_tensor x expert)`` (Megatron-LM's ``expert_data_parallel_size``)."""
+        return self.tensor * self.context * self.data // (self.etp * self.expert)
 
     @property
     def gpus(self) -> int:
-        """``tensor x context x pipeline x data`` (expert parallelism reuses the data ranks)."""
+        """``tensor x context x pipeline x data`` (the expert layers fold onto the same ranks)."""
         return self.tensor * self.context * self.pipeline * self.data
 
     @property
@@ -189,15 +240,26 @@ class Parallelism:
         for name, value in (("heads", model.heads), ("kv_heads", model.kv), ("ffn_hidden", model.ffn)):
             if float(value) % t:
                 raise ConfigError(f"parallelism: tensor={t} must divide the model's {name}={value:g}")
+        et = self.etp
         if model.experts > 1:
-            if float(model.expert_ffn) % t:
-                raise ConfigError(f"parallelism: tensor={t} must divide the model's moe_ffn_hidden="
+            if float(model.expert_ffn) % et:
+                name = "tensor" if et == t else "expert_tensor"
+                raise ConfigError(f"parallelism: {name}={et} must divide the model's moe_ffn_hidden="
                                   f"{model.expert_ffn:g}")
+            if et != t and float(model.shared_experts * model.expert_ffn) % t:  # shared experts shard by tensor
+                raise ConfigError(f"parallelism: tensor={t} must divide the model's shared experts' width "
+                                  f"{model.shared_experts * model.expert_ffn:g}")
             if model.experts % self.expert:
                 raise ConfigError(f"parallelism: expert={self.expert} must divide the model's "
                                   f"experts={model.experts}")
+            if et != t and t > 1 and not self.sequence_parallel:
+                raise ConfigError(f"parallelism: expert_tensor={et} other than tensor={t} needs sequence_parallel "
+                                  "(Megatron-LM's MoE layer trains tensor parallelism only with it)")
         elif self.expert > 1:
             raise ConfigError(f"parallelism: expert={self.expert} needs a mixture-of-experts model (this one "
+                              "is dense)")
+        elif et != t:
+            raise ConfigError(f"parallelism: expert_tensor={et} needs a mixture-of-experts model (this one "
                               "is dense)")
         if self.stages > model.layers + 2:  # the first and last stage may hold the embedding or head alone
             raise ConfigError(f"parallelism: pipeline x virtual = {self.pipeline} x {self.virtual} = "
@@ -302,7 +364,8 @@ def transformer_engine_tensor_overlap(tensor: int) -> float:
 
 class Placement(NamedTuple):
     """Where each group of a ``Parallelism`` sits on a ``Cluster`` (Megatron-LM's rank order
-    ``tp-cp-ep-dp-pp``, tensor innermost, then context).
+    ``tp-cp-ep-dp-pp``, tensor innermost, then context; the expert layers' ``tp-ep-dp-pp`` with the
+    expert tensor size: an expert group spans ``expert_tensor x expert`` consecutive ranks).
 
     Attributes:
         links: group (``tensor``, ``context``, ``expert``, ``data``) -> ``"intra"`` or ``"inter"``: the
@@ -327,6 +390,10 @@ def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
     if p.tensor > n or n % p.tensor:
         raise ConfigError(f"parallelism: tensor={p.tensor} must divide the {n} GPUs of a node (a tensor group "
                           "stays inside one node)")
+    et = p.etp
+    if et > n or n % et:
+        raise ConfigError(f"parallelism: expert_tensor={et} must divide the {n} GPUs of a node (an expert "
+                          "tensor group stays inside one node, as the tensor group does)")
     inner = p.tensor * p.context * p.data
     if inner < n and n % inner:
         what = "tensor x data" if p.context == 1 else "tensor x context x data"
@@ -336,11 +403,11 @@ def placement(parallelism: Parallelism, cluster: Cluster) -> Placement:
     def where(ranks: int) -> str:
         return "intra" if ranks <= n or cluster.gpus <= n else "inter"
 
-    links = {"tensor": "intra", "context": where(p.tensor * p.context), "expert": where(p.tensor * p.expert),
+    links = {"tensor": "intra", "context": where(p.tensor * p.context), "expert": where(et * p.expert),
              "data": where(inner)}
     stages_per_node = max(1, min(p.pipeline, n // inner)) if cluster.gpus > n else p.pipeline
-    per_node = max(1, n // p.tensor)  # context, expert and data rings stride by the tensor size
-    ranks = {"tensor": p.tensor, "context": min(p.context, per_node), "expert": min(p.expert, per_node),
+    per_node = max(1, n // p.tensor)  # context and data rings stride by the tensor size
+    ranks = {"tensor": p.tensor, "context": min(p.context, per_node), "expert": min(p.expert, max(1, n // et)),
              "data": min(p.shards, per_node)}
     return Placement(links, stages_per_node, ranks)
 
@@ -516,7 +583,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     module docstring)."""
     par = parallelism
     par.check(model)
-    t, e, c = par.tensor, par.expert, par.context
+    t, e, c, et = par.tensor, par.expert, par.context, par.etp
     n = par.shards  # the data and context ranks reduce (and ZeRO-shard) the same parameters
     sp = par.sequence_parallel
     full = model.recompute == "full"
@@ -537,9 +604,15 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
 
     F, I = 0, 1
     block_ar = all_reduce(t, x)  # with SP: all-gather + reduce-scatter, the same terms
+    expert_ar = all_reduce(et, x)  # a MoE block's MLP collective, over the expert tensor group
     for row in range(1, rows - 1):
-        add("tensor", F, row, block_ar, 2)
-        add("tensor", I, row, block_ar, 4 if full else 2)
+        if row in moe and et != t:  # attention over the tensor group, the experts over theirs
+            for term in (block_ar, expert_ar):
+                add("tensor", F, row, term)
+                add("tensor", I, row, term, 2 if full else 1)
+        else:
+            add("tensor", F, row, block_ar, 2)
+            add("tensor", I, row, block_ar, 4 if full else 2)
         if row in moe and e > 1:
             routed = model.experts_per_token * (1.0 if model.capacity_factor is None else model.capacity_factor)
             a2a = all_gather(e, routed * x / (t if sp else 1))
@@ -555,9 +628,9 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
 
     expert = _expert_parameters(model)
     dense = base.parameters - expert
-    shards_e = n // e
+    shards_e = par.expert_data  # ranks holding the same experts: t c N_d / (e_t e)
     per_device_dense = dense / t
-    per_device_expert = expert / (t * e)
+    per_device_expert = expert / (et * e)
     parameters = per_device_dense + per_device_expert
     bpp = model.bytes_per_parameter
     static = (zero_static_bytes(per_device_dense, par.zero, n, d, bpp)
@@ -581,7 +654,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     owned = per_device_dense / (n if par.zero >= 1 else 1) + per_device_expert / (shards_e if par.zero >= 1 else 1)
     shared = base.shared_parameters / t
     shared_static = float(zero_static_bytes(shared, par.zero, n, d, bpp))
-    kernels = context_kernels(layer_kernels(local, tensor=t, sequence_parallel=sp, expert=e), c)
+    kernels = context_kernels(layer_kernels(local, tensor=t, sequence_parallel=sp, expert=e, expert_tensor=et), c)
     context_block = None
     if c > 1:  # the K,V block a rank passes on: b (s/c) tokens x a_kv/t heads x (d_h + d_v)
         kv = model.heads if model.kv_lora_rank else model.kv  # MLA decompresses K and V per head

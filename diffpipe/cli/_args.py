@@ -215,8 +215,11 @@ _CONFIG_FLAGS = (
           search="list", default="1; from sequence 16,384, powers of 2 down to 4,096 tokens per rank"),
     _Flag("--dp", "data", "parallelism", "data-parallel size (default: --gpus / (tp x cp x pp))", _count,
           search=None),
-    _Flag("--ep", "expert", "parallelism", "expert-parallel size (divides the data-parallel size)", _count,
-          search="list", default="every divisor of dp and the experts"),
+    _Flag("--ep", "expert", "parallelism", "expert-parallel size (etp x ep divides tp x cp x dp: Megatron's "
+          "parallel folding)", _count, search="list",
+          default="every divisor of dp and the experts; with --etp, of tp x cp x dp / etp"),
+    _Flag("--etp", "expert_tensor", "parallelism", "expert tensor-parallel size (Megatron "
+          "--expert-tensor-parallel-size; default: --tp)", _count, search="list", default="--tp"),
     _Flag("--vpp", "virtual", "parallelism", "model chunks per pipeline device", _count, search="list",
           default="2,4 for families with chunks"),
     _Flag("--zero", "zero", "parallelism", "ZeRO stage (1: Megatron's distributed optimizer)", _zero,

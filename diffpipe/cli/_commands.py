@@ -215,8 +215,12 @@ def _preset_rows(what: str) -> list[dict[str, Any]]:
     from .. import presets
 
     if what == "devices":
+        from .._machine._specs import REPORTED_SOURCE
+
         return [{"name": name, "bf16_dense_tflops": spec.peak_flops / 1e12, "memory_gb": spec.memory / 1e9,
-                 "memory_bandwidth_tb_per_s": spec.memory_bandwidth / 1e12, "source": spec.source}
+                 "reported_memory_gb": None if spec.reported_memory is None else spec.reported_memory / 1e9,
+                 "memory_bandwidth_tb_per_s": spec.memory_bandwidth / 1e12,
+                 "source": spec.source + ("" if spec.reported_memory is None else f"; reported: {REPORTED_SOURCE}")}
                 for name, spec in presets.DEVICES.items()]
     if what == "networks":
         return [{"name": name, "gb_per_s_per_direction": spec.bandwidth / 1e9, "latency_us": spec.latency * 1e6,
@@ -239,7 +243,8 @@ def _cmd_list_presets(args: argparse.Namespace) -> None:
         _print_json(rows)
         return
     columns = {"devices": (("bf16_dense_tflops", "BF16 TFLOP/s (dense)", ",.0f"), ("memory_gb", "memory GB", ".0f"),
-                           ("memory_bandwidth_tb_per_s", "memory TB/s", ".2f")),
+                           ("reported_memory_gb", "reported GB", ".2f"), ("memory_bandwidth_tb_per_s", "memory TB/s",
+                                                                         ".2f")),
                "networks": (("gb_per_s_per_direction", "GB/s per direction", ",.1f"),
                             ("latency_us", "latency us", ".0f"), ("devices_per_node", "GPUs per node", "")),
                "models": (("parameters_billions", "parameters (B)", ",.1f"), ("layers", "layers", "d"),
@@ -531,7 +536,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     cluster = _cluster(clu, clu["gpus"])
     # dp.plan's axes, where a flag narrows them (else dp.plan's defaults)
     axes = {"families": args.families, "tensor": par.get("tensor"), "pipeline": par.get("pipeline"),
-            "expert": par.get("expert"), "virtual": par.get("virtual"), "context": par.get("context"),
+            "expert": par.get("expert"), "expert_tensor": par.get("expert_tensor"), "virtual": par.get("virtual"),
+            "context": par.get("context"),
             "microbatch_sizes": train.get("microbatch_size"), "recompute": train.get("recompute"),
             "zero": par.get("zero"), "sequence_parallel": par.get("sequence_parallel")}
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),

@@ -74,7 +74,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
                  "global_batch": "count", "recompute": "recompute", "flash_attention": "bool"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
-                    "zero": "zero", "sequence_parallel": "bool", "context": "count"},
+                    "zero": "zero", "sequence_parallel": "bool", "context": "count",
+                    "expert_tensor": "count"},
     "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
 }
 _MACHINE_SECTIONS = ("times", "model", "device", "network")
@@ -372,6 +373,8 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
     cluster = _cluster(clu, parallelism.gpus)
     mode = _mode(args.mode or network.get("mode") or "overlap")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
+    if parallelism.etp != parallelism.tensor:
+        extra += f" ETP{parallelism.etp}"
     cp = f" CP{parallelism.context}" if parallelism.context > 1 else ""
     label = (f"{name} (s={model.sequence}, b={model.microbatch_size}, {model.recompute} recompute"
              f"{', flash attention' if model.flash_attention else ''}) on {cluster.gpus}x {cluster.device.name}, "

@@ -48,7 +48,7 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
     par = cfg.parallelism
     return {"family": schedule.family, "options": dict(schedule.options), "machine": label,
             "tensor": par.tensor, "context": par.context, "pipeline": par.pipeline, "data": par.data,
-            "expert": par.expert,
+            "expert": par.expert, "expert_tensor": par.etp,
             "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
             "global_batch": cfg.global_batch, **_with_units(result.to_dict()),
             "busy_s": [float(x) for x in result.result.busy]}

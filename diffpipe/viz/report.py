@@ -127,6 +127,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     par = cfg.parallelism
     summary = (f"{_family(best)}: TP{par.tensor} CP{par.context} PP{par.pipeline} DP{par.data}"
                + (f" VPP{par.virtual}" if par.virtual > 1 else "") + (f" EP{par.expert}" if par.expert > 1 else "")
+               + (f" ETP{par.etp}" if par.etp != par.tensor else "")
                + f" ZeRO-{par.zero}" + (" SP" if par.sequence_parallel else "")
                + f", microbatch size {best['microbatch_size']}, {result.microbatches} microbatches, "
                f"recompute {best['recompute']}, layers per stage {' '.join(map(str, best['layers_per_stage']))}")
