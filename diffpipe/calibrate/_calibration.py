@@ -320,8 +320,9 @@ class Calibration:
         ``split_known=False``, so ``optimize``/``sweep``/``simulate`` of a schedule with ``I``/``W``
         ops on it raise rather than price ``I`` as the whole backward and ``W`` as free (build the
         workload for that schedule instead). The measured full backward (spread over the layers
-        like the other times), the per-kind overheads, ``setup`` and ``wind_down`` are the
-        workload's too, so its hardware at the measured split prices a schedule as ``predict``.
+        like the other times), the per-kind overheads, ``setup``, ``wind_down`` and the host times
+        of a transfer are the workload's too, so its hardware at the measured split prices a
+        schedule as ``predict``.
         """
 
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
