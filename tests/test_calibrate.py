@@ -10,6 +10,7 @@ activations equal torch's. No assertion on a measured time.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -60,7 +61,8 @@ def _runtime_step(t: float) -> tuple[list[dict], list[dict]]:
     """One GPipe-ordered step of ``_PipelineScheduleRuntime`` labels on 2 ranks, starting at ``t`` (us).
 
     Compute: F 100/150, B 200/300 on stages 0/1; 30 us between ops that do not wait; every
-    transfer that the receiver had posted in time arrives 40 us after its producer ends.
+    transfer that the receiver had posted in time arrives 40 us after its producer ends; every
+    SEND and RECV action lasts 10 us.
     """
     r0 = [_x("PP:0UNSHARD", t, t + 10), _x("PP:0F0", t + 100, t + 200), *_send("PP:0SEND_F0", t + 210),
           _x("PP:0F1", t + 230, t + 330), *_send("PP:0SEND_F1", t + 340),
@@ -89,14 +91,19 @@ def test_runtime_labels_give_every_term(tmp_path):
     assert cal.forward == pytest.approx((100 * US, 150 * US))
     assert cal.backward == pytest.approx((200 * US, 300 * US))
     assert cal.input_grad is None and cal.weight is None
-    assert cal.overhead == pytest.approx(30 * US)  # gaps 30, 40, 20, 30: the median
-    assert cal.overhead_by_kind == pytest.approx({"F": 35 * US, "B": 25 * US})
+    # the gaps before ops that did not wait (0F1, 1F1, 1B0, 1B1: 30, 40, 20, 30 us) less the
+    # SEND/RECV actions in them (10, 10, 0, 10 us): 20, 30, 20, 20
+    assert cal.overhead == pytest.approx(22.5 * US)
+    assert cal.overhead_by_kind == pytest.approx({"F": 25 * US, "B": 20 * US})
+    assert cal.send_cost == pytest.approx(10 * US) and cal.recv_cost == pytest.approx(10 * US)
     assert cal.transfer == pytest.approx(40 * US)
-    assert cal.p2p == pytest.approx(10 * US)  # the transfer beyond one overhead
-    assert cal.setup == pytest.approx(65 * US)  # first compute at 100, less one F overhead
+    assert cal.p2p == 0.0  # the transfer (40) less the overhead and both host times: below 0
+    assert cal.setup == pytest.approx(75 * US)  # first compute at 100, less one F overhead
     assert cal.wind_down == pytest.approx(30 * US)
     assert cal.step_time == pytest.approx(1500 * US)
-    assert cal.samples == {"B0": 4, "B1": 4, "F0": 4, "F1": 4}
+    # 4 sends and 4 receives a step, on both steps
+    assert cal.samples == {"B0": 4, "B1": 4, "F0": 4, "F1": 4, "send_cost": 8, "recv_cost": 8}
+    assert cal.spread["send_cost"] == pytest.approx(0.0) and cal.spread["recv_cost"] == pytest.approx(0.0)
     assert cal.residual["durations"] == pytest.approx(0.0, abs=1e-9)
     assert math.isfinite(cal.residual["step"])
     # The traced schedule replayed on the calibrated hardware: ops back to back on each rank.
@@ -115,7 +122,7 @@ def test_a_step_label_bounds_setup_wind_down_and_the_step(tmp_path):
             ranks[rank] += [_x(STEP_LABEL, t - 50, t + 1570), *events]
     files = [_trace(tmp_path / f"rank{r}.json", r, events) for r, events in enumerate(ranks)]
     cal = calibrate.from_torch_trace(files)
-    assert cal.setup == pytest.approx((65 + 50) * US) and cal.wind_down == pytest.approx((30 + 70) * US)
+    assert cal.setup == pytest.approx((75 + 50) * US) and cal.wind_down == pytest.approx((30 + 70) * US)
     assert cal.step_time == pytest.approx(1620 * US)
 
 
@@ -124,7 +131,7 @@ def test_ranks_on_different_hosts_have_no_transfer_delay(tmp_path):
     data = json.loads(files[1].read_text())
     files[1].write_text(json.dumps({**data, "host_name": "node1"}))  # two clocks: not comparable
     cal = calibrate.from_torch_trace(files)
-    assert cal.transfer is None and cal.p2p == 0.0 and cal.overhead == pytest.approx(30 * US)
+    assert cal.transfer is None and cal.p2p == 0.0 and cal.overhead == pytest.approx(22.5 * US)
 
 
 def test_a_single_file_per_rank_list_or_one_path(tmp_path):
@@ -146,8 +153,10 @@ def test_gpipe_labels_take_out_the_wait_and_the_send(tmp_path):
     assert cal.forward == pytest.approx((100 * US, 250 * US))
     assert cal.backward == pytest.approx((250 * US, 290 * US))
     assert cal.overhead == pytest.approx(10 * US)
+    # the host time of a transfer: the c10d::send / c10d::recv_ posts inside the labels
+    assert cal.send_cost == pytest.approx(30 * US) and cal.recv_cost == pytest.approx(5 * US)
     assert cal.transfer == pytest.approx(50 * US)
-    assert cal.p2p == pytest.approx(40 * US)
+    assert cal.p2p == pytest.approx(5 * US)  # 50 less the overhead (10) and the host times (30 + 5)
 
 
 def test_zero_bubble_split_and_overlapped_actions(tmp_path):
@@ -169,6 +178,7 @@ def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_pat
     # gloo's recv span ends when wait() returns: 1F1's data came before its label (the span ends 20 us
     # into it, the wait call), so 1F1 did not wait: its gap (40 us) is an overhead sample and the
     # receive, though posted before its producer ended, gives no transfer sample (its arrival is unknown).
+    # 0F1's gap (30 us) holds 0SEND_F0 (10 us): 20 us.
     r0 = [_x("PP:0F0", 0, 100), *_send("PP:0SEND_F0", 110), _x("PP:0F1", 130, 230), *_send("PP:0SEND_F1", 240)]
     r1 = [*_recv("PP:1RECV_F0", 0, 150), *_recv("PP:1RECV_F1", 20, 430), _x("PP:1F0", 40, 390),
           _x("PP:1F1", 410, 600), _x("PP:1B0", 620, 700), _x("PP:1B1", 720, 800)]
@@ -176,7 +186,7 @@ def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_pat
     cal = calibrate.from_torch_trace(files)
     assert cal.transfer == pytest.approx(50 * US)  # only 1F0's: it waited (label at 40, data at 150)
     assert cal.forward == pytest.approx((100 * US, 205 * US))  # 1F0 from 150 to 390, 1F1 from 430 to 600
-    assert cal.overhead_by_kind["F"] == pytest.approx(35 * US)  # 0F1 after 30 us, 1F1 after 40 us
+    assert cal.overhead_by_kind["F"] == pytest.approx(30 * US)  # 0F1 after 20 us, 1F1 after 40 us
 
 
 def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
@@ -213,6 +223,48 @@ def test_torch_runtime_mode_sits_between_overlap_and_rendezvous():
         assert spans[0] <= spans[1] <= spans[2] and spans[0] < spans[2], (name, spans)
     assert cal.predict(schedule, mode="torch-runtime") > cal.predict(schedule, mode="overlap")  # by name
     assert isinstance(calibrate.TorchRuntime(), dp.AbstractCommunication)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-v", "dualpipe-v", "interleaved-1f1b"])
+def test_the_host_time_of_a_transfer_is_paid_on_both_ranks(name):
+    # send_cost on the op that produces each cross-device transfer, recv_cost on the op that
+    # consumes it (an overlapped pair: both members'), against the reference evaluator given
+    # those durations, counted here from the schedule's own dependencies
+    schedule = get(name, devices=2, microbatches=4, **({"chunks": 2} if name == "interleaved-1f1b" else {}))
+    n = schedule.stages
+    cal = calibrate.from_measurements([1.0] * n, input_grad=[1.5] * n, weight=[0.7] * n, overhead=0.05, p2p=0.3,
+                                      send_cost=0.11, recv_cost=0.07)
+    sends: dict = {}
+    receives: dict = {}
+    for op in schedule.ops:
+        for dep in schedule.dependencies[op]:
+            if dep.src != dep.dst:
+                sends[dep.op] = sends.get(dep.op, 0) + 1
+                receives[op] = receives.get(op, 0) + 1
+    assert sends and sum(sends.values()) == sum(receives.values())
+    base = {"F": 1.0, "B": 2.2, "I": 1.5, "W": 0.7}
+    for mode in ("overlap", "rendezvous"):
+        _, finish, _ = evaluate_network(
+            schedule, lambda op: 0.05 + base[op.kind] + 0.11 * sends.get(op, 0) + 0.07 * receives.get(op, 0),
+            lambda op, dep: 0.3, dp.communication(mode))
+        assert cal.predict(schedule, mode=mode) == pytest.approx(max(finish.values()), rel=1e-6), mode
+        without = calibrate.from_measurements([1.0] * n, input_grad=[1.5] * n, weight=[0.7] * n, overhead=0.05,
+                                              p2p=0.3)
+        assert cal.predict(schedule, mode=mode) > without.predict(schedule, mode=mode)
+    # the terms go to the machine file where measured (the CLI reading them back: the calibrate command test)
+    text = cal.to_toml_text()
+    assert "send_cost = 0.11" in text and "recv_cost = 0.07" in text
+    assert "send_cost" not in without.to_toml_text()
+
+
+def test_the_host_times_combine_across_runs():
+    one = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), send_cost=0.1, recv_cost=0.2,
+                                samples={"send_cost": 8, "recv_cost": 8}, spread={"send_cost": 0.5})
+    two = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), send_cost=0.3, recv_cost=0.0)
+    cal = calibrate.combine([one, two])
+    assert cal.send_cost == pytest.approx(0.2) and cal.recv_cost == pytest.approx(0.2)  # 0: not timed
+    assert cal.spread["send_cost"] == pytest.approx(np.std([0.1, 0.3], ddof=1) / 0.2)
+    assert cal.spread.get("recv_cost") is None and cal.samples["send_cost"] == 8
 
 
 @pytest.mark.parametrize(
@@ -453,6 +505,18 @@ def test_workload_spreads_each_stage_over_its_layers():
     assert [float(x) for x in workload.forward] == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0])
     assert [float(x) for x in workload.input_grad] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
     assert float(workload.overhead) == pytest.approx(0.1)
+    # the calibrated step and per-kind terms go with it
+    assert [float(x) for x in workload.full_backward] == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
+    assert workload.setup is not None and float(workload.setup) == 0.0
+    timed = calibrate.from_measurements([2.0, 3.0], [4.0, 6.0], overhead=0.1, setup=0.3, wind_down=0.2)
+    timed = dataclasses.replace(timed, overhead_by_kind={"F": 0.15})
+    workload = timed.workload(layers=[2, 3])
+    hw = workload.hardware(workload.default_boundaries(2))
+    chex.assert_trees_all_close(
+        (hw.kind_overhead, hw.full_backward, hw.setup, hw.wind_down),
+        (np.array([0.15, 0.1, 0.1, 0.1]), np.array([4.0, 6.0]), np.array(0.3), np.array(0.2)), rtol=1e-6)
+    gpipe = get("gpipe", devices=2, microbatches=3)
+    assert float(dp.simulate(gpipe, hw).makespan) == pytest.approx(timed.predict(gpipe), rel=1e-6)
     with pytest.raises(dp.ConfigError, match="layers has 1 entries, the calibration 2 stages"):
         cal.workload(layers=[1])
     with pytest.raises(dp.ConfigError, match="layers must be an integer >= 1"):
@@ -504,11 +568,13 @@ def test_cli_calibrate_writes_a_machine_file_for_the_schedule(tmp_path, capsys):
     times = tomllib.loads(out.read_text())["times"]
     assert times["forward"] == pytest.approx([100 * US, 150 * US])
     # every fitted term is in the file, and the CLI reads it back into the same hardware
-    assert times["overhead_F"] == pytest.approx(35 * US) and times["overhead_B"] == pytest.approx(25 * US)
-    assert times["setup"] == pytest.approx(65 * US) and times["wind_down"] == pytest.approx(30 * US)
+    assert times["overhead_F"] == pytest.approx(25 * US) and times["overhead_B"] == pytest.approx(20 * US)
+    assert times["setup"] == pytest.approx(75 * US) and times["wind_down"] == pytest.approx(30 * US)
+    assert times["send_cost"] == pytest.approx(10 * US) and times["recv_cost"] == pytest.approx(10 * US)
     gpipe = get("gpipe", devices=2, microbatches=2)
     hw = cal.hardware(gpipe)
-    assert np.asarray(hw.kind_overhead) == pytest.approx([35 * US, 25 * US, 30 * US, 30 * US])
+    assert np.asarray(hw.kind_overhead) == pytest.approx([25 * US, 20 * US, 22.5 * US, 22.5 * US])
+    assert float(hw.send_cost) == pytest.approx(10 * US) and float(hw.recv_cost) == pytest.approx(10 * US)
     assert cli.main(["simulate", "gpipe", "--devices", "2", "--microbatches", "2", "--config", str(out),
                      "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(cal.predict(gpipe), rel=1e-6)
@@ -562,6 +628,7 @@ def real_run(tmp_path_factory):
         run.job("zbv", "ZBVZeroBubble", microbatches=4, blocks=[2, 1, 1, 2]),  # uneven stages
         run.job("interleaved", "Interleaved1F1B", microbatches=4, stages_per_rank=2),  # a loop, 2 per rank
         run.job("looped", "LoopedBFS", microbatches=4, stages_per_rank=4, width=16),  # 8 stages, 4 per rank
+        run.job("interleaved4", "Interleaved1F1B", microbatches=4, stages_per_rank=4, width=16),  # a loop, 4 per rank
     ]
     failure = run.run_jobs(jobs, work, timeout_s=90)
     return work, failure
@@ -603,6 +670,14 @@ def test_real_run_calibrates_and_predicts(real_run, name):
     assert measured and all(v is not None and v > 0 and math.isfinite(v) for v in measured)
     assert cal.overhead > 0 and cal.step_time > 0 and math.isfinite(cal.residual["step"])
     assert cal.transfer is not None and cal.transfer > 0 and 0 <= cal.p2p < math.inf
+    # the host time of a transfer: one SEND (GPipe: c10d::send) and one RECV per cross-rank
+    # transfer of each of the 2 traced steps
+    moves = sum(dep.src != dep.dst for op in schedule.ops for dep in schedule.dependencies[op])
+    assert cal.samples["send_cost"] == cal.samples["recv_cost"] == 2 * moves
+    assert 0 < cal.send_cost < math.inf and 0 < cal.recv_cost < math.inf
+    assert cal.spread["send_cost"] is not None and cal.spread["recv_cost"] is not None
+    hw = cal.hardware()
+    assert float(hw.send_cost) == pytest.approx(cal.send_cost) and float(hw.recv_cost) == pytest.approx(cal.recv_cost)
     # A prediction for every schedule with the same stage count (in the study's headline mode;
     # the residual above replayed the traced schedule in the default overlap mode).
     for other in PREDICT[name]():
@@ -623,13 +698,14 @@ def test_real_run_calibrates_and_predicts(real_run, name):
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
                                              ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
-                                             ("looped", ("LoopedBFS", "looped-bfs"))])
+                                             ("looped", ("LoopedBFS", "looped-bfs")),
+                                             ("interleaved4", ("Interleaved1F1B", "interleaved-1f1b"))])
 def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_run, tmp_path, capsys, name,
                                                                          schedules):
     # 2 ranks holding 2 stages each (a V and a loop), or 4 each (a loop of 8 stages): the schedule is
     # sized by ranks, not stages
     work, failure = real_run
-    stages = 8 if name == "looped" else 4
+    stages = 8 if name in ("looped", "interleaved4") else 4
     files = [str(work / f"{name}.rank{r}.json") for r in range(2)]
     if not all(Path(f).exists() for f in files):
         pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
@@ -643,6 +719,37 @@ def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_ru
     assert cli.main(["calibrate", *files, "--schedule", "GPipe"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("diffpipe: error:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, layers", [("gpipe", [3, 1]), ("zbv", [2, 1, 1, 2]), ("interleaved4", None)])
+def test_the_workload_of_a_real_run_predicts_as_the_calibration(real_run, name, layers):
+    # Calibration.workload carries every calibrated term (the full backward, the per-kind
+    # overheads, setup and wind-down): its hardware at the measured split, and the stage-balance
+    # knob's hardware at that split, price every schedule as cal.predict does, in every mode
+    work, failure = real_run
+    files = [work / f"{name}.rank{r}.json" for r in range(2)]
+    if not all(f.exists() for f in files):
+        pytest.fail(f"the torch run of {name} did not complete:\n{failure}")
+    cal = calibrate.from_torch_trace(files)
+    assert cal.setup + cal.wind_down > 0 and len(set(cal.overhead_by_kind.values())) > 1
+    stages = cal.stages
+    others = {"gpipe": [get("gpipe", devices=2, microbatches=4), get("1f1b", devices=2, microbatches=8)],
+              "zbv": [from_torch("ZBVZeroBubble", 2, 4), from_torch("Interleaved1F1B", 2, 4, 2),
+                      get("zb-v", devices=2, microbatches=8)],
+              "interleaved4": [from_torch("Interleaved1F1B", 2, 4, 4), from_torch("LoopedBFS", 2, 4, 4)]}[name]
+    for schedule in others:
+        assert schedule.stages == stages
+        for mode in ("overlap", "torch-runtime"):
+            workload = cal.workload(schedule, layers=layers, mode=mode)
+            assert workload.setup is not None and workload.wind_down is not None
+            boundaries = workload.default_boundaries(stages)
+            expected = cal.predict(schedule, mode=mode)
+            got = float(dp.simulate(schedule, workload.hardware(boundaries)).makespan)
+            assert got == pytest.approx(expected, rel=1e-6), (str(schedule), mode)
+            knob = dp.StageBalance(stages)
+            params = knob.init(workload, workload.layers_per_stage)
+            balanced = knob(params, workload.with_split(None))
+            assert float(dp.simulate(schedule, balanced).makespan) == pytest.approx(expected, rel=1e-5)
 
 
 def _traced_receive_posts(path: Path) -> dict:

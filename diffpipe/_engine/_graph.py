@@ -42,7 +42,7 @@ from ..schedules import Op, Schedule
 from ..schedules._analysis import weight_versions
 from ..schedules._reference import as_duration_fn, evaluate
 from ..schedules._rules import ACTIVATION, DATA, GRADIENT, LANE
-from ._communication import BLOCK, LINK, AbstractCommunication, node_size, topology
+from ._communication import BLOCK, LINK, AbstractCommunication, node_size, topology, transfers
 from ._communication import communication as as_communication
 
 #: Node kind codes (``Graph.kind``); -1 marks padding.
@@ -61,6 +61,9 @@ COST_ZERO, COST_F, COST_B, COST_I, COST_W, COST_U, COST_R, COST_T, COST_PAIR = r
 #: Step-boundary roles (bits of ``Graph.node_cost[:, 6]``): a source (no predecessor) also lasts the
 #: step's ``setup``, a sink (no successor) its ``wind_down`` (``Hardware.tables``).
 ROLE_SOURCE, ROLE_SINK = 1, 2
+#: ``Graph.node_cost`` columns of a compute (or pair) row: the cross-device transfers the op sends
+#: and receives, each costing its device host time (``Hardware.send_cost`` / ``recv_cost``).
+COST_SENDS, COST_RECEIVES = 7, 8
 
 
 class Graph(eqx.Module):
@@ -73,7 +76,8 @@ class Graph(eqx.Module):
     Per edge ``[nodes, k]``: ``pred`` (sentinel-padded), ``edge`` (type code), and for transfer edges
     ``edge_src``, ``edge_dst``, ``edge_boundary``. Per level: ``offsets``, ``sizes``.
     Costs: nodes that cost the same share a *cost row* ``node_row`` described by ``node_cost``
-    (``COST_*`` type, pipeline, stage, three arguments, ``ROLE_*`` bits); a node lasts
+    (``COST_*`` type, pipeline, stage, three arguments, ``ROLE_*`` bits, the cross-device transfers
+    a compute op sends and receives: ``COST_SENDS``, ``COST_RECEIVES``); a node lasts
     ``base[row] + size[microbatch] * per_size[row]`` (``Hardware.tables``). Transfer edges likewise
     share ``edge_row`` rows described by ``edge_cost`` (src, dst, pipeline, boundary); row 0 is free.
     ``xfer_node``/``xfer_slot`` list the transfer edges (sentinel-padded) for the gradient.
@@ -96,7 +100,7 @@ class Graph(eqx.Module):
     release: Int[Array, " nodes"]
     node_row: Int[Array, " nodes"]
     edge_row: Int[Array, "nodes k"]
-    node_cost: Int[Array, "costs 7"]
+    node_cost: Int[Array, "costs 9"]
     edge_cost: Int[Array, "edge_costs 4"]
     xfer_node: Int[Array, " transfers"]
     xfer_slot: Int[Array, " transfers"]
@@ -330,10 +334,26 @@ def _levels(nodes: list[_Node], *, mode: AbstractCommunication, ops: Sequence[Op
     return level
 
 
-def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
+def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int, schedule: Schedule):
     """Group nodes (and transfer edges) that cost the same into rows of small cost tables."""
     kinds = {"F": COST_F, "B": COST_B, "I": COST_I, "W": COST_W, "U": COST_U, "R": COST_R, "T": COST_T}
-    node_rows: dict[tuple, int] = {(COST_ZERO, 0, 0, 0, 0, 0, 0): 0}
+    node_rows: dict[tuple, int] = {(COST_ZERO, 0, 0, 0, 0, 0, 0, 0, 0): 0}
+    sends: dict[Op, int] = {}
+    receives: dict[Op, int] = {}
+    for producer, consumer, _ in transfers(schedule):
+        sends[producer] = sends.get(producer, 0) + 1
+        receives[consumer] = receives.get(consumer, 0) + 1
+
+    def host(n: _Node) -> tuple[int, int]:
+        """The transfers a compute node sends and receives (a pair: both members')."""
+        if n.free or n.op_index < 0 or n.kind not in ("F", "B", "I", "W"):
+            return 0, 0
+        ops = [schedule.ops[n.op_index]]
+        if n.pair is not None:
+            kind, pipeline, stage, microbatch = n.pair
+            ops.append(Op(kind, stage, microbatch, pipeline))
+        return sum(sends.get(op, 0) for op in ops), sum(receives.get(op, 0) for op in ops)
+
     has_successor = {p for n in nodes for p, *_ in n.preds}
     edge_rows: dict[tuple, int] = {(0, 0, 0, -1): 0}
     node_row = np.zeros(rows, dtype=np.int32)
@@ -347,12 +367,12 @@ def _cost_rows(nodes: list[_Node], new: dict[int, int], rows: int, k: int):
             key = (COST_ZERO, 0, 0, 0, 0, 0)
         elif n.pair is not None:
             kind, pipeline, stage, microbatch = n.pair
-            alone = node_rows.setdefault((kinds[kind], pipeline, stage, 0, 0, 0, 0), len(node_rows))
+            alone = node_rows.setdefault((kinds[kind], pipeline, stage, 0, 0, 0, 0, 0, 0), len(node_rows))
             key = (COST_PAIR, n.pipeline, n.stage, alone, n.microbatch, microbatch)
         else:
             key = (kinds[n.kind], n.pipeline, n.stage, 0, 0, 0)
         role = (ROLE_SOURCE if not n.preds else 0) | (ROLE_SINK if old not in has_successor else 0)
-        node_row[new[old]] = node_rows.setdefault((*key, role), len(node_rows))
+        node_row[new[old]] = node_rows.setdefault((*key, role, *host(n)), len(node_rows))
         for slot, (_, code, src, dst, boundary) in enumerate(n.preds):
             if code in (EDGE_ACTIVATION, EDGE_GRADIENT):
                 edge_row[new[old], slot] = edge_rows.setdefault((src, dst, n.pipeline, boundary), len(edge_rows))
@@ -400,7 +420,7 @@ def _arrays(schedule: Schedule, nodes: list[_Node], level: list[int], communicat
             continue
         if n.kind == "W" or (n.kind == "B" and (n.pipeline, n.stage, n.microbatch) not in backward_split):
             rel[new[old]] = -1
-    node_row, edge_row, node_cost, edge_cost = _cost_rows(nodes, new, rows, k)
+    node_row, edge_row, node_cost, edge_cost = _cost_rows(nodes, new, rows, k, schedule)
     xfer = [(i, slot) for i in range(rows) for slot in range(k) if edge_row[i, slot] > 0] or [(sentinel, 0)]
     xfer_node = np.asarray([i for i, _ in xfer], dtype=np.int32)
     xfer_slot = np.asarray([slot for _, slot in xfer], dtype=np.int32)

@@ -21,6 +21,9 @@ Cost model (summarised in docs/architecture.md, "The cost model"):
   ``setup`` (which shifts the whole timeline by ``setup``) and a sink (no successor) also lasts
   ``wind_down``; ``simulate`` reports the ops' own start, finish and busy time without them;
 - transfer = ``latency(link) + size[m] * message_bytes[p, boundary] / bandwidth(link)`` (alpha-beta);
+  where given, every cross-device transfer also costs host (CPU/DMA) time on both devices:
+  ``send_cost`` added to the duration of the op that produces it, ``recv_cost`` to the op that
+  consumes it (posting and completing the send and the receive; a calibration measures them);
 - ring all-reduce of ``n`` participants: ``2(n-1)/n * bytes / bandwidth + 2(n-1) * latency`` over
   the slowest link of the group (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005);
 - memory per device: static bytes of every stage held (times weight versions) plus stored
@@ -43,7 +46,21 @@ from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, network_mode, topology
 from ._cost_model import AbstractCostModel, CostTables
-from ._graph import COST_F, COST_I, COST_PAIR, COST_R, COST_T, COST_U, COST_W, ROLE_SINK, ROLE_SOURCE, Graph, compile
+from ._graph import (
+    COST_F,
+    COST_I,
+    COST_PAIR,
+    COST_R,
+    COST_RECEIVES,
+    COST_SENDS,
+    COST_T,
+    COST_U,
+    COST_W,
+    ROLE_SINK,
+    ROLE_SOURCE,
+    Graph,
+    compile,
+)
 from ._jit_checks import check_values, checked_float, error_if, traced_check
 
 #: Why a hardware that knows only full backwards (``Hardware.split_known`` False) refuses I/W ops.
@@ -217,9 +234,11 @@ class Hardware(AbstractCostModel):
     ``kind_overhead`` (optional, ``[4]``: ``F, B, I, W``) replaces ``overhead`` per compute kind;
     ``setup`` and ``wind_down`` are fixed times before the first op and after the last one of a
     step (module docstring); ``pair_overlap`` (optional, in [0, 1], a scalar or per stage of the
-    pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring).
-    All are float leaves, differentiable; their default, None (no leaf: the pytree of a plain
-    hardware is unchanged), is the plain model: overhead, I + W, 0, 0, pairs lasting F + B.
+    pair's forward) the hidden fraction of an overlapped pair's shorter member (module docstring);
+    ``send_cost`` / ``recv_cost`` (optional scalars) the host time a cross-device transfer costs
+    the op that sends it / receives it (module docstring). All are float leaves, differentiable;
+    their default, None (no leaf: the pytree of a plain hardware is unchanged), is the plain
+    model: overhead, I + W, 0, 0, pairs lasting F + B, transfers costing no op any time.
     ``split_known`` (static, default True): False when only full backwards were measured (a
     calibration from full-backward runs: ``input_grad`` holds the whole ``B``, ``weight`` 0), so
     a graph with ``I`` or ``W`` ops is refused (``SPLIT_UNKNOWN``) instead of priced as I = B, W = 0.
@@ -243,13 +262,16 @@ class Hardware(AbstractCostModel):
     wind_down: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "wind_down"))
     pair_overlap: Float[Array, "..."] | None = eqx.field(default=None,
                                                          converter=lambda v: _optional(v, "pair_overlap"))
+    send_cost: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "send_cost"))
+    recv_cost: Float[Array, ""] | None = eqx.field(default=None, converter=lambda v: _optional(v, "recv_cost"))
     split_known: bool = eqx.field(default=True, static=True)
 
     def __check_init__(self) -> None:
         for name in ("forward", "input_grad", "weight", "update", "overhead", "size", "message_bytes",
                      "gradient_bytes", "static_bytes", "activation_bytes"):
             check_values(name, getattr(self, name))
-        for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap"):
+        for name in ("kind_overhead", "full_backward", "setup", "wind_down", "pair_overlap", "send_cost",
+                     "recv_cost"):
             if getattr(self, name) is not None:
                 check_values(name, getattr(self, name))
         fraction = None if self.pair_overlap is None else concrete(self.pair_overlap)
@@ -282,6 +304,8 @@ class Hardware(AbstractCostModel):
         wind_down: Any = None,
         pair_overlap: Any = None,
         split_known: bool = True,
+        send_cost: Any = None,
+        recv_cost: Any = None,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -294,6 +318,8 @@ class Hardware(AbstractCostModel):
         values in that order. ``setup``/``wind_down``: seconds before the first op and after the
         last op of the step. ``pair_overlap``: the hidden fraction of an overlapped pair (in [0, 1]).
         ``split_known=False``: only full backwards are known (the class docstring).
+        ``send_cost``/``recv_cost``: host seconds per cross-device transfer on the sending and the
+        receiving device (the class docstring).
         """
         input_grad = _required("hardware", "input_grad", input_grad)
         zero = checked_float(0.0)
@@ -309,6 +335,7 @@ class Hardware(AbstractCostModel):
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
             setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
+            send_cost=send_cost, recv_cost=recv_cost,
         )
 
     # -- broadcasting against a graph ----------------------------------------------------------
@@ -443,6 +470,7 @@ class Hardware(AbstractCostModel):
         backward = base[a1] + size[a3] * per[a1]
         hidden = 0.0 if self.pair_overlap is None else self._checked_overlap(graph)[p, s]
         base = jnp.where(pair, overlapped_time(forward, backward, hidden), base) + lead + tail
+        base = base + self._host_time(cost)
         per = jnp.where(pair, 0.0, per)
         e = graph.edge_cost
         e_base, e_per = transfer(e[:, 0], e[:, 1], e[:, 2], e[:, 3])
@@ -457,6 +485,17 @@ class Hardware(AbstractCostModel):
             raise ConfigError(f"hardware: kind_overhead has shape {self.kind_overhead.shape}; give one value "
                               f"per kind {', '.join(OVERHEAD_KINDS)}")
         return self.kind_overhead
+
+    def _host_time(self, cost: Array) -> Array | float:
+        """Per cost row, the host time of the cross-device transfers its op sends and receives
+        (``send_cost`` / ``recv_cost`` times the row's ``COST_SENDS`` / ``COST_RECEIVES``; 0 for
+        rows that are no compute op, and where neither cost is given)."""
+        total: Array | float = 0.0
+        for name, column in (("send_cost", COST_SENDS), ("recv_cost", COST_RECEIVES)):
+            value = getattr(self, name)
+            if value is not None:
+                total = total + cost[:, column].astype(self.overhead.dtype) * traced_check(name, value)
+        return total
 
     def _step_terms(self, role: Array) -> tuple[Array, Array]:
         def term(name: str, bit: int) -> Array:

@@ -24,7 +24,15 @@ from .._arrays import concrete, power_of_two
 from .._checks import is_positive_int
 from .._engine._cost_model import AbstractCostModel, CostTables
 from .._engine._graph import Graph
-from .._engine._hardware import Hardware, Network, _required, check_split_known
+from .._engine._hardware import (
+    OVERHEAD_KINDS,
+    Hardware,
+    Network,
+    _kind_overhead,
+    _optional,
+    _required,
+    check_split_known,
+)
 from .._engine._jit_checks import check_values, checked_float
 from .._errors import ConfigError
 from .._machine._device import Device
@@ -69,6 +77,12 @@ class Workload(AbstractCostModel):
         split_known: False when ``input_grad`` is a whole measured backward and ``weight`` 0 because
             the ``I``/``W`` split was never measured (``Calibration.workload`` of full-backward
             runs); its hardware is ``Hardware(split_known=False)`` and refuses ``I``/``W`` ops.
+        full_backward: optional per-layer seconds of a full ``B`` where it is not ``I + W`` (a
+            measured full backward); a stage's ``Hardware.full_backward`` sums its layers'.
+        kind_overhead, setup, wind_down, send_cost, recv_cost: optional, passed to the hardware as
+            they are (``Hardware``: per-kind overheads ``[4]``, the step's fixed time before its
+            first op and after its last, the host time of a cross-device transfer on the device
+            that sends it and on the one that receives it); ``None`` is the plain model.
 
     Build with ``Workload.from_model`` (the transformer cost model on a ``Device``) or
     ``Workload.from_table`` (any per-layer table, e.g. measured).
@@ -91,6 +105,12 @@ class Workload(AbstractCostModel):
     samples: float | None = eqx.field(static=True, default=None)
     layers_per_stage: tuple[int, ...] | None = eqx.field(static=True, default=None)
     split_known: bool = eqx.field(static=True, default=True)
+    full_backward: Float[Array, " layers"] | None = None
+    kind_overhead: Float[Array, "4"] | None = None
+    setup: Float[Array, ""] | None = None
+    wind_down: Float[Array, ""] | None = None
+    send_cost: Float[Array, ""] | None = None
+    recv_cost: Float[Array, ""] | None = None
 
     def __check_init__(self) -> None:
         if not isinstance(self.network, Network):
@@ -107,6 +127,14 @@ class Workload(AbstractCostModel):
                      "activation_bytes", "output_bytes", "overhead", "size", "shared_static_bytes",
                      "shared_gradient_bytes"):
             check_values(f"workload {name}", getattr(self, name))
+        for name in _OPTIONAL:
+            if getattr(self, name) is not None:
+                check_values(f"workload {name}", getattr(self, name))
+        if self.full_backward is not None and jnp.shape(self.full_backward) != shape:
+            raise ConfigError(f"workload: full_backward has shape {jnp.shape(self.full_backward)}, forward has {shape}")
+        if self.kind_overhead is not None and jnp.shape(self.kind_overhead) != (len(OVERHEAD_KINDS),):
+            raise ConfigError(f"workload: kind_overhead has shape {jnp.shape(self.kind_overhead)}; give one value "
+                              f"per kind {', '.join(OVERHEAD_KINDS)}")
         check_values("workload capacity", self.capacity, positive=True, allow_inf=True)
         if self.samples is not None and not (isinstance(self.samples, (int, float)) and self.samples > 0
                                              and math.isfinite(self.samples)):
@@ -139,12 +167,21 @@ class Workload(AbstractCostModel):
         shared_static_bytes: float = 0.0,
         shared_gradient_bytes: float = 0.0,
         split_known: bool = True,
+        full_backward: Any = None,
+        kind_overhead: Any = None,
+        setup: Any = None,
+        wind_down: Any = None,
+        send_cost: Any = None,
+        recv_cost: Any = None,
     ) -> Workload:
         """A workload from per-layer sequences (scalars broadcast to every layer).
 
         ``forward`` fixes the number of layers; ``weight`` defaults to 0 (``input_grad`` is then the
         whole backward). ``network`` defaults to an idealized one (no latency, infinite bandwidth).
         ``split_known=False``: the table's backward is unsplit (the class docstring).
+        ``full_backward`` (per layer), ``kind_overhead`` (a mapping by kind or four values, as
+        ``Hardware.from_times`` takes it), ``setup``, ``wind_down``, ``send_cost`` and
+        ``recv_cost``: the class docstring; None leaves them out.
         """
         input_grad = _required("workload", "input_grad", input_grad)
         f = checked_float(forward)
@@ -171,6 +208,10 @@ class Workload(AbstractCostModel):
             layers_per_stage=None if layers_per_stage is None else _counts(layers_per_stage, "layers_per_stage"),
             shared_static_bytes=shared_static_bytes, shared_gradient_bytes=shared_gradient_bytes,
             split_known=bool(split_known),
+            full_backward=None if full_backward is None else layer(full_backward, "full_backward"),
+            kind_overhead=_kind_overhead(kind_overhead, overhead),
+            setup=_optional(setup, "setup"), wind_down=_optional(wind_down, "wind_down"),
+            send_cost=_optional(send_cost, "send_cost"), recv_cost=_optional(recv_cost, "recv_cost"),
         )
 
     @classmethod
@@ -262,7 +303,7 @@ class Workload(AbstractCostModel):
         x = jnp.asarray(boundaries, dtype=self.forward.dtype)
         if x.ndim != 1 or x.shape[0] < 2:
             raise ConfigError(f"workload: boundaries must be [stages + 1] positions, got shape {x.shape}")
-        curves = {name: getattr(self, name) for name in _CURVES}
+        curves = {name: getattr(self, name) for name in _CURVES if getattr(self, name) is not None}
         if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((curves, x))):
             return _fields_at(curves, x)
         # Concrete: one compiled program per bucket of stage counts, not one per operation or per
@@ -278,12 +319,15 @@ class Workload(AbstractCostModel):
         return {name: jax.device_put(np.asarray(v)[: n - 1]) for name, v in out.items()}  # host slices
 
     def fields(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> dict[str, Any]:
-        """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity, network and
-        ``split_known``); ``size`` (relative microbatch sizes) defaults to ``self.size``."""
+        """Every ``Hardware`` field (``stage_fields`` plus overhead, size, capacity, network,
+        ``split_known``, and the optional ``kind_overhead``, ``setup``, ``wind_down``,
+        ``send_cost`` and ``recv_cost``); ``size`` (relative microbatch sizes) defaults to
+        ``self.size``."""
         stage = self.stage_fields(boundaries)
         size = self.size if size is None else jnp.asarray(size, dtype=stage["forward"].dtype)
         return dict(stage, overhead=self.overhead, size=size, capacity=self.capacity, network=self.network,
-                    split_known=self.split_known)
+                    split_known=self.split_known,
+                    **{name: getattr(self, name) for name in _OPTIONAL if name != "full_backward"})
 
     def hardware(self, boundaries: Float[Array, " stages+1"], size: Any = None) -> Hardware:
         """``Hardware`` for stages between ``boundaries`` (see ``stage_fields``); ``size``
@@ -380,9 +424,11 @@ def hardware_from_model(
     return eqx.tree_at(lambda h: h.update, hw, jnp.asarray(update, dtype=dtype))  # per stage, as given
 
 
-#: The per-layer curves ``Workload.stage_fields`` reads.
+#: The per-layer curves ``Workload.stage_fields`` reads (``full_backward`` where given).
 _CURVES = ("forward", "input_grad", "weight", "update", "static_bytes", "gradient_bytes", "activation_bytes",
-           "output_bytes", "shared_static_bytes", "shared_gradient_bytes")
+           "output_bytes", "shared_static_bytes", "shared_gradient_bytes", "full_backward")
+#: The optional fields (None: left out of the hardware).
+_OPTIONAL = ("full_backward", "kind_overhead", "setup", "wind_down", "send_cost", "recv_cost")
 #: Concrete boundaries of more than one stage are padded to a power of two stages, at least this.
 STAGE_BUCKET = 32
 
@@ -397,9 +443,12 @@ def _fields_at(w: dict[str, Array], x: Float[Array, " stages+1"]) -> dict[str, A
         static = static - w["shared_static_bytes"]
         gradient = gradient - w["shared_gradient_bytes"]
     message = jnp.concatenate([jnp.zeros((1,), x.dtype), _boundary_bytes(w["output_bytes"], x[1:-1])])
-    return dict(forward=per_stage(w["forward"]), input_grad=per_stage(w["input_grad"]),
-                weight=per_stage(w["weight"]), update=per_stage(w["update"]), message_bytes=message,
-                gradient_bytes=gradient, static_bytes=static, activation_bytes=per_stage(w["activation_bytes"]))
+    out = dict(forward=per_stage(w["forward"]), input_grad=per_stage(w["input_grad"]),
+               weight=per_stage(w["weight"]), update=per_stage(w["update"]), message_bytes=message,
+               gradient_bytes=gradient, static_bytes=static, activation_bytes=per_stage(w["activation_bytes"]))
+    if "full_backward" in w:
+        out["full_backward"] = per_stage(w["full_backward"])
+    return out
 
 
 #: ``_fields_at`` of concrete curves, compiled once per layer count and bucket of stage counts.

@@ -13,8 +13,13 @@ Terms (seconds):
   to every op. ``overhead_by_kind`` is the same mean by the kind of the second op (``F``, ``B``,
   ``I``, ``W``): ``hardware`` gives it as ``Hardware.kind_overhead`` (kinds without a sample take
   ``overhead``).
-- ``p2p``: the delay of one transfer beyond that overhead (diffpipe's ``p2p_time``);
-  ``transfer`` the raw delay from the producing op's end to the data's arrival.
+- ``send_cost`` / ``recv_cost``: the host (CPU/DMA) time one cross-device transfer costs the
+  rank that sends it / receives it (posting the send, posting and completing the receive), which
+  a trace times directly (torch's ``SEND_*``/``RECV_*`` action labels); the cost model adds them
+  to the op that produces / consumes each transfer (``Hardware.send_cost`` / ``recv_cost``), and
+  the gaps that give ``overhead`` are taken less them.
+- ``p2p``: the delay of one transfer beyond the overhead and those host times (diffpipe's
+  ``p2p_time``); ``transfer`` the raw delay from the producing op's end to the data's arrival.
 - ``setup`` / ``wind_down``: the time of a step before its first compute op (past one overhead)
   and after its last one: ``Hardware.setup`` / ``wind_down``.
 
@@ -53,6 +58,8 @@ from ._runtime import TorchRuntime
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead", "setup", "wind_down")
+#: ``[times]`` keys written when measured (non-zero): the host time of a transfer on each side.
+TOML_HOST = ("send_cost", "recv_cost")
 #: The machine file's ``[times] backward`` (the CLI's key) is ``Hardware.input_grad``.
 TIMES_KEYS = {"backward": "input_grad"}
 #: ``[times]`` keys of the per-kind overheads (``Hardware.kind_overhead``), by kind.
@@ -101,6 +108,8 @@ class Calibration:
     transfer: float | None = None
     setup: float = 0.0
     wind_down: float = 0.0
+    send_cost: float = 0.0
+    recv_cost: float = 0.0
     step_time: float | None = None
     stage_ranks: tuple[int, ...] | None = None
     orders: tuple[tuple[str, ...], ...] | None = None
@@ -118,7 +127,7 @@ class Calibration:
         object.__setattr__(self, "forward", forward)
         for name in ("backward", "input_grad", "weight"):
             object.__setattr__(self, name, _stage_values(name, getattr(self, name), len(forward)))
-        for name in ("overhead", "p2p", "setup", "wind_down"):
+        for name in ("overhead", "p2p", "setup", "wind_down", "send_cost", "recv_cost"):
             object.__setattr__(self, name, check_number(f"calibration: {name}", getattr(self, name)))
         if self.backward is None and (self.input_grad is None or self.weight is None):
             raise ConfigError("calibration: give backward (full), or both input_grad and weight")
@@ -204,7 +213,7 @@ class Calibration:
         else ``I + W``); one that runs only full backwards gets the measured ``B`` as
         ``input_grad`` and no ``W``. Without a schedule: the split where measured. Also the
         per-kind overheads (``kind_overhead``: ``overhead_by_kind``, None when not measured),
-        ``setup`` and ``wind_down``.
+        ``setup``, ``wind_down``, ``send_cost`` and ``recv_cost``.
         ``weight_fraction`` splits a measured full ``B`` where no split was measured (else
         ``backward_split`` does). ``split``: whether ``input_grad``/``weight`` are the ``I``/``W``
         split (False: ``input_grad`` is the full ``B`` and ``weight`` 0, which must not price a
@@ -228,7 +237,8 @@ class Calibration:
         return {"forward": list(self.forward), "input_grad": backward, "weight": weight,
                 "p2p": self.p2p, "overhead": self.overhead, "full_backward": full,
                 "kind_overhead": dict(self.overhead_by_kind) or None, "setup": self.setup,
-                "wind_down": self.wind_down, "split": split}
+                "wind_down": self.wind_down, "send_cost": self.send_cost, "recv_cost": self.recv_cost,
+                "split": split}
 
     def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
                  mode: Any = "overlap") -> Any:
@@ -247,17 +257,12 @@ class Calibration:
         known = self.split_known(weight_fraction)
         if not known:
             self.times(schedule, weight_fraction=weight_fraction)  # a split schedule: the error names the stage
-        t = self.times(None, weight_fraction=weight_fraction)
-        # Every term given explicitly, at the value the cost model would default it to (a kind's
-        # overhead: ``overhead``; a full B: I + W), so every Hardware has one array structure and
-        # JAX compiles the simulator once per graph shape, not once per calibration.
-        kinds = t["kind_overhead"] or {}
-        kind_overhead = {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD}
-        full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
+        t = _explicit(self.times(None, weight_fraction=weight_fraction))
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
                                    overhead=t["overhead"], mode=communication_mode(mode),
-                                   kind_overhead=kind_overhead, full_backward=full, setup=t["setup"],
-                                   wind_down=t["wind_down"], split_known=known)
+                                   kind_overhead=t["kind_overhead"], full_backward=t["full_backward"],
+                                   setup=t["setup"], wind_down=t["wind_down"], split_known=known,
+                                   send_cost=t["send_cost"], recv_cost=t["recv_cost"])
 
     def with_split(self, *, model: Any = None, layers_per_stage: Sequence[int] | None = None,
                    probe: Calibration | None = None) -> Calibration:
@@ -304,7 +309,7 @@ class Calibration:
         return replace(self, backward_split=tuple(split), split_source=source)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
-                 weight_fraction: float | None = None, mode: str = "overlap") -> Any:
+                 weight_fraction: float | None = None, mode: Any = "overlap") -> Any:
         """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize``.
 
         ``layers[s]`` is the number of layers the measured stage ``s`` holds (default 1 each); each
@@ -314,13 +319,16 @@ class Calibration:
         ``weight_fraction``, or a ``schedule`` without ``I``/``W`` ops) the workload has
         ``split_known=False``, so ``optimize``/``sweep``/``simulate`` of a schedule with ``I``/``W``
         ops on it raise rather than price ``I`` as the whole backward and ``W`` as free (build the
-        workload for that schedule instead).
+        workload for that schedule instead). The measured full backward (spread over the layers
+        like the other times), the per-kind overheads, ``setup``, ``wind_down`` and the host times
+        of a transfer are the workload's too, so its hardware at the measured split prices a
+        schedule as ``predict``.
         """
 
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
         if len(counts) != self.stages:
             raise ConfigError(f"calibration: layers has {len(counts)} entries, the calibration {self.stages} stages")
-        t = self.times(schedule, weight_fraction=weight_fraction)
+        t = _explicit(self.times(schedule, weight_fraction=weight_fraction))
 
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
@@ -328,7 +336,9 @@ class Calibration:
         network = Network.uniform(t["p2p"], mode=communication_mode(mode))
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
                                    overhead=t["overhead"], network=network, layers_per_stage=counts,
-                                   split_known=t["split"])
+                                   split_known=t["split"], full_backward=spread(t["full_backward"]),
+                                   kind_overhead=t["kind_overhead"], setup=t["setup"], wind_down=t["wind_down"],
+                                   send_cost=t["send_cost"], recv_cost=t["recv_cost"])
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
         """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
@@ -356,7 +366,8 @@ class Calibration:
         with an ``I``/``W`` split, ``backward`` is ``I``, ``weight`` is ``W`` and ``full_backward``
         the full ``B``, so one file prices every schedule; without one, ``backward`` is the full
         ``B``, ``weight`` 0 and ``split_known = false`` (the CLI then refuses a schedule with
-        ``I``/``W`` ops). ``overhead_F`` ... ``overhead_W`` for the kinds measured; ``mode`` (a
+        ``I``/``W`` ops). ``overhead_F`` ... ``overhead_W`` for the kinds measured, ``send_cost``
+        and ``recv_cost`` where measured (non-zero); ``mode`` (a
         name or a communication mode; ``"torch-runtime"`` included) is ``[network] mode``. The
         step time, the residual and where the split came from are comments.
         """
@@ -381,6 +392,7 @@ class Calibration:
                          "are refused (split_known = false)")
         lines += ["", "[times]"]
         lines += [f"{key} = {_toml_value(t[TIMES_KEYS.get(key, key)])}" for key in TOML_TIMES]
+        lines += [f"{key} = {_toml_value(t[key])}" for key in TOML_HOST if t[key]]
         if t["full_backward"] is not None:
             lines.append(f"full_backward = {_toml_value(t['full_backward'])}")
         for kind, seconds in (t["kind_overhead"] or {}).items():
@@ -394,6 +406,17 @@ class Calibration:
                 weight_fraction: float | None = None, mode: Any = "overlap") -> None:
         """Write ``to_toml_text`` to ``path`` atomically."""
         write_atomic(path, self.to_toml_text(schedule, weight_fraction=weight_fraction, mode=mode), "machine file")
+
+
+def _explicit(t: dict[str, Any]) -> dict[str, Any]:
+    """``Calibration.times`` with every term given explicitly, at the value the cost model would
+    default it to (a kind's overhead: ``overhead``; a full B: I + W), so every Hardware (and
+    Workload) of a calibration has one array structure and JAX compiles the simulator once per
+    graph shape, not once per calibration."""
+    kinds = t["kind_overhead"] or {}
+    full = t["full_backward"] or [i + w for i, w in zip(t["input_grad"], t["weight"], strict=True)]
+    return {**t, "kind_overhead": {kind: kinds.get(kind, t["overhead"]) for kind in TOML_KIND_OVERHEAD},
+            "full_backward": full}
 
 
 def robust_mean(values: Sequence[float]) -> float | None:
@@ -448,11 +471,12 @@ def combine(calibrations: Sequence[Calibration]) -> Calibration:
     Per stage and kind, the runs' means weighted by their sample counts (the mean of all the
     samples, each run's gross outliers already dropped), so a full-backward run's ``B`` and a
     zero-bubble run's ``I`` and ``W`` combine into one calibration that measured both; the
-    per-op terms (``overhead`` and by kind, ``p2p`` and ``transfer``, ``setup``, ``wind_down``)
-    the plain mean over the runs that measured them. ``spread[key]`` is, for every term two or
-    more runs measured, the relative standard deviation of the runs' values (between runs: what
-    moving from one run to another changes; keys ``"F0"``..., ``"overhead"``, ``"p2p"``,
-    ``"setup"``, ``"wind_down"``), else the one run's own spread. ``samples`` are summed;
+    per-op terms (``overhead`` and by kind, ``p2p`` and ``transfer``, ``setup``, ``wind_down``,
+    ``send_cost``, ``recv_cost``) the plain mean over the runs that measured them.
+    ``spread[key]`` is, for every term two or more runs measured, the relative standard deviation
+    of the runs' values (between runs: what moving from one run to another changes; keys
+    ``"F0"``..., ``"overhead"``, ``"p2p"``, ``"setup"``, ``"wind_down"``, ``"send_cost"``,
+    ``"recv_cost"``), else the one run's own spread (where it has one). ``samples`` are summed;
     ``stage_ranks`` kept where all runs agree; ``residual["step"]`` is the largest ``|step|``
     residual of the runs (each on its own traced schedule); a ``backward_split`` is the first
     run's that has one. No ``orders`` or ``step_time``: they belong to one run.
@@ -490,6 +514,14 @@ def combine(calibrations: Sequence[Calibration]) -> Calibration:
             spread[name] = _between(kept)
         return statistics.fmean(kept) if kept else None
 
+    host = {}
+    for name in TOML_HOST:  # a run that did not time a side (no labels: 0) does not count
+        host[name] = mean(name, [getattr(c, name) or None for c in runs]) or 0.0
+        own = next((c.spread.get(name) for c in runs if getattr(c, name)), None)
+        if name not in spread and own is not None:
+            spread[name] = own
+        if any(name in c.samples for c in runs):
+            samples[name] = sum(c.samples.get(name, 0) for c in runs)
     kinds = sorted({kind for c in runs for kind in c.overhead_by_kind})
     by_kind = {kind: mean(f"overhead_{kind}", [c.overhead_by_kind.get(kind) for c in runs]) for kind in kinds}
     transfer = mean("transfer", [c.transfer for c in runs])
@@ -502,6 +534,7 @@ def combine(calibrations: Sequence[Calibration]) -> Calibration:
         weight=per_kind["weight"], overhead=mean("overhead", [c.overhead for c in runs]),
         overhead_by_kind=by_kind, p2p=mean("p2p", [c.p2p for c in runs]), transfer=transfer,
         setup=mean("setup", [c.setup for c in runs]), wind_down=mean("wind_down", [c.wind_down for c in runs]),
+        send_cost=host["send_cost"], recv_cost=host["recv_cost"],
         stage_ranks=ranks.pop() if len(ranks) == 1 else None, samples=samples, spread=spread,
         residual={"durations": statistics.median(durations) if durations else None,
                   "step": max(steps) if steps else None},
@@ -518,12 +551,12 @@ def _between(values: Sequence[float]) -> float | None:
 
 def from_measurements(forward: Any, backward: Any = None, *, input_grad: Any = None, weight: Any = None,
                       overhead: float = 0.0, p2p: float = 0.0, setup: float = 0.0,
-                      wind_down: float = 0.0) -> Calibration:
+                      wind_down: float = 0.0, send_cost: float = 0.0, recv_cost: float = 0.0) -> Calibration:
     """A ``Calibration`` from times you measured yourself (seconds; per stage, or one number for all).
 
     ``backward`` is the *full* backward ``B``; ``input_grad`` and ``weight`` the split ``I`` and
     ``W`` (give ``backward``, the split, or both). ``overhead`` is added to every op, ``p2p`` to
-    every transfer.
+    every transfer, ``send_cost`` / ``recv_cost`` to the op that sends / receives each transfer.
     """
     fwd = _stage_values("forward", forward, None)
     if fwd is None or any(v is None for v in fwd):
@@ -532,4 +565,4 @@ def from_measurements(forward: Any, backward: Any = None, *, input_grad: Any = N
     return Calibration(tuple(float(v) for v in fwd if v is not None), _stage_values("backward", backward, n),
                        _stage_values("input_grad", input_grad, n),
                        _stage_values("weight", weight, n), overhead=overhead, p2p=p2p, setup=setup,
-                       wind_down=wind_down)
+                       wind_down=wind_down, send_cost=send_cost, recv_cost=recv_cost)

@@ -60,6 +60,12 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{1e3 * value:.4g}"
 
 
+def _with_spread(value: float, spread: float | None, count: int | None, unit: str = "") -> str:
+    """``value`` in ms, with its relative spread and sample count where known."""
+    extra = [x for x in (f"{100 * spread:.1f}%" if spread is not None else None, f"n={count}" if count else None) if x]
+    return _ms(value) + unit + (f" ({', '.join(extra)})" if extra else "")
+
+
 def report(calibration: Calibration, rows: Sequence[dict[str, Any]] = (), *, mode: Any = "overlap") -> str:
     """What ``diffpipe calibrate`` prints: per stage and kind, the fitted mean (ms), its spread and
     its sample count; the per-op terms; the residual; and the prediction table of ``rows``."""
@@ -81,10 +87,7 @@ def report(calibration: Calibration, rows: Sequence[dict[str, Any]] = (), *, mod
             if value is None:
                 row.append("-")
                 continue
-            spread, count = c.spread.get(f"{kind}{s}"), c.samples.get(f"{kind}{s}")
-            extra = [f"{100 * spread:.1f}%" if spread is not None else None, f"n={count}" if count else None]
-            extra = [x for x in extra if x]
-            row.append(_ms(value) + (f" ({', '.join(extra)})" if extra else ""))
+            row.append(_with_spread(value, c.spread.get(f"{kind}{s}"), c.samples.get(f"{kind}{s}")))
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table]
@@ -92,6 +95,12 @@ def report(calibration: Calibration, rows: Sequence[dict[str, Any]] = (), *, mod
     lines.append(f"overhead per op {_ms(c.overhead)} ms" + (f" (by kind: {by_kind})" if by_kind else "")
                  + f"; p2p {_ms(c.p2p)} ms" + (f" (transfer {_ms(c.transfer)} ms)" if c.transfer is not None else "")
                  + f"; setup {_ms(c.setup)} ms; wind-down {_ms(c.wind_down)} ms")
+    host = []
+    for name, side in (("send_cost", "send"), ("recv_cost", "receive")):
+        if getattr(c, name):
+            host.append(f"{side} {_with_spread(getattr(c, name), c.spread.get(name), c.samples.get(name), ' ms')}")
+    if host:
+        lines.append("host time per transfer: " + ", ".join(host))
     between = [f"{k} {100 * c.spread[k]:.1f}%" for k in ("overhead", "p2p", "setup", "wind_down")
                if c.spread.get(k) is not None]
     if between:

@@ -85,6 +85,9 @@ class _Recv:
 class _Step:
     computes: list[_Compute] = field(default_factory=list)
     recvs: dict[tuple[str, int, int], _Recv] = field(default_factory=dict)
+    #: the host spans of transfers, ``("send" | "recv", start, end)``: torch's ``SEND_*``/``RECV_*``
+    #: action labels, or (``ScheduleGPipe``) the ``c10d::send``/``c10d::recv_`` posts in its labels
+    host: list[tuple[str, float, float]] = field(default_factory=list)
     start: float = float("inf")
     end: float = float("-inf")
     labels: set[str] = field(default_factory=set)
@@ -174,6 +177,8 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
         runtime = _RUNTIME.match(name)
         if runtime:
             stage, kind, mb = int(runtime[1]), runtime[2], int(runtime[3] or -1)
+            if kind in ("SEND_F", "SEND_B", "RECV_F", "RECV_B"):
+                step.host.append(("send" if kind.startswith("SEND") else "recv", start, end))
             if kind in ("RECV_F", "RECV_B"):
                 posts = [s[0] for s in inner if s[2] in _POST]
                 ends = [s[1] for s in inner if _RECV.match(s[2])]
@@ -201,6 +206,7 @@ def _rank_steps(path, spans, rank: int) -> list[_Step]:
         kind, mb = ("F" if single[1] == "Forward" else "B"), int(single[2])
         recv_ends = [s[1] for s in inner if _RECV.match(s[2])]
         send_posts = [s[0] for s in inner if s[2] == "c10d::send"]
+        step.host += [("send" if s[2] == "c10d::send" else "recv", s[0], s[1]) for s in inner if s[2] in _POST]
         if recv_ends:
             posts = [s[0] for s in inner if s[2] in _POST and _RECV.match(s[2])]
             step.recvs[(kind, rank, mb)] = _Recv(min(posts, default=start), max(recv_ends))
@@ -318,9 +324,14 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
 
     Per stage and kind, the mean compute time over microbatches and steps (``robust_mean``: gross
     outliers dropped); the overhead is the mean gap between consecutive compute ops of a rank where
-    the second did not wait for data (per kind of the second op: ``overhead_by_kind``); the
-    transfer delay is the mean time from a producing op's end to its data's arrival at a receiver
-    that had posted its receive before and was waiting for it (``WAIT_CALL_S``);
+    the second did not wait for data (per kind of the second op: ``overhead_by_kind``), less the
+    host time of the transfers posted in the gap: that is ``send_cost`` / ``recv_cost``, the mean
+    host time of one send / receive (torch's ``SEND_*``/``RECV_*`` action labels; in
+    ``ScheduleGPipe``'s labels the ``c10d::send``/``c10d::recv_`` posts), which the cost model
+    charges to the op that sends / receives each transfer; the transfer delay is the mean time
+    from a producing op's end to its data's arrival at a receiver that had posted its receive
+    before and was waiting for it (``WAIT_CALL_S``), and ``p2p`` that delay less the overhead and
+    the two host times;
     ``setup``/``wind_down`` the medians over steps (``setup``: from the step's start to its first
     compute, less that op's kind's overhead).
     ``schedule`` (a diffpipe ``Schedule``), when given, must be what every rank ran.
@@ -357,17 +368,28 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     gaps: list[float] = []
     gaps_by_kind: dict[str, list[float]] = defaultdict(list)
+    host: dict[str, list[float]] = {"send": [], "recv": []}
     for steps in ranks.values():
         for step in steps:
+            for side, start, end in step.host:
+                host[side].append(end - start)
+            spans = sorted((start, end) for _, start, end in step.host)
+            starts = [start for start, _ in spans]
             previous = None
             for c in step.computes:
                 if not c.overlapped:
                     durations[(c.kind, c.stage)].append(c.end - c.begin)
                 if previous is not None and not c.waited and not c.overlapped and not previous.overlapped:
-                    gaps.append(c.begin - previous.end)
-                    gaps_by_kind[c.kind].append(c.begin - previous.end)
+                    # the gap less the host time of the transfers posted in it (their own terms)
+                    inside = spans[bisect.bisect_left(starts, previous.end):bisect.bisect_left(starts, c.begin)]
+                    gap = c.begin - previous.end - sum(min(end, c.begin) - start for start, end in inside)
+                    gaps.append(gap)
+                    gaps_by_kind[c.kind].append(gap)
                 previous = c
     overhead = max(robust_mean(gaps) or 0.0, 0.0)
+    # plain means, not robust ones: the gaps above lost every span's whole time, so the terms
+    # must give it all back (a send the gloo thread held for milliseconds is time the rank spent)
+    send_cost, recv_cost = (statistics.fmean(host[side]) if host[side] else 0.0 for side in ("send", "recv"))
 
     transfers: list[float] = []
     n_steps = len(next(iter(ranks.values())))
@@ -385,7 +407,7 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
                 if end is not None and recv.post <= end and any((kind, stage, mb) in waited for kind in kinds):
                     transfers.append(recv.end - end)
     transfer = robust_mean(transfers) if one_clock else None
-    p2p = max((transfer or 0.0) - overhead, 0.0)
+    p2p = max((transfer or 0.0) - overhead - send_cost - recv_cost, 0.0)
 
     overhead_by_kind = {kind: max(robust_mean(v) or 0.0, 0.0) for kind, v in sorted(gaps_by_kind.items())}
     setups, winds, spans = [], [], []
@@ -418,8 +440,12 @@ def from_torch_trace(paths: str | os.PathLike | Sequence[str | os.PathLike], sch
         p2p=p2p, transfer=transfer, setup=statistics.median(setups),
         wind_down=statistics.median(winds), step_time=step_time, stage_ranks=ranks_of_stages,
         orders=tuple(orders.values()),
-        samples={f"{kind}{stage}": len(ds) for (kind, stage), ds in sorted(durations.items())},
-        spread={f"{kind}{stage}": robust_spread(ds) for (kind, stage), ds in sorted(durations.items())},
+        send_cost=send_cost, recv_cost=recv_cost,
+        samples={**{f"{kind}{stage}": len(ds) for (kind, stage), ds in sorted(durations.items())},
+                 **{f"{side}_cost": len(values) for side, values in host.items() if values}},
+        spread={**{f"{kind}{stage}": robust_spread(ds) for (kind, stage), ds in sorted(durations.items())},
+                **{f"{side}_cost": statistics.stdev(values) / statistics.fmean(values)
+                   for side, values in host.items() if len(values) > 1 and statistics.fmean(values) > 0}},
         residual={"durations": _median(deviations)},
         source=", ".join(str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)),
     )

@@ -62,7 +62,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
               "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
               "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
-              "overhead_W": "seconds", "pair_overlap": "shares", "split_known": "bool"},
+              "overhead_W": "seconds", "pair_overlap": "shares", "split_known": "bool", "send_cost": "seconds",
+              "recv_cost": "seconds"},
     "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
               "vocabulary": "count", "microbatch_size": "count", "dtype_bytes": "count",
               "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
@@ -240,7 +241,8 @@ def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
                                        update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
                                        kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
                                        setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
-                                       pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True))
+                                       pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True),
+                                       send_cost=t.get("send_cost"), recv_cost=t.get("recv_cost"))
 
         label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
                  + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
