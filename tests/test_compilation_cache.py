@@ -15,7 +15,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import _caches
-from diffpipe._engine import _hardware
+from diffpipe._engine import _jit_checks
 from diffpipe.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_diffpipe_programs_of_concrete_hardware_have_no_host_callback():
     g = dp.compile(dp.schedules.get("1f1b", devices=2, microbatches=2))
     hw = dp.Hardware.from_times(1.0, 2.0)
     for on_error, callbacks in (("nan", False), ("raise", True)):
-        text = jax.jit(_hardware.nan_checked(lambda h: dp.makespan(g, h)) if on_error == "nan" else
+        text = jax.jit(_jit_checks.nan_checked(lambda h: dp.makespan(g, h)) if on_error == "nan" else
                        (lambda h: dp.makespan(g, h))).lower(hw).as_text()
         assert ("callback" in text) == callbacks, on_error
 

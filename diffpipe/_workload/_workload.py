@@ -446,7 +446,7 @@ def _fields_at(w: dict[str, Array], x: Float[Array, " stages+1"]) -> dict[str, A
     out = dict(forward=per_stage(w["forward"]), input_grad=per_stage(w["input_grad"]),
                weight=per_stage(w["weight"]), update=per_stage(w["update"]), message_bytes=message,
                gradient_bytes=gradient, static_bytes=static, activation_bytes=per_stage(w["activation_bytes"]))
-    if "full_backward" in w:
+    if w.get("full_backward") is not None:
         out["full_backward"] = per_stage(w["full_backward"])
     return out
 
