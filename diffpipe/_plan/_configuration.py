@@ -63,6 +63,7 @@ from .._workload._parallel import (
     parallel_costs,
     placement,
     ring_exchange,
+    sync_bytes_per_parameter,
 )
 from .._workload._workload import Workload
 from ..schedules import Schedule
@@ -264,8 +265,7 @@ class Configuration:
         n = par.shards
         bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
         r, d = float(model.reduction_bytes), float(model.dtype_bytes)
-        # costs.gradient_bytes is all-reduce-equivalent: r (ZeRO-0), (r + d) / 2 (1-2), r / 2 (3) a parameter
-        per_param = {0: r, 1: (r + d) / 2, 2: (r + d) / 2, 3: r / 2}[par.zero]
+        per_param = sync_bytes_per_parameter(par.zero, r, d)  # costs.gradient_bytes is all-reduce-equivalent
         ring, steps = (2.0, 2 * (n - 1)) if par.zero == 0 else (1.0, n - 1)
         dtype = self.cluster.device.throughput.dtype
         reduce_bytes = jnp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r

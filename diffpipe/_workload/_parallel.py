@@ -582,6 +582,14 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     return jnp.stack([jnp.where(on, forward, zero), jnp.where(on, backward, zero), zero])
 
 
+def sync_bytes_per_parameter(zero: int, reduce_bytes: float, dtype_bytes: float) -> float:
+    """All-reduce-equivalent bytes of one parameter's gradient sync at ZeRO stage ``zero`` (module
+    docstring): ``r`` (stage 0, an all-reduce), ``(r + d) / 2`` (1-2: a gradient reduce-scatter and a
+    weight all-gather), ``r / 2`` (3: a reduce-scatter)."""
+    r, d = reduce_bytes, dtype_bytes
+    return r if zero == 0 else (r + d) / 2 if zero in (1, 2) else r / 2
+
+
 def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCosts:
     """The per-device per-layer table of ``model`` under ``parallelism`` (rules and sources: the
     module docstring)."""
@@ -643,7 +651,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     expert_scale = ((shards_e - 1) / shards_e / ring) if ring and shards_e > 1 else 0.0
     r = float(model.reduction_bytes)
     # all-reduce-equivalent bytes per parameter: all-reduce; reduce-scatter + weight all-gather; reduce-scatter
-    reduce = r if par.zero == 0 else (r + d) / 2 if par.zero in (1, 2) else r / 2
+    reduce = sync_bytes_per_parameter(par.zero, r, d)
     gradient = reduce * (per_device_dense + expert_scale * per_device_expert)
     gather_bytes = None
     if par.zero == 3:  # parameter all-gathers before each layer's forward and backward
