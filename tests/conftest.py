@@ -18,8 +18,6 @@ os.environ.pop("DIFFPIPE_CACHE_DIR", None)
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
-_SHARED_CACHE = "DIFFPIPE_TEST_XLA_CACHE"
-
 settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -38,10 +36,6 @@ def _strict_jax():
         return
     jax.config.update("jax_numpy_rank_promotion", "raise")
     jax.config.update("jax_numpy_dtype_promotion", "strict")
-    if os.environ.get(_SHARED_CACHE):
-        jax.config.update("jax_compilation_cache_dir", os.environ[_SHARED_CACHE])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     yield
 
 
