@@ -3,10 +3,9 @@ prints what it promises (``EXPECTED``, where listed).
 
 The scripts in ``FRESH`` run as the README says, ``python examples/X.py --fast`` in a fresh
 interpreter: a script may rely on nothing the test process set up. The others run in this process
-as ``__main__`` (``runpy``, the same argv and working folder), which spares CI a Python and JAX
-start-up per script and lets them reuse the programs the suite already compiled; the strict
-promotion rules of ``conftest.py`` then apply to them too. ``DIFFPIPE_FULL_MATRIX=1`` runs every
-script in a fresh interpreter.
+as ``__main__`` (``runpy``, the same argv and working folder), which spares CI a Python, JAX and
+torch start-up per script; the strict promotion rules of ``conftest.py`` then apply to them too.
+``DIFFPIPE_FULL_MATRIX=1`` runs every script in a fresh interpreter.
 """
 
 import os
