@@ -160,10 +160,13 @@ class Transformer:
         flash_attention: fused attention (Dao et al. 2022): no ``s x s`` tensors stored, ``Q K^T``
             recomputed in the backward.
         flash_version: the fused kernel's generation, 2 (FlashAttention-2, Dao 2023: the device's
-            attention curve) or 1 (FlashAttention-1, and the Triton kernel of its time, whose forward
+            attention curve), 1 (FlashAttention-1, and the Triton kernel of its time, whose forward
             plus backward the FlashAttention repository's ``flash_attn_triton.py`` calls "slightly
             slower than" FlashAttention-1's CUDA one): half the rate ("around 2x speedup compared to
-            FlashAttention", the FlashAttention-2 paper's abstract). Timing only (kernel models).
+            FlashAttention", the FlashAttention-2 paper's abstract), or 3 (the device architecture's own
+            kernels, on Hopper FlashAttention-3 and cuDNN's fused flash attention, which Transformer
+            Engine prefers there and PyTorch 2.5.0's SDPA used by default): the curve times the
+            device's ``KernelModel.attention_native``, 1 where it has none. Timing only (kernel models).
         reduce_bytes: bytes of one gradient element in the data-parallel reduction (None:
             ``dtype_bytes``). 4 where the framework reduces bf16 training's gradients in fp32: Megatron-LM
             (``accumulate_allreduce_grads_in_fp32`` forced for bf16 unless ``--grad-reduce-in-bf16``,
@@ -265,8 +268,8 @@ class Transformer:
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
-        if self.flash_version not in (1, 2) or isinstance(self.flash_version, bool):
-            fail("flash_version", "1 or 2")
+        if self.flash_version not in (1, 2, 3) or isinstance(self.flash_version, bool):
+            fail("flash_version", "1, 2 or 3")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             fail("qkv_bias", "a bool or None")
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):
