@@ -32,7 +32,7 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
   the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
   per weight per microbatch) in ``W``.
-- Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_version]``;
+- Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
   ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
   times the device's ``KernelModel.attention_native``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
@@ -164,7 +164,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         kv = a  # MLA decompresses K and V per head
     heads = b * a / t  # attention (batch x heads) per device
     mask = 1.0 if model.dropout else 0.0
-    rate, native = FLASH_RATE[model.flash_version], model.flash_version in NATIVE
+    rate, native = FLASH_RATE[model.flash_generation], model.flash_generation in NATIVE
     moe = set(model.moe_blocks())
     rows = model.layers + 2
     out = _Builder()
