@@ -200,21 +200,62 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
     wider = 2 * max(contexts)  # split the sequence further: activations per GPU fall by the context size
     if model.flash_attention and model.sequence % (2 * wider) == 0 and g % wider == 0:
         changes.append((f"allow context={wider}", {"context": (*contexts, wider)}))
-    need = max(2, math.ceil(best_memory / capacity))
-    for factor in (need, 2 * need):
-        gpus = factor * g
-        try:
-            more = Cluster(cluster.device, gpus, node, intra=(cluster.intra_bandwidth, cluster.intra_latency),
-                           inter=(cluster.inter_bandwidth, cluster.inter_latency))
-        except ConfigError:  # past MAX_GPUS, or not whole nodes
-            continue
-        changes.append((f"use about {factor}x the GPUs ({gpus})", {"cluster": more}))
+    # a first guess at the GPU count; _checked_suggestion searches from it for the fewest that fit
+    more = _resized(cluster, max(2, math.ceil(best_memory / capacity)) * g)
+    if more is not None:
+        changes.append((f"use {more.gpus} GPUs or more", {"cluster": more}))
     return reason, changes
 
 
-def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> str:
+def _resized(cluster: Cluster, gpus: int) -> Cluster | None:
+    """``cluster`` with ``gpus`` GPUs (its device, node size and links), or None past ``MAX_GPUS``
+    or for a count that is not whole nodes."""
+    try:
+        return Cluster(cluster.device, gpus, cluster.devices_per_node,
+                       intra=(cluster.intra_bandwidth, cluster.intra_latency),
+                       inter=(cluster.inter_bandwidth, cluster.inter_latency))
+    except ConfigError:
+        return None
+
+
+def _fits(request: dict[str, Any], change: dict[str, Any]) -> bool:
+    """Whether the search finds a configuration that fits with ``change`` applied to ``request``."""
+    try:
+        plan(**{**request, **change}, top_k=0, balance=False, progress=False)
+    except ConfigError:
+        return False
+    return True
+
+
+def _fewest_gpus(request: dict[str, Any], guess: Cluster) -> tuple[Cluster, int] | None:
+    """The fewest GPUs from which the search finds a configuration that fits, in whole nodes (in
+    multiples of the request's GPUs below a node), and the largest count checked not to fit (one
+    unit fewer, or the request's own): ``(cluster, gpus)``; None when neither ``guess`` (the memory
+    bound's estimate) nor twice it fits. From the first of those that fits it bisects down to the
+    largest count that did not."""
+    base = request["cluster"]
+    unit = base.devices_per_node if base.gpus % base.devices_per_node == 0 else base.gpus
+    low, high, cluster = base.gpus // unit, guess.gpus // unit, guess
+    failed = base.gpus  # the largest count checked not to fit
+    if not _fits(request, {"cluster": cluster}):  # the guess, then twice it (each failed search is a whole one)
+        low, high, failed = high, 2 * high, high * unit
+        cluster = _resized(base, high * unit)
+        if cluster is None or not _fits(request, {"cluster": cluster}):
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        trial = _resized(base, middle * unit)  # None: not whole nodes (a request below one node)
+        if trial is not None and _fits(request, {"cluster": trial}):
+            high, cluster = middle, trial
+        else:
+            low, failed = middle, (middle * unit if trial is not None else failed)
+    return cluster, failed
+
+
+def _checked_suggestion(reason: str, changes: list, request: dict[str, Any], bar: Progress | None = None) -> str:
     """``reason`` and the first of ``changes`` after which the search finds a configuration that
-    fits (each re-run with the change); when none does, the line says so."""
+    fits (each re-run with the change; a GPU count is searched for the fewest that fit,
+    ``_fewest_gpus``); when none does, the line says so. ``bar`` shows which change is checked."""
     if _CHECKING.get():
         return reason
     tried = []
@@ -226,11 +267,14 @@ def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> 
         combined = [("together: " + ", ".join(texts), together)] if len(singles) > 1 else []
         for text, change in singles + combined:
             tried.append(text)
-            try:
-                plan(**{**request, **change}, top_k=0, balance=False, progress=False)
-            except ConfigError:
-                continue
-            return f"{reason}: {text}"
+            if bar is not None:
+                bar.stage(f"checking what fits: {text}")
+            if "cluster" in change and change is not together:
+                if found := _fewest_gpus(request, change["cluster"]):
+                    more, below = found
+                    return f"{reason}: use {more.gpus} GPUs ({below} do not fit)"
+            elif _fits(request, change):
+                return f"{reason}: {text}"
         if combined:
             tried.pop()
     finally:
@@ -596,7 +640,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                        pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
                        context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
                        headroom=headroom, communication=communication, framework=framework)
-        raise ConfigError(_checked_suggestion(reason, changes, request))
+        raise ConfigError(_checked_suggestion(reason, changes, request, bar))
     rows_out = ranked(rows_out)
 
     t2 = time.perf_counter()
