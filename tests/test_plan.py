@@ -248,7 +248,7 @@ def _apply(suggestion, request):
             changes["zero"] = (*request.get("zero", ()), 3)
         elif found := re.match(r"allow tensor=(\d+)$", part):
             changes["tensor"] = (*request.get("tensor", (1, 2, 4)), int(found[1]))
-        elif found := re.match(r"use (\d+) GPUs( or more| \(\d+ do not fit\))$", part):
+        elif found := re.match(r"use (\d+) GPUs( \(\d+ do not fit\))?$", part):
             changes["cluster"] = cluster(request["cluster"].device, int(found[1]))
         elif found := re.match(r"use a global batch that is a multiple of \d+ \(e\.g\. (\d+)\)$", part):
             changes["global_batch"] = int(found[1])

@@ -203,7 +203,7 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
     # a first guess at the GPU count; _checked_suggestion searches from it for the fewest that fit
     more = _resized(cluster, max(2, math.ceil(best_memory / capacity)) * g)
     if more is not None:
-        changes.append((f"use {more.gpus} GPUs or more", {"cluster": more}))
+        changes.append((f"use {more.gpus} GPUs", {"cluster": more}))
     return reason, changes
 
 
@@ -273,6 +273,7 @@ def _checked_suggestion(reason: str, changes: list, request: dict[str, Any], bar
                 if found := _fewest_gpus(request, change["cluster"]):
                     more, below = found
                     return f"{reason}: use {more.gpus} GPUs ({below} do not fit)"
+                tried[-1] = f"use {change['cluster'].gpus} or {2 * change['cluster'].gpus} GPUs"  # what it checked
             elif _fits(request, change):
                 return f"{reason}: {text}"
         if combined:
@@ -323,7 +324,8 @@ def plan(
             ``expert_tensor`` given, every expert size the folding allows: ``expert_tensor x expert``
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
-            the tensor size only, Megatron-LM's default); sizes that do not fit a configuration
+            the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
+            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a configuration
             (``expert_tensor x expert`` not dividing ``tensor x context x data``) are skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
@@ -413,6 +415,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             if model.experts % e:
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
+    if expert_tensor is None and export == "megatron" and model.experts > 1 and model.bias:
+        expert_tensors = [1]  # the only expert tensor size Megatron-LM runs MoE layers with biases at
     if expert_tensor is not None:
         expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
@@ -488,7 +492,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
                                         rejected["batch"] += 1
-                                    elif export and (why := _export_problem(export, c, global_batch)):
+                                    elif export and (why := _export_problem(export, c, global_batch, model)):
                                         rejected[f"{export} export"] += 1
                                         export_reasons[why] += 1
                                     else:
@@ -659,7 +663,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                      communication, headroom, framework)
 
 
-def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | None:
+def _export_problem(framework: str, c: Candidate, global_batch: int, model: Transformer) -> str | None:
     """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
     for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
     buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
@@ -667,7 +671,7 @@ def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | No
     if framework == "megatron" and c.zero == 2:
         return "Megatron-LM runs ZeRO-2 as its distributed optimizer, whose memory is ZeRO-1's: search zero=1"
     microbatches = global_batch // (c.microbatch_size * c.data)
-    return export_problem(framework, c.family, c.parallelism(), microbatches)
+    return export_problem(framework, c.family, c.parallelism(), microbatches, model)
 
 
 def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
