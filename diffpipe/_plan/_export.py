@@ -135,7 +135,7 @@ def torchtitan_v020_problem(parallelism: Parallelism) -> str | None:
     """What torchtitan v0.2.0 refuses in ``parallelism``'s expert layers that v0.2.1-v0.2.2 run, or
     None: its expert group takes all the context ranks (and, at expert tensor size 1, all the tensor
     ranks) rather than any ranks of the sharded region (torchtitan v0.2.0, 29624e3,
-    ``torchtitan/distributed/parallel_dims.py:58-64``: ``ep % cp == 0`` at ETP = TP,
+    ``torchtitan/distributed/parallel_dims.py:57-64``: ``ep % cp == 0`` at ETP = TP,
     ``ep % (cp * tp) == 0`` at ETP 1; v0.2.1 dropped both)."""
     par = parallelism
     if par.expert == 1:
