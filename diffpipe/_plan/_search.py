@@ -208,8 +208,8 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
 
 
 def _resized(cluster: Cluster, gpus: int) -> Cluster | None:
-    """``cluster`` with ``gpus`` GPUs (its device, node size and links), or None past ``MAX_GPUS``
-    or for a count that is not whole nodes."""
+    """``cluster`` with ``gpus`` GPUs (its device, node size, link bandwidths and latencies), or
+    None past ``MAX_GPUS`` or for a count that is not whole nodes."""
     try:
         return Cluster(cluster.device, gpus, cluster.devices_per_node,
                        intra=(cluster.intra_bandwidth, cluster.intra_latency),
@@ -325,8 +325,9 @@ def plan(
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
             the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
-            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a configuration
-            (``expert_tensor x expert`` not dividing ``tensor x context x data``) are skipped for it.
+            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a
+            configuration (``expert_tensor x expert`` not dividing ``tensor x context x data``) are
+            skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         context: context-parallel sizes to try (default: 1, and from a sequence of
