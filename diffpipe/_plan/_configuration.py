@@ -53,18 +53,17 @@ from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
+from .._workload._overlap import CommunicationOverlap, hidden_cost
 from .._workload._parallel import (
     GROUPS,
-    CommunicationOverlap,
     ParallelCosts,
-    Parallelism,
     Placement,
-    hidden_cost,
     parallel_costs,
     placement,
     ring_exchange,
     sync_bytes_per_parameter,
 )
+from .._workload._parallelism import Parallelism
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness

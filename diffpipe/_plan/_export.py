@@ -37,7 +37,7 @@ from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._model._transformer import Transformer
 from .._workload._frameworks import Framework
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.

@@ -364,7 +364,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
             what = "--pp" if "devices" in flag else "--global-batch (with --microbatch-size and --dp)"
             raise ConfigError(f"{flag} cannot be combined with a training configuration: {what} sets it")
     train, par, clu, settings = _configuration_values(args, config)
-    from .._workload._parallel import Parallelism
+    from .._workload._parallelism import Parallelism
 
     model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
     t, p, c = par.get("tensor", 1), par.get("pipeline", 1), par.get("context", 1)
