@@ -26,6 +26,11 @@ of each stage, run the same one) and reports:
 Every float of the cluster (device peak and efficiency, link bandwidths and latencies, memory
 bandwidth) reaches the ``Hardware`` through array operations, so ``makespan`` is differentiable in
 them, and a configuration of the same structure with new values reuses the compiled evaluator.
+
+Why one module past 500 lines: ``Configuration`` is one object whose methods each derive one term of
+the same step from the same ``ParallelCosts`` table (compute, the collectives by group and what the
+overlap leaves exposed, the context ring, the gradient sync, the optimizer step), and ``ConfigResult``
+is what its ``evaluate`` returns; apart, every term would reach back into the whole object.
 """
 
 from __future__ import annotations

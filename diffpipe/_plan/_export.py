@@ -23,6 +23,10 @@ keeps the list, citing file and commit):
   Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
   field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
   names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
+
+Why one module past 500 lines: the Megatron-LM and torchtitan writers read one ``Launch`` and share
+what either framework refuses (``export_problem``) and the sources above; Megatron's layout grammar
+(``megatron_layout``, ``parse_megatron_layout``) is the seam to split along if it grows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule."""
+"""Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule.
+
+Why one module past 500 lines: the machine, the training configuration and the schedule are read
+from one checked file (``SCHEMA``, ``_Config``) through one merge of flags over its keys
+(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's,
+``_machine`` per-stage times beside a model). ``_machine`` and ``_Training.build`` turn TOML values
+into library objects: library logic that belongs beside ``Calibration.to_toml``, the writer of the
+same format.
+"""
 
 
 from __future__ import annotations
