@@ -1,8 +1,8 @@
 """Tensor x context x pipeline x data (x expert) parallelism: sizes, their placement on a cluster, and
 the per-device costs, collectives and memory they imply, as plain numbers.
 
-``Parallelism`` (``_parallelism``) holds the sizes (validated against a model by ``check``); ``Cluster`` the devices
-and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
+``Parallelism`` (in ``_parallelism``) holds the sizes, checked against a model by ``check``; ``Cluster``
+the devices and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
 way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``, ``megatron/core/parallel_state.py``)
 and torchtitan (mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``) do by default: a tensor group
 is ``tensor`` consecutive ranks (inside one node), a context group strides by ``tensor``, a data group
