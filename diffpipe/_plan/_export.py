@@ -23,6 +23,10 @@ keeps the list, citing file and commit):
   Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
   field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
   names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
+
+Why one module past 500 lines: the Megatron-LM and torchtitan writers read one ``Launch`` and share
+what either framework refuses (``export_problem``) and the sources above; Megatron's layout grammar
+(``megatron_layout``, ``parse_megatron_layout``) is the seam to split along if it grows.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._model._transformer import Transformer
 from .._workload._frameworks import Framework
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
