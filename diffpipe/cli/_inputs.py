@@ -450,8 +450,11 @@ def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[
     if sequence == "max":
         sequence, origin = longest, f"{origin} max: the model's longest context"
     out["sequence"] = {"value": int(sequence), "from": origin, "longest": longest}
-    out["flash_attention"] = {"value": bool(train.get("flash_attention", DEFAULT_FLASH_ATTENTION)),
-                              "from": origins.get("flash_attention", "default")}
+    flash = bool(train.get("flash_attention", DEFAULT_FLASH_ATTENTION))
+    origin = origins.get("flash_attention", "default")
+    if origin == "--flash-attention" and not flash:
+        origin = "--no-flash-attention"  # the flag as it was typed
+    out["flash_attention"] = {"value": flash, "from": origin}
     return out
 
 
