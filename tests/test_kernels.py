@@ -179,7 +179,7 @@ def test_attention_native_is_checked():
 
 @pytest.mark.parametrize("bad", [0, 4, True, "2"])
 def test_flash_version_refuses_other_values(bad):
-    with pytest.raises(dp.ConfigError, match="flash_version must be 1, 2 or 3"):
+    with pytest.raises(dp.ConfigError, match="flash_version must be 1, 2, 3 or None"):
         dp.Transformer(layers=2, hidden=64, heads=4, sequence=128, vocabulary=100, flash_version=bad)
 
 

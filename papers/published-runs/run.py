@@ -133,7 +133,7 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "131,072, sequence 4,096; microbatch size 1, selective recomputation, sequence parallelism where "
         "tensor > 1, 1F1B without virtual stages, the distributed optimizer (zero=1): the README gives none of "
         "these.",
-        "Attention: Hopper's own fused kernel (flash_version=3): Megatron-LM's default --transformer-impl "
+        "Attention: Hopper's own fused kernel (flash_version=3, the 'megatron' preset's): Megatron-LM's default --transformer-impl "
         "transformer_engine (megatron/training/arguments.py at f2e5db402c, line 668) runs Transformer Engine's "
         "DotProductAttention, which on compute capability 9.0 disables FlashAttention 'to give FusedAttention "
         "preference on Hopper+ for performance reasons' (cuDNN's F16_arbitrary_seqlen; "
@@ -357,7 +357,7 @@ def megatron_h100() -> list[Row]:
     rows = []
     for r in DATA["megatron_h100"]["table"]:
         model = gpt(r["layers"], r["hidden"], r["heads"], sequence=4096, vocabulary=131072, microbatch_size=1,
-                    recompute="selective", flash_attention=True, flash_version=3)
+                    recompute="selective", flash_attention=True)
 
         def build(model=model, r=r):
             return configuration(model, NVIDIA_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["dp"],
