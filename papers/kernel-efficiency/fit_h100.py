@@ -29,7 +29,8 @@ if __name__ == "__main__":
                                    "attention_text_points.csv: FA2 on H100 'up to 335 TFLOPs/s' fwd+bwd, at 16k"),
                attention_fa3=attention("H100", gemm["k_half"], float(fa3["tflops"]), float(fa3["seqlen"]),
                                        "attention_text_points.csv: FA3 Table 2, FlashAttention-3, forward"))
-    native = attention_point("pytorch_v2.5.0_release_notes", "H100", "cuDNN fused flash attention (SDPA's cuDNN backend)")
+    native = attention_point("pytorch_v2.5.0_release_notes", "H100",
+                             "cuDNN fused flash attention (SDPA's cuDNN backend)")
     out["attention_native"] = float(native["speedup_over_fa2"])
     out["attention_native_source"] = "attention_text_points.csv: " + native["where"]
     out["mamf_check"] = mamf_check(out, "H100", "NVIDIA H100 SXM")
