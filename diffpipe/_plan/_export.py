@@ -344,7 +344,9 @@ def megatron_model_args(model: Transformer, sequence: int | None = None) -> list
     """Megatron-LM arguments for the shape of ``model`` (``pretrain_gpt.py``; names as in Megatron-LM
     d98e8a6, most generated from ``TransformerConfig``'s fields): layers, hidden size, heads, query
     groups, FFN size, SwiGLU, RMSNorm, rotary positions, untied embeddings, biases, QK-norm,
-    dropout, the attention backend (``flash`` with flash attention, else ``unfused``), bf16, the
+    dropout, the attention backend (with flash attention ``auto`` for the device's own fused kernel,
+    ``flash_version=3``: Transformer Engine's choice, cuDNN's on Hopper; else ``flash``; without it
+    ``unfused``), bf16, the
     vocabulary, the sequence (``sequence``, default the model's) and the maximum positions, mixture
     of experts and multi-head latent attention. The tokenizer, data and optimizer flags stay the user's.
 
@@ -393,7 +395,8 @@ def megatron_model_args(model: Transformer, sequence: int | None = None) -> list
         args.append("--qk-layernorm")
     if not m.dropout:
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
-    args += ["--attention-backend", "flash" if m.flash_attention else "unfused"]
+    backend = "unfused" if not m.flash_attention else "auto" if m.flash_generation == 3 else "flash"
+    args += ["--attention-backend", backend]
     if m.dtype_bytes == 2:
         args.append("--bf16")
     if m.experts > 1:
