@@ -102,14 +102,15 @@ def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
     """The balanced rows of one stage count share one descent padded to their common sizes; the
     table is the one each row's own descent gives, number for number."""
     heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: both rows get balanced
-    request = dict(pipeline=4, tensor=1, families=("1f1b",), microbatch_sizes=(1, 2), recompute=("none",),
-                   zero=(1,), sequence_parallel=(False,), top_k=2, progress=False)
+    # the best three: zb-h1 (4 stages), zb-h1 at 2 virtual stages (8) and 1f1b (4, fewer levels)
+    request = dict(pipeline=4, tensor=1, families=("1f1b", "zb-h1"), microbatch_sizes=(2,), recompute=("none",),
+                   zero=(1,), sequence_parallel=(False,), top_k=3, progress=False)
     shared = []
     real = _search._shared_sizes
     monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: shared.append(real(graphs)) or shared[-1])
     table = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
-    assert len(shared) == 1 and len(shared[0]) == 2  # two graphs of four stages, one size
-    assert sum(r["balanced"] for r in table.rows) == 2
+    assert len(shared) == 1 and len(shared[0]) == 2  # the two graphs of four stages, padded to one size
+    assert any(r["balanced"] for r in table.rows)
     monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: {})
     alone = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
     assert table.rows == alone.rows
