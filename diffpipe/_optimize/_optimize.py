@@ -430,12 +430,14 @@ def optimize(
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
     _check_mode(graph, workload)
-    descent_graph, descent_workload, padded = graph, workload, pad_to is not None
-    if padded:
-        descent_graph = pad_graph(graph, **_padded_sizes(graph, pad_to))
-        descent_workload = eqx.tree_at(lambda w: w.network, workload, workload.network.with_traced_data_parallel())
+    # The graph and workload the descent and the exact search run: padded ones share compiled programs.
+    sizes = None if pad_to is None else _padded_sizes(graph, pad_to)
+    evaluated, evaluated_workload = graph, workload
+    if sizes is not None:
+        evaluated = pad_graph(graph, **sizes)
+        evaluated_workload = eqx.tree_at(lambda w: w.network, workload, workload.network.with_traced_data_parallel())
     stored_key = _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
-                             local_search, None if pad_to is None else _padded_sizes(graph, pad_to))
+                             local_search, sizes)
     stored = _STORED.get(stored_key) if stored_key is not None else None
     if stored is not None:
         _STORED.move_to_end(stored_key)
@@ -444,17 +446,17 @@ def optimize(
         return stored
 
     # Baselines, exactly evaluated.
-    capacity = np.full(descent_graph.devices, np.inf, dtype)  # a padded device holds nothing: no penalty
+    capacity = np.full(evaluated.devices, np.inf, dtype)  # a padded device holds nothing: no penalty
     capacity[:devices] = np.broadcast_to(np.asarray(workload.capacity, dtype), (devices,))
-    search = _Search(graph, workload, knobs, stages, descent_graph, descent_workload, capacity)
+    search = _Search(graph, workload, knobs, stages, evaluated, evaluated_workload, capacity)
     keys = {name: search.key(plan) for name, plan in baselines.items()}
     baseline = min(keys, key=lambda n: keys[n])
     scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
 
     # The continuous phase, from every start at once.
-    params, losses, xs = _descend(descent_graph, descent_workload, knobs, params0, optimizer,
+    params, losses, xs = _descend(evaluated, evaluated_workload, knobs, params0, optimizer,
                                   jnp.asarray(taus * scale, dtype), jnp.asarray(memory_penalty, dtype),
-                                  jnp.asarray(scale, dtype), jax.device_put(capacity), stages, padded)
+                                  jnp.asarray(scale, dtype), jax.device_put(capacity), stages, sizes is not None)
     losses = np.asarray(losses)
     if not np.all(np.isfinite(losses)):
         bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))

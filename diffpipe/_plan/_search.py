@@ -74,6 +74,7 @@ from .._progress import Progress
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import placement
+from .._workload._workload import Workload
 from ..schedules._analysis import peak_activations
 from ._bounds import COSTS, Costs, closed_form, cluster_key
 from ._configuration import HEADROOM, Configuration
@@ -636,7 +637,7 @@ class _BalanceProblem(NamedTuple):
     variant: Transformer
     config: Configuration
     graph: Graph
-    workload: Any
+    workload: Workload
 
 
 def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
@@ -655,9 +656,9 @@ def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_bat
 
 
 def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
-    """Per graph (by ``id``), the sizes its descent pads to (``optimize``'s ``pad_to``): the common
-    sizes of the graphs with its stage count and communication setting, so that one compiled
-    descent serves them all (``docs/architecture.md``, "Compilation"). A graph alone in its group
+    """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
+    graphs with its stage count and communication setting, so that one compiled descent and exact
+    evaluator serve them all (``docs/architecture.md``, "Compilation"). A graph alone in its group
     is not padded."""
     groups: dict[tuple, list[Graph]] = {}
     for g in graphs:
@@ -666,7 +667,7 @@ def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
 
 
 def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None) -> dict | None:
-    """``optimize`` the stage split of ``row`` (its descent padded to ``pad_to`` when given); the
+    """``optimize`` the stage split of ``row`` (its graph padded to ``pad_to`` when given); the
     balanced row when the exact evaluation confirms it is faster and fits, else None."""
     c, variant, cfg, graph, workload = problem
     try:
