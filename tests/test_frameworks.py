@@ -105,7 +105,7 @@ def test_fsdp_reduces_every_microbatch_under_its_backward(zero):
     import jax.numpy as jnp
     import numpy as np
 
-    from diffpipe._workload._parallel import hidden_cost
+    from diffpipe._workload._overlap import hidden_cost
 
     par = dp.Parallelism(data=8, zero=zero)
     m = 4

@@ -267,7 +267,7 @@ def _apply(suggestion, request):
             changes["zero"] = (*request.get("zero", ()), 3)
         elif found := re.match(r"allow tensor=(\d+)$", part):
             changes["tensor"] = (*request.get("tensor", (1, 2, 4)), int(found[1]))
-        elif found := re.match(r"use about \d+x the GPUs \((\d+)\)$", part):
+        elif found := re.match(r"use (\d+) GPUs( \(\d+ do not fit\))?$", part):
             changes["cluster"] = cluster(request["cluster"].device, int(found[1]))
         elif found := re.match(r"use a global batch that is a multiple of \d+ \(e\.g\. (\d+)\)$", part):
             changes["global_batch"] = int(found[1])
@@ -295,6 +295,23 @@ def test_every_infeasible_suggestion_applied_makes_the_request_feasible(request_
     suggestion = message.rsplit(": ", 1)[1]
     table = dp.plan(TINY, **{**request_, **_apply(suggestion, request_)}, balance=False, progress=False)
     assert table.rows
+
+
+def test_suggested_gpu_count_is_the_fewest_that_fit():
+    """Issue 24, "hints that point the wrong way": the GPU count suggested for a memory-infeasible
+    request is the fewest whole nodes the same search fits in (it used to double the memory bound's
+    guess: 32 here, where 24 fit), and the count one node fewer was checked not to fit."""
+    import re
+
+    device = dp.Device(peak_flops=1e15, memory=4e7, name="d")
+    request = dict(global_batch=64, microbatch_sizes=(1,), families=("1f1b",), balance=False, progress=False)
+    with pytest.raises(dp.ConfigError, match="binding constraint") as info:
+        dp.plan(TINY, cluster(device, 16), **request)
+    found = re.search(r": use (\d+) GPUs \((\d+) do not fit\)$", str(info.value))
+    assert found, str(info.value)
+    gpus, below = int(found[1]), int(found[2])
+    assert (gpus, below) == (24, 16)  # 16 is the request itself
+    assert dp.plan(TINY, cluster(device, gpus), **request).rows
 
 
 def test_export_limits_filter_the_search():

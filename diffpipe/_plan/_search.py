@@ -201,21 +201,62 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
     wider = 2 * max(contexts)  # split the sequence further: activations per GPU fall by the context size
     if model.flash_attention and model.sequence % (2 * wider) == 0 and g % wider == 0:
         changes.append((f"allow context={wider}", {"context": (*contexts, wider)}))
-    need = max(2, math.ceil(best_memory / capacity))
-    for factor in (need, 2 * need):
-        gpus = factor * g
-        try:
-            more = Cluster(cluster.device, gpus, node, intra=(cluster.intra_bandwidth, cluster.intra_latency),
-                           inter=(cluster.inter_bandwidth, cluster.inter_latency))
-        except ConfigError:  # past MAX_GPUS, or not whole nodes
-            continue
-        changes.append((f"use about {factor}x the GPUs ({gpus})", {"cluster": more}))
+    # a first guess at the GPU count; _checked_suggestion searches from it for the fewest that fit
+    more = _resized(cluster, max(2, math.ceil(best_memory / capacity)) * g)
+    if more is not None:
+        changes.append((f"use {more.gpus} GPUs", {"cluster": more}))
     return reason, changes
 
 
-def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> str:
+def _resized(cluster: Cluster, gpus: int) -> Cluster | None:
+    """``cluster`` with ``gpus`` GPUs (its device, node size, link bandwidths and latencies), or
+    None past ``MAX_GPUS`` or for a count that is not whole nodes."""
+    try:
+        return Cluster(cluster.device, gpus, cluster.devices_per_node,
+                       intra=(cluster.intra_bandwidth, cluster.intra_latency),
+                       inter=(cluster.inter_bandwidth, cluster.inter_latency))
+    except ConfigError:
+        return None
+
+
+def _fits(request: dict[str, Any], change: dict[str, Any]) -> bool:
+    """Whether the search finds a configuration that fits with ``change`` applied to ``request``."""
+    try:
+        plan(**{**request, **change}, top_k=0, balance=False, progress=False)
+    except ConfigError:
+        return False
+    return True
+
+
+def _fewest_gpus(request: dict[str, Any], guess: Cluster) -> tuple[Cluster, int] | None:
+    """The fewest GPUs from which the search finds a configuration that fits, in whole nodes (in
+    multiples of the request's GPUs below a node), and the largest count checked not to fit (one
+    unit fewer, or the request's own): ``(cluster, gpus)``; None when neither ``guess`` (the memory
+    bound's estimate) nor twice it fits. From the first of those that fits it bisects down to the
+    largest count that did not."""
+    base = request["cluster"]
+    unit = base.devices_per_node if base.gpus % base.devices_per_node == 0 else base.gpus
+    low, high, cluster = base.gpus // unit, guess.gpus // unit, guess
+    failed = base.gpus  # the largest count checked not to fit
+    if not _fits(request, {"cluster": cluster}):  # the guess, then twice it (each failed search is a whole one)
+        low, high, failed = high, 2 * high, high * unit
+        cluster = _resized(base, high * unit)
+        if cluster is None or not _fits(request, {"cluster": cluster}):
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        trial = _resized(base, middle * unit)  # None: not whole nodes (a request below one node)
+        if trial is not None and _fits(request, {"cluster": trial}):
+            high, cluster = middle, trial
+        else:
+            low, failed = middle, (middle * unit if trial is not None else failed)
+    return cluster, failed
+
+
+def _checked_suggestion(reason: str, changes: list, request: dict[str, Any], bar: Progress | None = None) -> str:
     """``reason`` and the first of ``changes`` after which the search finds a configuration that
-    fits (each re-run with the change); when none does, the line says so."""
+    fits (each re-run with the change; a GPU count is searched for the fewest that fit,
+    ``_fewest_gpus``); when none does, the line says so. ``bar`` shows which change is checked."""
     if _CHECKING.get():
         return reason
     tried = []
@@ -227,11 +268,15 @@ def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> 
         combined = [("together: " + ", ".join(texts), together)] if len(singles) > 1 else []
         for text, change in singles + combined:
             tried.append(text)
-            try:
-                plan(**{**request, **change}, top_k=0, balance=False, progress=False)
-            except ConfigError:
-                continue
-            return f"{reason}: {text}"
+            if bar is not None:
+                bar.stage(f"checking what fits: {text}")
+            if "cluster" in change and change is not together:
+                if found := _fewest_gpus(request, change["cluster"]):
+                    more, below = found
+                    return f"{reason}: use {more.gpus} GPUs ({below} do not fit)"
+                tried[-1] = f"use {change['cluster'].gpus} or {2 * change['cluster'].gpus} GPUs"  # what it checked
+            elif _fits(request, change):
+                return f"{reason}: {text}"
         if combined:
             tried.pop()
     finally:
@@ -280,8 +325,10 @@ def plan(
             ``expert_tensor`` given, every expert size the folding allows: ``expert_tensor x expert``
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
-            the tensor size only, Megatron-LM's default); sizes that do not fit a configuration
-            (``expert_tensor x expert`` not dividing ``tensor x context x data``) are skipped for it.
+            the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
+            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a
+            configuration (``expert_tensor x expert`` not dividing ``tensor x context x data``) are
+            skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         context: context-parallel sizes to try (default: 1, and from a sequence of
@@ -370,6 +417,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             if model.experts % e:
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
+    if expert_tensor is None and export == "megatron" and model.experts > 1 and model.bias:
+        expert_tensors = [1]  # the only expert tensor size Megatron-LM runs MoE layers with biases at
     if expert_tensor is not None:
         expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
@@ -445,7 +494,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
                                         rejected["batch"] += 1
-                                    elif export and (why := _export_problem(export, c, global_batch)):
+                                    elif export and (why := _export_problem(export, c, global_batch, model)):
                                         rejected[f"{export} export"] += 1
                                         export_reasons[why] += 1
                                     else:
@@ -597,7 +646,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                        pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
                        context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
                        headroom=headroom, communication=communication, framework=framework)
-        raise ConfigError(_checked_suggestion(reason, changes, request))
+        raise ConfigError(_checked_suggestion(reason, changes, request, bar))
     rows_out = ranked(rows_out)
 
     t2 = time.perf_counter()
@@ -619,7 +668,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                      communication, headroom, framework)
 
 
-def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | None:
+def _export_problem(framework: str, c: Candidate, global_batch: int, model: Transformer) -> str | None:
     """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
     for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
     buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
@@ -627,7 +676,7 @@ def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | No
     if framework == "megatron" and c.zero == 2:
         return "Megatron-LM runs ZeRO-2 as its distributed optimizer, whose memory is ZeRO-1's: search zero=1"
     microbatches = global_batch // (c.microbatch_size * c.data)
-    return export_problem(framework, c.family, c.parallelism(), microbatches)
+    return export_problem(framework, c.family, c.parallelism(), microbatches, model)
 
 
 class _BalanceProblem(NamedTuple):

@@ -15,7 +15,7 @@ from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
 from .._results import csv_text, json_text, markdown_table
 from .._workload._frameworks import Framework
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 from ._configuration import HEADROOM, Configuration
 from ._export import Launch, megatron_args, megatron_overlap_args, torchtitan_toml
 

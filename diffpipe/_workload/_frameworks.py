@@ -44,7 +44,8 @@ from dataclasses import dataclass
 
 from .._errors import ConfigError
 from .._model._transformer import Transformer, layer_costs
-from ._parallel import CommunicationOverlap, Parallelism, transformer_engine_tensor_overlap
+from ._overlap import CommunicationOverlap, transformer_engine_tensor_overlap
+from ._parallelism import Parallelism
 
 #: How a framework buckets the data-parallel gradient sync during the backward.
 BUCKETS = ("none", "megatron", "block", "ddp")
