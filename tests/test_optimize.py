@@ -376,7 +376,6 @@ def test_brute_force_refuses_large_instances(graph):
         dp.brute_force_partition(graph, workload, limit=1000)
 
 
-
 # -- one compiled descent for several graphs; results kept across calls ---------------------------------
 def test_padded_descent_shares_one_program_and_balances_alike(graph):
     """Two graphs of one stage count padded to their common sizes run one compiled descent, and

@@ -101,7 +101,7 @@ def test_balanced_rows_are_verified():
 def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
     """The balanced rows of one stage count share one descent padded to their common sizes; the
     table is the one each row's own descent gives, number for number."""
-    heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: both rows get balanced
+    heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: the uniform split is unbalanced
     # the best three: zb-h1 (4 stages), zb-h1 at 2 virtual stages (8) and 1f1b (4, fewer levels)
     request = dict(pipeline=4, tensor=1, families=("1f1b", "zb-h1"), microbatch_sizes=(2,), recompute=("none",),
                    zero=(1,), sequence_parallel=(False,), top_k=3, progress=False)
