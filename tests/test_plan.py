@@ -13,6 +13,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._engine._simulate import _simulate_graph
+from diffpipe._plan import _search
 from diffpipe._plan._bounds import Costs, closed_form
 from diffpipe._plan._space import family_shape
 from diffpipe._plan._table import TIE
@@ -95,6 +96,24 @@ def test_balanced_rows_are_verified():
         assert row[name] == getattr(result, name), name
     assert row["layers_per_stage"] != (2, 2, 2, 2) and sum(row["layers_per_stage"]) == heavy.layers
     assert table.best["step_time"] <= min(r["step_time"] for r in table.rows if not r["balanced"]) * (1 + TIE)
+
+
+def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
+    """The balanced rows of one stage count share one descent padded to their common sizes; the
+    table is the one each row's own descent gives, number for number."""
+    heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: the uniform split is unbalanced
+    # the best three: zb-h1 (4 stages), zb-h1 at 2 virtual stages (8) and 1f1b (4, fewer levels)
+    request = dict(pipeline=4, tensor=1, families=("1f1b", "zb-h1"), microbatch_sizes=(2,), recompute=("none",),
+                   zero=(1,), sequence_parallel=(False,), top_k=3, progress=False)
+    shared = []
+    real = _search._shared_sizes
+    monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: shared.append(real(graphs)) or shared[-1])
+    table = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    assert len(shared) == 1 and len(shared[0]) == 2  # the two graphs of four stages, padded to one size
+    assert any(r["balanced"] for r in table.rows)
+    monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: {})
+    alone = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    assert table.rows == alone.rows
 
 
 def test_best_exports_to_megatron(table):

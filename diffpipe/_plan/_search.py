@@ -50,7 +50,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -61,7 +61,7 @@ from .. import schedules
 from .._arrays import power_of_two
 from .._checks import check_int, check_number
 from .._choices import RECOMPUTE, ZERO_STAGES
-from .._engine._graph import Graph, bucketed
+from .._engine._graph import Graph, bucketed, common_sizes
 from .._engine._hardware import pad_hardware
 from .._engine._jit_checks import nan_checked
 from .._engine._simulate import simulate_graph
@@ -74,6 +74,7 @@ from .._progress import Progress
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import placement
+from .._workload._workload import Workload
 from ..schedules._analysis import peak_activations
 from ._bounds import COSTS, Costs, closed_form, cluster_key
 from ._configuration import HEADROOM, Configuration
@@ -651,8 +652,11 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     t2 = time.perf_counter()
     if balance:
         bar.stage("balancing the best stages", min(top_k, len(rows_out)))
-        for row in list(rows_out[:top_k]):
-            balanced = _balance(row, model, cluster, global_batch, communication, capacity, framework)
+        problems = [_balance_problem(row, model, cluster, global_batch, communication, framework)
+                    for row in rows_out[:top_k]]
+        shared = _shared_sizes([p.graph for p in problems if p is not None])
+        for row, problem in zip(list(rows_out[:top_k]), problems):
+            balanced = None if problem is None else _balance(row, problem, capacity, shared.get(id(problem.graph)))
             if balanced is not None:
                 rows_out.append(balanced)
             bar.update(1)
@@ -675,10 +679,19 @@ def _export_problem(framework: str, c: Candidate, global_batch: int, model: Tran
     return export_problem(framework, c.family, c.parallelism(), microbatches, model)
 
 
-def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
-             capacity: float, framework: Framework | None = None) -> dict | None:
-    """``optimize`` the stage split of ``row``; the balanced row when the exact evaluation confirms it
-    is faster and fits, else None."""
+class _BalanceProblem(NamedTuple):
+    """What ``_balance`` optimizes: a row's candidate, its model variant and configuration, graph and workload."""
+
+    candidate: Candidate
+    variant: Transformer
+    config: Configuration
+    graph: Graph
+    workload: Workload
+
+
+def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
+                     framework: Framework | None) -> _BalanceProblem | None:
+    """The stage-balancing problem of ``row``; None when it has fewer than two stages."""
     if row["pipeline"] * row["virtual"] < 2:
         return None
     et = row.get("expert_tensor", row["tensor"])
@@ -688,18 +701,34 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
                         communication=communication, framework=framework)
-    graph = cfg.graph()
-    workload = cfg.workload()
+    return _BalanceProblem(c, variant, cfg, cfg.graph(), cfg.workload())
+
+
+def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
+    """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
+    graphs with its stage count and communication setting, so that one compiled descent and exact
+    evaluator serve them all (``docs/architecture.md``, "Compilation"). A graph alone in its group
+    is not padded."""
+    groups: dict[tuple, list[Graph]] = {}
+    for g in graphs:
+        groups.setdefault((g.stages, g.communication), []).append(g)
+    return {id(g): common_sizes(members) for members in groups.values() if len(members) > 1 for g in members}
+
+
+def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None) -> dict | None:
+    """``optimize`` the stage split of ``row`` (its graph padded to ``pad_to`` when given); the
+    balanced row when the exact evaluation confirms it is faster and fits, else None."""
+    c, variant, cfg, graph, workload = problem
     try:
-        found = optimize(graph, workload, StageBalance(stages=graph.stages))
+        found = optimize(graph, workload, StageBalance(stages=graph.stages), pad_to=pad_to)
     except ConfigError:
         return None
     counts = _blocks(found.plan.layers_per_stage)
     if counts == row["layers_per_stage"] or min(counts[1:-1] or (1,)) < 1 or min(counts) < 0:
         return None
     try:
-        balanced = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                                 communication=communication, layers_per_stage=counts, framework=framework)
+        balanced = Configuration(variant, c.parallelism(), cfg.cluster, cfg.global_batch, schedule=c.family,
+                                 communication=cfg.communication, layers_per_stage=counts, framework=cfg.framework)
         # the search's own batched program of this graph's bucket (compiled already): no program
         # per graph structure; the figures are ``evaluate()``'s bit for bit (tests/test_plan.py)
         steps, bubbles, memory = _simulate_members(graph, [balanced.hardware()])
