@@ -81,9 +81,9 @@ if TYPE_CHECKING:
     from ._sweep import SweepResult as SweepResult
     from ._sweep import sweep as sweep
     from ._workload._frameworks import Framework as Framework
-    from ._workload._parallel import CommunicationOverlap as CommunicationOverlap
-    from ._workload._parallel import Parallelism as Parallelism
-    from ._workload._parallel import transformer_engine_tensor_overlap as transformer_engine_tensor_overlap
+    from ._workload._overlap import CommunicationOverlap as CommunicationOverlap
+    from ._workload._overlap import transformer_engine_tensor_overlap as transformer_engine_tensor_overlap
+    from ._workload._parallelism import Parallelism as Parallelism
     from ._workload._workload import Workload as Workload
     from ._workload._workload import hardware_from_model as hardware_from_model
 

@@ -14,7 +14,7 @@ from diffpipe._engine._graph import bucket_sizes, bucketed, common_sizes
 from diffpipe._engine._hardware import pad_hardware
 from diffpipe._engine._simulate import simulate_graph
 from diffpipe._plan._search import _batched, _simulate_members
-from diffpipe._workload._parallel import Parallelism
+from diffpipe._workload._parallelism import Parallelism
 
 TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",
                       norm="rmsnorm", positions="rotary", bias=False, dropout=False, kv_heads=4)

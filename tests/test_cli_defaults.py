@@ -40,7 +40,10 @@ def test_default_sequence_and_flash_attention_are_stated(tiny):
 def test_sequence_max_and_no_flash_attention(tiny):
     s = settings(["--hf-config", tiny, "--global-batch", 8, "--sequence", "max", "--no-flash-attention"])
     assert s["sequence"]["value"] == 4096 and s["sequence"]["from"].startswith("--sequence max")
-    assert s["flash_attention"] == {"value": False, "from": "--flash-attention"}
+    assert s["flash_attention"] == {"value": False, "from": "--no-flash-attention"}  # as typed
+    assert "flash attention off (--no-flash-attention)" in _inputs._settings_line(s)
+    assert settings(["--hf-config", tiny, "--global-batch", 8, "--flash-attention"])["flash_attention"] == {
+        "value": True, "from": "--flash-attention"}
     s = settings(["--model", "llama-3.1-405b", "--global-batch", 8, "--sequence", "max"])
     assert s["sequence"]["value"] == 131072  # its config.json's max_position_embeddings
 

@@ -122,7 +122,7 @@ def test_a_bad_value_is_still_named():
 
 def test_set_up_without_eager_ops_is_bit_identical_to_the_eager_computation():
     # The set-up paths run in NumPy or as one program: bit for bit what JAX computes eagerly.
-    from diffpipe._workload._parallel import Parallelism
+    from diffpipe._workload._parallelism import Parallelism
     from diffpipe._workload._workload import _CURVES, _fields_at
 
     model = dp.presets.model("llama-3-70b")

@@ -16,7 +16,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._machine._cluster import Cluster
-from diffpipe._workload._parallel import Parallelism
+from diffpipe._workload._parallelism import Parallelism
 
 H, S, V, B = 256, 128, 32000, 2  # hidden, sequence, vocabulary, microbatch size
 PEAK, EFF, MEMBW = 1e14, 0.5, 1e12

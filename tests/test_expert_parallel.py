@@ -267,6 +267,24 @@ def test_megatron_export_names_the_expert_tensor_size_only_when_it_differs():
     assert default.expert_tensor_parallel_size is None  # Megatron takes the tensor size, as diffpipe did
 
 
+def test_megatron_runs_moe_layers_with_biases_only_at_expert_tensor_1():
+    """Megatron-LM d98e8a6 ``megatron/core/transformer/transformer_config.py:2612-2615``: with
+    ``add_bias_linear`` (no ``--disable-bias-linear``) and experts, ``TransformerConfig`` asserts
+    "Bias in Moe is only supported when ETP==1"; the export refuses it and ``plan`` searches ETP 1."""
+    model = moe(layers=4)  # GPT-style: biases on every linear layer
+    assert model.bias and model.experts > 1
+    etp2 = launch(expert=2, expert_tensor=None)  # the expert tensor size is the tensor size, 2
+    with pytest.raises(dp.ConfigError, match=r"megatron export: .*expert_tensor=1 .*Bias in Moe") as info:
+        dp.megatron_args(etp2, model)
+    one_line(info)
+    assert "--disable-bias-linear" in dp.megatron_args(etp2, moe(layers=4, bias=False))  # no biases: any ETP
+    assert "--expert-tensor-parallel-size" in dp.megatron_args(launch(), model)  # ETP 1
+    table = dp.plan(model, dp.Cluster("H100", gpus=8), 8, export="megatron", **AXES)
+    assert table.rows and {r["expert_tensor"] for r in table.rows} == {1}
+    args = table.megatron_args(0)
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1" and "--disable-bias-linear" not in args
+
+
 def test_torchtitan_export_names_both_expert_degrees_and_its_mesh_divides():
     par = tomllib.loads(dp.torchtitan_toml(launch()))["parallelism"]
     assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (8, 1)
@@ -276,6 +294,35 @@ def test_torchtitan_export_names_both_expert_degrees_and_its_mesh_divides():
     # diffpipe's default (e_t = t) is written out: torchtitan's own default is 1
     par = tomllib.loads(dp.torchtitan_toml(launch(expert=2, expert_tensor=None)))["parallelism"]
     assert par["expert_tensor_parallel_degree"] == 2
+
+
+def torchtitan_v020_accepts(dp_shard, cp, tp, ep, etp):
+    """torchtitan v0.2.0 (29624e37f) ``torchtitan/distributed/parallel_dims.py:57-64``, ``_validate``'s
+    expert rule as written there (v0.2.1 kept only its first assert)."""
+    if ep > 1:
+        assert etp == tp or etp == 1, "Currently we only support ETP=TP or ETP=1"
+        if etp == tp:
+            return ep % cp == 0 and (dp_shard * cp) % ep == 0  # EP would borrow all cp and some dp_shard degree
+        return ep % (cp * tp) == 0 and (dp_shard * cp * tp) % ep == 0  # ... all cp and tp and some dp_shard
+    return True
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),  # ETP 1, EP 8 over TP 2 x DP 4
+    dict(tensor=4, data=2, expert=2),  # ETP 1, EP 2 < TP 4: v0.2.0 wants all the tensor ranks
+    dict(tensor=1, context=4, data=2, expert=2, expert_tensor=None, sequence_parallel=False),  # EP 2 < CP 4
+    dict(tensor=2, context=2, data=2, expert=2, expert_tensor=None),  # ETP = TP, EP = CP
+    dict(expert=2, expert_tensor=None),  # ETP = TP 2, EP 2 of DP 4
+])
+def test_torchtitan_toml_says_when_v020_would_refuse_its_experts(kwargs):
+    text = dp.torchtitan_toml(launch(**kwargs))
+    par = tomllib.loads(text)["parallelism"]
+    accepted = torchtitan_v020_accepts(par["data_parallel_shard_degree"], par.get("context_parallel_degree", 1),
+                                       par["tensor_parallel_degree"], par["expert_parallel_degree"],
+                                       par["expert_tensor_parallel_degree"])
+    noted = text.startswith("# torchtitan v0.2.0 needs expert_parallel_degree")
+    assert noted == (not accepted), text
+    assert text.count("v0.2.0") == noted  # one line, only when it applies
 
 
 @pytest.mark.parametrize("kwargs, message", [

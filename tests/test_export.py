@@ -372,6 +372,15 @@ def test_megatron_args_carry_the_model_shape():
     assert ns.attention_dropout == ns.hidden_dropout == 0.0 and ns.attention_backend == "flash" and ns.bf16
     with pytest.raises(dp.ConfigError, match="the model has 32 layers, the launch 80"):
         dp.megatron_args(cfg, dp.presets.model("llama-3-8b"))
+    # the device's own fused kernel (what the megatron preset prices): Megatron's default, Transformer
+    # Engine's choice (cuDNN's on Hopper); FlashAttention-1/2 as stated: TE's flash-attn backend
+    native = dp.presets.framework("megatron").model(model)
+    assert megatron_parser().parse_args(dp.megatron_args(cfg, native)).attention_backend == "auto"
+    for version in (1, 2):
+        stated = dataclasses.replace(model, flash_version=version)
+        assert megatron_parser().parse_args(dp.megatron_args(cfg, stated)).attention_backend == "flash"
+    unfused = dataclasses.replace(model, flash_attention=False)
+    assert megatron_parser().parse_args(dp.megatron_args(cfg, unfused)).attention_backend == "unfused"
 
 
 def test_megatron_args_carry_experts_and_latent_attention():

@@ -61,6 +61,24 @@ def test_a_model_that_states_its_reduction_keeps_it():
     assert dp.presets.framework("fsdp").model(pure).reduce_bytes == 2
 
 
+def test_megatron_runs_the_devices_own_attention_kernel():
+    # Transformer Engine prefers cuDNN's fused attention on Hopper: the megatron preset prices generation 3,
+    # unless the model states its own; the other presets leave the model's (FlashAttention-2 by default)
+    mega = dp.presets.framework("megatron")
+    assert MODEL.flash_version is None and MODEL.flash_generation == 2
+    assert mega.model(MODEL).flash_version == 3
+    assert mega.model(dataclasses.replace(MODEL, flash_version=2)).flash_version == 2
+    for name in ("none", "torchtitan", "fsdp", "ddp"):
+        assert dp.presets.framework(name).model(MODEL).flash_version is None
+    par = dp.Parallelism(data=8)
+    stated = _config(par, dataclasses.replace(MODEL, flash_version=2), framework="megatron").evaluate()
+    preset = _config(par, framework="megatron").evaluate()
+    h100 = float(dp.presets.device("H100").kernels.attention_native)
+    chex.assert_trees_all_close(stated.breakdown["compute_attention"],
+                                h100 * preset.breakdown["compute_attention"], rtol=1e-5)
+    chex.assert_trees_all_close(stated.breakdown["compute_gemm"], preset.breakdown["compute_gemm"])
+
+
 @pytest.mark.parametrize("name, par", [
     ("megatron", dp.Parallelism(tensor=2, data=4, zero=1, sequence_parallel=True)),
     ("torchtitan", dp.Parallelism(data=8, zero=3)),
@@ -89,6 +107,8 @@ def test_bad_frameworks_are_one_clear_error():
         dp.Framework("mine", prefetch=1)
     with pytest.raises(dp.ConfigError, match="reduce_bytes must be 1, 2, 4 or None"):
         dp.Framework("mine", reduce_bytes=3)
+    with pytest.raises(dp.ConfigError, match="flash_version must be 1, 2, 3 or None"):
+        dp.Framework("mine", flash_version=4)
 
 
 def test_a_user_framework_is_accepted():
@@ -105,7 +125,7 @@ def test_fsdp_reduces_every_microbatch_under_its_backward(zero):
     import jax.numpy as jnp
     import numpy as np
 
-    from diffpipe._workload._parallel import hidden_cost
+    from diffpipe._workload._overlap import hidden_cost
 
     par = dp.Parallelism(data=8, zero=zero)
     m = 4

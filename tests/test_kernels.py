@@ -43,6 +43,7 @@ def test_preset_kernel_models_are_the_committed_fits(preset, fit):
     assert float(km.memory_efficiency) == pytest.approx(out["memory_efficiency"], abs=1e-3)
     assert float(km.attention_efficiency) == pytest.approx(ceiling * a["attention_efficiency"], abs=1e-4)
     assert float(km.attention_half) == pytest.approx(a["attention_half"], abs=0.05)
+    assert float(km.attention_native) == pytest.approx(out.get("attention_native", 1.0), abs=1e-9)
 
 
 def test_training_ceilings_are_the_fits_to_the_fit_set():
@@ -156,9 +157,29 @@ def test_flash_version_1_runs_attention_at_half_the_rate():
                                 {k: t2[k] for k in ("gemm", "memory", "launch")})
 
 
-@pytest.mark.parametrize("bad", [0, 3, True, "2"])
+def test_flash_version_3_runs_the_devices_own_kernel():
+    # the H100's own fused attention (cuDNN's) at PyTorch 2.5.0's "up to 75%" over FlashAttention-2; a device
+    # without one (the A100) runs generation 3 as FlashAttention-2; nothing but attention moves
+    v2 = dp.presets.model("llama-3-8b", sequence=4096, flash_attention=True)
+    v3 = dp.presets.model("llama-3-8b", sequence=4096, flash_attention=True, flash_version=3)
+    for name, speedup in (("H100", 1.75), ("A100", 1.0)):
+        device = dp.presets.device(name)
+        t2, t3 = (kernel_times(layer_kernels(m), device) for m in (v2, v3))
+        chex.assert_trees_all_close(t2["attention"], speedup * t3["attention"], rtol=1e-6)
+        chex.assert_trees_all_close({k: t3[k] for k in ("gemm", "memory", "launch")},
+                                    {k: t2[k] for k in ("gemm", "memory", "launch")})
+    assert float(dp.presets.device("H100").kernels.attention_native) == 1.75
+
+
+def test_attention_native_is_checked():
+    km = dp.presets.device("H100").kernels
+    with pytest.raises(dp.ConfigError, match="attention_native must be in"):
+        type(km)(0.8, 140.0, 0.85, 5e-6, 0.3, 140.0, 1.0, sms=132, attention_native=0.5)
+
+
+@pytest.mark.parametrize("bad", [0, 4, True, "2"])
 def test_flash_version_refuses_other_values(bad):
-    with pytest.raises(dp.ConfigError, match="flash_version must be 1 or 2"):
+    with pytest.raises(dp.ConfigError, match="flash_version must be 1, 2, 3 or None"):
         dp.Transformer(layers=2, hidden=64, heads=4, sequence=128, vocabulary=100, flash_version=bad)
 
 

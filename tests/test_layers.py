@@ -6,7 +6,8 @@ a module is placed by its longest listed prefix. Module-level imports form the i
 (``if TYPE_CHECKING:`` blocks never run and are left out). The graph must have no cycle, every
 module must sit in a layer, and a module imports only its own layer or the layers above it. Imports
 inside functions hide cycles: none of a diffpipe module, except in the CLI shell (``LAZY``, which
-defers JAX so that ``diffpipe list`` starts fast).
+defers JAX so that ``diffpipe list`` starts fast). A module over 500 lines says in its docstring why
+it stays one module.
 """
 
 from __future__ import annotations
@@ -152,6 +153,37 @@ def test_every_listed_layer_entry_exists():
     stale = [e for entries in LAYERS for e in entries
              if not any(m == f"diffpipe.{e}" or m.startswith(f"diffpipe.{e}.") for m in MODULES)]
     assert not stale, f"docs/architecture.md lists modules that do not exist: {stale}"
+
+
+#: A module longer than this says why it stays one module, in its docstring: "... past 500 lines: <why>".
+MAX_LINES = 500
+
+
+def _silent_long_modules(modules: dict[str, Path]) -> dict[str, int]:
+    """Module -> line count of every module over ``MAX_LINES`` whose docstring gives no reason."""
+    out = {}
+    for m, path in modules.items():
+        text = path.read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        if lines > MAX_LINES and f"past {MAX_LINES} lines:" not in (ast.get_docstring(ast.parse(text)) or ""):
+            out[m] = lines
+    return out
+
+
+def test_modules_past_500_lines_say_why_they_stay_one():
+    silent = _silent_long_modules(MODULES)
+    assert not silent, (f"modules over {MAX_LINES} lines with no 'past {MAX_LINES} lines: <why>' in their "
+                        f"docstring: {silent}")
+
+
+def test_the_size_check_sees_a_long_silent_module(tmp_path):
+    body = "x = 1\n" * MAX_LINES
+    (tmp_path / "silent.py").write_text(f'"""A long module."""\n{body}')
+    why = f"Why one module past {MAX_LINES} lines: one concept."
+    (tmp_path / "why.py").write_text(f'"""A long module.\n\n{why}"""\n{body}')
+    (tmp_path / "short.py").write_text('"""Short."""\nx = 1\n')
+    found = _silent_long_modules({p.stem: p for p in tmp_path.glob("*.py")})
+    assert found == {"silent": MAX_LINES + 1}
 
 
 def test_the_checker_sees_cycles_and_local_imports(tmp_path, monkeypatch):

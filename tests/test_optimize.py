@@ -7,6 +7,7 @@ count (12), so the compiled optimizer loop and the exact evaluators are reused a
 import math
 
 import chex
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import diffpipe as dp
 from diffpipe._engine import _batch
+from diffpipe._engine._graph import common_sizes
 from diffpipe._optimize import _optimize
 from diffpipe._optimize._baselines import compositions, evaluate_plans
 
@@ -373,3 +375,57 @@ def test_brute_force_refuses_large_instances(graph):
     with pytest.raises(dp.ConfigError, match=r"C\(39, 3\) = 9139 splits exceed limit=1000"):
         dp.brute_force_partition(graph, workload, limit=1000)
 
+
+# -- one compiled descent for several graphs; results kept across calls ---------------------------------
+def test_padded_descent_shares_one_program_and_balances_alike(graph):
+    """Two graphs of one stage count padded to their common sizes run one compiled descent, and
+    each gives the unpadded call's balanced plan (the descent up to float rounding; every exact
+    figure bit for bit)."""
+    other = dp.compile(dp.schedules.get("1f1b", devices=STAGES, microbatches=MICROBATCHES + 4))
+    sizes = common_sizes([graph, other])
+    assert other.offsets.shape[0] > graph.offsets.shape[0]  # different sizes: unpadded, two descents
+    knob = dp.StageBalance(STAGES)
+    _optimize._descend._cached.clear_cache()
+    for g, seed in ((graph, 7), (other, 8)):
+        workload = random_workload(np.random.default_rng(seed), capacity=math.inf)
+        alone = dp.optimize(g, workload, knob)
+        shared = dp.optimize(g, workload, knob, pad_to=sizes)
+        assert shared is not alone
+        chex.assert_trees_all_equal((shared.plan, shared.rounded, shared.baseline_plan, shared.evaluations),
+                                    (alone.plan, alone.rounded, alone.baseline_plan, alone.evaluations))
+        chex.assert_trees_all_close(shared.continuous, alone.continuous, rtol=1e-4, atol=1e-4)
+        chex.assert_trees_all_close(shared.loss, alone.loss, rtol=1e-5)
+    assert _optimize._descend._cached._cache_size() == 3  # one per unpadded graph, one for both padded
+    with pytest.raises(dp.ConfigError, match="pad_to must map"):
+        dp.optimize(graph, workload, knob, pad_to={"levels": 64, "colour": 1})
+    with pytest.raises(dp.ConfigError, match=r"pad_to\['levels'\] must be a positive int"):
+        dp.optimize(graph, workload, knob, pad_to={"levels": 0})
+
+
+def test_a_stored_result_needs_every_input_equal(graph, monkeypatch):
+    """A repeated call returns the stored result without running anything; a change of any input
+    (one float's last bit, the graph, a keyword, the padding) runs afresh."""
+    descents = []
+    real = _optimize._descend
+    monkeypatch.setattr(_optimize, "_descend", lambda *a: descents.append(1) or real(*a))
+    _optimize._STORED.clear()
+    workload = random_workload(np.random.default_rng(21))
+    knob = dp.StageBalance(STAGES)
+    first = dp.optimize(graph, workload, knob)
+    assert dp.optimize(graph, workload, knob) is first and len(descents) == 1
+    with pytest.raises(ValueError, match="read-only"):
+        first.loss[0] = 0.0
+    forward = np.asarray(workload.forward).copy()
+    forward[3] = np.nextafter(forward[3], np.inf)
+    nudged = eqx.tree_at(lambda w: w.forward, workload, jax.device_put(forward))
+    other = dp.compile(dp.schedules.get("gpipe", devices=STAGES, microbatches=MICROBATCHES))
+    changes = [(graph, nudged, {}), (other, workload, {}), (graph, workload, {"steps": 299}),
+               (graph, workload, {"temperature": (1e-2, 2e-4)}), (graph, workload, {"local_search": False}),
+               (graph, workload, {"pad_to": {"levels": graph.offsets.shape[0] + 1}})]
+    for g, w, kwargs in changes:
+        before = len(descents)
+        again = dp.optimize(g, w, knob, **kwargs)
+        assert again is not first and len(descents) == before + 1, kwargs
+        assert dp.optimize(g, w, knob, **kwargs) is again and len(descents) == before + 1
+    dp.clear_caches()
+    assert dp.optimize(graph, workload, knob) is not first

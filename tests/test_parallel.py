@@ -1,5 +1,6 @@
-"""The parallel cost model (diffpipe._workload._parallel): sizes and their checks, placement, per-device FLOPs,
-collectives and ZeRO memory against the papers' formulas, computed by hand here."""
+"""The parallel cost model (diffpipe._workload._parallel; the sizes in ._parallelism): sizes and their
+checks, placement, per-device FLOPs, collectives and ZeRO memory against the papers' formulas, computed
+by hand here."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import diffpipe as dp
 from diffpipe._machine._cluster import Cluster
 from diffpipe._model._transformer import activation_bytes, layer_costs
 from diffpipe._workload._parallel import (
-    Parallelism,
     all_gather,
     all_reduce,
     parallel_costs,
     placement,
     zero_static_bytes,
 )
+from diffpipe._workload._parallelism import Parallelism
 
 
 def small(**kw):

@@ -13,6 +13,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._engine._simulate import _simulate_graph
+from diffpipe._plan import _search
 from diffpipe._plan._bounds import Costs, closed_form
 from diffpipe._plan._space import family_shape
 from diffpipe._plan._table import TIE
@@ -95,6 +96,24 @@ def test_balanced_rows_are_verified():
         assert row[name] == getattr(result, name), name
     assert row["layers_per_stage"] != (2, 2, 2, 2) and sum(row["layers_per_stage"]) == heavy.layers
     assert table.best["step_time"] <= min(r["step_time"] for r in table.rows if not r["balanced"]) * (1 + TIE)
+
+
+def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
+    """The balanced rows of one stage count share one descent padded to their common sizes; the
+    table is the one each row's own descent gives, number for number."""
+    heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: the uniform split is unbalanced
+    # the best three: zb-h1 (4 stages), zb-h1 at 2 virtual stages (8) and 1f1b (4, fewer levels)
+    request = dict(pipeline=4, tensor=1, families=("1f1b", "zb-h1"), microbatch_sizes=(2,), recompute=("none",),
+                   zero=(1,), sequence_parallel=(False,), top_k=3, progress=False)
+    shared = []
+    real = _search._shared_sizes
+    monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: shared.append(real(graphs)) or shared[-1])
+    table = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    assert len(shared) == 1 and len(shared[0]) == 2  # the two graphs of four stages, padded to one size
+    assert any(r["balanced"] for r in table.rows)
+    monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: {})
+    alone = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    assert table.rows == alone.rows
 
 
 def test_best_exports_to_megatron(table):
@@ -248,7 +267,7 @@ def _apply(suggestion, request):
             changes["zero"] = (*request.get("zero", ()), 3)
         elif found := re.match(r"allow tensor=(\d+)$", part):
             changes["tensor"] = (*request.get("tensor", (1, 2, 4)), int(found[1]))
-        elif found := re.match(r"use about \d+x the GPUs \((\d+)\)$", part):
+        elif found := re.match(r"use (\d+) GPUs( \(\d+ do not fit\))?$", part):
             changes["cluster"] = cluster(request["cluster"].device, int(found[1]))
         elif found := re.match(r"use a global batch that is a multiple of \d+ \(e\.g\. (\d+)\)$", part):
             changes["global_batch"] = int(found[1])
@@ -276,6 +295,23 @@ def test_every_infeasible_suggestion_applied_makes_the_request_feasible(request_
     suggestion = message.rsplit(": ", 1)[1]
     table = dp.plan(TINY, **{**request_, **_apply(suggestion, request_)}, balance=False, progress=False)
     assert table.rows
+
+
+def test_suggested_gpu_count_is_the_fewest_that_fit():
+    """Issue 24, "hints that point the wrong way": the GPU count suggested for a memory-infeasible
+    request is the fewest whole nodes the same search fits in (it used to double the memory bound's
+    guess: 32 here, where 24 fit), and the count one node fewer was checked not to fit."""
+    import re
+
+    device = dp.Device(peak_flops=1e15, memory=4e7, name="d")
+    request = dict(global_batch=64, microbatch_sizes=(1,), families=("1f1b",), balance=False, progress=False)
+    with pytest.raises(dp.ConfigError, match="binding constraint") as info:
+        dp.plan(TINY, cluster(device, 16), **request)
+    found = re.search(r": use (\d+) GPUs \((\d+) do not fit\)$", str(info.value))
+    assert found, str(info.value)
+    gpus, below = int(found[1]), int(found[2])
+    assert (gpus, below) == (24, 16)  # 16 is the request itself
+    assert dp.plan(TINY, cluster(device, gpus), **request).rows
 
 
 def test_export_limits_filter_the_search():

@@ -162,16 +162,17 @@ def test_claim_3_one_22b_layer():
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
 def test_claim_4_h100_predictions():
-    """Llama 3 405B too fast by 9-15% (rows 1-2 and the context-parallel row 3); torchtitan's 8B FSDP far too
-    fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps) within 17% (MAPE under
-    5.5%), the 32B row the slowest (its exposed collectives and bubble)."""
+    """Llama 3 405B too fast by 4-11% (rows 1-2 and the context-parallel row 3); torchtitan's 8B FSDP far too
+    fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps, and Hopper's own fused
+    attention) within 17% (MAPE under 7.5%), the 32B row the slowest (its exposed collectives and bubble),
+    the 1.7B the fastest (+15.5%)."""
     for name, r in rows("llama3_table4").items():
-        assert 0.08 < r["error"] < 0.15, name
+        assert 0.03 < r["error"] < 0.11, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
     s, mh = summary("megatron_h100"), rows("megatron_h100")
-    assert s["max_abs_error"] < 0.17 and s["mape"] < 0.055
-    assert mh["32B"]["error"] < -0.05 and abs(mh["1.7B"]["error"]) < 0.08
+    assert s["max_abs_error"] < 0.17 and s["mape"] < 0.075
+    assert mh["32B"]["error"] < -0.05 and 0.0 < mh["1.7B"]["error"] < 0.16
 
 
 def test_claim_4_orderings_on_h100():

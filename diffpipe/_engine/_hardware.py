@@ -28,6 +28,10 @@ Cost model (summarised in docs/architecture.md, "The cost model"):
   the slowest link of the group (Patarasuk and Yuan, JPDC 2009; Thakur et al., IJHPCA 2005);
 - memory per device: static bytes of every stage held (times weight versions) plus stored
   activations ``activation_bytes[p, s] * size[m]`` from ``F`` until ``B`` (or ``W``) frees them.
+
+Why one module past 500 lines: ``Network`` and ``Hardware`` are the built-in cost model's one pytree,
+and its cost rows (``tables``), its checks against a graph and ``pad_hardware`` each read every
+field of it.
 """
 
 from __future__ import annotations

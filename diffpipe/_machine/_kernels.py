@@ -21,7 +21,8 @@ Patterson, CACM 2009):
   ``(s_q x s_k x d)`` products, at ``attention_efficiency x s / (s + attention_half)`` of peak: each
   thread block loops over the ``s`` keys as a GEMM block loops over ``K``, paying the same kind of
   fixed main-loop cost (the forward; the backward at ``attention_backward`` times the forward's
-  efficiency).
+  efficiency). The curve is FlashAttention-2's; a kernel written for the device's architecture
+  (Hopper: FlashAttention-3, cuDNN's fused flash attention) runs ``attention_native`` times faster.
   Unfused attention is its GEMMs (batched, timed as GEMMs) plus a memory-bound softmax.
 - Memory-bound kernels (norms, activations, dropout, residual adds, rotary, softmax, the loss,
   gradient accumulation, the optimizer): ``bytes / (memory_bandwidth x memory_efficiency)``, the
@@ -66,8 +67,10 @@ class KernelModel(eqx.Module):
         overhead: fixed seconds of every kernel (launch, prologue, epilogue).
         attention_efficiency, attention_half, attention_backward: the fused-attention curve
             ``attention_efficiency x s / (s + attention_half)`` (forward) and the backward's
-            efficiency relative to the forward's.
+            efficiency relative to the forward's: FlashAttention-2 on this device.
         sms: streaming multiprocessors (thread blocks per wave).
+        attention_native: the speed of the device's architecture-specific fused attention
+            (``Transformer(flash_version=3)``) relative to that curve; 1 where it has none.
         tile_m, tile_n: the output tile of one thread block.
         split_k_min: the smallest ``K`` share a split-K block takes.
         source: where the figures come from.
@@ -81,6 +84,7 @@ class KernelModel(eqx.Module):
     attention_half: Float[Array, ""] = eqx.field(converter=_float)
     attention_backward: Float[Array, ""] = eqx.field(converter=_float)
     sms: int = eqx.field(static=True)
+    attention_native: Float[Array, ""] = eqx.field(converter=_float, default=1.0)
     tile_m: int = eqx.field(static=True, default=128)
     tile_n: int = eqx.field(static=True, default=128)
     split_k_min: int = eqx.field(static=True, default=512)
@@ -92,6 +96,7 @@ class KernelModel(eqx.Module):
             ("memory_efficiency", lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
             ("attention_efficiency", lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
             ("attention_backward", lambda x: (x > 0) & (x <= 2), "in (0, 2]"),
+            ("attention_native", lambda x: (x >= 1) & (x <= 4), "in [1, 4]"),
             ("k_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("overhead", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("attention_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),

@@ -32,7 +32,9 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
   the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
   per weight per microbatch) in ``W``.
-- Fused attention runs at the device's curve times ``FLASH_RATE[model.flash_version]``.
+- Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
+  ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
+  times the device's ``KernelModel.attention_native``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
   attention core's (Korthikanti et al. 2022, §4.2).
 
@@ -75,7 +77,10 @@ def _cross_entropy_passes(d: float) -> tuple[tuple[float, ...], tuple[float, ...
 
 #: Rate of each fused-attention generation relative to the device's (FlashAttention-2) curve:
 #: FlashAttention-2 is "around 2x" FlashAttention-1 (its paper's abstract); ``Transformer.flash_version``.
-FLASH_RATE = {1: 0.5, 2: 1.0}
+#: Generation 3 runs at the curve times the device's ``KernelModel.attention_native`` (``NATIVE``).
+FLASH_RATE = {1: 0.5, 2: 1.0, 3: 1.0}
+#: The generations that run the device's architecture-specific kernel (``attention_native``).
+NATIVE = {3}
 
 
 class Kernels(NamedTuple):
@@ -83,8 +88,9 @@ class Kernels(NamedTuple):
 
     Attributes:
         gemm: ``[n, 7]``: row, kind, M, N, K, batch, count (kernels of that shape).
-        attention: ``[n, 6]``: row, kind, executed FLOPs, sequence, backward (0/1), rate (relative to the
-            device's curve: ``FLASH_RATE``), per kernel; one kernel.
+        attention: ``[n, 7]``: row, kind, executed FLOPs, sequence, backward (0/1), rate (relative to the
+            device's curve: ``FLASH_RATE``), native (0/1: also at the device's ``attention_native``), per
+            kernel; one kernel.
         memory: ``[n, 4]``: row, kind, bytes, count.
         rows: rows of the table (``layers + 2``).
     """
@@ -130,14 +136,15 @@ class _Builder:
         if bytes > 0 and count > 0:
             self.memory.append((row, kind, bytes, count))
 
-    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, rate: float) -> None:
-        self.attention.append((row, kind, flops, sequence, float(backward), rate))
+    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, rate: float,
+             native: bool) -> None:
+        self.attention.append((row, kind, flops, sequence, float(backward), rate, float(native)))
 
     def build(self, rows: int) -> Kernels:
         def table(x: list, width: int) -> np.ndarray:
             return np.asarray(x, np.float64).reshape(-1, width)
 
-        return Kernels(table(self.gemm, 7), table(self.attention, 6), table(self.memory, 4), rows)
+        return Kernels(table(self.gemm, 7), table(self.attention, 7), table(self.memory, 4), rows)
 
 
 def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
@@ -157,7 +164,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         kv = a  # MLA decompresses K and V per head
     heads = b * a / t  # attention (batch x heads) per device
     mask = 1.0 if model.dropout else 0.0
-    rate = FLASH_RATE[model.flash_version]
+    rate, native = FLASH_RATE[model.flash_generation], model.flash_generation in NATIVE
     moe = set(model.moe_blocks())
     rows = model.layers + 2
     out = _Builder()
@@ -166,7 +173,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
         for kind in kinds_fwd:
             if model.flash_attention:
-                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, rate)
+                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, rate, native)
             else:
                 out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
                 out.mem(row, kind, 2 * d * heads * s * s)  # scale-mask-softmax
@@ -175,7 +182,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if not backward:
             return
         if model.flash_attention:
-            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, rate)
+            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, rate, native)
             return
         out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
         out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
@@ -272,6 +279,8 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
     at = kernels.attention
     if len(at):
         seconds = jnp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        if np.any(at[:, 6] > 0):  # the architecture's own kernel (flash_version 3)
+            seconds = seconds / jnp.where(jnp.asarray(at[:, 6] > 0), km.attention_native, 1.0)
         scatter("attention", at, seconds)
     mem = kernels.memory
     if len(mem):

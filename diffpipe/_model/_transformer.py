@@ -160,10 +160,15 @@ class Transformer:
         flash_attention: fused attention (Dao et al. 2022): no ``s x s`` tensors stored, ``Q K^T``
             recomputed in the backward.
         flash_version: the fused kernel's generation, 2 (FlashAttention-2, Dao 2023: the device's
-            attention curve) or 1 (FlashAttention-1, and the Triton kernel of its time, whose forward
+            attention curve), 1 (FlashAttention-1, and the Triton kernel of its time, whose forward
             plus backward the FlashAttention repository's ``flash_attn_triton.py`` calls "slightly
             slower than" FlashAttention-1's CUDA one): half the rate ("around 2x speedup compared to
-            FlashAttention", the FlashAttention-2 paper's abstract). Timing only (kernel models).
+            FlashAttention", the FlashAttention-2 paper's abstract), or 3 (the device architecture's own
+            kernels, on Hopper FlashAttention-3 and cuDNN's fused flash attention, which Transformer
+            Engine prefers there and PyTorch 2.5.0's SDPA used by default): the curve times the
+            device's ``KernelModel.attention_native``, 1 where it has none. None (the default): the
+            kernel of the ``Configuration``'s framework (``Framework.flash_version``), else 2. Timing
+            only (kernel models).
         reduce_bytes: bytes of one gradient element in the data-parallel reduction (None:
             ``dtype_bytes``). 4 where the framework reduces bf16 training's gradients in fp32: Megatron-LM
             (``accumulate_allreduce_grads_in_fp32`` forced for bf16 unless ``--grad-reduce-in-bf16``,
@@ -205,7 +210,7 @@ class Transformer:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     flash_attention: bool = False
-    flash_version: int = 2
+    flash_version: int | None = None
     reduce_bytes: int | None = None
 
     @property
@@ -214,12 +219,17 @@ class Transformer:
         ``dtype_bytes``."""
         return self.reduce_bytes or self.dtype_bytes
 
+    @property
+    def flash_generation(self) -> int:
+        """The fused-attention generation priced: ``flash_version``, else 2 (FlashAttention-2)."""
+        return 2 if self.flash_version is None else self.flash_version
+
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(
         kv_heads=None, head_dim=None, v_head_dim=None, ffn_hidden=None, activation="gelu", norm="layernorm",
         positions="learned", bias=True, qkv_bias=None, qk_norm=False, dropout=True, experts=1,
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
-        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=2,
+        q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=None,
         reduce_bytes=None)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
@@ -265,8 +275,9 @@ class Transformer:
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
-        if self.flash_version not in (1, 2) or isinstance(self.flash_version, bool):
-            fail("flash_version", "1 or 2")
+        if self.flash_version is not None and (self.flash_version not in (1, 2, 3)
+                                               or isinstance(self.flash_version, bool)):
+            fail("flash_version", "1, 2, 3 or None")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             fail("qkv_bias", "a bool or None")
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):

@@ -37,9 +37,11 @@ import numpy as np
 import optax
 from jax import lax
 
+from .._caches import BoundedDict
 from .._engine._batch import evaluate_batched
-from .._engine._graph import Graph, compile
-from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known
+from .._engine._communication import node_size, topology
+from .._engine._graph import Graph, common_sizes, compile, pad_graph
+from .._engine._hardware import STAGE_FIELDS, Hardware, check_split_known, pad_hardware
 from .._engine._jit_checks import nan_checked
 from .._engine._simulate import makespan, peak_in_flight, peak_memory
 from .._errors import ConfigError
@@ -184,12 +186,17 @@ def _plan_dict(plan: StagePlan) -> dict[str, Any]:
 # -- the continuous phase ----------------------------------------------------------------------------
 @eqx.filter_jit
 @nan_checked
-def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, stages):
-    """Run ``optimizer`` from every start (``params`` leaves carry a leading ``starts`` axis)."""
-    capacity = jnp.broadcast_to(workload.capacity, (graph.devices,))
+def _descend(graph, workload, knobs, params, optimizer, taus, weight, scale, capacity, stages, padded):
+    """Run ``optimizer`` from every start (``params`` leaves carry a leading ``starts`` axis).
+
+    ``capacity``: ``[graph.devices]``. ``padded``: ``graph`` is a padded graph (``pad_graph``) and
+    the knobs' hardware is padded to it (``pad_hardware``: no padded node reads a padded value, and
+    a padded device holds nothing, so its memory term is 0)."""
 
     def loss_fn(p, tau):
         hw = knob_hardware(knobs, p, workload, stages)
+        if padded:
+            hw = pad_hardware(hw, graph)
         time = makespan(graph, hw, temperature=tau)
         memory = peak_memory(graph, hw)[0]
         over = jnp.maximum(memory / capacity - 1.0, 0.0)  # 0 where capacity is inf
@@ -241,30 +248,41 @@ def _plan_key(plan: tuple[np.ndarray, ...]) -> tuple:
 
 
 class _Build(eqx.Module):
-    """The hashable map from the knobs' values to a ``Hardware`` that ``evaluate_batched`` vmaps."""
+    """The hashable map from the knobs' values to a ``Hardware`` that ``evaluate_batched`` vmaps;
+    padded to ``padded`` (``pad_hardware``) when the search runs on a padded graph."""
 
     knobs: tuple[AbstractKnob, ...]
     workload: Workload
     stages: int = eqx.field(static=True)
+    padded: Graph | None = None
 
     def __call__(self, values: tuple) -> Hardware:
-        return value_hardware(self.knobs, values, self.workload, self.stages)
+        hw = value_hardware(self.knobs, values, self.workload, self.stages)
+        return hw if self.padded is None else pad_hardware(hw, self.padded)
 
 
 class _Search:
-    """Exact evaluation of integer plans (a tuple following the knobs) with a cache and a counter."""
+    """Exact evaluation of integer plans (a tuple following the knobs) with a cache and a counter.
 
-    def __init__(self, graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], stages: int):
+    ``evaluated``: the graph the evaluator runs, ``graph`` itself or ``graph`` padded (``pad_graph``;
+    every makespan and every real device's memory are then ``graph``'s, bit for bit) with
+    ``workload`` of a traced data-parallel size, so that graphs of one padded size share its
+    programs; ``capacity`` per device of ``evaluated`` (``inf`` on the padded ones)."""
+
+    def __init__(self, graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], stages: int,
+                 evaluated: Graph, evaluated_workload: Workload, capacity: np.ndarray):
         self.graph, self.workload, self.knobs = graph, workload, knobs
-        self.build = _Build(knobs, workload, stages)
+        self.evaluated, self.evaluated_capacity = evaluated, capacity
+        self.build = _Build(knobs, evaluated_workload, stages, None if evaluated is graph else evaluated)
         self.capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
         self.cache: dict[tuple, tuple[float, np.ndarray]] = {}
         self.evaluations = 0
 
     def exact(self, values: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact makespan, memory and fit of a batch of values (``[B, ...]`` per knob)."""
-        return evaluate_batched(self.graph, self.build, values, self.workload.capacity, self.workload.forward.dtype,
-                                chunk=SEARCH_CHUNK)
+        times, memory, fits = evaluate_batched(self.evaluated, self.build, values, self.evaluated_capacity,
+                                               self.workload.forward.dtype, chunk=SEARCH_CHUNK)
+        return times, memory[:, :self.graph.devices], fits
 
     def evaluate(self, plans: list[tuple[np.ndarray, ...]]) -> list[tuple[float, np.ndarray]]:
         todo: dict[tuple, tuple[np.ndarray, ...]] = {}
@@ -321,6 +339,7 @@ def optimize(
     key: jax.Array | None = None,
     local_search: bool = True,
     throw: bool = False,
+    pad_to: Mapping[str, int] | None = None,
 ) -> OptimizeResult:
     """Optimize the knobs' choices (stage boundaries, microbatch sizes, ...) of ``graph`` for ``workload``.
 
@@ -342,11 +361,19 @@ def optimize(
         restarts: extra starts, logits drawn around the first start with ``key`` (a PRNG key).
         local_search: run the exact local search over the knobs' ``neighbours`` after rounding.
         throw: raise ``ConfigError`` when no plan fits memory (default: say so in the result).
+        pad_to: sizes to pad the graph to (``pad_graph``'s keyword arguments, each at least the
+            graph's own; ``common_sizes`` of several graphs), so that calls on graphs of one padded
+            size with the same knobs and workloads of one shape share one compiled descent and
+            exact evaluator (the data-parallel size is then traced too). Every exact figure is the
+            unpadded graph's (``pad_graph``); the descent's loss is the unpadded one up to float
+            rounding.
 
     Returns:
         An ``OptimizeResult``: the best plan found (never worse than the best combination of the
         knobs' ``baselines``, by the exact simulator), with the continuous optimum, the loss curve
-        and that baseline.
+        and that baseline. A call with the same inputs as an earlier one in this process (equal
+        graph, workload and knob arrays and structure, and the same other arguments) returns that
+        call's result (``clear_caches()`` empties the store); its arrays are read-only.
     """
     knobs = as_knobs(knob)
     if not isinstance(workload, Workload):
@@ -403,16 +430,33 @@ def optimize(
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
     _check_mode(graph, workload)
+    # The graph and workload the descent and the exact search run: padded ones share compiled programs.
+    sizes = None if pad_to is None else _padded_sizes(graph, pad_to)
+    evaluated, evaluated_workload = graph, workload
+    if sizes is not None:
+        evaluated = pad_graph(graph, **sizes)
+        evaluated_workload = eqx.tree_at(lambda w: w.network, workload, workload.network.with_traced_data_parallel())
+    stored_key = _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
+                             local_search, sizes)
+    stored = _STORED.get(stored_key) if stored_key is not None else None
+    if stored is not None:
+        _STORED.move_to_end(stored_key)
+        if throw and not stored.fits:
+            raise ConfigError(stored.message)
+        return stored
 
     # Baselines, exactly evaluated.
-    search = _Search(graph, workload, knobs, stages)
+    capacity = np.full(evaluated.devices, np.inf, dtype)  # a padded device holds nothing: no penalty
+    capacity[:devices] = np.broadcast_to(np.asarray(workload.capacity, dtype), (devices,))
+    search = _Search(graph, workload, knobs, stages, evaluated, evaluated_workload, capacity)
     keys = {name: search.key(plan) for name, plan in baselines.items()}
     baseline = min(keys, key=lambda n: keys[n])
     scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
 
     # The continuous phase, from every start at once.
-    params, losses, xs = _descend(graph, workload, knobs, params0, optimizer, jnp.asarray(taus * scale, dtype),
-                                  jnp.asarray(memory_penalty, dtype), jnp.asarray(scale, dtype), stages)
+    params, losses, xs = _descend(evaluated, evaluated_workload, knobs, params0, optimizer,
+                                  jnp.asarray(taus * scale, dtype), jnp.asarray(memory_penalty, dtype),
+                                  jnp.asarray(scale, dtype), jax.device_put(capacity), stages, sizes is not None)
     losses = np.asarray(losses)
     if not np.all(np.isfinite(losses)):
         bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))
@@ -442,15 +486,84 @@ def optimize(
     base_plan = _make_plan(graph, workload, knobs, baselines[baseline], *search.evaluate([baselines[baseline]])[0])
     rounded_plan = _make_plan(graph, workload, knobs, rounded, *search.evaluate([rounded])[0])
     message = _message(plan, base_plan, baseline, knobs)
-    if throw and not plan.fits:
-        raise ConfigError(message)
-    return OptimizeResult(
+    result = OptimizeResult(
         plan=plan, fits=plan.fits, message=message, baseline=baseline, baseline_plan=base_plan,
         rounded=rounded_plan, params=chosen,
-        continuous={k.name: k.fractional(p, workload) for k, p in zip(knobs, chosen)},
-        continuous_makespan=continuous_makespan, loss=losses[best],
-        temperatures=taus * scale, evaluations=search.evaluations,
+        continuous={k.name: _read_only(k.fractional(p, workload)) for k, p in zip(knobs, chosen)},
+        continuous_makespan=continuous_makespan, loss=_read_only(losses[best]),
+        temperatures=_read_only(taus * scale), evaluations=search.evaluations,
     )
+    if stored_key is not None:
+        _STORED[stored_key] = result
+    if throw and not plan.fits:
+        raise ConfigError(message)
+    return result
+
+
+# -- results kept across calls ---------------------------------------------------------------------
+#: ``optimize`` results kept in this process (keyed by every input, arrays by their bytes).
+STORED_RESULTS = 32
+_STORED: BoundedDict = BoundedDict(STORED_RESULTS)
+
+
+def _read_only(x: Any) -> np.ndarray:
+    out = np.array(x)
+    out.flags.writeable = False
+    return out
+
+
+def _tree_key(tree: Any) -> tuple | None:
+    """``tree``'s structure (static fields included) and every leaf: arrays by shape, dtype and
+    bytes (so that equal keys mean equal inputs, never a digest that two inputs could share),
+    other leaves as they are; None when a leaf cannot be a key (unhashable)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    out: list[Any] = [treedef]
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+            if isinstance(leaf, jax.core.Tracer):
+                return None
+            a = np.asarray(leaf)
+            out.append((a.shape, a.dtype.str, a.tobytes()))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                return None
+            out.append((type(leaf), leaf))
+    return tuple(out)
+
+
+def _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key, local_search,
+                pad_to) -> tuple | None:
+    """The key of an ``optimize`` call's result, or None when an input cannot be keyed (a tracer,
+    an unhashable leaf): then nothing is stored. The optimizer is keyed by its functions (identity:
+    two equal-looking ``optax.adam`` objects do not share results)."""
+    parts = [_tree_key(x) for x in (graph, workload, knobs, init, key)]
+    try:
+        hash(optimizer)
+    except TypeError:
+        return None
+    if any(p is None for p, x in zip(parts, (graph, workload, knobs, init, key)) if x is not None):
+        return None
+    return (*parts, optimizer, steps, taus.tobytes(), float(memory_penalty), restarts, local_search,
+            None if pad_to is None else tuple(sorted(pad_to.items())))
+
+
+def _padded_sizes(graph: Graph, pad_to: Mapping[str, int]) -> dict[str, int]:
+    """``pad_graph``'s sizes for ``graph``: each of ``pad_to`` and the graph's own, the larger."""
+    own = common_sizes([graph])
+    if not isinstance(pad_to, Mapping) or set(pad_to) - set(own):
+        raise ConfigError(f"optimize: pad_to must map some of {sorted(own)} to sizes, got {pad_to!r}")
+    sizes = {}
+    for name, size in own.items():
+        want = pad_to.get(name, size)
+        if not isinstance(want, (int, np.integer)) or isinstance(want, bool) or want < 1:
+            raise ConfigError(f"optimize: pad_to[{name!r}] must be a positive int, got {want!r}")
+        sizes[name] = max(int(want), size)
+    per_node = topology(graph.devices_per_node, graph.devices)  # one node of all devices stays so
+    return sizes | {"devices_per_node": node_size(per_node, sizes["devices"])}
 
 
 def _baselines(knobs: tuple[AbstractKnob, ...], problem: Problem) -> dict[str, tuple[np.ndarray, ...]]:

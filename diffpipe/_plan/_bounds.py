@@ -11,7 +11,9 @@ from .._machine._cluster import Cluster
 from .._model._kernels import kernel_times
 from .._model._transformer import Transformer, stage_of_layers
 from .._workload._frameworks import Framework
-from .._workload._parallel import CommunicationOverlap, Parallelism, parallel_costs
+from .._workload._overlap import CommunicationOverlap
+from .._workload._parallel import parallel_costs
+from .._workload._parallelism import Parallelism
 from ._space import stage_devices
 
 

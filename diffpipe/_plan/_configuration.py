@@ -26,6 +26,11 @@ of each stage, run the same one) and reports:
 Every float of the cluster (device peak and efficiency, link bandwidths and latencies, memory
 bandwidth) reaches the ``Hardware`` through array operations, so ``makespan`` is differentiable in
 them, and a configuration of the same structure with new values reuses the compiled evaluator.
+
+Why one module past 500 lines: ``Configuration`` is one object whose methods each derive one term of
+the same step from the same ``ParallelCosts`` table (compute, the collectives by group and what the
+overlap leaves exposed, the context ring, the gradient sync, the optimizer step), and ``ConfigResult``
+is what its ``evaluate`` returns; apart, every term would reach back into the whole object.
 """
 
 from __future__ import annotations
@@ -53,18 +58,17 @@ from .._model._transformer import Transformer, stage_of_layers
 from .._results import json_text
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
+from .._workload._overlap import CommunicationOverlap, hidden_cost
 from .._workload._parallel import (
     GROUPS,
-    CommunicationOverlap,
     ParallelCosts,
-    Parallelism,
     Placement,
-    hidden_cost,
     parallel_costs,
     placement,
     ring_exchange,
     sync_bytes_per_parameter,
 )
+from .._workload._parallelism import Parallelism
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness

@@ -23,6 +23,10 @@ keeps the list, citing file and commit):
   Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
   field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
   names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
+
+Why one module past 500 lines: the Megatron-LM and torchtitan writers read one ``Launch`` and share
+what either framework refuses (``export_problem``) and the sources above; Megatron's layout grammar
+(``megatron_layout``, ``parse_megatron_layout``) is the seam to split along if it grows.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from .._choices import RECOMPUTE
 from .._errors import ConfigError
 from .._model._transformer import Transformer
 from .._workload._frameworks import Framework
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 from ..schedules._torch import TORCH_NAMES
 
 #: Schedule families Megatron-LM runs: 1F1B without, interleaved 1F1B with virtual stages.
@@ -61,23 +65,28 @@ _MEGATRON_ZERO = {
 EXPORT_TARGETS = ("megatron", "torchtitan")
 
 
-def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int) -> str | None:
+def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int,
+                   model: Transformer | None = None) -> str | None:
     """Why ``framework`` cannot run ``family`` with ``parallelism`` and ``microbatches`` per
-    pipeline (one line), or None. The one list of each export's limits: ``megatron_args`` and
-    ``torchtitan_toml`` refuse with it, and ``plan(..., export=...)`` filters its search with it
-    before evaluating anything.
+    pipeline (one line), or None; with ``model``, its rules that depend on the model too. The one
+    list of each export's limits: ``megatron_args`` and ``torchtitan_toml`` refuse with it, and
+    ``plan(..., export=...)`` filters its search with it before evaluating anything.
 
     Megatron-LM (d98e8a6): it runs ``1f1b`` and, with virtual stages, ``interleaved-1f1b``, whose
     microbatches must be a multiple of the pipeline size (``megatron/core/pipeline_parallel/
     schedules.py``, the interleaved schedule: the microbatch group per virtual stage is the pipeline
     size by default, and a remainder below it is a ``RuntimeError``); its expert folding is
-    ``Parallelism``'s own rule. torchtitan (v0.2.x): no ZeRO-1 (FSDP2 shards gradients too), tensor
-    parallelism always with sequence parallelism, a schedule torch's pipelining has
-    (``TORCH_NAMES``), and experts as ``torchtitan/distributed/parallel_dims.py`` (v0.2.1, v0.2.2,
-    e347b1e5) builds them: ``expert_tensor_parallel_degree`` 1 or the tensor size (``"Currently we only
-    support ETP=TP or ETP=1"``) and only with expert parallelism (``"No effect ... when ep = 1"``:
-    the experts then shard like the tensor group), the expert groups inside the sharded ranks (sparse
-    mesh ``["pp", "dp_replicate", "efsdp", "ep", "etp"]``, ``efsdp = dp_shard x cp x tp / (etp x ep)``).
+    ``Parallelism``'s own rule; MoE layers with biases (``add_bias_linear``) only at expert tensor
+    size 1 (``megatron/core/transformer/transformer_config.py:2612-2615``, ``TransformerConfig``'s
+    check: "Bias in Moe is only supported when ETP==1"). torchtitan (v0.2.x): no ZeRO-1 (FSDP2
+    shards gradients too), tensor parallelism always with sequence parallelism, a schedule torch's
+    pipelining has (``TORCH_NAMES``), and experts as ``torchtitan/distributed/parallel_dims.py``
+    (v0.2.1, v0.2.2, e347b1e5) builds them: ``expert_tensor_parallel_degree`` 1 or the tensor size
+    (``"Currently we only support ETP=TP or ETP=1"``) and only with expert parallelism (``"No
+    effect ... when ep = 1"``: the experts then shard like the tensor group), the expert groups
+    inside the sharded ranks (sparse mesh ``["pp", "dp_replicate", "efsdp", "ep", "etp"]``,
+    ``efsdp = dp_shard x cp x tp / (etp x ep)``). v0.2.0's stricter expert rule is a note in the
+    TOML, not a refusal (``torchtitan_v020_problem``).
     """
     par = parallelism
     if framework == "megatron":
@@ -88,6 +97,9 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
         if par.pipeline > 1 and par.virtual > 1 and microbatches % par.pipeline:
             return (f"Megatron-LM's interleaved schedule needs microbatches a multiple of the pipeline size: "
                     f"{microbatches} microbatches on {par.pipeline} stages")
+        if model is not None and model.experts > 1 and model.bias and par.etp > 1:
+            return (f"Megatron-LM runs MoE layers with biases only at expert_tensor=1 (\"Bias in Moe is only "
+                    f"supported when ETP==1\"), not {par.etp}")
         return None
     if framework == "torchtitan":
         if par.zero == 1:
@@ -120,6 +132,23 @@ def _torchtitan_expert_problem(par: Parallelism) -> str | None:
         fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
         return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
                 f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
+    return None
+
+
+def torchtitan_v020_problem(parallelism: Parallelism) -> str | None:
+    """What torchtitan v0.2.0 refuses in ``parallelism``'s expert layers that v0.2.1-v0.2.2 run, or
+    None: its expert group takes all the context ranks (and, at expert tensor size 1, all the tensor
+    ranks) rather than any ranks of the sharded region (torchtitan v0.2.0, 29624e3,
+    ``torchtitan/distributed/parallel_dims.py:57-64``: ``ep % cp == 0`` at ETP = TP,
+    ``ep % (cp * tp) == 0`` at ETP 1; v0.2.1 dropped both)."""
+    par = parallelism
+    if par.expert == 1:
+        return None
+    borrowed = par.context if par.etp == par.tensor else par.context * par.tensor
+    if par.expert % borrowed:
+        what = "context_parallel_degree" + ("" if par.etp == par.tensor else " x tensor_parallel_degree")
+        return (f"torchtitan v0.2.0 needs expert_parallel_degree ({par.expert}) a multiple of {what} ({borrowed}); "
+                "v0.2.1 and v0.2.2 run it")
     return None
 
 
@@ -315,7 +344,9 @@ def megatron_model_args(model: Transformer, sequence: int | None = None) -> list
     """Megatron-LM arguments for the shape of ``model`` (``pretrain_gpt.py``; names as in Megatron-LM
     d98e8a6, most generated from ``TransformerConfig``'s fields): layers, hidden size, heads, query
     groups, FFN size, SwiGLU, RMSNorm, rotary positions, untied embeddings, biases, QK-norm,
-    dropout, the attention backend (``flash`` with flash attention, else ``unfused``), bf16, the
+    dropout, the attention backend (with flash attention ``auto`` for the device's own fused kernel,
+    ``flash_version=3``: Transformer Engine's choice, cuDNN's on Hopper; else ``flash``; without it
+    ``unfused``), bf16, the
     vocabulary, the sequence (``sequence``, default the model's) and the maximum positions, mixture
     of experts and multi-head latent attention. The tokenizer, data and optimizer flags stay the user's.
 
@@ -364,7 +395,8 @@ def megatron_model_args(model: Transformer, sequence: int | None = None) -> list
         args.append("--qk-layernorm")
     if not m.dropout:
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
-    args += ["--attention-backend", "flash" if m.flash_attention else "unfused"]
+    backend = "unfused" if not m.flash_attention else "auto" if m.flash_generation == 3 else "flash"
+    args += ["--attention-backend", backend]
     if m.dtype_bytes == 2:
         args.append("--bf16")
     if m.experts > 1:
@@ -398,13 +430,14 @@ def megatron_args(launch: Launch, model: Transformer | None = None) -> list[str]
     Raises:
         ConfigError: for what Megatron-LM does not run (``export_problem``: a family other than
             ``1f1b`` and ``interleaved-1f1b``, interleaving with microbatches not a multiple of the
-            pipeline size), or a model it cannot express.
+            pipeline size, a biased MoE model at expert tensor size above 1), or a model it cannot
+            express.
     """
     if not isinstance(launch, Launch):
         got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
         raise ConfigError(f"megatron_args: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
-    problem = export_problem("megatron", launch.family, par, launch.microbatches)
+    problem = export_problem("megatron", launch.family, par, launch.microbatches, model)
     if problem:
         raise ConfigError(f"megatron export: {problem}")
     args = [
@@ -503,7 +536,8 @@ def torchtitan_toml(launch: Launch) -> str:
     layers_per_stage)`` is the stage count: ``torchtitan/distributed/pipeline_parallel.py``,
     v0.2.0-v0.2.2), ``module_fqns_per_model_part`` when not.
     Recompute ``selective`` maps to torchtitan's per-op selective checkpointing (``selective_ac_option
-    = "op"``), the closest it has to recomputing the attention core: not the same op set.
+    = "op"``), the closest it has to recomputing the attention core: not the same op set. An expert
+    layout v0.2.0 refuses (``torchtitan_v020_problem``) is said in a comment on the first line.
 
     Raises:
         ConfigError: for what torchtitan does not run (``export_problem``): ZeRO-1 (FSDP2 always
@@ -518,7 +552,8 @@ def torchtitan_toml(launch: Launch) -> str:
     problem = export_problem("torchtitan", launch.family, par, launch.microbatches)
     if problem:
         raise ConfigError(f"torchtitan export: {problem}")
-    lines = ["[training]"]
+    older = torchtitan_v020_problem(par)
+    lines = ([f"# {older}", ""] if older else []) + ["[training]"]
     pipelined = par.pipeline > 1
     local = launch.global_batch // par.data if pipelined else launch.microbatch_size
     lines += [f"local_batch_size = {local}", f"global_batch_size = {launch.global_batch}",
@@ -558,4 +593,4 @@ def torchtitan_toml(launch: Launch) -> str:
 
 __all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
            "megatron_overlap_args", "megatron_layout", "megatron_model_args", "parse_megatron_layout",
-           "torchtitan_modules", "torchtitan_toml"]
+           "torchtitan_modules", "torchtitan_toml", "torchtitan_v020_problem"]

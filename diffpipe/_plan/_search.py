@@ -50,7 +50,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -61,7 +61,7 @@ from .. import schedules
 from .._arrays import power_of_two
 from .._checks import check_int, check_number
 from .._choices import RECOMPUTE, ZERO_STAGES
-from .._engine._graph import Graph, bucketed
+from .._engine._graph import Graph, bucketed, common_sizes
 from .._engine._hardware import pad_hardware
 from .._engine._jit_checks import nan_checked
 from .._engine._simulate import simulate_graph
@@ -74,6 +74,7 @@ from .._progress import Progress
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
 from .._workload._parallel import placement
+from .._workload._workload import Workload
 from ..schedules._analysis import peak_activations
 from ._bounds import COSTS, Costs, closed_form, cluster_key
 from ._configuration import HEADROOM, Configuration
@@ -200,21 +201,62 @@ def _infeasible(model: Transformer, cluster: Cluster, global_batch: int, rejecte
     wider = 2 * max(contexts)  # split the sequence further: activations per GPU fall by the context size
     if model.flash_attention and model.sequence % (2 * wider) == 0 and g % wider == 0:
         changes.append((f"allow context={wider}", {"context": (*contexts, wider)}))
-    need = max(2, math.ceil(best_memory / capacity))
-    for factor in (need, 2 * need):
-        gpus = factor * g
-        try:
-            more = Cluster(cluster.device, gpus, node, intra=(cluster.intra_bandwidth, cluster.intra_latency),
-                           inter=(cluster.inter_bandwidth, cluster.inter_latency))
-        except ConfigError:  # past MAX_GPUS, or not whole nodes
-            continue
-        changes.append((f"use about {factor}x the GPUs ({gpus})", {"cluster": more}))
+    # a first guess at the GPU count; _checked_suggestion searches from it for the fewest that fit
+    more = _resized(cluster, max(2, math.ceil(best_memory / capacity)) * g)
+    if more is not None:
+        changes.append((f"use {more.gpus} GPUs", {"cluster": more}))
     return reason, changes
 
 
-def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> str:
+def _resized(cluster: Cluster, gpus: int) -> Cluster | None:
+    """``cluster`` with ``gpus`` GPUs (its device, node size, link bandwidths and latencies), or
+    None past ``MAX_GPUS`` or for a count that is not whole nodes."""
+    try:
+        return Cluster(cluster.device, gpus, cluster.devices_per_node,
+                       intra=(cluster.intra_bandwidth, cluster.intra_latency),
+                       inter=(cluster.inter_bandwidth, cluster.inter_latency))
+    except ConfigError:
+        return None
+
+
+def _fits(request: dict[str, Any], change: dict[str, Any]) -> bool:
+    """Whether the search finds a configuration that fits with ``change`` applied to ``request``."""
+    try:
+        plan(**{**request, **change}, top_k=0, balance=False, progress=False)
+    except ConfigError:
+        return False
+    return True
+
+
+def _fewest_gpus(request: dict[str, Any], guess: Cluster) -> tuple[Cluster, int] | None:
+    """The fewest GPUs from which the search finds a configuration that fits, in whole nodes (in
+    multiples of the request's GPUs below a node), and the largest count checked not to fit (one
+    unit fewer, or the request's own): ``(cluster, gpus)``; None when neither ``guess`` (the memory
+    bound's estimate) nor twice it fits. From the first of those that fits it bisects down to the
+    largest count that did not."""
+    base = request["cluster"]
+    unit = base.devices_per_node if base.gpus % base.devices_per_node == 0 else base.gpus
+    low, high, cluster = base.gpus // unit, guess.gpus // unit, guess
+    failed = base.gpus  # the largest count checked not to fit
+    if not _fits(request, {"cluster": cluster}):  # the guess, then twice it (each failed search is a whole one)
+        low, high, failed = high, 2 * high, high * unit
+        cluster = _resized(base, high * unit)
+        if cluster is None or not _fits(request, {"cluster": cluster}):
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        trial = _resized(base, middle * unit)  # None: not whole nodes (a request below one node)
+        if trial is not None and _fits(request, {"cluster": trial}):
+            high, cluster = middle, trial
+        else:
+            low, failed = middle, (middle * unit if trial is not None else failed)
+    return cluster, failed
+
+
+def _checked_suggestion(reason: str, changes: list, request: dict[str, Any], bar: Progress | None = None) -> str:
     """``reason`` and the first of ``changes`` after which the search finds a configuration that
-    fits (each re-run with the change); when none does, the line says so."""
+    fits (each re-run with the change; a GPU count is searched for the fewest that fit,
+    ``_fewest_gpus``); when none does, the line says so. ``bar`` shows which change is checked."""
     if _CHECKING.get():
         return reason
     tried = []
@@ -226,11 +268,15 @@ def _checked_suggestion(reason: str, changes: list, request: dict[str, Any]) -> 
         combined = [("together: " + ", ".join(texts), together)] if len(singles) > 1 else []
         for text, change in singles + combined:
             tried.append(text)
-            try:
-                plan(**{**request, **change}, top_k=0, balance=False, progress=False)
-            except ConfigError:
-                continue
-            return f"{reason}: {text}"
+            if bar is not None:
+                bar.stage(f"checking what fits: {text}")
+            if "cluster" in change and change is not together:
+                if found := _fewest_gpus(request, change["cluster"]):
+                    more, below = found
+                    return f"{reason}: use {more.gpus} GPUs ({below} do not fit)"
+                tried[-1] = f"use {change['cluster'].gpus} or {2 * change['cluster'].gpus} GPUs"  # what it checked
+            elif _fits(request, change):
+                return f"{reason}: {text}"
         if combined:
             tried.pop()
     finally:
@@ -279,8 +325,10 @@ def plan(
             ``expert_tensor`` given, every expert size the folding allows: ``expert_tensor x expert``
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
-            the tensor size only, Megatron-LM's default); sizes that do not fit a configuration
-            (``expert_tensor x expert`` not dividing ``tensor x context x data``) are skipped for it.
+            the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
+            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a
+            configuration (``expert_tensor x expert`` not dividing ``tensor x context x data``) are
+            skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
             ``DEFAULT_VIRTUAL``; given, at least one of ``families`` must take chunks).
         context: context-parallel sizes to try (default: 1, and from a sequence of
@@ -369,6 +417,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             if model.experts % e:
                 raise ConfigError(f"plan: expert={e} does not divide the model's {model.experts} experts")
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
+    if expert_tensor is None and export == "megatron" and model.experts > 1 and model.bias:
+        expert_tensors = [1]  # the only expert tensor size Megatron-LM runs MoE layers with biases at
     if expert_tensor is not None:
         expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
@@ -444,7 +494,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                                         rejected["stages"] += 1
                                     elif global_batch % (b * d):
                                         rejected["batch"] += 1
-                                    elif export and (why := _export_problem(export, c, global_batch)):
+                                    elif export and (why := _export_problem(export, c, global_batch, model)):
                                         rejected[f"{export} export"] += 1
                                         export_reasons[why] += 1
                                     else:
@@ -596,14 +646,17 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                        pipeline=pipeline, expert=expert, expert_tensor=expert_tensor, virtual=virtual,
                        context=context, microbatch_sizes=sizes, recompute=recompute, zero=zero, sequence_parallel=sps,
                        headroom=headroom, communication=communication, framework=framework)
-        raise ConfigError(_checked_suggestion(reason, changes, request))
+        raise ConfigError(_checked_suggestion(reason, changes, request, bar))
     rows_out = ranked(rows_out)
 
     t2 = time.perf_counter()
     if balance:
         bar.stage("balancing the best stages", min(top_k, len(rows_out)))
-        for row in list(rows_out[:top_k]):
-            balanced = _balance(row, model, cluster, global_batch, communication, capacity, framework)
+        problems = [_balance_problem(row, model, cluster, global_batch, communication, framework)
+                    for row in rows_out[:top_k]]
+        shared = _shared_sizes([p.graph for p in problems if p is not None])
+        for row, problem in zip(list(rows_out[:top_k]), problems):
+            balanced = None if problem is None else _balance(row, problem, capacity, shared.get(id(problem.graph)))
             if balanced is not None:
                 rows_out.append(balanced)
             bar.update(1)
@@ -615,7 +668,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                      communication, headroom, framework)
 
 
-def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | None:
+def _export_problem(framework: str, c: Candidate, global_batch: int, model: Transformer) -> str | None:
     """``export_problem`` of a candidate (its microbatches per pipeline from the global batch); and,
     for Megatron-LM, ZeRO-2: its export is the distributed optimizer, which keeps the whole gradient
     buffer (Megatron-LM ``docs/user-guide/features/dist_optimizer.md``: ``4 + 16/d`` bytes per
@@ -623,13 +676,22 @@ def _export_problem(framework: str, c: Candidate, global_batch: int) -> str | No
     if framework == "megatron" and c.zero == 2:
         return "Megatron-LM runs ZeRO-2 as its distributed optimizer, whose memory is ZeRO-1's: search zero=1"
     microbatches = global_batch // (c.microbatch_size * c.data)
-    return export_problem(framework, c.family, c.parallelism(), microbatches)
+    return export_problem(framework, c.family, c.parallelism(), microbatches, model)
 
 
-def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
-             capacity: float, framework: Framework | None = None) -> dict | None:
-    """``optimize`` the stage split of ``row``; the balanced row when the exact evaluation confirms it
-    is faster and fits, else None."""
+class _BalanceProblem(NamedTuple):
+    """What ``_balance`` optimizes: a row's candidate, its model variant and configuration, graph and workload."""
+
+    candidate: Candidate
+    variant: Transformer
+    config: Configuration
+    graph: Graph
+    workload: Workload
+
+
+def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
+                     framework: Framework | None) -> _BalanceProblem | None:
+    """The stage-balancing problem of ``row``; None when it has fewer than two stages."""
     if row["pipeline"] * row["virtual"] < 2:
         return None
     et = row.get("expert_tensor", row["tensor"])
@@ -639,18 +701,34 @@ def _balance(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
     variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
     cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
                         communication=communication, framework=framework)
-    graph = cfg.graph()
-    workload = cfg.workload()
+    return _BalanceProblem(c, variant, cfg, cfg.graph(), cfg.workload())
+
+
+def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
+    """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
+    graphs with its stage count and communication setting, so that one compiled descent and exact
+    evaluator serve them all (``docs/architecture.md``, "Compilation"). A graph alone in its group
+    is not padded."""
+    groups: dict[tuple, list[Graph]] = {}
+    for g in graphs:
+        groups.setdefault((g.stages, g.communication), []).append(g)
+    return {id(g): common_sizes(members) for members in groups.values() if len(members) > 1 for g in members}
+
+
+def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None) -> dict | None:
+    """``optimize`` the stage split of ``row`` (its graph padded to ``pad_to`` when given); the
+    balanced row when the exact evaluation confirms it is faster and fits, else None."""
+    c, variant, cfg, graph, workload = problem
     try:
-        found = optimize(graph, workload, StageBalance(stages=graph.stages))
+        found = optimize(graph, workload, StageBalance(stages=graph.stages), pad_to=pad_to)
     except ConfigError:
         return None
     counts = _blocks(found.plan.layers_per_stage)
     if counts == row["layers_per_stage"] or min(counts[1:-1] or (1,)) < 1 or min(counts) < 0:
         return None
     try:
-        balanced = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
-                                 communication=communication, layers_per_stage=counts, framework=framework)
+        balanced = Configuration(variant, c.parallelism(), cfg.cluster, cfg.global_batch, schedule=c.family,
+                                 communication=cfg.communication, layers_per_stage=counts, framework=cfg.framework)
         # the search's own batched program of this graph's bucket (compiled already): no program
         # per graph structure; the figures are ``evaluate()``'s bit for bit (tests/test_plan.py)
         steps, bubbles, memory = _simulate_members(graph, [balanced.hardware()])

@@ -16,7 +16,7 @@ from .._caches import bounded
 from .._checks import check_int
 from .._errors import ConfigError
 from .._model._transformer import Transformer
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 
 #: Families searched by default: synchronous single-pipeline schedules a framework runs
 #: (Megatron-LM: 1f1b, interleaved-1f1b; torch/torchtitan: all four).

@@ -15,7 +15,7 @@ from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
 from .._results import csv_text, json_text, markdown_table
 from .._workload._frameworks import Framework
-from .._workload._parallel import Parallelism
+from .._workload._parallelism import Parallelism
 from ._configuration import HEADROOM, Configuration
 from ._export import Launch, megatron_args, megatron_overlap_args, torchtitan_toml
 
@@ -88,9 +88,12 @@ class PlanTable:
         return dataclasses.replace(self.model, microbatch_size=row["microbatch_size"], recompute=row["recompute"])
 
     def megatron_args(self, i: int = 0) -> list[str]:
-        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``)."""
-        return megatron_args(self.launch(i), self.model_of(i)) + megatron_overlap_args(self.framework,
-                                                                                       self.parallelism(i))
+        """Row ``i`` as Megatron-LM arguments, the model's shape included (``megatron_args``), as priced:
+        the framework's overlap flags and attention kernel (``Framework.model``)."""
+        model = self.model_of(i)
+        if self.framework is not None:
+            model = self.framework.model(model)
+        return megatron_args(self.launch(i), model) + megatron_overlap_args(self.framework, self.parallelism(i))
 
     def export(self, framework: str) -> tuple[int, str]:
         """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the

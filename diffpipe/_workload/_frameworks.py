@@ -19,7 +19,11 @@ as the validated model does. Each preset states its source:
   tensor collectives where sequence parallelism is on (Megatron-LM refuses ``--tp-comm-overlap``
   without it; ``transformer_engine_tensor_overlap``), ZeRO-3 (Megatron-FSDP) gathers prefetched;
   gradients reduced in fp32 (``megatron/training/arguments.py`` at d98e8a6: "bfloat16 requires
-  gradient accumulation and all-reduce to be done in fp32" unless ``--grad-reduce-in-bf16``).
+  gradient accumulation and all-reduce to be done in fp32" unless ``--grad-reduce-in-bf16``);
+  attention by the device's own fused kernel (``flash_version=3``): Megatron-LM's default
+  ``--transformer-impl transformer_engine`` (``arguments.py`` at f2e5db402c and d98e8a6) runs
+  Transformer Engine's attention, which on Hopper prefers cuDNN's fused attention over FlashAttention
+  "for performance reasons" (``transformer_engine/pytorch/attention.py``, TE v1.5 to v2.0).
 - ``"torchtitan"``: torchtitan's FSDP2, ``fully_shard`` on every transformer block
   (``torchtitan/parallelisms/parallelize_llama.py`` at 9dec370): each block's gradients
   reduce-scattered as its backward ends (one block's gradients are the last bucket), its parameters
@@ -34,7 +38,9 @@ as the validated model does. Each preset states its source:
 - ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
   all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
 
-Where the model states its own ``reduce_bytes``, the framework keeps it.
+Where the model states its own ``reduce_bytes`` or ``flash_version``, the framework keeps it. The other
+presets name no attention kernel (their sources do not say which SDPA or flash-attention backend ran), so
+those models price FlashAttention-2.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from dataclasses import dataclass
 
 from .._errors import ConfigError
 from .._model._transformer import Transformer, layer_costs
-from ._parallel import CommunicationOverlap, Parallelism, transformer_engine_tensor_overlap
+from ._overlap import CommunicationOverlap, transformer_engine_tensor_overlap
+from ._parallelism import Parallelism
 
 #: How a framework buckets the data-parallel gradient sync during the backward.
 BUCKETS = ("none", "megatron", "block", "ddp")
@@ -75,6 +82,8 @@ class Framework:
             (``CommunicationOverlap.every_microbatch``), not once a step.
         reduce_bytes: bytes of a gradient element in the data-parallel reduction (None: the model's
             training precision).
+        flash_version: the fused-attention generation the framework runs (``Transformer.flash_version``;
+            None: the model's, FlashAttention-2 by default).
         source: where the preset comes from.
     """
 
@@ -85,6 +94,7 @@ class Framework:
     tensor_overlap: bool = False
     every_microbatch: bool = False
     reduce_bytes: int | None = None
+    flash_version: int | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -99,12 +109,19 @@ class Framework:
         r = self.reduce_bytes
         if r is not None and (isinstance(r, bool) or r not in (1, 2, 4)):
             raise ConfigError(f"framework {self.name!r}: reduce_bytes must be 1, 2, 4 or None, got {r!r}")
+        v = self.flash_version
+        if v is not None and (isinstance(v, bool) or v not in (1, 2, 3)):
+            raise ConfigError(f"framework {self.name!r}: flash_version must be 1, 2, 3 or None, got {v!r}")
 
     def model(self, model: Transformer) -> Transformer:
-        """``model`` reducing its gradients in this framework's precision (unless it states its own)."""
-        if self.reduce_bytes is None or model.reduce_bytes is not None:
-            return model
-        return dataclasses.replace(model, reduce_bytes=self.reduce_bytes)
+        """``model`` reducing its gradients in this framework's precision and running its attention
+        kernel (each unless the model states its own)."""
+        fields: dict[str, int] = {}
+        if self.reduce_bytes is not None and model.reduce_bytes is None:
+            fields["reduce_bytes"] = self.reduce_bytes
+        if self.flash_version is not None and model.flash_version is None:
+            fields["flash_version"] = self.flash_version
+        return dataclasses.replace(model, **fields) if fields else model
 
     def overlap(self, model: Transformer, parallelism: Parallelism) -> CommunicationOverlap:
         """The ``CommunicationOverlap`` of a step of ``model`` (as ``self.model`` returns it) on
@@ -129,7 +146,7 @@ _FSDP_BLOCK = dict(buckets="block", prefetch=True, reduce_bytes=4)
 FRAMEWORKS: dict[str, Framework] = {
     "none": Framework("none", source="nothing overlapped; gradients reduced in the training precision"),
     "megatron": Framework("megatron", buckets="megatron", prefetch=True, param_gather=True, tensor_overlap=True,
-                          reduce_bytes=4, source=_MEGATRON),
+                          reduce_bytes=4, flash_version=3, source=_MEGATRON),
     "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
     "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True,
                       source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch)"),

@@ -1,8 +1,8 @@
 """Tensor x context x pipeline x data (x expert) parallelism: sizes, their placement on a cluster, and
 the per-device costs, collectives and memory they imply, as plain numbers.
 
-``Parallelism`` holds the sizes (validated against a model by ``check``); ``Cluster`` the devices
-and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
+``Parallelism`` (in ``_parallelism``) holds the sizes, checked against a model by ``check``; ``Cluster``
+the devices and links (presets by name, ``diffpipe.presets``); ``placement`` puts the groups on the cluster the
 way Megatron-LM (``RankGenerator`` order ``"tp-cp-ep-dp-pp"``, ``megatron/core/parallel_state.py``)
 and torchtitan (mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``) do by default: a tensor group
 is ``tensor`` consecutive ranks (inside one node), a context group strides by ``tensor``, a data group
@@ -122,248 +122,22 @@ With context parallelism every ``N_d`` above that shards or reduces parameters i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._checks import check_int, is_int
-from .._choices import ZERO_STAGES
+from .._checks import check_int
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
 from .._model._kernels import Kernels, layer_kernels
 from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
+from ._overlap import hidden_cost
+from ._parallelism import Parallelism
 
 #: The groups a collective runs over.
 GROUPS = ("tensor", "expert", "data")
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """Parallel sizes of a training run, Megatron-LM style.
-
-    Attributes:
-        tensor: tensor-parallel size ``t`` (Megatron ``--tensor-model-parallel-size``).
-        pipeline: pipeline-parallel size (devices of one pipeline).
-        data: data-parallel size ``N_d`` (replicas of a pipeline).
-        virtual: model chunks per pipeline device (interleaved schedules; Megatron
-            ``--num-layers-per-virtual-pipeline-stage`` gives it implicitly).
-        expert: expert-parallel size ``e`` (Megatron ``--expert-model-parallel-size``, torchtitan
-            ``expert_parallel_degree``): the routed experts split over ``e`` ranks of the expert layers'
-            own decomposition (module docstring, "parallel folding"): ``expert_tensor x expert`` must
-            divide ``tensor x context x data``.
-        expert_tensor: expert tensor-parallel size (Megatron ``--expert-tensor-parallel-size``, torchtitan
-            v0.2.x ``expert_tensor_parallel_degree``): every routed expert's matrices split over this many
-            ranks. None (default): ``tensor``, Megatron-LM's default (``etp``).
-        zero: ZeRO stage 0-3 (1 is Megatron-LM's distributed optimizer).
-        sequence_parallel: Megatron's sequence parallelism (Korthikanti et al. 2022).
-        context: context-parallel size ``c`` (Megatron ``--context-parallel-size``, torchtitan
-            ``context_parallel_degree``): the sequence split over ``c`` ranks placed next to the tensor
-            group (module docstring); ``gpus = tensor x context x pipeline x data``.
-    """
-
-    tensor: int = 1
-    pipeline: int = 1
-    data: int = 1
-    virtual: int = 1
-    expert: int = 1
-    zero: int = 0
-    sequence_parallel: bool = False
-    context: int = 1
-    expert_tensor: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data", "virtual", "expert", "context"):
-            check_int(f"parallelism: {name}", getattr(self, name), 1)
-        if self.expert_tensor is not None:
-            check_int("parallelism: expert_tensor", self.expert_tensor, 1)
-        if not is_int(self.zero) or self.zero not in ZERO_STAGES:
-            raise ConfigError(f"parallelism: zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
-        if not isinstance(self.sequence_parallel, bool):
-            raise ConfigError(f"parallelism: sequence_parallel must be a bool, got {self.sequence_parallel!r}")
-        e, et = self.expert, self.etp
-        if (self.tensor * self.context * self.data) % (et * e):
-            # Megatron-LM d98e8a6 initialize_model_parallel: world_size % (etp x ep x pp) == 0
-            if et == self.tensor:  # the expert group is carved out of the data (and context) ranks
-                what = f"data={self.data}" if self.context == 1 else f"context x data = {self.context * self.data}"
-                raise ConfigError(f"parallelism: expert={e} must divide {what} (with expert_tensor = tensor the "
-                                  "expert group is carved out of the data and context ranks)")
-            raise ConfigError(f"parallelism: expert_tensor x expert = {et} x {e} = {et * e} must divide tensor x "
-                              f"context x data = {self.tensor * self.context * self.data} (the expert layers "
-                              "fold onto the same ranks)")
-
-    @property
-    def etp(self) -> int:
-        """The expert tensor-parallel size: ``expert_tensor``, or ``tensor`` when None (Megatron-LM's
-        default, ``megatron/core/parallel_state.py`` and ``megatron/training/arguments.py``)."""
-        return self.tensor if self.expert_tensor is None else self.expert_tensor
-
-    @property
-    def expert_data(self) -> int:
-        """The expert data-parallel size: ranks holding the same expert weights, ``tensor x context
-        x data / (expert_tensor x expert)`` (Megatron-LM's ``expert_data_parallel_size``)."""
-        return self.tensor * self.context * self.data // (self.etp * self.expert)
-
-    @property
-    def gpus(self) -> int:
-        """``tensor x context x pipeline x data`` (the expert layers fold onto the same ranks)."""
-        return self.tensor * self.context * self.pipeline * self.data
-
-    @property
-    def shards(self) -> int:
-        """Ranks that hold the same parameters and reduce their gradients together: ``data x context``."""
-        return self.data * self.context
-
-    @property
-    def stages(self) -> int:
-        """Model stages of one pipeline: ``pipeline x virtual``."""
-        return self.pipeline * self.virtual
-
-    def check_gpus(self, gpus: int) -> None:
-        """``ConfigError`` unless ``tensor x context x pipeline x data == gpus``."""
-        if self.gpus != gpus:
-            if self.context > 1:
-                raise ConfigError(f"parallelism: tensor x context x pipeline x data = {self.tensor} x {self.context} "
-                                  f"x {self.pipeline} x {self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
-            raise ConfigError(f"parallelism: tensor x pipeline x data = {self.tensor} x {self.pipeline} x "
-                              f"{self.data} = {self.gpus}, but the cluster has {gpus} GPUs")
-
-    def check(self, model: Transformer, gpus: int | None = None) -> None:
-        """Raise ``ConfigError`` (one line) when these sizes cannot run ``model`` (on ``gpus`` devices)."""
-        if not isinstance(model, Transformer):
-            raise ConfigError(f"parallelism: check expects a Transformer, got {type(model).__name__}")
-        if gpus is not None:
-            self.check_gpus(gpus)
-        t = self.tensor
-        for name, value in (("heads", model.heads), ("kv_heads", model.kv), ("ffn_hidden", model.ffn)):
-            if float(value) % t:
-                raise ConfigError(f"parallelism: tensor={t} must divide the model's {name}={value:g}")
-        et = self.etp
-        if model.experts > 1:
-            if float(model.expert_ffn) % et:
-                name = "tensor" if et == t else "expert_tensor"
-                raise ConfigError(f"parallelism: {name}={et} must divide the model's moe_ffn_hidden="
-                                  f"{model.expert_ffn:g}")
-            if et != t and float(model.shared_experts * model.expert_ffn) % t:  # shared experts shard by tensor
-                raise ConfigError(f"parallelism: tensor={t} must divide the model's shared experts' width "
-                                  f"{model.shared_experts * model.expert_ffn:g}")
-            if model.experts % self.expert:
-                raise ConfigError(f"parallelism: expert={self.expert} must divide the model's "
-                                  f"experts={model.experts}")
-            if et != t and t > 1 and not self.sequence_parallel:
-                raise ConfigError(f"parallelism: expert_tensor={et} other than tensor={t} needs sequence_parallel "
-                                  "(Megatron-LM's MoE layer trains tensor parallelism only with it)")
-        elif self.expert > 1:
-            raise ConfigError(f"parallelism: expert={self.expert} needs a mixture-of-experts model (this one "
-                              "is dense)")
-        elif et != t:
-            raise ConfigError(f"parallelism: expert_tensor={et} needs a mixture-of-experts model (this one "
-                              "is dense)")
-        if self.stages > model.layers + 2:  # the first and last stage may hold the embedding or head alone
-            raise ConfigError(f"parallelism: pipeline x virtual = {self.pipeline} x {self.virtual} = "
-                              f"{self.stages} stages exceed the model's {model.layers} layers plus its "
-                              "embedding and head")
-        c = self.context
-        if c > 1:
-            if model.sequence % (2 * c):
-                raise ConfigError(f"parallelism: context={c} needs a sequence that is a multiple of 2 x {c} = {2 * c} "
-                                  f"(the load-balanced causal split), got sequence={model.sequence}")
-            if not model.flash_attention:
-                raise ConfigError(f"parallelism: context={c} needs flash attention (context parallelism runs "
-                                  "TransformerEngine's fused attention)")
-        if self.sequence_parallel and (model.sequence // c) % t:
-            what = f"the sequence={model.sequence}" if c == 1 else f"the {model.sequence // c} tokens per context rank"
-            raise ConfigError(f"parallelism: tensor={t} must divide {what} with sequence_parallel")
-
-
-#: Compute slowdown while a collective overlaps it: the average measured in "Characterizing
-#: Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power
-#: Implications" (arXiv:2507.03114, 2025, abstract: "an average computational slowdown of 18.9%, with a
-#: maximum of 40.0%", GPT and LLaMA models on 4 A100s, H100s, MI250s and MI210s), against the same
-#: compute with no communication beside it.
-CONTENTION = 0.189
-
-
-@dataclass(frozen=True)
-class CommunicationOverlap:
-    """How much communication a framework hides behind compute (fractions, not switches).
-
-    Attributes:
-        tensor: fraction of the tensor-parallel collectives' time hidden behind the GEMMs they feed
-            (Megatron-LM ``--tp-comm-overlap``, Transformer Engine's userbuffers; 0: on the critical path,
-            Megatron-LM's default).
-        data_bucket: bytes of one gradient bucket when the data-parallel sync runs bucket by bucket
-            during the backward (Megatron-LM ``--overlap-grad-reduce``, PyTorch DDP and FSDP): only
-            the last bucket, and whatever the last microbatch's backward of the stage cannot hide, is
-            left after the stage's last backward. None: the sync starts after the backward
-            (Megatron-LM's default in 2021-22: Korthikanti et al. §6.3).
-        prefetch: ZeRO-3 parameter all-gathers are prefetched during the previous layer's compute
-            (FSDP's forward/backward prefetch): each layer's gather costs only what its neighbour's
-            compute does not cover.
-        param_gather: ZeRO-1/2's all-gather of the updated weights runs under the next step's forward
-            (Megatron-LM ``--overlap-param-gather``), leaving the gradient reduce-scatter in the sync.
-        contention: seconds of compute lost per second of communication hidden behind it (NCCL's
-            kernels take SMs and memory bandwidth from the kernels they overlap); ``CONTENTION`` by
-            default. Only hidden communication pays it, so with nothing overlapped it changes nothing.
-        every_microbatch: the data-parallel gradient reduction runs during every microbatch's
-            backward, not once a step (PyTorch FSDP outside ``no_sync``, as Composer runs it): each
-            microbatch but the last, whose reduction is the step's sync, pays it under its backward.
-    """
-
-    tensor: float = 0.0
-    data_bucket: float | None = None
-    prefetch: bool = False
-    param_gather: bool = False
-    contention: float = CONTENTION
-    every_microbatch: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.tensor, bool) or not isinstance(self.tensor, (int, float)) or not 0 <= self.tensor <= 1:
-            raise ConfigError(f"overlap: tensor must be a fraction in [0, 1], got {self.tensor!r}")
-        b = self.data_bucket
-        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
-            raise ConfigError(f"overlap: data_bucket must be a positive number of bytes or None, got {b!r}")
-        for name in ("prefetch", "param_gather", "every_microbatch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"overlap: {name} must be a bool, got {getattr(self, name)!r}")
-        k = self.contention
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k <= 1:
-            raise ConfigError(f"overlap: contention must be a fraction in [0, 1], got {k!r}")
-
-    def hidden_cost(self, communication: Any, compute: Any) -> Array:
-        """Seconds ``communication`` adds to the ``compute`` it runs under (``hidden_cost``)."""
-        return hidden_cost(communication, compute, self.contention)
-
-
-def hidden_cost(communication: Any, compute: Any, contention: float) -> Array:
-    """Seconds ``communication`` adds to the ``compute`` it runs under: what it exceeds the compute by,
-    plus ``contention`` times the part it hides (``jnp``, differentiable)."""
-    hidden = jnp.minimum(communication, compute)
-    return communication - hidden + contention * hidden
-
-
-def transformer_engine_tensor_overlap(tensor: int) -> float:
-    """The fraction of tensor-parallel collective time Transformer Engine's userbuffer overlap hides
-    (Megatron-LM ``--tp-comm-overlap``), for ``CommunicationOverlap.tensor``.
-
-    Transformer Engine's default configuration (``transformer_engine/pytorch/module/base.py``,
-    ``initialize_ub``, ``methods`` and ``get_default_config``) runs the eight collectives of a layer
-    three ways: the forward all-gathers before the QKV and FC1 GEMMs and the backward all-gathers
-    before the projection's and FC2's input-gradient GEMMs as a *ring exchange* in ``tensor`` chunks,
-    each chunk's transfer under the previous chunk's GEMM, so the first chunk's ``1 / tensor`` is
-    exposed; the forward reduce-scatters after the projection and FC2 *pipelined* in 4 chunks, the
-    last chunk's ``1 / 4`` exposed; the backward reduce-scatters of QKV's and FC1's input gradients
-    *in bulk* under the independent weight-gradient GEMM, hidden. With the collectives of equal size
-    (sequence parallelism: every one moves ``b s h`` elements) the exposed fraction is
-    ``(4 / tensor + 2 / 4) / 8``. It assumes each chunk's GEMM is at least as long as its transfer
-    (NVLink inside a node); where it is not, the model overstates the overlap."""
-    if isinstance(tensor, bool) or not isinstance(tensor, (int, np.integer)) or tensor < 1:
-        raise ConfigError(f"transformer_engine_tensor_overlap: tensor must be a positive int, got {tensor!r}")
-    if tensor == 1:
-        return 0.0
-    return 1.0 - (4.0 / tensor + 2.0 / 4.0) / 8.0
 
 
 class Placement(NamedTuple):

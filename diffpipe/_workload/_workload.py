@@ -3,6 +3,10 @@ a device and a network to a ``Hardware`` (``hardware_from_model``, ``Workload.ha
 
 Stage boundaries may be fractional: stage fields interpolate the cumulative per-layer curves
 (exact at integers), which is what ``StageBalance`` differentiates through.
+
+Why one module past 500 lines: ``Workload`` and ``hardware_from_model`` are the one model x device ->
+``Hardware`` path, and the interpolation of fractional stage boundaries (``_fields_at``) and
+``check_static_memory`` are written against ``Workload``'s per-layer curves and nothing else.
 """
 
 

@@ -34,6 +34,11 @@ modules (``with_split(probe=profile_stages(...))``: torch's own ``stage_backward
 ``stage_backward_weight`` against its full backward, so the ratios also carry how much more a
 split backward costs than a full one). Without it (and without ``weight_fraction=``), a
 ``Hardware`` of such a calibration has ``split_known=False`` and refuses ``I``/``W`` ops.
+
+Why one module past 500 lines: ``Calibration``, the three things it writes (a ``Hardware`` or
+``Workload``, JSON, the TOML machine file) and its two other constructors (``combine``,
+``from_measurements``) share the per-stage terms and the backward split above; reading a trace into
+one is ``_trace``'s.
 """
 
 from __future__ import annotations

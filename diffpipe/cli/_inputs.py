@@ -1,4 +1,12 @@
-"""Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule."""
+"""Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule.
+
+Why one module past 500 lines: the machine, the training configuration and the schedule are read
+from one checked file (``SCHEMA``, ``_Config``) through one merge of flags over its keys
+(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's,
+``_machine`` per-stage times beside a model). ``_machine`` and ``_Training.build`` turn TOML values
+into library objects: library logic that belongs beside ``Calibration.to_toml``, the writer of the
+same format.
+"""
 
 
 from __future__ import annotations
@@ -364,7 +372,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
             what = "--pp" if "devices" in flag else "--global-batch (with --microbatch-size and --dp)"
             raise ConfigError(f"{flag} cannot be combined with a training configuration: {what} sets it")
     train, par, clu, settings = _configuration_values(args, config)
-    from .._workload._parallel import Parallelism
+    from .._workload._parallelism import Parallelism
 
     model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
     t, p, c = par.get("tensor", 1), par.get("pipeline", 1), par.get("context", 1)
@@ -442,8 +450,11 @@ def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[
     if sequence == "max":
         sequence, origin = longest, f"{origin} max: the model's longest context"
     out["sequence"] = {"value": int(sequence), "from": origin, "longest": longest}
-    out["flash_attention"] = {"value": bool(train.get("flash_attention", DEFAULT_FLASH_ATTENTION)),
-                              "from": origins.get("flash_attention", "default")}
+    flash = bool(train.get("flash_attention", DEFAULT_FLASH_ATTENTION))
+    origin = origins.get("flash_attention", "default")
+    if origin == "--flash-attention" and not flash:
+        origin = "--no-flash-attention"  # the flag as it was typed
+    out["flash_attention"] = {"value": flash, "from": origin}
     return out
 
 

@@ -52,18 +52,16 @@ from ._args import (
     _Terminated,
     _UsageError,
 )
-from ._commands import (
-    _cmd_cache,
-    _cmd_calibrate,
-    _cmd_compare,
-    _cmd_export,
-    _cmd_list,
-    _cmd_optimize,
-    _cmd_plan,
-    _cmd_show,
-    _cmd_simulate,
-    _cmd_sweep,
-)
+from ._cache import _cmd_cache
+from ._calibrate import _cmd_calibrate
+from ._compare import _cmd_compare
+from ._export import _cmd_export
+from ._list import _cmd_list
+from ._optimize import _cmd_optimize
+from ._plan import _cmd_plan
+from ._show import _cmd_show
+from ._simulate import _cmd_simulate
+from ._sweep import _cmd_sweep
 
 _natural = _integer_at_least(0)
 #: ``diffpipe._plan._configuration.HEADROOM``, copied so that parsing never imports JAX (tested).

@@ -3,7 +3,10 @@
 H100 (PCIe: no SXM file exists; the fraction of the datasheet bandwidth is taken to carry over);
 132 SMs (NVIDIA H100 Tensor Core GPU architecture whitepaper, H100 SXM5); fused attention through
 FlashAttention-2's H100 point (the kernel generation of the runs compared; FA3's Table 2 point kept beside
-it, ``attention_text_points.csv``); checked against the best-shape
+it, ``attention_text_points.csv``), Hopper's own fused attention (cuDNN's, which Transformer Engine prefers on
+Hopper; ``flash_version=3``) at PyTorch 2.5.0's "up to 75% speed-up over FlashAttentionV2" on H100
+(``attention_native``; FlashAttention-3's abstract, "1.5-2.0x faster than FlashAttention-2", brackets it);
+checked against the best-shape
 ``mamf_ml_engineering.csv`` row, a shape outside the table.
 
     PYTHONPATH=. python papers/kernel-efficiency/fit_h100.py     # writes kernels_h100.json
@@ -26,5 +29,9 @@ if __name__ == "__main__":
                                    "attention_text_points.csv: FA2 on H100 'up to 335 TFLOPs/s' fwd+bwd, at 16k"),
                attention_fa3=attention("H100", gemm["k_half"], float(fa3["tflops"]), float(fa3["seqlen"]),
                                        "attention_text_points.csv: FA3 Table 2, FlashAttention-3, forward"))
+    native = attention_point("pytorch_v2.5.0_release_notes", "H100",
+                             "cuDNN fused flash attention (SDPA's cuDNN backend)")
+    out["attention_native"] = float(native["speedup_over_fa2"])
+    out["attention_native_source"] = "attention_text_points.csv: " + native["where"]
     out["mamf_check"] = mamf_check(out, "H100", "NVIDIA H100 SXM")
     write("H100", out)

@@ -134,7 +134,8 @@ def kernel_model(out: dict) -> KernelModel:
     g, a = out["gemm"], out["attention"]
     return KernelModel(g["gemm_efficiency"], g["k_half"], out["memory_efficiency"], g["overhead"],
                        a["attention_efficiency"], a["attention_half"], a["attention_backward"], sms=g["sms"],
-                       tile_m=g["tile_m"], tile_n=g["tile_n"], split_k_min=g["split_k_min"])
+                       attention_native=out.get("attention_native", 1.0), tile_m=g["tile_m"], tile_n=g["tile_n"],
+                       split_k_min=g["split_k_min"])
 
 
 def mamf_check(out: dict, preset: str, accelerator: str) -> dict:

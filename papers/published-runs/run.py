@@ -133,6 +133,12 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "131,072, sequence 4,096; microbatch size 1, selective recomputation, sequence parallelism where "
         "tensor > 1, 1F1B without virtual stages, the distributed optimizer (zero=1): the README gives none of "
         "these.",
+        "Attention: Hopper's own fused kernel (flash_version=3, the 'megatron' preset's): Megatron-LM's "
+        "default --transformer-impl transformer_engine (megatron/training/arguments.py at f2e5db402c, line "
+        "668) runs Transformer Engine's DotProductAttention, which on compute capability 9.0 disables "
+        "FlashAttention 'to give FusedAttention preference on Hopper+ for performance reasons' (cuDNN's "
+        "F16_arbitrary_seqlen; transformer_engine/pytorch/attention.py at TE v1.5, lines 2894-2899: 'Select "
+        "FusedAttention on sm90 and FlashAttention on others for performance'; v1.9, lines 655-666).",
         "The README's communication overlaps: DP as --overlap-grad-reduce buckets and --overlap-param-gather "
         "(the distributed optimizer's weight all-gather under the next forward), TP (--tp-comm-overlap) as "
         "Transformer Engine's default userbuffer chunking (dp.transformer_engine_tensor_overlap: 69% of the TP "

@@ -51,7 +51,9 @@ TEST_ASSUMPTIONS = {
         "learned positions (the table's NumParams grows with the sequence), vocabulary 50368, no dropout, "
         "bf16 weights and activations (amp_bf16 and bf16 priced alike). Attention: MPT's Triton flash-attention "
         "kernel (attn_impl 'triton', the default of submit_benchmarks.py, which sweep.sh does not override, at "
-        "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1).",
+        "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1); except the h100_bf16_large rows "
+        "of 1b, 3b, 7b and 70b, which the section's generator sweep.py (5e85bd62d) runs with '--attn_impl flash' "
+        "and the '.[gpu-flash2]' install (flash-attn 2.4.2), priced as FlashAttention-2 (flash_version=2).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
         "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule), "
         "after every microbatch (Composer enters no no_sync for FSDP: the 'fsdp' framework preset), "
@@ -107,6 +109,14 @@ def configuration(model: dp.Transformer, cluster: dict[str, Any], gpus: int, bat
 #: and 5e85bd62d): ``DEFAULT`` reduces in fp32, ``PURE`` in the training precision.
 COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
 
+#: The attention kernel of each model of the ``h100_bf16_large`` section: its generator,
+#: ``scripts/train/benchmarking/sweep.py`` at 5e85bd62d (the commit that added the section; its GPU counts,
+#: microbatch sizes, sharding and checkpointing are the table's), passes ``--attn_impl flash`` for 1b, 3b, 7b
+#: and 70b and ``--attn_impl triton`` for 13b and 30b; ``submit_benchmarks.py`` there installs
+#: ``.[gpu-flash2]`` (``flash-attn==2.4.2`` in ``setup.py``), so 'flash' is FlashAttention-2. Every other
+#: section ran ``submit_benchmarks.py``'s default, 'triton' (``flash_version=1``).
+LARGE_FLASH_VERSION = {"mpt-1b": 2, "mpt-3b": 2, "mpt-7b": 2, "mpt-70b": 2, "mpt-13b": 1, "mpt-30b": 1}
+
 #: llm-foundry: PyTorch FSDP wrapping each block (``diffpipe.presets.FRAMEWORKS["fsdp"]``; its fp32 reduction is
 #: Composer's DEFAULT mode, the model states the PURE rows' bf16). flash-attention's training runs: Lightning's
 #: ``precision: bf16`` autocasts with fp32 parameters, so DDP (25 MiB buckets) reduces fp32 gradients (``"ddp"``).
@@ -124,7 +134,8 @@ def llm_foundry() -> list[Row]:
                 continue
             model = dp.Transformer(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], sequence=r["sequence"],
                                    vocabulary=50368, microbatch_size=r["mbs"], recompute=r["recompute"], bias=False,
-                                   dropout=False, flash_attention=True, flash_version=1,
+                                   dropout=False, flash_attention=True,
+                                   flash_version=LARGE_FLASH_VERSION[r["model"]] if section == "h100_bf16_large" else 1,
                                    reduce_bytes=COMPOSER_REDUCE_BYTES[r["mp_mode"]])
             cluster = MOSAIC_H100 if device == "H100" else dict(MOSAIC_A100, device=device)
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
