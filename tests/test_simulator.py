@@ -354,22 +354,6 @@ def test_forward_mode_with_autodiff_adjoint_has_no_nan(tau):
         dp.makespan(dp.compile(s1), dp.Hardware.from_times(1.0, 2.0), adjoint="magic")
 
 
-def test_batched_path_in_chunks_equals_one_by_one():
-    from diffpipe._engine._simulate import BATCH_CHUNK
-
-    s = dp.schedules.get("zb-h1", devices=3, microbatches=4)
-    g = dp.compile(s)
-    n = 2 * BATCH_CHUNK + 5  # two full chunks and a padded one
-    f = jnp.linspace(0.5, 2.0, n)
-    hws = jax.vmap(lambda x: dp.Hardware.from_times(x, 2 * x, 0.5 * x, p2p_time=0.3 * x))(f)
-    got = dp.makespan(g, hws, batched=True)
-    want = jax.vmap(lambda h: dp.makespan(g, h))(hws)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
-    grads = jax.grad(lambda h: jnp.sum(dp.makespan(g, h, batched=True, temperature=0.1)))(hws)
-    one = jax.vmap(jax.grad(lambda h: dp.makespan(g, h, temperature=0.1)))(hws)
-    np.testing.assert_allclose(np.asarray(grads.forward), np.asarray(one.forward), rtol=1e-4, atol=1e-6)
-
-
 def test_hardware_topology_decides_inter_node_links_in_every_mode():
     s = dp.schedules.get("1f1b", devices=4, microbatches=4)
     for mode in ("overlap", "blocking"):

@@ -22,7 +22,8 @@ def graph():
 
 @pytest.mark.parametrize("tau", [None, 0.1])
 def test_vmap_batched_and_single_calls_agree(graph, tau):
-    x = jnp.linspace(0.5, 2.0, BATCH_CHUNK + 7)  # one full chunk and a padded one
+    # two full chunks and a padded one: a chunk handing its buffers to a full chunk and to a padded one
+    x = jnp.linspace(0.5, 2.0, 2 * BATCH_CHUNK + 5)
     hws = jax.vmap(_hardware)(x)
     mapped = jax.vmap(lambda h: dp.makespan(graph, h, temperature=tau))(hws)
     batched = dp.makespan(graph, hws, temperature=tau, batched=True)
