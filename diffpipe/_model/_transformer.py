@@ -113,6 +113,10 @@ def recompute_mode(value: Any) -> str:
     raise ConfigError(f"transformer: recompute must be one of {', '.join(RECOMPUTE)} (or a bool), got {value!r}")
 
 
+#: The fused-attention generations ``Transformer.flash_version`` names (``diffpipe._model._kernels.FLASH_RATE``).
+FLASH_VERSIONS = (1, 2, 3)
+
+
 @dataclass(frozen=True, init=False)
 class Transformer:
     """A decoder-only transformer; the defaults are Megatron-LM's GPT (learned positions, biases,
@@ -275,7 +279,7 @@ class Transformer:
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
-        if self.flash_version is not None and (self.flash_version not in (1, 2, 3)
+        if self.flash_version is not None and (self.flash_version not in FLASH_VERSIONS
                                                or isinstance(self.flash_version, bool)):
             fail("flash_version", "1, 2, 3 or None")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):

@@ -49,7 +49,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .._errors import ConfigError
-from .._model._transformer import Transformer, layer_costs
+from .._model._transformer import FLASH_VERSIONS, Transformer, layer_costs
 from ._overlap import CommunicationOverlap, transformer_engine_tensor_overlap
 from ._parallelism import Parallelism
 
@@ -110,7 +110,7 @@ class Framework:
         if r is not None and (isinstance(r, bool) or r not in (1, 2, 4)):
             raise ConfigError(f"framework {self.name!r}: reduce_bytes must be 1, 2, 4 or None, got {r!r}")
         v = self.flash_version
-        if v is not None and (isinstance(v, bool) or v not in (1, 2, 3)):
+        if v is not None and (isinstance(v, bool) or v not in FLASH_VERSIONS):
             raise ConfigError(f"framework {self.name!r}: flash_version must be 1, 2, 3 or None, got {v!r}")
 
     def model(self, model: Transformer) -> Transformer:
