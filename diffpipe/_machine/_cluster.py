@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._arrays import as_float, concrete
+from .._arrays import array_module, as_float, concrete
 from .._checks import check_int
 from .._errors import ConfigError
 from . import _presets, _specs
@@ -124,12 +123,14 @@ class Cluster(eqx.Module):
         """Bus bandwidth (bytes/s) of a ring collective over ``"intra"`` or ``"inter"`` links. A ring
         that spans nodes with ``ranks_per_node`` of its ranks in each node runs as NCCL's
         hierarchical rings: each of those ranks' rings crosses the network once per node through its
-        own NIC, so the network share is ``ranks_per_node`` links, capped by the node's link."""
+        own NIC, so the network share is ``ranks_per_node`` links, capped by the node's link (NumPy for
+        a cluster ``on_host``, as every method here)."""
         intra = self.intra_bandwidth * self.intra_bus_efficiency
         if name == "intra":
             return intra
         if name == "inter":
-            return jnp.minimum(intra, ranks_per_node * self.inter_bandwidth * self.inter_bus_efficiency)
+            xp = array_module(self)
+            return xp.minimum(intra, ranks_per_node * self.inter_bandwidth * self.inter_bus_efficiency)
         raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
 
     def step_latency(self, name: str) -> Array:
@@ -138,7 +139,7 @@ class Cluster(eqx.Module):
         if name == "intra":
             return self.intra_step_latency
         if name == "inter":
-            return jnp.maximum(self.intra_step_latency, self.inter_step_latency)
+            return array_module(self).maximum(self.intra_step_latency, self.inter_step_latency)
         raise ConfigError(f"cluster: link must be 'intra' or 'inter', got {name!r}")
 
     def link(self, name: str) -> tuple[Array, Array]:

@@ -39,10 +39,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._arrays import array_module, as_float
 from .._errors import ConfigError
 
 #: Kernel classes a step's compute time is reported in (``Configuration.evaluate``'s breakdown).
@@ -50,7 +50,7 @@ KERNEL_CLASSES = ("gemm", "attention", "memory", "launch")
 
 
 def _float(value: Any) -> Array:
-    return jnp.asarray(value, dtype=jnp.result_type(float))
+    return as_float(value)
 
 
 def _concrete(x: Any) -> np.ndarray | None:
@@ -122,32 +122,36 @@ class KernelModel(eqx.Module):
         waves = work / (np.ceil(work / self.sms) * self.sms)
         return useful * waves, k / split
 
-    # -- times (jnp: differentiable in the floats) ----------------------------------------------------
+    # -- times (jnp: differentiable in the floats; NumPy for a model ``on_host``) ------------------------
     def gemm_rate(self, peak: Any, m: Any, n: Any, k: Any) -> Array:
         """Sustained FLOP/s of GEMMs ``(m, n, k)`` on a device of ``peak`` FLOP/s (no memory roof)."""
+        xp = array_module(self, peak)
         u, share = self.quantisation(m, n, k)
-        share = jnp.asarray(share, self.k_half.dtype)
-        return peak * self.gemm_efficiency * jnp.asarray(u, self.k_half.dtype) * share / (share + self.k_half)
+        share = xp.asarray(share, self.k_half.dtype)
+        return peak * self.gemm_efficiency * xp.asarray(u, self.k_half.dtype) * share / (share + self.k_half)
 
     def gemm_seconds(self, peak: Any, bandwidth: Any, m: Any, n: Any, k: Any, dtype_bytes: float = 2.0,
                      batch: Any = 1.0) -> Array:
         """Seconds of ``batch`` GEMMs ``(m, n, k)`` (one kernel): overhead + roofline."""
+        xp = array_module(self, peak, bandwidth)
         m, n, k, batch = (np.asarray(x, np.float64) for x in (m, n, k, batch))
-        flops = jnp.asarray(2 * m * n * k * batch, self.k_half.dtype)
-        traffic = jnp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), self.k_half.dtype)
+        flops = xp.asarray(2 * m * n * k * batch, self.k_half.dtype)
+        traffic = xp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), self.k_half.dtype)
         compute = flops / self.gemm_rate(peak, m, n, k)
-        return self.overhead + jnp.maximum(compute, traffic / (bandwidth * self.memory_efficiency))
+        return self.overhead + xp.maximum(compute, traffic / (bandwidth * self.memory_efficiency))
 
     def attention_rate(self, peak: Any, sequence: Any, backward: Any = False) -> Array:
         """Sustained FLOP/s of fused attention over sequences of ``sequence`` (forward, or backward)."""
-        s = jnp.asarray(np.asarray(sequence, np.float64), self.k_half.dtype)
+        xp = array_module(self, peak, backward)
+        s = xp.asarray(np.asarray(sequence, np.float64), self.k_half.dtype)
         curve = s / (s + self.attention_half)
-        scale = jnp.where(jnp.asarray(backward), self.attention_backward, 1.0)
+        scale = xp.where(xp.asarray(backward), self.attention_backward, 1.0)
         return peak * self.attention_efficiency * curve * scale
 
     def memory_seconds(self, bandwidth: Any, bytes: Any) -> Array:
         """Seconds of memory-bound kernels moving ``bytes`` (overhead + streaming time)."""
-        return self.overhead + jnp.asarray(bytes, self.k_half.dtype) / (bandwidth * self.memory_efficiency)
+        xp = array_module(self, bandwidth, bytes)
+        return self.overhead + xp.asarray(bytes, self.k_half.dtype) / (bandwidth * self.memory_efficiency)
 
 
 __all__ = ["KERNEL_CLASSES", "KernelModel"]

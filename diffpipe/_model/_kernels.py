@@ -48,10 +48,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._arrays import array_module, on_host, scatter_add
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._machine._kernels import KERNEL_CLASSES
@@ -257,35 +257,39 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
 def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> dict[str, Array]:
     """``{class: [3, rows]}`` seconds of ``kernels`` on ``device`` (which needs a ``KernelModel``),
     classes ``KERNEL_CLASSES``: GEMM, attention and memory-bound time without the per-kernel
-    overhead, and ``launch``, the overheads. Differentiable in the device's floats."""
-    km = device.kernels
-    if km is None:
+    overhead, and ``launch``, the overheads. Differentiable in the device's floats (jax.numpy when
+    they are tracers); for a concrete device, NumPy float arrays of the same bits, computed without
+    compiling a program (``on_host``)."""
+    if device.kernels is None:
         raise ConfigError(f"kernel_times: device {device.name!r} has no kernel model (KernelModel)")
+    device = on_host(device)
+    km = device.kernels
+    xp = array_module(device)
     peak, bandwidth = device.peak_flops, device.memory_bandwidth * km.memory_efficiency
     dtype = km.k_half.dtype
-    out = {c: jnp.zeros((3, kernels.rows), dtype) for c in KERNEL_CLASSES}
+    out = {c: xp.zeros((3, kernels.rows), dtype) for c in KERNEL_CLASSES}
 
     def scatter(cls: str, table: np.ndarray, seconds: Array) -> None:
         if len(table):
-            out[cls] = out[cls].at[table[:, 1].astype(int), table[:, 0].astype(int)].add(seconds)
+            out[cls] = scatter_add(out[cls], (table[:, 1].astype(int), table[:, 0].astype(int)), seconds)
 
     g = kernels.gemm
     if len(g):
         m, n, k, batch, count = (g[:, c] for c in range(2, 7))
-        flops = jnp.asarray(2 * m * n * k * batch, dtype)
-        traffic = jnp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), dtype)
-        seconds = jnp.maximum(flops / km.gemm_rate(peak, m, n, k), traffic / bandwidth)
-        scatter("gemm", g, seconds * jnp.asarray(count, dtype))
+        flops = xp.asarray(2 * m * n * k * batch, dtype)
+        traffic = xp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), dtype)
+        seconds = xp.maximum(flops / km.gemm_rate(peak, m, n, k), traffic / bandwidth)
+        scatter("gemm", g, seconds * xp.asarray(count, dtype))
     at = kernels.attention
     if len(at):
-        seconds = jnp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        seconds = xp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
         if np.any(at[:, 6] > 0):  # the architecture's own kernel (flash_version 3)
-            seconds = seconds / jnp.where(jnp.asarray(at[:, 6] > 0), km.attention_native, 1.0)
+            seconds = seconds / xp.where(xp.asarray(at[:, 6] > 0), km.attention_native, 1.0)
         scatter("attention", at, seconds)
     mem = kernels.memory
     if len(mem):
-        scatter("memory", mem, jnp.asarray(mem[:, 2] * mem[:, 3], dtype) / bandwidth)
-    out["launch"] = km.overhead * jnp.asarray(kernels.count(), dtype)
+        scatter("memory", mem, xp.asarray(mem[:, 2] * mem[:, 3], dtype) / bandwidth)
+    out["launch"] = km.overhead * xp.asarray(kernels.count(), dtype)
     return out
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .. import schedules
+from .._arrays import array_module, on_host
 from .._checks import check_int
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
@@ -88,6 +89,17 @@ def gradient_sync(schedule: Schedule) -> bool:
     return not any(op.kind in ("R", "U") for op in schedule.ops)
 
 
+
+
+#: ``onehot @ x`` as XLA computes it (its order of summation, which NumPy's differs from in the last
+#: bits): one small program per shape for NumPy operands, inlined in a caller's trace.
+_matmul = jax.jit(jnp.matmul)
+
+
+def _stage_sums(onehot: Any, x: Any) -> Any:
+    """``[stages]`` sums of ``x`` over each stage's layers (``onehot``: ``[stages, layers]``)."""
+    out = _matmul(onehot, x)
+    return np.asarray(out) if array_module(onehot, x) is np else out
 
 
 @dataclass(frozen=True, init=False)
@@ -220,15 +232,17 @@ class Configuration:
         the link's measured NCCL efficiency, hierarchical over nodes) plus a fitted latency per ring step
         (``Cluster.step_latency``)."""
         costs = self.costs() if costs is None else costs
-        dtype = self.cluster.device.throughput.dtype
+        cluster = on_host(self.cluster)
+        xp = array_module(cluster)
+        dtype = cluster.device.throughput.dtype
         where = self.placement
         out = {}
         for group in GROUPS:
             link = where.links[group]
-            bandwidth = self.cluster.bus_bandwidth(link, where.ranks_per_node[group])
-            latency = self.cluster.step_latency(link)
-            out[group] = (jnp.asarray(costs.collective_bytes[group], dtype) / bandwidth
-                          + jnp.asarray(costs.collective_hops[group], dtype) * latency)
+            bandwidth = cluster.bus_bandwidth(link, where.ranks_per_node[group])
+            latency = cluster.step_latency(link)
+            out[group] = (xp.asarray(costs.collective_bytes[group], dtype) / bandwidth
+                          + xp.asarray(costs.collective_hops[group], dtype) * latency)
         return out
 
     def exposed_collectives(self, costs: ParallelCosts | None = None,
@@ -264,20 +278,23 @@ class Configuration:
         (``hidden_cost``: what exceeds it, plus the contention of what it hides), averaged over the
         microbatches (the last one's reduction is the step's sync lane)."""
         par, model = self.parallelism, self.model
+        cluster = on_host(self.cluster)
+        xp = array_module(cluster)
         where = self.placement
         link = where.links["data"]
         n = par.shards
-        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        bus = cluster.bus_bandwidth(link, where.ranks_per_node["data"])
         r, d = float(model.reduction_bytes), float(model.dtype_bytes)
         per_param = sync_bytes_per_parameter(par.zero, r, d)  # costs.gradient_bytes is all-reduce-equivalent
         ring, steps = (2.0, 2 * (n - 1)) if par.zero == 0 else (1.0, n - 1)
-        dtype = self.cluster.device.throughput.dtype
-        reduce_bytes = jnp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r
-        seconds = ring * (n - 1) / n * reduce_bytes / bus + steps * self.cluster.step_latency(link)
+        dtype = cluster.device.throughput.dtype
+        reduce_bytes = xp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r
+        seconds = ring * (n - 1) / n * reduce_bytes / bus + steps * cluster.step_latency(link)
         total = sum(compute.values())
         paid = (self.microbatches - 1) / self.microbatches * hidden_cost(seconds, total[_I] + total[_W],
                                                                           self.overlap.contention)
-        return jnp.zeros((3, model.layers + 2), dtype).at[_W].set(paid)
+        zero = xp.zeros((model.layers + 2,), dtype)
+        return xp.stack([zero, zero, paid.astype(dtype)])  # W (_W = 2) alone
 
     def context_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the context-parallel K,V ring left on each op's critical path
@@ -286,14 +303,16 @@ class Configuration:
         latency, each overlapping one ring step's attention kernel (its seconds from the device's
         ``KernelModel``; on a device without one the ring is not overlapped)."""
         costs = self.costs() if costs is None else costs
-        dtype = self.cluster.device.throughput.dtype
+        cluster = on_host(self.cluster)
+        xp = array_module(cluster)
+        dtype = cluster.device.throughput.dtype
         if costs.context_block is None:
-            return jnp.zeros((3, self.model.layers + 2), dtype)
+            return xp.zeros((3, self.model.layers + 2), dtype)
         link = self.placement.links["context"]
-        bandwidth = self.cluster.bus_bandwidth(link, 1)
-        latency = self.cluster.step_latency(link)
+        bandwidth = cluster.bus_bandwidth(link, 1)
+        latency = cluster.step_latency(link)
         c = costs.context
-        device, k = self.cluster.device, costs.kernels
+        device, k = cluster.device, costs.kernels
         steps: dict[str, Any] = {"forward_step": 0.0, "backward_step": 0.0,
                                  "recompute_step": 0.0 if costs.recomputes_attention else None}
         if device.kernels is not None and k is not None and len(k.attention):
@@ -305,8 +324,8 @@ class Configuration:
             forward, backward = attention(False), attention(True)
             steps = {"forward_step": forward[_F], "backward_step": backward[_I],
                      "recompute_step": forward[_I] if costs.recomputes_attention else None}
-        return jnp.asarray(ring_exchange(costs.context_block, c, bandwidth, latency, **steps,
-                                         contention=self.overlap.contention), dtype)
+        return xp.asarray(ring_exchange(costs.context_block, c, bandwidth, latency, **steps,
+                                        contention=self.overlap.contention), dtype)
 
     def collective_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """``[3, layers]`` seconds of the collectives the ``F``, ``I`` and ``W`` of each layer wait for
@@ -323,32 +342,34 @@ class Configuration:
         ``overlap.contention`` of its time (the compute it runs under is that much slower)."""
         costs = self.costs() if costs is None else costs
         overlap, par, model = self.overlap, self.parallelism, self.model
+        cluster = on_host(self.cluster)
+        xp = array_module(cluster)
         where = self.placement
         link = where.links["data"]
-        bus = self.cluster.bus_bandwidth(link, where.ranks_per_node["data"])
-        scale = self.cluster.link(link)[0] / bus
-        dtype = self.cluster.device.throughput.dtype
+        bus = cluster.bus_bandwidth(link, where.ranks_per_node["data"])
+        scale = cluster.link(link)[0] / bus
+        dtype = cluster.device.throughput.dtype
         rows = self.stage_rows()
         # the weights' all-gather's part of ZeRO-1/2's all-reduce-equivalent bytes, (r + d) / 2 a parameter
         d = float(model.dtype_bytes)
         gather = d / (float(model.reduction_bytes) + d) if overlap.param_gather and par.zero in (1, 2) else 0.0
         hidden_gather = gather * overlap.contention
         if overlap.data_bucket is None or par.shards == 1:
-            return jnp.broadcast_to(scale * (1.0 - gather + hidden_gather), rows.shape).astype(dtype)
+            return xp.broadcast_to(scale * (1.0 - gather + hidden_gather), rows.shape).astype(dtype)
         compute = self.compute_seconds(costs) if compute is None else compute
         total = sum(compute.values())
         backward = total[_I] + total[_W]
-        onehot = jnp.asarray(rows[None, :] == np.arange(par.stages)[:, None], dtype)  # [stages, layers]
+        onehot = xp.asarray(rows[None, :] == np.arange(par.stages)[:, None], dtype)  # [stages, layers]
         n = par.shards
-        stage_bytes = (1.0 - gather) * (onehot @ jnp.asarray(costs.gradient_bytes, dtype))  # the reduction's
+        stage_bytes = (1.0 - gather) * _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # the reduction's
         sync = 2.0 * (n - 1) / n * stage_bytes / bus
-        hidden = onehot @ backward
-        tail = jnp.minimum(overlap.data_bucket, stage_bytes)
-        safe = jnp.where(stage_bytes > 0, stage_bytes, 1.0)
-        exposed = jnp.maximum(tail / safe, jnp.maximum(sync - hidden, 0.0) / jnp.where(sync > 0, sync, 1.0))
+        hidden = _stage_sums(onehot, backward)
+        tail = xp.minimum(overlap.data_bucket, stage_bytes)
+        safe = xp.where(stage_bytes > 0, stage_bytes, 1.0)
+        exposed = xp.maximum(tail / safe, xp.maximum(sync - hidden, 0.0) / xp.where(sync > 0, sync, 1.0))
         reduction = exposed + overlap.contention * (1.0 - exposed)
-        share = jnp.where(stage_bytes > 0, (1.0 - gather) * reduction + hidden_gather, 1.0)
-        return scale * (onehot.T @ share)
+        share = xp.where(stage_bytes > 0, (1.0 - gather) * reduction + hidden_gather, 1.0)
+        return scale * share[rows]  # each layer its stage's share
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
@@ -368,18 +389,20 @@ class Configuration:
         device = self.cluster.device
         if device.kernels is not None and costs.kernels is not None:
             return kernel_times(costs.kernels, device, float(self.model.dtype_bytes))
-        return {"roofline": jnp.stack(costs.costs.times(device))}
+        times = on_host(costs.costs.times(device))  # one compiled program (Device.seconds)
+        return {"roofline": array_module(times).stack(times)}
 
     def update_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """Seconds of each layer's optimizer step: its memory traffic over the memory bandwidth (at the
         kernel model's sustained fraction of it, when the device has one)."""
         costs = self.costs() if costs is None else costs
-        device = self.cluster.device
+        cluster = on_host(self.cluster)
+        device = cluster.device
         dtype = device.throughput.dtype
-        bandwidth = self.cluster.memory_bandwidth
+        bandwidth = cluster.memory_bandwidth
         if device.kernels is not None:
             bandwidth = bandwidth * device.kernels.memory_efficiency
-        return jnp.asarray(costs.update_bytes, dtype) / bandwidth
+        return array_module(cluster).asarray(costs.update_bytes, dtype) / bandwidth
 
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""
@@ -388,19 +411,21 @@ class Configuration:
         compute = self.compute_seconds(costs)
         forward, input_grad, weight = sum(compute.values())
         dtype = forward.dtype
+        xp = array_module(forward)
         comm = sum(self.exposed_collectives(costs, compute).values())
         sync = self.sync_scale(costs, compute)
         rows = tuple(np.bincount(self.stage_rows()).tolist())
+        # NumPy float32 tables (concrete inputs) enter JAX here, each by one transfer
         return Workload.from_table(
             forward + comm[_F], input_grad + comm[_I], weight + comm[_W],
             update=self.update_seconds(costs),
-            static_bytes=jnp.asarray(costs.static_bytes, dtype),
-            gradient_bytes=jnp.asarray(costs.gradient_bytes, dtype) * sync,
-            activation_bytes=jnp.asarray(costs.activation_bytes, dtype),
-            output_bytes=jnp.asarray(costs.output_bytes, dtype),
+            static_bytes=xp.asarray(costs.static_bytes, dtype),
+            gradient_bytes=xp.asarray(costs.gradient_bytes, dtype) * sync,
+            activation_bytes=xp.asarray(costs.activation_bytes, dtype),
+            output_bytes=xp.asarray(costs.output_bytes, dtype),
             capacity=device.memory, network=self.network(), samples=float(self.model.microbatch_size),
             layers_per_stage=rows, shared_static_bytes=costs.shared_static_bytes,
-            shared_gradient_bytes=costs.shared_gradient_bytes * sync[-1],
+            shared_gradient_bytes=float(costs.shared_gradient_bytes) * sync[-1],
         )
 
     def stage_rows(self, layers_per_stage: Any = None) -> np.ndarray:

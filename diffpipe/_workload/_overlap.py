@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._arrays import array_module
 from .._errors import ConfigError
 
 #: Compute slowdown while a collective overlaps it: the average measured in "Characterizing
@@ -77,8 +77,8 @@ class CommunicationOverlap:
 
 def hidden_cost(communication: Any, compute: Any, contention: float) -> Array:
     """Seconds ``communication`` adds to the ``compute`` it runs under: what it exceeds the compute by,
-    plus ``contention`` times the part it hides (``jnp``, differentiable)."""
-    hidden = jnp.minimum(communication, compute)
+    plus ``contention`` times the part it hides (``jnp``, differentiable; NumPy for NumPy operands)."""
+    hidden = array_module(communication, compute).minimum(communication, compute)
     return communication - hidden + contention * hidden
 
 

@@ -128,6 +128,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from .._arrays import array_module
 from .._checks import check_int
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
@@ -337,9 +338,11 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     the block ``K_c``. ``I``: ``c`` transfers, ``K_c``, then ``c - 2`` of ``2 K_c`` (K,V with the
     partial dK,dV), then ``K_c`` (``2 (c - 1) K_c`` in all), against the backward kernel; with
     ``recompute_step`` (recomputation re-running the attention core) also the forward's ``c - 1``
-    against that recomputed kernel. ``W``: none. Differentiable in the floats (``jnp``)."""
+    against that recomputed kernel. ``W``: none. Differentiable in the floats (``jnp``; NumPy when
+    every operand is NumPy or a number)."""
+    xp = array_module(bandwidth, latency, forward_step, backward_step, recompute_step)
     c = float(context)
-    block = jnp.asarray(block)
+    block = xp.asarray(block, jnp.result_type(block))  # JAX's float dtype (float32 unless x64 is enabled)
     one = latency + block / bandwidth
     two = latency + 2.0 * block / bandwidth
 
@@ -351,9 +354,9 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
         two, backward_step)
     if recompute_step is not None:
         backward = backward + (c - 1.0) * exposed(one, recompute_step)
-    zero = jnp.zeros_like(forward)
+    zero = xp.zeros_like(forward)
     on = block > 0
-    return jnp.stack([jnp.where(on, forward, zero), jnp.where(on, backward, zero), zero])
+    return xp.stack([xp.where(on, forward, zero), xp.where(on, backward, zero), zero])
 
 
 def sync_bytes_per_parameter(zero: int, reduce_bytes: float, dtype_bytes: float) -> float:

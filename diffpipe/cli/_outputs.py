@@ -52,7 +52,7 @@ def _configuration_summary(cfg: Any, schedule: Any, result: Any, label: str) -> 
             "virtual": par.virtual, "zero": par.zero, "sequence_parallel": par.sequence_parallel,
             "global_batch": cfg.global_batch, "framework": "none" if cfg.framework is None else cfg.framework.name,
             **_with_units(result.to_dict()),
-            "busy_s": [float(x) for x in result.result.busy]}
+            "busy_s": [float(x) for x in result.result.busy.tolist()]}  # tolist: no eager indexing
 
 
 # -- outputs -----------------------------------------------------------------------------------------
