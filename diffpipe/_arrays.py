@@ -1,6 +1,6 @@
 """The array helpers every pytree uses: one float converter, one "is its value known now" test, the
-NumPy-or-JAX choice of set-up arithmetic (``on_host``, ``array_module``, ``scatter_add``), and the
-power-of-two rounding of the size buckets that compiled programs are shared by."""
+NumPy-or-JAX choice of set-up arithmetic (``on_host``, ``array_module``, ``scatter_add``, ``divide``), and
+the power-of-two rounding of the size buckets that compiled programs are shared by."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def concrete(x: Any) -> np.ndarray | None:
 def on_host(tree: Any) -> Any:
     """``tree`` with its JAX array leaves as NumPy arrays when none is a tracer, else ``tree`` itself.
     Set-up arithmetic on what it returns runs in NumPy and compiles nothing (each eager JAX operation
-    compiles a program of its own, in every process): float32 ``+ - * /``, ``max``, ``min``, comparisons
-    and ``where`` give NumPy the bits XLA gives them, one operation at a time (not reductions and dots
-    of many terms, whose order XLA chooses, nor transcendental functions)."""
+    compiles a program of its own, in every process): float32 ``+ - *``, ``max``, ``min``, comparisons
+    and ``where`` give NumPy the bits XLA gives them, one operation at a time, and so does ``divide``
+    (not reductions and dots of many terms, whose order XLA chooses, nor transcendental functions)."""
     leaves = jax.tree.leaves(tree)
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
         return tree
@@ -55,6 +55,16 @@ def scatter_add(x: Any, index: Any, values: Any) -> Any:
         np.add.at(out, index, values)
         return out
     return jnp.asarray(x).at[index].add(values)
+
+
+def divide(x: Any, y: Any) -> Any:
+    """``x / y`` as XLA computes it one operation at a time: an array over a scalar ``y`` is ``x`` times
+    ``1 / y`` (XLA's algebraic simplifier rewrites a division by a broadcast scalar so; ``y`` taken in
+    ``x``'s dtype), anything else IEEE division. NumPy operands then give XLA's bits."""
+    xp = array_module(x, y)
+    if xp.ndim(y) == 0 and xp.ndim(x) > 0:
+        return x * (1 / xp.asarray(y, xp.result_type(x)))
+    return x / y
 
 
 def power_of_two(n: int, floor: int = 1) -> int:

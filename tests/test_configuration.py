@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 
 import equinox as eqx
@@ -224,6 +225,50 @@ def count_compilations():
         yield count
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@contextlib.contextmanager
+def compiled_programs():
+    """The names of the XLA programs compiled inside (``jax.log_compiles``' records)."""
+    names: list[str] = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Compiling "):
+                names.append(message.split()[1])
+
+    handler, logger = Listen(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield names
+    finally:
+        logger.removeHandler(handler)
+
+
+#: What a concrete ``Configuration.evaluate`` may compile: the simulator, the stage fields
+#: (``Workload.stage_fields``) and, with gradient buckets, the stage sums of ``sync_scale`` (XLA's dot).
+SET_UP_PROGRAMS = {"jit(_simulate_graph)", "jit(_fields_at)", "jit(matmul)"}
+
+
+@pytest.mark.parametrize("framework, layers", [("megatron", 37), ("fsdp", 41), (None, 43)])
+def test_concrete_cost_side_runs_no_eager_jax(framework, layers):
+    # layer counts and shapes no other test uses, so that an eager operation could not hide behind
+    # a program an earlier test compiled; context parallelism for the ring, MoE for the expert terms
+    model = dp.Transformer(layers=layers, hidden=320, heads=10, sequence=1280, vocabulary=31000, flash_attention=True,
+                           flash_version=3 if framework is None else None, experts=4, experts_per_token=2,
+                           activation="swiglu", positions="rotary")
+    par = Parallelism(tensor=2, pipeline=2, data=2, context=2, expert=2, zero=3 if framework == "fsdp" else 1,
+                      sequence_parallel=True)
+    cfg = dp.Configuration(model, par, Cluster("H100", gpus=16), 16, framework=framework)
+    with compiled_programs() as names:
+        tables = [*cfg.compute_seconds().values(), *cfg.exposed_collectives().values(), cfg.update_seconds()]
+        result = cfg.evaluate()
+    assert math.isfinite(result.step_time)
+    assert set(names) <= SET_UP_PROGRAMS, sorted(set(names) - SET_UP_PROGRAMS)
+    assert all(type(t) is np.ndarray and t.dtype == np.float32 for t in tables)
+    assert names.count("jit(_simulate_graph)") <= 1
 
 
 def test_new_values_do_not_recompile():

@@ -4,6 +4,7 @@
 ``evaluate()`` breakdown."""
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -219,6 +220,20 @@ def test_kernel_times_are_differentiable_in_the_device():
 
     g = jax.grad(total)(jnp.asarray(989e12))
     assert np.isfinite(float(g)) and float(g) < 0
+
+
+@pytest.mark.parametrize("flash_version", [None, 3])
+def test_kernel_times_numpy_path_is_the_traced_one_bit_for_bit(flash_version):
+    # concrete devices run the formulas in NumPy float32; a vmapped device runs the same formulas in jax.numpy
+    # one operation at a time (vmap outside jit fuses nothing): the same bits, every class, every row
+    model = dataclasses.replace(MODELS[0], flash_attention=True, flash_version=flash_version)
+    k = layer_kernels(model, tensor=2, sequence_parallel=True)
+    device = dp.presets.device("H100")
+    concrete = kernel_times(k, device)
+    assert all(type(v) is np.ndarray and v.dtype == np.float32 for v in concrete.values())
+    traced = jax.vmap(lambda d: kernel_times(k, d))(jax.tree.map(lambda x: x[None], device))
+    for name, value in concrete.items():
+        np.testing.assert_array_equal(np.asarray(traced[name])[0], value, err_msg=name)
 
 
 # -- collectives --------------------------------------------------------------------------------------

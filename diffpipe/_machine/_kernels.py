@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._arrays import array_module, as_float
+from .._arrays import array_module, as_float, divide
 from .._errors import ConfigError
 
 #: Kernel classes a step's compute time is reported in (``Configuration.evaluate``'s breakdown).
@@ -138,7 +138,7 @@ class KernelModel(eqx.Module):
         flops = xp.asarray(2 * m * n * k * batch, self.k_half.dtype)
         traffic = xp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), self.k_half.dtype)
         compute = flops / self.gemm_rate(peak, m, n, k)
-        return self.overhead + xp.maximum(compute, traffic / (bandwidth * self.memory_efficiency))
+        return self.overhead + xp.maximum(compute, divide(traffic, bandwidth * self.memory_efficiency))
 
     def attention_rate(self, peak: Any, sequence: Any, backward: Any = False) -> Array:
         """Sustained FLOP/s of fused attention over sequences of ``sequence`` (forward, or backward)."""
@@ -151,7 +151,7 @@ class KernelModel(eqx.Module):
     def memory_seconds(self, bandwidth: Any, bytes: Any) -> Array:
         """Seconds of memory-bound kernels moving ``bytes`` (overhead + streaming time)."""
         xp = array_module(self, bandwidth, bytes)
-        return self.overhead + xp.asarray(bytes, self.k_half.dtype) / (bandwidth * self.memory_efficiency)
+        return self.overhead + divide(xp.asarray(bytes, self.k_half.dtype), bandwidth * self.memory_efficiency)
 
 
 __all__ = ["KERNEL_CLASSES", "KernelModel"]

@@ -51,7 +51,7 @@ from typing import NamedTuple
 import numpy as np
 from jaxtyping import Array
 
-from .._arrays import array_module, on_host, scatter_add
+from .._arrays import array_module, divide, on_host, scatter_add
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._machine._kernels import KERNEL_CLASSES
@@ -278,7 +278,7 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
         m, n, k, batch, count = (g[:, c] for c in range(2, 7))
         flops = xp.asarray(2 * m * n * k * batch, dtype)
         traffic = xp.asarray(dtype_bytes * batch * (m * k + k * n + m * n), dtype)
-        seconds = xp.maximum(flops / km.gemm_rate(peak, m, n, k), traffic / bandwidth)
+        seconds = xp.maximum(flops / km.gemm_rate(peak, m, n, k), divide(traffic, bandwidth))
         scatter("gemm", g, seconds * xp.asarray(count, dtype))
     at = kernels.attention
     if len(at):
@@ -288,7 +288,7 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
         scatter("attention", at, seconds)
     mem = kernels.memory
     if len(mem):
-        scatter("memory", mem, xp.asarray(mem[:, 2] * mem[:, 3], dtype) / bandwidth)
+        scatter("memory", mem, divide(xp.asarray(mem[:, 2] * mem[:, 3], dtype), bandwidth))
     out["launch"] = km.overhead * xp.asarray(kernels.count(), dtype)
     return out
 

@@ -455,8 +455,9 @@ def optimize(
 
     # The continuous phase, from every start at once.
     params, losses, xs = _descend(evaluated, evaluated_workload, knobs, params0, optimizer,
-                                  jnp.asarray(taus * scale, dtype), jnp.asarray(memory_penalty, dtype),
-                                  jnp.asarray(scale, dtype), jax.device_put(capacity), stages, sizes is not None)
+                                  *(jax.device_put(np.asarray(x, dtype)) for x in (taus * scale, memory_penalty,
+                                                                                   scale)),
+                                  jax.device_put(capacity), stages, sizes is not None)
     losses = np.asarray(losses)
     if not np.all(np.isfinite(losses)):
         bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))

@@ -46,7 +46,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .. import schedules
-from .._arrays import array_module, on_host
+from .._arrays import array_module, divide, on_host
 from .._checks import check_int
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
@@ -241,7 +241,7 @@ class Configuration:
             link = where.links[group]
             bandwidth = cluster.bus_bandwidth(link, where.ranks_per_node[group])
             latency = cluster.step_latency(link)
-            out[group] = (xp.asarray(costs.collective_bytes[group], dtype) / bandwidth
+            out[group] = (divide(xp.asarray(costs.collective_bytes[group], dtype), bandwidth)
                           + xp.asarray(costs.collective_hops[group], dtype) * latency)
         return out
 
@@ -289,7 +289,7 @@ class Configuration:
         ring, steps = (2.0, 2 * (n - 1)) if par.zero == 0 else (1.0, n - 1)
         dtype = cluster.device.throughput.dtype
         reduce_bytes = xp.asarray(costs.gradient_bytes, dtype) * (r / per_param)  # parameters x r
-        seconds = ring * (n - 1) / n * reduce_bytes / bus + steps * cluster.step_latency(link)
+        seconds = divide(ring * (n - 1) / n * reduce_bytes, bus) + steps * cluster.step_latency(link)
         total = sum(compute.values())
         paid = (self.microbatches - 1) / self.microbatches * hidden_cost(seconds, total[_I] + total[_W],
                                                                           self.overlap.contention)
@@ -319,7 +319,7 @@ class Configuration:
             def attention(backward: bool) -> Array:  # [3, layers] seconds of one ring step's kernel
                 only = k.attention[(k.attention[:, 4] > 0) == backward]
                 empty = Kernels(np.zeros((0, 7)), only, np.zeros((0, 4)), k.rows)
-                return kernel_times(empty, device, float(self.model.dtype_bytes))["attention"] / c
+                return divide(kernel_times(empty, device, float(self.model.dtype_bytes))["attention"], c)
 
             forward, backward = attention(False), attention(True)
             steps = {"forward_step": forward[_F], "backward_step": backward[_I],
@@ -362,7 +362,7 @@ class Configuration:
         onehot = xp.asarray(rows[None, :] == np.arange(par.stages)[:, None], dtype)  # [stages, layers]
         n = par.shards
         stage_bytes = (1.0 - gather) * _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # the reduction's
-        sync = 2.0 * (n - 1) / n * stage_bytes / bus
+        sync = divide(2.0 * (n - 1) / n * stage_bytes, bus)
         hidden = _stage_sums(onehot, backward)
         tail = xp.minimum(overlap.data_bucket, stage_bytes)
         safe = xp.where(stage_bytes > 0, stage_bytes, 1.0)
@@ -402,7 +402,7 @@ class Configuration:
         bandwidth = cluster.memory_bandwidth
         if device.kernels is not None:
             bandwidth = bandwidth * device.kernels.memory_efficiency
-        return array_module(cluster).asarray(costs.update_bytes, dtype) / bandwidth
+        return divide(array_module(cluster).asarray(costs.update_bytes, dtype), bandwidth)
 
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""

@@ -128,7 +128,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from .._arrays import array_module
+from .._arrays import array_module, divide
 from .._checks import check_int
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
@@ -343,8 +343,8 @@ def ring_exchange(block: Any, context: int, bandwidth: Any, latency: Any, forwar
     xp = array_module(bandwidth, latency, forward_step, backward_step, recompute_step)
     c = float(context)
     block = xp.asarray(block, jnp.result_type(block))  # JAX's float dtype (float32 unless x64 is enabled)
-    one = latency + block / bandwidth
-    two = latency + 2.0 * block / bandwidth
+    one = latency + divide(block, bandwidth)
+    two = latency + divide(2.0 * block, bandwidth)
 
     def exposed(transfer: Array, step: Any) -> Array:
         return hidden_cost(transfer, step, contention)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._arrays import concrete, power_of_two
+from .._arrays import concrete, on_host, power_of_two
 from .._checks import is_positive_int
 from .._engine._cost_model import AbstractCostModel, CostTables
 from .._engine._graph import Graph
@@ -274,8 +274,10 @@ class Workload(AbstractCostModel):
 
     @property
     def compute(self) -> Float[Array, " layers"]:
-        """Per-layer ``F + I + W`` seconds: the cost curve stage boundaries are placed on."""
-        return self.forward + self.input_grad + self.weight
+        """Per-layer ``F + I + W`` seconds: the cost curve stage boundaries are placed on (NumPy for
+        concrete curves: no eager program)."""
+        forward, input_grad, weight = on_host((self.forward, self.input_grad, self.weight))
+        return forward + input_grad + weight
 
     def boundaries(self, layers_per_stage: Sequence[int] | Array) -> Float[Array, "... stages+1"]:
         """Stage boundary positions ``[0, c_0, c_0 + c_1, ..., layers]`` of integer splits."""
