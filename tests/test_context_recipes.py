@@ -11,20 +11,17 @@ to the cost model that makes plan agree, or disagree differently, fails until th
 this list updated.
 """
 
-import importlib.util
 import re
-import sys
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("jax")
 
 PAPER = Path(__file__).resolve().parents[1] / "papers" / "published-runs"
-_spec = importlib.util.spec_from_file_location("context_recipes", PAPER / "context_recipes.py")
-cr = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = cr
-_spec.loader.exec_module(cr)
+cr = SimpleNamespace(**runpy.run_path(str(PAPER / "context_recipes.py"), run_name="context_recipes"))
 
 #: recipe -> the CP plan chooses with the recipe's TP and PP kept, where that is not the recipe's.
 #: llama3_8b_16k (TP2 PP4 VPP5, stated CP2 DP1): plan keeps the whole 16K sequence on each rank (CP1
