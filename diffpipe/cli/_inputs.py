@@ -1,18 +1,16 @@
 """Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule.
 
-Why one module past 500 lines: the machine, the training configuration and the schedule are read
-from one checked file (``SCHEMA``, ``_Config``) through one merge of flags over its keys
-(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's,
-``_machine`` per-stage times beside a model). ``_machine`` and ``_Training.build`` turn TOML values
-into library objects: library logic that belongs beside ``Calibration.to_toml``, the writer of the
-same format.
+The machine, the training configuration and the schedule are read from one checked file
+(``SCHEMA``, ``_Config``) through one merge of flags over its keys (``_merged``), and each refuses
+the sections and flags of the others (``_training`` a machine's). The values, each with the flag or
+file key it came from, become library objects in ``diffpipe._machine_file`` (``machine``,
+``configuration``), whose errors name that origin.
 """
 
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -155,21 +153,11 @@ def _load_config(path: str | None, command: str, usable: Iterable[str] | None = 
 
 
 # -- the machine -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Machine:
-    """``schedule -> Hardware`` from the merged configuration, and a name for reports. ``given``:
-    whether any machine input was given (else it is the library's ``default_machine()``)."""
-
-    name: str
-    hardware: Callable[[Any], Any]
-    model: Any = None
-    device: Any = None
-    network: Any = None
-    given: bool = True
-
-
 _TIME_FLAGS = {"forward": "--forward", "backward": "--backward", "weight": "--weight", "p2p": "--p2p"}
 _NET_FLAGS = {"intra": "--intra", "inter": "--inter", "devices_per_node": "--devices-per-node", "mode": "--mode"}
+#: How the library's machine-file errors name what no given value names, on the command line.
+_NAMES = {"times": "--forward/--backward or [times]", "intra": "--intra", "inter": "--inter",
+          "devices_per_node": "--devices-per-node"}
 
 
 def _merged(args: argparse.Namespace, config: _Config, section: str,
@@ -187,21 +175,6 @@ def _machine_flags(args: argparse.Namespace) -> list[str]:
     return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
 
 
-def _check_float32(values: dict[str, tuple[Any, str]]) -> None:
-    """Finite inputs must stay finite in float32 (JAX's default): 1e39 seconds would become inf."""
-    import jax
-    import numpy as np
-
-    if jax.config.jax_enable_x64:
-        return
-    biggest = float(np.finfo(np.float32).max)
-    for value, origin in values.values():
-        for x in value if isinstance(value, list) else [value]:
-            if is_number(x) and math.isfinite(x) and abs(x) > biggest:
-                raise ConfigError(f"{origin} = {x!r} does not fit float32 (at most {biggest:.4g}); enable 64-bit "
-                                  "floats (JAX_ENABLE_X64=1) or use other units")
-
-
 def _mode(name: str | None) -> Any:
     """A machine's mode as the library takes it: ``torch-runtime`` is ``calibrate.TorchRuntime()``."""
     if name != "torch-runtime":
@@ -211,93 +184,15 @@ def _mode(name: str | None) -> Any:
     return TorchRuntime()
 
 
-def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
-    import jax.numpy as jnp
+def _machine(args: argparse.Namespace, config: _Config) -> Any:
+    """The ``FileMachine`` of the machine flags over ``--config``'s sections."""
+    from .._machine_file import machine
 
-    from .._compare import Machine, default_machine
-    from .._engine._hardware import Hardware, Network
-    from .._machine import _presets
-    from .._machine._device import Device
-
-    times = _merged(args, config, "times", _TIME_FLAGS)
-    net = _merged(args, config, "network", _NET_FLAGS)
-    model_cfg = config.get("model")
     dev = _merged(args, config, "device", {})
     if getattr(args, "device", None) is not None:
         dev["preset"] = (args.device, "--device")
-    mode = _mode(net.pop("mode", (None, ""))[0])
-    _check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
-    modes = {} if mode is None else {"mode": mode}
-    if times:
-        if net:
-            key, (_, origin) = next(iter(net.items()))
-            raise ConfigError(f"{origin} cannot be combined with per-stage times: give p2p (seconds per "
-                              "transfer) or use a [model] and [device]")
-        if model_cfg or dev:
-            origin = config.where("model") if model_cfg else next(iter(dev.values()))[1]
-            raise ConfigError(f"{origin} cannot be combined with per-stage times (--forward/--backward or "
-                              "[times]): give one or the other")
-        missing = [k for k in ("forward", "backward") if k not in times]
-        if missing:
-            raise ConfigError(f"times: give both forward and backward (seconds per stage); {missing[0]} is missing")
-        t = {k: v for k, (v, _) in times.items()}
-
-        by_kind = {k: t[f"overhead_{k}"] for k in "FBIW" if f"overhead_{k}" in t}  # Hardware.kind_overhead
-
-        def from_times(schedule: Any) -> Any:
-            return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
-                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
-                                       kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
-                                       setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
-                                       pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True),
-                                       send_cost=t.get("send_cost"), recv_cost=t.get("recv_cost"))
-
-        label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
-                 + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
-        return _Machine(label, from_times)
-    if not model_cfg and not dev and not net:
-        m = default_machine(**modes)
-        return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
-    base = default_machine(**modes)
-    model = dataclasses.replace(base.model, **model_cfg) if model_cfg else base.model
-    d = {k: v for k, (v, _) in dev.items()}
-    if "preset" in d:
-        device = _presets.device(d["preset"], efficiency=d.get("efficiency"))
-    elif ("peak_flops" in d) != ("memory" in d):
-        have, need = ("peak_flops", "memory") if "peak_flops" in d else ("memory", "peak_flops")
-        raise ConfigError(f"{dev[have][1]} needs [device] {need} too (or a preset to start from)")
-    else:
-        device = base.device
-        if "efficiency" in d:
-            device = device.flat(d["efficiency"])
-    if "peak_flops" in d or "memory" in d:
-        device = Device(d.get("peak_flops", device.peak_flops), d.get("memory", device.memory),
-                        d.get("efficiency", device.efficiency), name=f"{device.name} (custom)"
-                        if "preset" in d else "a custom device")
-    presets = [k for k in ("intra", "inter") if k in net]
-    explicit = [k for k in ("latency", "bandwidth", "inter_latency", "inter_bandwidth") if k in net]
-    if presets and explicit:
-        raise ConfigError(f"{net[explicit[0]][1]} cannot be combined with {net[presets[0]][1]}: give link "
-                          "presets or latency/bandwidth, not both")
-    if ("inter" in net or "devices_per_node" in net) and "intra" not in net and not explicit:
-        raise ConfigError("--inter/--devices-per-node need --intra (the intra-node network preset)")
-    n = {k: v for k, (v, _) in net.items()}
-    if "intra" in net:
-        network = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8),
-                                   **modes)
-        if "inter" not in n and "devices_per_node" in n:
-            raise ConfigError(f"{net['devices_per_node'][1]} needs --inter (the link between nodes)")
-    elif explicit:
-        lat = jnp.asarray(float(n.get("latency", 0.0)))
-        bw = jnp.asarray(float(n.get("bandwidth", math.inf)))
-        network = Network(lat, bw, jnp.asarray(float(n.get("inter_latency", lat))),
-                          jnp.asarray(float(n.get("inter_bandwidth", bw))), **modes,
-                          devices_per_node=n.get("devices_per_node"))
-    else:
-        network = base.network
-    label = f"{model.layers}-layer model (h={model.hidden}) on {getattr(device, 'name', 'a custom device')}"
-    m = Machine(model, device, network, name=label)
-    return _Machine(m.name, m, model, device, network)
+    return machine(_merged(args, config, "times", _TIME_FLAGS), config.get("model"), dev,
+                   _merged(args, config, "network", _NET_FLAGS), names={**_NAMES, "model": config.where("model")})
 
 
 def _wants_configuration(args: argparse.Namespace, config: _Config) -> bool:
@@ -328,24 +223,12 @@ class _Training:
         """The ``Configuration`` of ``family`` (default the given one), its schedule within
         ``max_ops``; ``adapt``: a family without chunks keeps the stages it places (``virtual`` =
         its stages per device: compare)."""
-        from .._plan import _configuration
+        from .._machine_file import configuration
 
-        family = family or self.family
-        options = self.options if options is None else options
-        par = self.parallelism
-
-        def make(par: Any) -> Any:
-            return _configuration.Configuration(self.model, par, self.cluster, self.global_batch, schedule=family,
-                                                options=options, communication=self.communication,
-                                                framework=self.framework)
-
-        cfg = make(par)
-        _guard_configuration(cfg, max_ops)
-        if adapt and "chunks" not in schedules.family(cfg.family).option_names:
-            stages = schedules.get(cfg.family, devices=par.pipeline, microbatches=cfg.microbatches,
-                                   **dict(cfg.options)).stages
-            cfg = make(dataclasses.replace(par, virtual=max(1, stages // par.pipeline)))
-        return cfg
+        return configuration(self.model, self.parallelism, self.cluster, self.global_batch,
+                             family=family or self.family, options=self.options if options is None else options,
+                             communication=self.communication, framework=self.framework, placed_stages=adapt,
+                             check=lambda cfg: _guard_configuration(cfg, max_ops))
 
 
 def _training(args: argparse.Namespace, config: _Config) -> _Training:
@@ -383,7 +266,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
         par["data"] = clu["gpus"] // (t * p * c) if "gpus" in clu else 1
     parallelism = Parallelism(**par)
     cluster = _cluster(clu, parallelism.gpus)
-    mode = _mode(args.mode or network.get("mode") or "overlap")
+    mode = args.mode or network.get("mode") or "overlap"
     framework = train.get("framework", "none")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
     if parallelism.etp != parallelism.tensor:
