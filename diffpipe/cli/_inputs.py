@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _io, schedules
 from .._checks import check_int, is_int, is_number
-from .._choices import FRAMEWORK_NAMES, RECOMPUTE, ZERO_STAGES
+from .._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._args import (
     _CLUSTER_FLAGS,
@@ -33,7 +33,6 @@ from ._args import (
     DEFAULT_FLASH_ATTENTION,
     DEFAULT_MICROBATCHES,
     DEFAULT_SEQUENCE,
-    MACHINE_MODES,
     _family_options,
     _is_scalar_option,
     _seconds_or_list,
@@ -173,15 +172,6 @@ def _merged(args: argparse.Namespace, config: _Config, section: str,
 def _machine_flags(args: argparse.Namespace) -> list[str]:
     flags = {**_TIME_FLAGS, **_NET_FLAGS, "device": "--device"}
     return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
-
-
-def _mode(name: str | None) -> Any:
-    """A machine's mode as the library takes it: ``torch-runtime`` is ``calibrate.TorchRuntime()``."""
-    if name != "torch-runtime":
-        return name
-    from ..calibrate import TorchRuntime
-
-    return TorchRuntime()
 
 
 def _machine(args: argparse.Namespace, config: _Config) -> Any:
