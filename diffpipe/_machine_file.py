@@ -1,6 +1,7 @@
 """Machine files to library objects: the sections of a TOML machine file (the format
-``Calibration.to_toml`` writes and ``diffpipe --config`` reads) as the machine that prices a
-schedule (``machine``), and a training configuration's as its ``Configuration`` (``configuration``).
+``Calibration.to_toml`` writes and ``diffpipe --config`` reads; ``_machine_format`` reads and
+checks it) as the machine that prices a schedule (``machine``; ``load_machine`` of a file's path),
+and a training configuration's as its ``Configuration`` (``configuration``).
 
 Every value comes with where it was given (``Given``: key -> ``(value, origin)``, the origin a
 file's ``path: [section] key`` or a command-line flag), so an error names the culprit as the user
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ from ._engine._hardware import Hardware, Network
 from ._errors import ConfigError
 from ._machine import _presets
 from ._machine._device import Device
+from ._machine_format import MACHINE_SECTIONS, read_machine_file
 from ._plan._configuration import Configuration
 from .calibrate._calibration import communication_mode
 
@@ -151,6 +154,18 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
     return FileMachine(m.name, m, transformer, chip, links)
 
 
+def load_machine(path: str | os.PathLike) -> FileMachine:
+    """The machine of a machine file (``Calibration.to_toml``'s, or one written by hand as
+    ``examples/machine.toml``): its ``[times]``, or its ``[model]``, ``[device]`` and ``[network]``
+    over ``default_machine()`` (``machine``); a ``[schedule]`` section is allowed and not read.
+    ``load_machine(path).hardware(schedule)`` is the ``Hardware`` that ``diffpipe simulate --config
+    path`` simulates. Errors name the file, the section and the key.
+    """
+    file = read_machine_file(path, ("schedule", *MACHINE_SECTIONS), user="load_machine")
+    return machine(file.given("times"), file.get("model"), file.given("device"), file.given("network"),
+                   names={"model": file.where("model")})
+
+
 def configuration(model: Any, parallelism: Any, cluster: Any, global_batch: int, *, family: str | None = None,
                   options: Mapping[str, Any] | None = None, communication: Any = "overlap", framework: str = "none",
                   placed_stages: bool = False, check: Callable[[Any], None] | None = None) -> Any:
@@ -177,4 +192,4 @@ def configuration(model: Any, parallelism: Any, cluster: Any, global_batch: int,
     return cfg
 
 
-__all__ = ["NAMES", "FileMachine", "Given", "check_float32", "configuration", "machine"]
+__all__ = ["NAMES", "FileMachine", "Given", "check_float32", "configuration", "load_machine", "machine"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import check_int, is_number
+from .._checks import check_int
 from .._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._guards import MAX_OPS
@@ -146,18 +146,6 @@ def _names(text: str, flag: str) -> list[str]:
     if not text.strip() or not all(names):
         raise ConfigError(f"{flag} {text!r}: expected comma-separated names, none empty")
     return names
-
-
-# -- the TOML file: schema ---------------------------------------------------------------------------
-def _is_scalar_option(v: Any) -> bool:
-    return isinstance(v, (bool, int, float, str))
-
-
-def _seconds_or_list(v: Any) -> bool:
-    def ok(x: Any) -> bool:
-        return is_number(x) and math.isfinite(x) and x >= 0
-
-    return ok(v) or (isinstance(v, list) and len(v) > 0 and all(ok(x) for x in v))
 
 
 # -- a training configuration (--model/--hf-config, --tp/--pp/--dp, ...) -----------------------------

@@ -1,29 +1,27 @@
 """Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule.
 
 The machine, the training configuration and the schedule are read from one checked file
-(``SCHEMA``, ``_Config``) through one merge of flags over its keys (``_merged``), and each refuses
-the sections and flags of the others (``_training`` a machine's). The values, each with the flag or
-file key it came from, become library objects in ``diffpipe._machine_file`` (``machine``,
-``configuration``), whose errors name that origin.
+(``_machine_format``: ``SCHEMA``, ``MachineFile``) through one merge of flags over its keys
+(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's).
+The values, each with the flag or file key it came from, become library objects in
+``diffpipe._machine_file`` (``machine``, ``configuration``), whose errors name that origin.
 """
 
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _io, schedules
-from .._checks import check_int, is_int, is_number
-from .._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
+from .. import schedules
+from .._checks import check_int
 from .._errors import ConfigError
+from .._machine_format import CONFIGURATION_SECTIONS, SCHEMA, MachineFile, read_machine_file
 from ._args import (
     _CLUSTER_FLAGS,
     _CLUSTER_SHAPE,
@@ -34,121 +32,21 @@ from ._args import (
     DEFAULT_MICROBATCHES,
     DEFAULT_SEQUENCE,
     _family_options,
-    _is_scalar_option,
-    _seconds_or_list,
 )
 from ._guards import MAX_OPS, OPTIMIZE_STEPS_PER_OP, _guard, _guard_configuration, _guard_schedule
 
-#: kind -> (test, what the value must be).
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
-    "count": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
-    "seconds": (lambda v: is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0 (seconds)"),
-    "times": (lambda v: _seconds_or_list(v), "a number or a list of numbers (seconds, finite, >= 0)"),
-    "positive": (lambda v: is_number(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
-    "bandwidth": (lambda v: is_number(v) and v > 0, "a number > 0 (bytes/s; inf for free)"),
-    "fraction": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "shares": (lambda v: all(is_number(x) and 0 <= x <= 1 for x in (v if isinstance(v, list) and v else [v])),
-               "a number or a list of numbers in [0, 1]"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "mode": (lambda v: v in MACHINE_MODES, f"one of {', '.join(MACHINE_MODES)}"),
-    "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
-                "a table of NAME = number, bool or string"),
-    "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
-    "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
-    "framework": (lambda v: v in FRAMEWORK_NAMES, f"one of {', '.join(FRAMEWORK_NAMES)}"),
-    "sequence": (lambda v: (is_int(v) and v >= 1) or v == "max", "an integer >= 1 or \"max\""),
-}
-
-
-#: section -> key -> kind. Every documented key (README, examples/machine.toml).
-SCHEMA: dict[str, dict[str, str]] = {
-    "schedule": {"family": "name", "devices": "count", "microbatches": "count", "options": "options"},
-    "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
-              "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
-              "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
-              "overhead_W": "seconds", "pair_overlap": "shares", "split_known": "bool", "send_cost": "seconds",
-              "recv_cost": "seconds"},
-    "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
-              "vocabulary": "count", "microbatch_size": "count", "dtype_bytes": "count",
-              "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
-    "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
-    "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
-                "latency": "seconds", "bandwidth": "bandwidth", "inter_latency": "seconds",
-                "inter_bandwidth": "bandwidth"},
-    # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
-    "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
-                 "global_batch": "count", "recompute": "recompute", "flash_attention": "bool",
-                 "framework": "framework"},
-    "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
-                    "zero": "zero", "sequence_parallel": "bool", "context": "count",
-                    "expert_tensor": "count"},
-    "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
-}
-_MACHINE_SECTIONS = ("times", "model", "device", "network")
-#: The sections of a training configuration, and the commands that read them.
-_CONFIGURATION_SECTIONS = ("training", "parallelism", "cluster")
+#: The commands that read a training configuration's sections.
 _CONFIGURATION_COMMANDS = ("simulate", "compare")
 
 
-def _shown(value: Any) -> str:
-    """A TOML value as the user wrote it (``"abc"``, ``true``, ``[1, "x"]``)."""
-    try:
-        return json.dumps(value, default=str)
-    except ValueError:
-        return repr(value)
-
-
-@dataclass(frozen=True)
-class _Config:
-    """A checked TOML machine file (``path`` None: no file)."""
-
-    path: str | None = None
-    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def get(self, section: str) -> dict[str, Any]:
-        return dict(self.sections.get(section, {}))
-
-    def where(self, section: str, key: str | None = None) -> str:
-        return f"{self.path}: [{section}]" + ("" if key is None else f" {key}")
-
-
-def _load_config(path: str | None, command: str, usable: Iterable[str] | None = None) -> _Config:
-    """Read and check a TOML machine file: UTF-8, known sections and keys, typed values, and only
-    sections the command can use (default: every section, the configuration ones only for
-    ``simulate`` and ``compare``)."""
+def _load_config(path: str | None, command: str, usable: Iterable[str] | None = None) -> MachineFile:
+    """Read and check ``--config`` (``read_machine_file``), with only the sections the command can
+    use (default: every section, the configuration ones only for ``simulate`` and ``compare``)."""
     if path is None:
-        return _Config()
+        return MachineFile()
     if usable is None:
-        usable = [s for s in SCHEMA if command in _CONFIGURATION_COMMANDS or s not in _CONFIGURATION_SECTIONS]
-    text = _io.read_text(path, "--config")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: malformed TOML: {error}") from None
-    usable = tuple(usable)
-    for section, body in data.items():
-        if section not in SCHEMA:
-            raise ConfigError(f"{path}: unknown section [{section}]; known: {', '.join(SCHEMA)}")
-        if not isinstance(body, dict):
-            raise ConfigError(f"{path}: [{section}] must be a table, got {_shown(body)}")
-        for key, value in body.items():
-            kind = SCHEMA[section].get(key)
-            if kind is None:
-                raise ConfigError(f"{path}: unknown key {key!r} in [{section}]; "
-                                  f"known: {', '.join(sorted(SCHEMA[section]))}")
-            test, want = _KINDS[kind]
-            if not test(value):
-                raise ConfigError(f"{path}: [{section}] {key} must be {want}, got {_shown(value)}")
-        if section not in usable:
-            raise ConfigError(f"{path}: [{section}] cannot be used by '{command}'"
-                              f" (it uses {', '.join(f'[{s}]' for s in usable) or 'no sections'})")
-    if "times" in data:
-        other = [s for s in ("model", "device") if s in data]
-        if other:
-            raise ConfigError(f"{path}: [times] cannot be combined with [{other[0]}]: give per-stage times "
-                              "or a model and device, not both")
-    return _Config(path, data)
+        usable = [s for s in SCHEMA if command in _CONFIGURATION_COMMANDS or s not in CONFIGURATION_SECTIONS]
+    return read_machine_file(path, usable, user=command, what="--config")
 
 
 # -- the machine -------------------------------------------------------------------------------------
@@ -159,10 +57,10 @@ _NAMES = {"times": "--forward/--backward or [times]", "intra": "--intra", "inter
           "devices_per_node": "--devices-per-node"}
 
 
-def _merged(args: argparse.Namespace, config: _Config, section: str,
+def _merged(args: argparse.Namespace, config: MachineFile, section: str,
             flags: dict[str, str]) -> dict[str, tuple[Any, str]]:
     """``key -> (value, origin)``: the file's section, overridden by flags."""
-    out = {k: (v, config.where(section, k)) for k, v in config.get(section).items()}
+    out = config.given(section)
     for key, flag in flags.items():
         if getattr(args, key, None) is not None:
             out[key] = (getattr(args, key), flag)
@@ -174,7 +72,7 @@ def _machine_flags(args: argparse.Namespace) -> list[str]:
     return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
 
 
-def _machine(args: argparse.Namespace, config: _Config) -> Any:
+def _machine(args: argparse.Namespace, config: MachineFile) -> Any:
     """The ``FileMachine`` of the machine flags over ``--config``'s sections."""
     from .._machine_file import machine
 
@@ -185,11 +83,11 @@ def _machine(args: argparse.Namespace, config: _Config) -> Any:
                    _merged(args, config, "network", _NET_FLAGS), names={**_NAMES, "model": config.where("model")})
 
 
-def _wants_configuration(args: argparse.Namespace, config: _Config) -> bool:
+def _wants_configuration(args: argparse.Namespace, config: MachineFile) -> bool:
     """Whether the command describes a training configuration (a flag or section of one)."""
     flags = [*_TRAINING_FLAGS, *_PARALLEL_FLAGS, "gpus", "cluster"]
     return any(getattr(args, k, None) is not None for k in flags) or any(
-        config.get(s) for s in _CONFIGURATION_SECTIONS)
+        config.get(s) for s in CONFIGURATION_SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -221,7 +119,7 @@ class _Training:
                              check=lambda cfg: _guard_configuration(cfg, max_ops))
 
 
-def _training(args: argparse.Namespace, config: _Config) -> _Training:
+def _training(args: argparse.Namespace, config: MachineFile) -> _Training:
     """The training configuration of ``--model``/``--hf-config``, ``--tp``... and the sections
     ``[training]``, ``[parallelism]``, ``[cluster]`` (flags override the file)."""
     for flag in ("--forward", "--backward", "--weight", "--p2p"):
@@ -273,7 +171,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
                      "virtual" in par, settings, framework)
 
 
-def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict, dict]:
+def _configuration_values(args: argparse.Namespace, config: MachineFile) -> tuple[dict, dict, dict, dict]:
     """``[training]``, ``[parallelism]`` and ``[cluster]`` values, flags over the file, with
     ``--cluster GPUSxDEVICE`` folded in; exactly one model and a global batch are required. The
     sequence and flash attention are resolved (``_settings``); the fourth value says where they came from."""
@@ -362,7 +260,7 @@ def _cluster(clu: dict[str, Any], gpus: int) -> Any:
 
 
 # -- the schedule ------------------------------------------------------------------------------------
-def _schedule(args: argparse.Namespace, config: _Config) -> Any:
+def _schedule(args: argparse.Namespace, config: MachineFile) -> Any:
     section = config.get("schedule")
     if getattr(args, "torch_csv", None):
         given = [("a family", args.family), ("--devices", args.devices), ("--microbatches", args.microbatches),
