@@ -1,7 +1,8 @@
 """Machine files to library objects: the sections of a TOML machine file (the format
 ``Calibration.to_toml`` writes and ``diffpipe --config`` reads; ``_machine_format`` reads and
-checks it) as the machine that prices a schedule (``machine``; ``load_machine`` of a file's path),
-and a training configuration's as its ``Configuration`` (``configuration``).
+checks it) as the machine that prices a schedule (``machine``; ``load_machine`` of a file's path); a training
+configuration's become its ``Configuration`` in ``_training_file``, so that a machine's commands do
+not load the planner.
 
 Every value comes with where it was given (``Given``: key -> ``(value, origin)``, the origin a
 file's ``path: [section] key`` or a command-line flag), so an error names the culprit as the user
@@ -22,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import schedules
 from ._checks import is_number
 from ._compare import Machine, default_machine
 from ._engine._hardware import Hardware, Network
@@ -30,7 +30,6 @@ from ._errors import ConfigError
 from ._machine import _presets
 from ._machine._device import Device
 from ._machine_format import MACHINE_SECTIONS, read_machine_file
-from ._plan._configuration import Configuration
 from .calibrate._calibration import communication_mode
 
 #: A section's given values: key -> (value, where it was given).
@@ -166,30 +165,4 @@ def load_machine(path: str | os.PathLike) -> FileMachine:
                    names={"model": file.where("model")})
 
 
-def configuration(model: Any, parallelism: Any, cluster: Any, global_batch: int, *, family: str | None = None,
-                  options: Mapping[str, Any] | None = None, communication: Any = "overlap", framework: str = "none",
-                  placed_stages: bool = False, check: Callable[[Any], None] | None = None) -> Any:
-    """The ``Configuration`` of a training configuration (``[training]``, ``[parallelism]``,
-    ``[cluster]``, ``[schedule]``); ``communication`` any mode name, ``"torch-runtime"`` included.
-
-    ``check(configuration)`` runs before anything builds its schedule (the command line's size
-    guard). ``placed_stages``: a family without chunks keeps the stages it places (``virtual`` = its
-    stages per device), as ``compare`` runs every family on one split of the model.
-    """
-    mode = communication_mode(communication)
-
-    def make(par: Any) -> Any:
-        return Configuration(model, par, cluster, global_batch, schedule=family, options=options,
-                             communication=mode, framework=framework)
-
-    cfg = make(parallelism)
-    if check is not None:
-        check(cfg)
-    if placed_stages and "chunks" not in schedules.family(cfg.family).option_names:
-        stages = schedules.get(cfg.family, devices=parallelism.pipeline, microbatches=cfg.microbatches,
-                               **dict(cfg.options)).stages
-        cfg = make(dataclasses.replace(parallelism, virtual=max(1, stages // parallelism.pipeline)))
-    return cfg
-
-
-__all__ = ["NAMES", "FileMachine", "Given", "check_float32", "configuration", "load_machine", "machine"]
+__all__ = ["NAMES", "FileMachine", "Given", "check_float32", "load_machine", "machine"]

@@ -4,7 +4,8 @@ The machine, the training configuration and the schedule are read from one check
 (``_machine_format``: ``SCHEMA``, ``MachineFile``) through one merge of flags over its keys
 (``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's).
 The values, each with the flag or file key it came from, become library objects in
-``diffpipe._machine_file`` (``machine``, ``configuration``), whose errors name that origin.
+``diffpipe._machine_file`` (``machine``) and ``_training_file`` (``configuration``), whose errors name
+that origin.
 """
 
 
@@ -111,7 +112,7 @@ class _Training:
         """The ``Configuration`` of ``family`` (default the given one), its schedule within
         ``max_ops``; ``adapt``: a family without chunks keeps the stages it places (``virtual`` =
         its stages per device: compare)."""
-        from .._machine_file import configuration
+        from .._training_file import configuration
 
         return configuration(self.model, self.parallelism, self.cluster, self.global_batch,
                              family=family or self.family, options=self.options if options is None else options,
