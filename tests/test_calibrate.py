@@ -456,6 +456,28 @@ def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
             cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
 
 
+def test_load_machine_reads_what_to_toml_writes(tmp_path):
+    """``dp.load_machine``, the library's reader of the format ``to_toml`` writes: its machine
+    prices every schedule as the calibration does, the mode included; errors name the file's key."""
+    cal = calibrate.from_measurements([1.0, 1.2], input_grad=[1.0, 1.1], weight=[0.5, 0.6], overhead=0.05,
+                                      p2p=0.3, send_cost=0.01)
+    path = tmp_path / "m.toml"
+    cal.to_toml(path, mode="rendezvous")
+    machine = dp.load_machine(path)
+    for name in ("gpipe", "zb-h1"):
+        schedule = get(name, devices=2, microbatches=4)
+        got = float(dp.simulate(schedule, machine.hardware(schedule)).makespan)
+        assert got == pytest.approx(cal.predict(schedule, mode="rendezvous"), rel=1e-6)
+    assert got != pytest.approx(cal.predict(schedule), rel=1e-6)  # the mode was read, not defaulted
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[times]\nforward = 1\nbackward = -1\n")
+    with pytest.raises(dp.ConfigError, match=r"bad.toml: \[times\] backward must be"):
+        dp.load_machine(bad)
+    bad.write_text('[training]\nmodel = "llama-3-8b"\n')
+    with pytest.raises(dp.ConfigError, match=r"\[training\] cannot be used by 'load_machine'"):
+        dp.load_machine(bad)
+
+
 def test_several_runs_combine_with_each_terms_spread():
     # a full-backward run (B) and a zero-bubble run (I, W) of the same 2 stages
     full = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), overhead=0.1, p2p=0.2, setup=0.5,
