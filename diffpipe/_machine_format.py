@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _io
 from ._checks import is_int, is_number
-from ._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
+from ._choices import FLASH_VERSIONS, FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
 from ._errors import ConfigError
 
 
@@ -52,6 +52,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
     "framework": (lambda v: v in FRAMEWORK_NAMES, f"one of {', '.join(FRAMEWORK_NAMES)}"),
     "sequence": (lambda v: (is_int(v) and v >= 1) or v == "max", "an integer >= 1 or \"max\""),
+    "flash_version": (lambda v: is_int(v) and v in FLASH_VERSIONS, "a fused-attention kernel 1, 2 or 3"),
 }
 
 
@@ -73,7 +74,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
     "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
                  "global_batch": "count", "recompute": "recompute", "flash_attention": "bool",
-                 "framework": "framework"},
+                 "flash_version": "flash_version", "framework": "framework"},
     "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
                     "zero": "zero", "sequence_parallel": "bool", "context": "count",
                     "expert_tensor": "count"},

@@ -83,6 +83,7 @@ BAD_VALUES = {
     "recompute": ['true', '"some"', '1', '""'],
     "framework": ['"deepspeed"', 'true', '1', '""', '"Megatron"'],
     "sequence": ['"abc"', 'true', '0', '-3', '1.5', '"4"', '[4]', '"longest"'],
+    "flash_version": ['0', '4', '"3"', 'true', '2.0', '[2]'],
 }
 #: What each section needs besides the bad key to be otherwise complete.
 COMPANION = {"times": {"forward": "1", "backward": "2"}}

@@ -82,7 +82,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import is_int, is_positive_int
-from .._choices import RECOMPUTE
+from .._choices import FLASH_VERSIONS, RECOMPUTE
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._partition import uniform_partition
@@ -113,8 +113,6 @@ def recompute_mode(value: Any) -> str:
     raise ConfigError(f"transformer: recompute must be one of {', '.join(RECOMPUTE)} (or a bool), got {value!r}")
 
 
-#: The fused-attention generations ``Transformer.flash_version`` names (``diffpipe._model._kernels.FLASH_RATE``).
-FLASH_VERSIONS = (1, 2, 3)
 #: The generation priced when neither the model nor its framework names one: the device's own kernel.
 DEFAULT_FLASH_VERSION = 3
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_int
-from .._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
+from .._choices import FLASH_KERNELS, FLASH_VERSIONS, FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._guards import MAX_OPS
 
@@ -195,6 +195,9 @@ _CONFIG_FLAGS = (
           default="none"),
     _Flag("--flash-attention", "flash_attention", "training", "fused attention, no s x s tensors stored (default: "
           "on; --no-flash-attention: off)", switch=True),
+    _Flag("--flash-version", "flash_version", "training", "the fused attention kernel priced: "
+          + ", ".join(f"{k} {v}" for k, v in FLASH_KERNELS.items()) + " (default: the --framework's, else 3; "
+          "on a GPU without a kernel of its own 3 prices FlashAttention-2)", int, choices=FLASH_VERSIONS),
     _Flag("--tp", "tensor", "parallelism", "tensor-parallel size", _count, search="list",
           default="every divisor of a node"),
     _Flag("--pp", "pipeline", "parallelism", "pipeline-parallel size", _count, search="list",

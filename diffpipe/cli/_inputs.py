@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import schedules
 from .._checks import check_int
+from .._choices import FLASH_KERNELS, FLASH_VERSIONS
 from .._errors import ConfigError
 from .._machine_format import CONFIGURATION_SECTIONS, SCHEMA, MachineFile, read_machine_file
 from ._args import (
@@ -146,7 +147,7 @@ def _training(args: argparse.Namespace, config: MachineFile) -> _Training:
     train, par, clu, settings = _configuration_values(args, config)
     from .._workload._parallelism import Parallelism
 
-    model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention"))
+    model, name = _model(train, ("sequence", "microbatch_size", "recompute", "flash_attention", "flash_version"))
     t, p, c = par.get("tensor", 1), par.get("pipeline", 1), par.get("context", 1)
     if "data" not in par:
         if "gpus" in clu and clu["gpus"] % (t * p * c):
@@ -197,7 +198,7 @@ def _configuration_values(args: argparse.Namespace, config: MachineFile) -> tupl
     if "global_batch" not in train:
         raise ConfigError("a training configuration needs --global-batch (samples per optimizer step)")
     settings = _settings(train, {k: origin for k, (_, origin) in merged.items()})
-    train.update({k: v["value"] for k, v in settings.items()})
+    train.update({k: settings[k]["value"] for k in ("sequence", "flash_attention")})
     return train, par, clu, settings
 
 
@@ -212,9 +213,10 @@ def _longest(train: dict[str, Any]) -> int:
 
 
 def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The sequence and flash attention of a training configuration, each with where it came from
-    (a flag, a file's key, or ``default``): ``DEFAULT_SEQUENCE`` unless given (``max``: the model's
-    longest context), ``DEFAULT_FLASH_ATTENTION`` unless given."""
+    """The sequence, flash attention and its kernel of a training configuration, each with where it came
+    from (a flag, a file's key, the framework or ``default``): ``DEFAULT_SEQUENCE`` unless given (``max``: the
+    model's longest context), ``DEFAULT_FLASH_ATTENTION`` unless given, the kernel as ``Transformer``
+    resolves ``flash_version``: the given one, else the framework's, else ``DEFAULT_FLASH_VERSION``."""
     out: dict[str, dict[str, Any]] = {}
     sequence = train.get("sequence", DEFAULT_SEQUENCE)
     longest = _longest(train)
@@ -227,16 +229,30 @@ def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[
     if origin == "--flash-attention" and not flash:
         origin = "--no-flash-attention"  # the flag as it was typed
     out["flash_attention"] = {"value": flash, "from": origin}
+    from .._model._transformer import DEFAULT_FLASH_VERSION
+    from .._workload._frameworks import framework
+
+    version, origin = train.get("flash_version"), origins.get("flash_version", "default")
+    if version is None:
+        fw = train.get("framework", "none")
+        version = framework(fw).flash_version
+        version, origin = (DEFAULT_FLASH_VERSION, "default") if version is None else (version, f"--framework {fw}")
+    out["flash_kernel"] = {"value": version, "from": origin}
     return out
 
 
 def _settings_line(settings: dict[str, dict[str, Any]]) -> str:
-    """The header line that states the sequence and flash attention and where each came from."""
-    seq, flash = settings["sequence"], settings["flash_attention"]
+    """The header line that states the sequence, flash attention and its kernel and where each came from."""
+    seq, flash, kernel = settings["sequence"], settings["flash_attention"], settings["flash_kernel"]
     hint = "" if seq["value"] == seq["longest"] else f"; --sequence max: {seq['longest']:,}"
     flash_hint = "; --no-flash-attention: off" if flash["value"] else ""
-    return (f"sequence {seq['value']:,} tokens ({seq['from']}{hint}), flash attention "
+    line = (f"sequence {seq['value']:,} tokens ({seq['from']}{hint}), flash attention "
             f"{'on' if flash['value'] else 'off'} ({flash['from']}{flash_hint})")
+    if flash["value"]:
+        others = "|".join(str(v) for v in FLASH_VERSIONS if v != kernel["value"])
+        line += (f", kernel {kernel['value']}: {FLASH_KERNELS[kernel['value']]} ({kernel['from']}; "
+                 f"--flash-version {others} for the others)")
+    return line
 
 
 def _model(train: dict[str, Any], fields: Sequence[str]) -> tuple[Any, str]:

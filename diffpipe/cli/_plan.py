@@ -31,7 +31,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     train, par, clu, settings = _configuration_values(args, MachineFile())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
-    model, name = _model(train, ("flash_attention",))
+    model, name = _model(train, ("flash_attention", "flash_version"))
     cluster = _cluster(clu, clu["gpus"])
     # dp.plan's axes, where a flag narrows them (else dp.plan's defaults)
     axes = {"families": args.families, "tensor": par.get("tensor"), "pipeline": par.get("pipeline"),
