@@ -56,6 +56,51 @@ def test_sequence_from_a_file_names_the_file(tiny, tmp_path):
     assert s["flash_attention"] == {"value": False, "from": f"{path}: [training] flash_attention"}
 
 
+def test_the_attention_kernel_is_stated_with_where_it_came_from(tiny, tmp_path):
+    # the device's own kernel by default (Transformer.flash_version None -> 3), else the framework's, else as given
+    s = settings(["--hf-config", tiny, "--global-batch", 8])
+    assert s["flash_kernel"] == {"value": 3, "from": "default"}
+    assert "kernel 3: the GPU's own (cuDNN's on Hopper) (default; --flash-version 1|2 for the others)" in \
+        _inputs._settings_line(s)
+    s = settings(["--hf-config", tiny, "--global-batch", 8, "--framework", "megatron"])
+    assert s["flash_kernel"] == {"value": 3, "from": "--framework megatron"}
+    s = settings(["--hf-config", tiny, "--global-batch", 8, "--flash-version", 2, "--framework", "megatron"])
+    assert s["flash_kernel"] == {"value": 2, "from": "--flash-version"}
+    assert "kernel 2: FlashAttention-2 (--flash-version; --flash-version 1|3" in _inputs._settings_line(s)
+    path = tmp_path / "run.toml"
+    path.write_text(f'[training]\nhf_config = "{tiny}"\nglobal_batch = 8\nflash_version = 1\n')
+    assert settings([], path)["flash_kernel"] == {"value": 1, "from": f"{path}: [training] flash_version"}
+    assert "kernel" not in _inputs._settings_line(settings(["--hf-config", tiny, "--global-batch", 8,
+                                                            "--no-flash-attention"]))
+
+
+def test_the_stated_kernel_is_priced(tiny):
+    def attention(*flags):
+        code, out, err = run(["simulate", "1f1b", "--hf-config", tiny, "--global-batch", 8, "--sequence", 1024,
+                              "--cluster", "8xH100", "--json", *flags])
+        assert code == 0, err
+        return json.loads(out)["breakdown"]["compute_attention"]
+
+    assert attention("--flash-version", 3) == attention() < attention("--flash-version", 2)
+    assert attention("--flash-version", 2) < attention("--flash-version", 1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--flash-version", "4"], "argument --flash-version: invalid choice: 4"),
+    (["--flash-version", "two"], "argument --flash-version: invalid int value: 'two'"),
+])
+def test_bad_flash_version_is_one_line(tiny, argv, message):
+    code, _, err = run(["simulate", "--hf-config", tiny, "--global-batch", 8, *argv])
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_flash_version_in_a_file_names_the_key(tiny, tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(f'[training]\nhf_config = "{tiny}"\nglobal_batch = 8\nflash_version = 4\n')
+    code, _, err = run(["simulate", "--config", str(path)])
+    assert code == 2 and f"{path}: [training] flash_version" in err and len(err.strip().splitlines()) == 1
+
+
 def test_bad_sequence_is_one_line(tiny):
     code, _, err = run(["simulate", "--hf-config", tiny, "--global-batch", 8, "--sequence", "long"])
     assert code == 2 and "expected an integer >= 1 or 'max'" in err and len(err.strip().splitlines()) == 1
