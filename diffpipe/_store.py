@@ -97,7 +97,8 @@ class Key:
         """Feed ``values``: None, bools, ints, floats, complex numbers, strings, bytes, tuples,
         lists, dicts, classes, arrays (NumPy, or anything ``np.asarray`` reads: dtype, shape and
         bytes), dataclasses (equinox modules: their class and every field), and stateless sentinels
-        (their class). Anything else raises ``Unkeyable``."""
+        (``_sentinel``: their class). Anything else (a function, a tracer, an unknown object)
+        raises ``Unkeyable``."""
         for value in values:
             self._feed(value)
         return self
@@ -144,7 +145,7 @@ class Key:
             for f in fields:
                 self._feed(f.name)
                 self._feed(getattr(x, f.name))
-        elif getattr(x, "__dict__", None) == {} and not getattr(type(x), "__slots__", ()):
+        elif _sentinel(x):
             self._put(b"Z")  # a stateless sentinel (equinox's ``Missing``): its class says it all
             self._feed(type(x))
         else:
@@ -152,6 +153,14 @@ class Key:
 
     def digest(self) -> str:
         return self._hash.hexdigest()
+
+
+def _sentinel(x: Any) -> bool:
+    """An object of no state of its own, of a class of diffpipe's, equinox's or JAX's (whose code the
+    fingerprint names): not callable (a function's ``__dict__`` is empty too, yet its code is not its
+    class), no instance attributes, no slots."""
+    return (not callable(x) and getattr(x, "__dict__", None) == {} and not getattr(type(x), "__slots__", ())
+            and type(x).__module__.split(".")[0] in ("diffpipe", "equinox", "jax", "jaxlib"))
 
 
 # -- the entries' codec ---------------------------------------------------------------------------------
