@@ -22,7 +22,6 @@ No JAX here (the caller turns its arrays into NumPy ones).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import importlib.metadata
 import io
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._caches import result_cache_dir
+from ._caches import bounded, result_cache_dir
 from ._errors import ConfigError
 from ._io import write_atomic
 
@@ -64,7 +63,7 @@ def _version(distribution: str) -> str:
         return "unknown"
 
 
-@functools.cache
+@bounded(1)
 def code_fingerprint() -> str:
     """SHA-256 of every file of the package (relative path and bytes, bytecode caches aside) and of
     Python's, the machine's and ``DEPENDENCIES``' versions. Computed once per process (about 1 MiB

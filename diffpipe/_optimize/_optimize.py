@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from .._caches import BoundedDict
+from .._caches import BoundedDict, result_cache_dir
 from .._engine._batch import evaluate_batched
 from .._engine._communication import node_size, topology
 from .._engine._graph import Graph, common_sizes, compile, pad_graph
@@ -445,7 +445,7 @@ def optimize(
     if stored is not None:
         _STORED.move_to_end(stored_key)
     disk_key = None
-    if stored is None and stored_key is not None:
+    if stored is None and stored_key is not None and result_cache_dir() is not None:  # on with the compile cache
         disk_key = _disk_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
                              local_search, sizes)
         stored = _from_disk(disk_key)
