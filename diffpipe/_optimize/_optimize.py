@@ -376,7 +376,10 @@ def optimize(
         knobs' ``baselines``, by the exact simulator), with the continuous optimum, the loss curve
         and that baseline. A call with the same inputs as an earlier one in this process (equal
         graph, workload and knob arrays and structure, and the same other arguments) returns that
-        call's result (``clear_caches()`` empties the store); its arrays are read-only.
+        call's result (``clear_caches()`` empties the store); its arrays are read-only. With the
+        compilation cache on (``enable_compilation_cache``: the CLI and the examples), results of
+        the default optimizer are also kept on disk and read back, bit for bit, by a later process
+        running the same diffpipe code on the same inputs (``diffpipe._store``).
     """
     knobs = as_knobs(knob)
     if not isinstance(workload, Workload):
