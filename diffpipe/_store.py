@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import io
 import json
 import os
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ._caches import bounded, result_cache_dir
+from ._caches import _version, bounded, result_cache_dir
 from ._errors import ConfigError
 from ._io import write_atomic
 
@@ -54,13 +53,6 @@ _SUFFIX = ".npz"
 
 class Unkeyable(Exception):
     """An input ``Key`` cannot encode exactly (a function, a tracer, an unknown object)."""
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @bounded(1)
