@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
     from ._machine._kernels import KernelModel as KernelModel
+    from ._machine_file import FileMachine as FileMachine
+    from ._machine_file import load_machine as load_machine
     from ._model._transformer import Transformer as Transformer
     from ._model._transformer import layer_costs as layer_costs
     from ._optimize._baselines import StagePlan as StagePlan

@@ -17,3 +17,9 @@ COMMUNICATION_MODES = ("none", "overlap", "contention", "blocking", "rendezvous"
 #: The training-framework presets by name (``_workload._frameworks.FRAMEWORKS`` maps each to its
 #: ``Framework``; a test checks they agree).
 FRAMEWORK_NAMES = ("none", "megatron", "torchtitan", "fsdp", "ddp")
+#: ``calibrate.TorchRuntime``'s name: the mode of torch's pipelining runtime over gloo, a mode of
+#: ``diffpipe.calibrate`` rather than a built-in one (``calibrate.communication_mode`` maps the name to it).
+TORCH_RUNTIME = "torch-runtime"
+#: The modes a machine (``--mode``, a machine file's ``[network] mode``) may name: the built-in ones and
+#: ``TORCH_RUNTIME`` (which ``diffpipe calibrate`` may write).
+MACHINE_MODES = (*COMMUNICATION_MODES, TORCH_RUNTIME)

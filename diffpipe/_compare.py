@@ -16,7 +16,9 @@ one level to the next.
    stages per pipeline on ``D`` devices runs each stage in ``D/S`` of the time (Hanayo's chunks,
    interleaved virtual stages), so every schedule does the same work. Ranked by makespan.
 3. **simulation**: ``simulate`` on the given hardware: per-stage costs, communication in the
-   hardware's mode, memory. Ranked by makespan.
+   hardware's mode, memory. Ranked by makespan. A schedule ``fits`` when every device's peak is at
+   most its capacity less ``headroom`` (``HEADROOM``, 10%: the fit rule of ``plan`` and ``simulate``,
+   ``diffpipe._plan._configuration.fits_memory``).
 
 Peak activation memory is reported at every level: in *activation units* (one microbatch's
 activations for ``1/D`` of the model: a stage-microbatch count times ``D/S``) for the formula and
@@ -75,7 +77,8 @@ from ._levels import (
 from ._machine._presets import device
 from ._machine._specs import NETWORKS
 from ._model._transformer import Transformer
-from ._results import csv_text, json_text, markdown_table
+from ._plan._configuration import HEADROOM, check_headroom, fit_rule, fits_memory
+from ._results import csv_text, json_text, markdown_table, percent
 from ._workload._segments import SPLITS, attention_share, per_unit_hardware
 from ._workload._workload import hardware_from_model
 from .schedules import Schedule, units_per_sample
@@ -155,7 +158,8 @@ class Entry:
     evaluated under its own assumption), ``peak_activations`` (activation units, or None),
     ``assumption``. ``table``: ``makespan``, ``bubble_ratio``, ``peak_activations``.
     ``simulation``: ``makespan_s``, ``bubble_ratio``, ``peak_memory_bytes``,
-    ``peak_activation_bytes``, ``fits``.
+    ``peak_activation_bytes``, ``capacity_bytes`` (the smallest device's), ``fits`` (every device's
+    peak within its capacity less the comparison's ``headroom``).
     """
 
     name: str
@@ -201,6 +205,7 @@ class Comparison:
     pairs: tuple[LevelPair, ...]
     communication: str = field(default="")
     segment_split: str = field(default="balanced")
+    headroom: float = field(default=HEADROOM)
 
     # -- lookups --------------------------------------------------------------------------------
     @property
@@ -239,7 +244,7 @@ class Comparison:
     # -- output ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain data. Keys: ``devices``, ``microbatches`` (samples), ``machine``, ``communication``,
-        ``durations``, ``rtol``, ``segment_split``, ``levels`` (level -> metric ranked, lower better),
+        ``durations``, ``rtol``, ``segment_split``, ``headroom``, ``levels`` (level -> metric ranked, lower better),
         ``schedules`` (list of ``{name, family, options, stages, pipelines, units_per_sample, formula,
         formula_missing, table, simulation, rank: {level: int|null}}``) and ``pairs`` (list of ``{levels, compared,
         kendall_tau, flips, ties_changed}``). Seconds and bytes are SI; ``null`` marks a missing value."""
@@ -251,6 +256,7 @@ class Comparison:
             "durations": dict(self.durations),
             "rtol": self.rtol,
             "segment_split": self.segment_split,
+            "headroom": self.headroom,
             "levels": dict(RANKED_BY),
             "schedules": [
                 {
@@ -295,8 +301,8 @@ class Comparison:
         longest = max((e.simulation["makespan_s"] for e in self.entries), default=0.0)
         scale, unit = (1.0, "s") if longest >= 10 else (1e3, "ms") if longest >= 1e-2 else (1e6, "µs")
         has_bytes = any(e.simulation["peak_memory_bytes"] > 0 for e in self.entries)
-        header = ["schedule", "formula bubble", "#", "table makespan", "table bubble", "#",
-                  f"sim makespan ({unit})", "sim bubble", "#", "peak act formula", "peak act table",
+        header = ["schedule", "formula bubble (%)", "#", "table makespan", "table bubble (%)", "#",
+                  f"sim makespan ({unit})", "sim bubble (%)", "#", "peak act formula", "peak act table",
                   "peak act sim (GB)", "peak mem (GB)", "fits"]
         rows = []
         for i, e in enumerate(self.entries):
@@ -304,10 +310,10 @@ class Comparison:
             rank = [_fmt_rank(self.ranks[level], i) for level in LEVELS]
             rows.append([
                 e.name,
-                "—" if f is None else f"{f['bubble_ratio']:.3f}" + ("*" if f["makespan"] is None else ""),
+                "—" if f is None else percent(f["bubble_ratio"]) + ("*" if f["makespan"] is None else ""),
                 rank[0],
-                f"{t['makespan']:g}", f"{t['bubble_ratio']:.3f}", rank[1],
-                f"{s['makespan_s'] * scale:.2f}", f"{s['bubble_ratio']:.3f}", rank[2],
+                f"{t['makespan']:g}", percent(t["bubble_ratio"]), rank[1],
+                f"{s['makespan_s'] * scale:.2f}", percent(s["bubble_ratio"]), rank[2],
                 "—" if f is None or f["peak_activations"] is None else f"{f['peak_activations']:g}",
                 f"{t['peak_activations']:g}",
                 f"{s['peak_activation_bytes'] / 1e9:.1f}" if has_bytes else "—",
@@ -322,8 +328,11 @@ class Comparison:
         durations = ", ".join(f"{k}={v:g}" for k, v in self.durations.items() if k in _COMPUTE)
         notes.append(f"formula and table at {durations} per device share, no communication; ranks: formula by "
                      "bubble ratio, table and simulation by makespan; '=' marks a tie (rtol "
-                     f"{self.rtol:g}); peak activations of formula/table in units of one microbatch (a sample) "
-                     "through 1/D of the model.")
+                     f"{self.rtol:g}); bubble: share of the step a device idles (%); peak activations of "
+                     "formula/table in units of one microbatch (a sample) through 1/D of the model.")
+        capacity = min((e.simulation["capacity_bytes"] for e in self.entries), default=math.inf)
+        if math.isfinite(capacity):
+            notes.append(f"{fit_rule(capacity, self.headroom)}, as plan and simulate.")
         for e in self.entries:
             if e.units_per_sample > 1:
                 k = e.units_per_sample
@@ -382,14 +391,17 @@ def _level_pair(a: str, b: str, names: Sequence[str], values: Mapping[str, Seque
     return LevelPair((a, b), tuple(names[i] for i in shared), kendall_tau(xa, xb, rtol), tuple(flips), tuple(ties))
 
 
-def _simulation_level(schedule: Schedule, hw: Any) -> dict:
+def _simulation_level(schedule: Schedule, hw: Any, headroom: float) -> dict:
     result = simulate(schedule, hw)
+    peaks = np.asarray(result.peak_memory)  # numpy, not jnp: an eager jnp op compiles
+    capacities = np.broadcast_to(np.asarray(hw.capacity, np.float64), peaks.shape)
     return {
         "makespan_s": float(result.makespan),
         "bubble_ratio": float(result.bubble_ratio),
-        "peak_memory_bytes": float(np.max(np.asarray(result.peak_memory))),  # np.max(jax array) compiles
+        "peak_memory_bytes": float(np.max(peaks)),
         "peak_activation_bytes": max(activation_bytes_peaks(schedule, hw.activation_bytes, hw.size), default=0.0),
-        "fits": bool(np.all(np.asarray(result.fits))),
+        "capacity_bytes": float(np.min(capacities)),
+        "fits": all(fits_memory(m, c, headroom) for m, c in zip(peaks, capacities)),
     }
 
 
@@ -494,6 +506,7 @@ def compare(
     durations: Mapping[str, float] | None = None,
     rtol: float = DEFAULT_RTOL,
     segment_split: str = "balanced",
+    headroom: float = HEADROOM,
 ) -> Comparison:
     """Rank schedules at the formula, table and simulation levels and show where rankings flip.
 
@@ -517,6 +530,8 @@ def compare(
         segment_split: the segment lengths a sequence-level family's simulation is priced at:
             ``"balanced"`` (compute-balanced, every unit ``1/k`` of a sample) or ``"equal"`` (equal
             lengths, the model's attention share making later segments costlier; needs a ``Machine``).
+        headroom: the share of each device's memory a schedule must leave free to "fit" (``HEADROOM``,
+            0.1, as ``plan`` and ``simulate``).
 
     Returns:
         A ``Comparison`` (see its ``to_markdown``, ``to_json`` and ``str``).
@@ -535,6 +550,7 @@ def compare(
     for kind, value in merged.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ConfigError(f"compare: duration of {kind} must be a finite non-negative number, got {value!r}")
+    headroom = check_headroom("compare", headroom)
     if segment_split not in SPLITS:
         raise ConfigError(f"compare: segment_split must be one of {', '.join(SPLITS)}, got {segment_split!r}")
     schedules = _resolve(schedules_or_names, devices, microbatches)
@@ -558,7 +574,7 @@ def compare(
         entries.append(Entry(
             name=name, family=schedule.family, options=schedule.options, stages=schedule.stages,
             pipelines=schedule.pipelines, formula=formula, formula_missing=missing,
-            table=_table_level(schedule, merged), simulation=_simulation_level(schedule, hw),
+            table=_table_level(schedule, merged), simulation=_simulation_level(schedule, hw, headroom),
             units_per_sample=units_per_sample(schedule),
         ))
     values = {
@@ -573,5 +589,5 @@ def compare(
         durations=merged, rtol=float(rtol), entries=tuple(entries),
         ranks={level: ranks(values[level], rtol) for level in LEVELS},
         pairs=tuple(_level_pair(a, b, names, values, rtol) for a, b in combinations(LEVELS, 2)),
-        communication=str(mode), segment_split=segment_split,
+        communication=str(mode), segment_split=segment_split, headroom=headroom,
     )

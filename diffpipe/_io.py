@@ -162,6 +162,22 @@ def dumps_json(value: Any, indent: int | None = 2) -> str:
 
 
 # -- inputs -----------------------------------------------------------------------------------------
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML value: a boolean, an integer, a float (``repr``, which reads back
+    exactly), a string (quoted, ``\\`` and ``"`` escaped) or a list of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML spelling for {value!r}")
+
+
 def read_text(path: str | os.PathLike, what: str = "input") -> str:
     """A UTF-8 text file's contents; anything else is a ``ConfigError`` naming the file (and the
     line of the first byte that is not UTF-8)."""

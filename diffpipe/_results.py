@@ -45,4 +45,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["csv_text", "json_text", "markdown_table"]
+def percent(fraction: Any) -> str:
+    """A share (MFU, bubble, communication) as every table prints it: a percentage with one decimal,
+    the column's header saying ``(%)`` (``0.1234`` -> ``"12.3"``)."""
+    return f"{100 * float(fraction):.1f}"
+
+
+__all__ = ["csv_text", "json_text", "markdown_table", "percent"]

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import diffpipe as dp
-from diffpipe import _io, cli
+from diffpipe import _io, _machine_format, cli
 from diffpipe.schedules import Op, Placement, Schedule, from_torch_csv, to_torch_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def assert_one_line(code, err, culprit):
 
 
 # -- the table ----------------------------------------------------------------------------------------
-#: Bad TOML values for each kind of key in ``cli._inputs.SCHEMA`` (written as TOML), chosen by hand.
+#: Bad TOML values for each kind of key in ``_machine_format.SCHEMA`` (written as TOML), chosen by hand.
 BAD_VALUES = {
     "name": ['true', '1', '""', '[1]', '{ a = 1 }', '1.5'],
     "count": ['"abc"', 'true', '0', '-3', '1.5', '"4"', '[4]', 'nan', 'inf'],
@@ -90,7 +90,7 @@ COMPANION = {"times": {"forward": "1", "backward": "2"}}
 
 def toml_value_cases() -> list[Case]:
     cases = []
-    for section, keys in cli._inputs.SCHEMA.items():
+    for section, keys in _machine_format.SCHEMA.items():
         for key, kind in keys.items():
             for i, bad in enumerate(BAD_VALUES[kind]):
                 body = {**COMPANION.get(section, {}), key: bad}

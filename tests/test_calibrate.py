@@ -456,6 +456,28 @@ def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
             cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
 
 
+def test_load_machine_reads_what_to_toml_writes(tmp_path):
+    """``dp.load_machine``, the library's reader of the format ``to_toml`` writes: its machine
+    prices every schedule as the calibration does, the mode included; errors name the file's key."""
+    cal = calibrate.from_measurements([1.0, 1.2], input_grad=[1.0, 1.1], weight=[0.5, 0.6], overhead=0.05,
+                                      p2p=0.3, send_cost=0.01)
+    path = tmp_path / "m.toml"
+    cal.to_toml(path, mode="rendezvous")
+    machine = dp.load_machine(path)
+    for name in ("gpipe", "zb-h1"):
+        schedule = get(name, devices=2, microbatches=4)
+        got = float(dp.simulate(schedule, machine.hardware(schedule)).makespan)
+        assert got == pytest.approx(cal.predict(schedule, mode="rendezvous"), rel=1e-6)
+    assert got != pytest.approx(cal.predict(schedule), rel=1e-6)  # the mode was read, not defaulted
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[times]\nforward = 1\nbackward = -1\n")
+    with pytest.raises(dp.ConfigError, match=r"bad.toml: \[times\] backward must be"):
+        dp.load_machine(bad)
+    bad.write_text('[training]\nmodel = "llama-3-8b"\n')
+    with pytest.raises(dp.ConfigError, match=r"\[training\] cannot be used by 'load_machine'"):
+        dp.load_machine(bad)
+
+
 def test_several_runs_combine_with_each_terms_spread():
     # a full-backward run (B) and a zero-bubble run (I, W) of the same 2 stages
     full = calibrate.Calibration(forward=(1.0, 2.0), backward=(3.0, 4.0), overhead=0.1, p2p=0.2, setup=0.5,
@@ -690,10 +712,61 @@ def test_real_run_calibrates_and_predicts(real_run, name):
         for f in files:
             traced.update(_traced_receive_posts(f))
         assert traced == {op: posts[op] for op in traced} and len(traced) == len(posts)
+    # The page faults of every traced step, as the study reads them (README: a first touch stalls an op).
+    metas = [json.loads((work / f"{name}.rank{r}.meta.json").read_text()) for r in range(2)]
+    assert all(len(m["minor_faults"]) == len(m["step_s"]) == 2 and min(m["minor_faults"]) >= 0 for m in metas)
     # Memory: diffpipe's peak stored activations equal what torch held, on every rank.
-    peaks = [json.loads((work / f"{name}.rank{r}.meta.json").read_text())["peak_stored"] for r in range(2)]
+    peaks = [m["peak_stored"] for m in metas]
     result = dp.simulate(schedule, cal.hardware(schedule))
     assert [int(x) for x in result.peak_activations] == peaks
+
+
+def test_the_study_warms_every_job_up_before_the_traced_round():
+    run = _runner()
+    meta = {key: {"kind": kind, "microbatches": 4, "spr": 1, "width": 64, "rows": 8, "blocks": None, "csv": None}
+            for key, kind in (("a", "GPipe"), ("b", "1F1B"))}
+    jobs = run.study_jobs(meta, rounds=2, steps=3, warmup_rounds=1)
+    assert [j["name"] for j in jobs] == ["a.w0", "b.w0", "a.r0", "b.r0", "a.r1", "b.r1"]
+    # the warm-up round: as many steps as a measured one (the profiler's memory grows with them), no
+    # trace; only round 0 is traced; every job keeps its own warm-up step
+    assert [(j["steps"], j["trace"], j["warmup"]) for j in jobs] == [(3, False, 1)] * 2 + [(3, True, 1)] * 2 + [
+        (3, False, 1)] * 2
+    assert [j["name"] for j in run.study_jobs(meta, rounds=1, steps=3, warmup_rounds=0)] == ["a.r0", "b.r0"]
+    traced = run.study_jobs(meta, rounds=2, steps=3, warmup_rounds=1, trace_all=True)
+    assert [j["trace"] for j in traced] == [False] * 2 + [True] * 4  # every measured round, never a warm-up
+
+
+def test_the_study_calibrates_from_every_traced_round(real_run, tmp_path):
+    work, failure = real_run
+    run = _runner()
+    schedule = RAN["gpipe"]()
+    for r in range(2):  # the same run's traces as two rounds of one case
+        for k in range(2):
+            (tmp_path / f"c.r{r}.rank{k}.json").write_bytes((work / f"gpipe.rank{k}.json").read_bytes())
+    once = calibrate.from_torch_trace([work / f"gpipe.rank{k}.json" for k in range(2)], schedule)
+    (tmp_path / "c.r1.rank1.json").unlink()  # round 1 not traced on every rank: round 0 alone
+    assert run._calibrate(tmp_path, "c", 2, schedule).samples == once.samples
+    (tmp_path / "c.r1.rank1.json").write_bytes((work / "gpipe.rank1.json").read_bytes())
+    both = run._calibrate(tmp_path, "c", 2, schedule)
+    assert both.samples["F0"] == 2 * once.samples["F0"] and both.forward == pytest.approx(once.forward)
+    assert both.step_time == pytest.approx(once.step_time) and both.orders == once.orders
+    assert both.predict(schedule, mode="torch-runtime") == pytest.approx(once.predict(schedule, mode="torch-runtime"))
+
+
+def test_the_study_reads_page_faults_per_round_where_they_were_counted(tmp_path):
+    run = _runner()
+    for r, faults in enumerate(([900, 20], [30, 10])):
+        for k in range(2):
+            (tmp_path / f"c.r{r}.rank{k}.meta.json").write_text(json.dumps(
+                {"step_s": [0.01, 0.02], "runqueue_wait_s": [0.0, 0.0], "minor_faults": [f + k for f in faults]}))
+    got = run._measured(tmp_path, "c", 2)
+    assert got["minor_faults"] == [[901, 21], [31, 11]]  # per round and step, the rank with more
+    case = {**got, "calibration": {"step_time": 0.03}}
+    assert run._faults(case) == "461 / 21" and run._traced_ratio(case) == f"{0.03 / got['measured_s']:.2f}"
+    for k in range(2):  # traces from before the count: no faults, and the table says so
+        (tmp_path / f"c.r0.rank{k}.meta.json").write_text(json.dumps({"step_s": [0.01], "runqueue_wait_s": [0.0]}))
+    assert run._measured(tmp_path, "c", 1)["minor_faults"] is None
+    assert run._faults({"minor_faults": None}) == "n/a" and run._traced_ratio({"calibration": None}) == "n/a"
 
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),

@@ -171,8 +171,10 @@ def test_sweep_and_compare_tables_state_units(capsys):
 def test_cli_mode_names_are_the_librarys():
     """The mode names (``_choices``, JAX-free so that parsing never imports JAX) are the names of
     the library's mode classes (``_communication.MODES``)."""
-    from diffpipe._choices import COMMUNICATION_MODES
+    from diffpipe._choices import COMMUNICATION_MODES, MACHINE_MODES
     from diffpipe._engine._communication import MODES
+    from diffpipe.calibrate import TorchRuntime
 
-    assert cli._args.COMMUNICATION_MODES is COMMUNICATION_MODES
+    assert cli._args.MACHINE_MODES is MACHINE_MODES
     assert [cls.name for cls in MODES.values()] == list(COMMUNICATION_MODES) == list(MODES)
+    assert MACHINE_MODES == (*COMMUNICATION_MODES, TorchRuntime.name)

@@ -174,6 +174,30 @@ def test_default_machine_end_to_end():
     assert c.entry("chimera").simulation["peak_memory_bytes"] > c.entry("1f1b").simulation["peak_memory_bytes"]
 
 
+def test_fits_is_plan_s_rule_and_bubbles_are_percentages():
+    """A peak between the usable memory (capacity less the headroom) and the capacity does not fit, as in
+    plan and simulate; headroom 0 is simulate's own ``Result.fits``."""
+    from diffpipe._plan._configuration import HEADROOM, fits_memory, usable_memory
+
+    one = dp.Hardware.from_times(forward=1.0, input_grad=2.0, activation_bytes=1e9, static_bytes=1e9)
+    peak = float(dp.simulate(dp.schedules.get("1f1b", devices=D, microbatches=N), one).peak_memory.max())
+    capacity = peak / (1 - HEADROOM / 2)  # the peak is 95% of the capacity: over 90%, within 100%
+    assert not fits_memory(peak, capacity) and peak <= capacity
+    hw = dp.Hardware.from_times(forward=1.0, input_grad=2.0, activation_bytes=1e9, static_bytes=1e9, capacity=capacity)
+    strict, free = (dp.compare(["1f1b"], hw, devices=D, microbatches=N, headroom=h) for h in (HEADROOM, 0.0))
+    assert strict.headroom == HEADROOM and strict.entries[0].simulation["fits"] is False
+    assert free.entries[0].simulation["fits"] is True
+    assert strict.entries[0].simulation["capacity_bytes"] == pytest.approx(capacity)
+    text = str(strict)
+    assert f"fits: at most {usable_memory(capacity) / 1e9:.1f} GB of {capacity / 1e9:.0f} GB (10% kept free)" in text
+    row = next(line for line in text.splitlines() if line.startswith("1f1b"))
+    bubble = strict.entries[0].simulation["bubble_ratio"]
+    assert f"{100 * bubble:.1f}" in row.split() and row.split()[-1] == "NO" and "sim bubble (%)" in text
+    assert json.loads(strict.to_json())["headroom"] == HEADROOM
+    with pytest.raises(dp.ConfigError, match="compare: headroom must be below 1"):
+        dp.compare(["1f1b"], hw, devices=D, microbatches=N, headroom=1.0)
+
+
 @pytest.mark.parametrize(
     "args, kwargs, error, message",
     [

@@ -369,11 +369,11 @@ def test_megatron_args_carry_the_model_shape():
     assert ns.swiglu and ns.normalization == "RMSNorm" and ns.position_embedding_type == "rope"
     assert ns.untie_embeddings_and_output_weights and not ns.add_bias_linear and not ns.add_qkv_bias
     assert ns.vocab_size == 128256 and ns.seq_length == ns.max_position_embeddings == 8192
-    assert ns.attention_dropout == ns.hidden_dropout == 0.0 and ns.attention_backend == "flash" and ns.bf16
+    assert ns.attention_dropout == ns.hidden_dropout == 0.0 and ns.attention_backend == "auto" and ns.bf16
     with pytest.raises(dp.ConfigError, match="the model has 32 layers, the launch 80"):
         dp.megatron_args(cfg, dp.presets.model("llama-3-8b"))
-    # the device's own fused kernel (what the megatron preset prices): Megatron's default, Transformer
-    # Engine's choice (cuDNN's on Hopper); FlashAttention-1/2 as stated: TE's flash-attn backend
+    # the device's own fused kernel (the default, and what the megatron preset prices): Megatron's default,
+    # Transformer Engine's choice (cuDNN's on Hopper); FlashAttention-1/2 as stated: TE's flash-attn backend
     native = dp.presets.framework("megatron").model(model)
     assert megatron_parser().parse_args(dp.megatron_args(cfg, native)).attention_backend == "auto"
     for version in (1, 2):

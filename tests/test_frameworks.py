@@ -63,9 +63,9 @@ def test_a_model_that_states_its_reduction_keeps_it():
 
 def test_megatron_runs_the_devices_own_attention_kernel():
     # Transformer Engine prefers cuDNN's fused attention on Hopper: the megatron preset prices generation 3,
-    # unless the model states its own; the other presets leave the model's (FlashAttention-2 by default)
+    # unless the model states its own; the other presets leave the model's (the device's own by default)
     mega = dp.presets.framework("megatron")
-    assert MODEL.flash_version is None and MODEL.flash_generation == 2
+    assert MODEL.flash_version is None and MODEL.flash_generation == 3
     assert mega.model(MODEL).flash_version == 3
     assert mega.model(dataclasses.replace(MODEL, flash_version=2)).flash_version == 2
     for name in ("none", "torchtitan", "fsdp", "ddp"):
@@ -77,6 +77,22 @@ def test_megatron_runs_the_devices_own_attention_kernel():
     chex.assert_trees_all_close(stated.breakdown["compute_attention"],
                                 h100 * preset.breakdown["compute_attention"], rtol=1e-5)
     chex.assert_trees_all_close(stated.breakdown["compute_gemm"], preset.breakdown["compute_gemm"])
+
+
+@pytest.mark.parametrize("device, native", [("H100", True), ("A100", False)])
+def test_the_default_kernel_is_the_devices_own(device, native):
+    # no framework, no stated kernel: generation 3, i.e. Hopper's cuDNN attention; on a device without one
+    # (attention_native 1) that is FlashAttention-2's rate
+    par = dp.Parallelism(data=8)
+
+    def attention(version):
+        model = dataclasses.replace(MODEL, flash_version=version)
+        cfg = dp.Configuration(model, par, dp.Cluster(device, gpus=8), global_batch=16)
+        return float(cfg.evaluate().breakdown["compute_attention"])
+
+    assert attention(None) == attention(3)
+    assert (attention(None) < attention(2)) == native
+    assert (attention(None) == attention(2)) == (not native)
 
 
 @pytest.mark.parametrize("name, par", [

@@ -5,8 +5,9 @@ a layer, top (imported by everything) to bottom, each entry a module or package 
 a module is placed by its longest listed prefix. Module-level imports form the import graph
 (``if TYPE_CHECKING:`` blocks never run and are left out). The graph must have no cycle, every
 module must sit in a layer, and a module imports only its own layer or the layers above it. Imports
-inside functions hide cycles: none of a diffpipe module, except in the CLI shell (``LAZY``, which
-defers JAX so that ``diffpipe list`` starts fast). A module over 500 lines says in its docstring why
+inside functions hide cycles: none of a diffpipe module, except in the CLI shell (``LAZY_PACKAGES``,
+which defers the library to the command that needs it), whose module-level imports in exchange load
+none of ``HEAVY``. A module over 500 lines says in its docstring why
 it stays one module.
 """
 
@@ -147,6 +148,62 @@ def _violations() -> dict[str, set[str]]:
 def test_layers_import_only_downward_and_never_inside_functions():
     found = {m: sorted(bad) for m, bad in _violations().items()}
     assert not found, f"upward or function-local imports of diffpipe modules: {found}"
+
+
+#: What the command line must not load before a command needs it: the one exception to "never
+#: inside a function" (``LAZY_PACKAGES``) buys that every ``diffpipe`` command starts without them.
+HEAVY = ("jax", "jaxlib", "equinox", "numpy", "matplotlib", "torch")
+
+
+def _third_party(module: str) -> set[str]:
+    """The packages other than diffpipe that ``module`` imports when it loads (not inside a function
+    or class, not under ``TYPE_CHECKING``)."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.If):
+                visit(node.orelse if _is_type_checking(node) else node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body + [s for h in node.handlers for s in h.body] + node.orelse + node.finalbody)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(ast.parse(MODULES[module].read_text(encoding="utf-8")).body)
+    return found - {"diffpipe"}
+
+
+def _loads(module: str) -> set[str]:
+    """Every diffpipe module that importing ``module`` runs: its module-level imports, transitively,
+    and the packages above each."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        todo += [".".join(parts[:k]) for k in range(1, len(parts)) if ".".join(parts[:k]) in MODULES]
+        todo += sorted(GRAPH[m][0])
+    return seen
+
+
+def test_the_cli_loads_nothing_heavy_before_a_command_needs_it():
+    """The CLI's modules import the library inside their commands (``cli._plan`` the planner and
+    ``viz.report``, ``cli._simulate`` the simulator, ...): in exchange, what they import at module
+    level loads none of ``HEAVY``, directly or through a diffpipe module."""
+    heavy = {}
+    for m in MODULES:
+        if m.startswith(LAZY_PACKAGES):
+            found = {f"{n}: {sorted(set(HEAVY) & _third_party(n))}" for n in _loads(m) if set(HEAVY) & _third_party(n)}
+            if found:
+                heavy[m] = sorted(found)
+    assert not heavy, f"CLI modules that load heavy packages at start-up: {heavy}"
 
 
 def test_every_listed_layer_entry_exists():

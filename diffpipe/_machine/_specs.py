@@ -38,7 +38,8 @@ class DeviceSpec(NamedTuple):
 #: Where ``DeviceSpec.reported_memory`` comes from: the total memory NVML reports through ``nvidia-smi``
 #: (MiB, 2**20 bytes) for each part, tabulated by Modal, "Why does an NVIDIA H100 80GB card offer 85.52
 #: GB?" (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity): H200 143,771 MiB, H100 80 GB 81,559,
-#: A100 80 GB 81,920, A100 40 GB 40,960.
+#: A100 80 GB 81,920, A100 40 GB 40,960. The H100's 81,559 MiB are 85,520,809,984 bytes: 79.65 GiB, 85.52 GB
+#: (decimal, the unit of every output). Fits still test ``DeviceSpec.memory`` (80 GB), about 6.9% less.
 REPORTED_SOURCE = "NVML total via nvidia-smi, Modal's table (thundergolfer.com/blog/nvidia-gpu-memory-capacity)"
 MIB = 2**20
 

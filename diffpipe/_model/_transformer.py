@@ -115,6 +115,8 @@ def recompute_mode(value: Any) -> str:
 
 #: The fused-attention generations ``Transformer.flash_version`` names (``diffpipe._model._kernels.FLASH_RATE``).
 FLASH_VERSIONS = (1, 2, 3)
+#: The generation priced when neither the model nor its framework names one: the device's own kernel.
+DEFAULT_FLASH_VERSION = 3
 
 
 @dataclass(frozen=True, init=False)
@@ -171,8 +173,13 @@ class Transformer:
             kernels, on Hopper FlashAttention-3 and cuDNN's fused flash attention, which Transformer
             Engine prefers there and PyTorch 2.5.0's SDPA used by default): the curve times the
             device's ``KernelModel.attention_native``, 1 where it has none. None (the default): the
-            kernel of the ``Configuration``'s framework (``Framework.flash_version``), else 2. Timing
-            only (kernel models).
+            kernel of the ``Configuration``'s framework (``Framework.flash_version``), else 3, the
+            device's own: PyTorch's SDPA prefers cuDNN's attention on Hopper and Blackwell once its
+            bundled cuDNN is newer than 9.15 (``check_prefer_cudnn_attention`` in
+            ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` at pytorch 70d99e998b, lines 78-99;
+            the wheels' cuDNN passes it from PyTorch 2.11), as Transformer Engine does; on a device
+            without such a kernel (``attention_native`` 1) this is FlashAttention-2's rate. Timing only
+            (kernel models).
         reduce_bytes: bytes of one gradient element in the data-parallel reduction (None:
             ``dtype_bytes``). 4 where the framework reduces bf16 training's gradients in fp32: Megatron-LM
             (``accumulate_allreduce_grads_in_fp32`` forced for bf16 unless ``--grad-reduce-in-bf16``,
@@ -225,8 +232,8 @@ class Transformer:
 
     @property
     def flash_generation(self) -> int:
-        """The fused-attention generation priced: ``flash_version``, else 2 (FlashAttention-2)."""
-        return 2 if self.flash_version is None else self.flash_version
+        """The fused-attention generation priced: ``flash_version``, else 3 (the device's own kernel)."""
+        return DEFAULT_FLASH_VERSION if self.flash_version is None else self.flash_version
 
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(

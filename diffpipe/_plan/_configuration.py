@@ -46,7 +46,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .. import schedules
-from .._checks import check_int
+from .._checks import check_int, check_number
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
 from .._engine._jitter import Jitter, sample_makespans, summary
@@ -77,6 +77,31 @@ from ..schedules._analysis import staleness as schedule_staleness
 #: most ``(1 - HEADROOM) x capacity``. One rule for ``Configuration.evaluate`` (``simulate``) and
 #: ``plan`` (its default ``headroom``).
 HEADROOM = 0.1
+
+
+def usable_memory(capacity: float, headroom: float = HEADROOM) -> float:
+    """Bytes a device lets a configuration use: its ``capacity`` less ``headroom`` of it (the one fit
+    rule of ``simulate``, ``compare`` and ``plan``)."""
+    return float(capacity) * (1.0 - headroom)
+
+
+def fits_memory(peak: float, capacity: float, headroom: float = HEADROOM) -> bool:
+    """Whether a modelled ``peak`` (bytes) fits a device of ``capacity`` bytes with ``headroom`` kept free."""
+    return float(peak) <= usable_memory(capacity, headroom)
+
+
+def check_headroom(what: str, headroom: Any) -> float:
+    """``headroom`` as a float in ``[0, 1)``, else a ``ConfigError`` naming ``what``."""
+    headroom = check_number(f"{what}: headroom", headroom)
+    if headroom >= 1:
+        raise ConfigError(f"{what}: headroom must be below 1, got {headroom!r}")
+    return headroom
+
+
+def fit_rule(capacity: float, headroom: float = HEADROOM) -> str:
+    """The fit rule in words, as every table's notes print it (decimal GB)."""
+    return (f"fits: at most {usable_memory(capacity, headroom) / 1e9:.1f} GB of {capacity / 1e9:.0f} GB "
+            f"({headroom:.0%} kept free)")
 
 #: Kind index of ``ParallelCosts.collective_*`` rows.
 _F, _I, _W = range(3)
@@ -496,7 +521,7 @@ class Configuration:
             tokens_per_second_per_gpu=self.global_batch * model.sequence / step / gpus if step > 0 else math.nan,
             mfu=flops / (step * gpus * peak) if step > 0 else math.nan,
             memory_per_gpu=max(memory), memory=memory, capacity=capacity,
-            fits=max(memory) <= capacity * (1.0 - headroom),
+            fits=fits_memory(max(memory), capacity, headroom),
             bubble_ratio=bubble_ratio,
             communication_share=float(np.mean(busy)) / step if step > 0 else math.nan,
             microbatches=self.microbatches, gpus=gpus, family=self.family, gradient_sync=gradient_sync(schedule),
@@ -551,8 +576,8 @@ class ConfigResult:
 
     @property
     def usable(self) -> float:
-        """Bytes a configuration may use: the capacity less the headroom."""
-        return self.capacity * (1.0 - self.headroom)
+        """Bytes a configuration may use: the capacity less the headroom (``usable_memory``)."""
+        return usable_memory(self.capacity, self.headroom)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: every figure (seconds, bytes), without the per-op ``result``."""
@@ -564,4 +589,5 @@ class ConfigResult:
         return json_text(self.to_dict(), path, indent)
 
 
-__all__ = ["HEADROOM", "ConfigResult", "Configuration", "gradient_sync"]
+__all__ = ["HEADROOM", "ConfigResult", "Configuration", "check_headroom", "fit_rule", "fits_memory", "gradient_sync",
+           "usable_memory"]

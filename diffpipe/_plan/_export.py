@@ -39,6 +39,7 @@ from typing import Any
 from .._checks import check_int
 from .._choices import RECOMPUTE
 from .._errors import ConfigError
+from .._io import toml_value
 from .._model._transformer import Transformer
 from .._workload._frameworks import Framework
 from .._workload._parallelism import Parallelism
@@ -495,18 +496,6 @@ def megatron_overlap_args(framework: Framework | None, parallelism: Parallelism)
 # -- torchtitan --------------------------------------------------------------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML spelling for {value!r}")
-
-
 def torchtitan_modules(layers_per_stage: Any) -> list[list[str]]:
     """torchtitan's ``module_fqns_per_model_part`` for an uneven split: the module names of every
     stage (torchtitan's decoder models name them ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output``)."""
@@ -584,8 +573,8 @@ def torchtitan_toml(launch: Launch) -> str:
     if par.expert > 1:  # torchtitan's expert tensor degree defaults to 1, diffpipe's (Megatron's) to the tensor size
         values["expert_parallel_degree"] = par.expert
         values["expert_tensor_parallel_degree"] = par.etp
-    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
-    lines += ["", "[activation_checkpoint]", f"mode = {_toml_value(launch.recompute)}"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    lines += ["", "[activation_checkpoint]", f"mode = {toml_value(launch.recompute)}"]
     if launch.recompute == "selective":
         lines.append('selective_ac_option = "op"')
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ import numpy as np
 
 from .. import schedules
 from .._arrays import power_of_two
-from .._checks import check_int, check_number
+from .._checks import check_int
 from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._graph import Graph, bucketed, common_sizes
 from .._engine._hardware import pad_hardware
@@ -77,7 +77,7 @@ from .._workload._parallel import placement
 from .._workload._workload import Workload
 from ..schedules._analysis import peak_activations
 from ._bounds import COSTS, Costs, closed_form, cluster_key
-from ._configuration import HEADROOM, Configuration
+from ._configuration import HEADROOM, Configuration, check_headroom, usable_memory
 from ._export import EXPORT_TARGETS, export_problem
 from ._space import (
     CHUNK_ONE_IS_OTHER,
@@ -383,9 +383,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     if not isinstance(cluster, Cluster):
         raise ConfigError(f"plan: cluster must be a Cluster, got {type(cluster).__name__}")
     global_batch = check_int("plan: global_batch", global_batch)
-    headroom = check_number("plan: headroom", headroom)
-    if headroom >= 1:
-        raise ConfigError(f"plan: headroom must be below 1, got {headroom!r}")
+    headroom = check_headroom("plan", headroom)
     top_k = check_int("plan: top_k", top_k, 0)
     if not isinstance(balance, bool):
         raise ConfigError(f"plan: balance must be True or False, got {balance!r}")
@@ -430,7 +428,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     if tuple(sps) == (True,) and all(t == 1 for t in tensors):
         raise ConfigError("plan: sequence_parallel=True needs a tensor size above 1 (it splits the tensor group); "
                           f"tensor sizes searched: {', '.join(map(str, tensors))}")
-    capacity = float(cluster.device.memory) * (1.0 - headroom)
+    capacity = usable_memory(cluster.device.memory, headroom)
 
     if export is not None and export not in EXPORT_TARGETS:
         raise ConfigError(f"plan: export must be one of {', '.join(EXPORT_TARGETS)} (or None), got {export!r}")

@@ -13,10 +13,10 @@ from .._checks import is_int
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
-from .._results import csv_text, json_text, markdown_table
+from .._results import csv_text, json_text, markdown_table, percent
 from .._workload._frameworks import Framework
 from .._workload._parallelism import Parallelism
-from ._configuration import HEADROOM, Configuration
+from ._configuration import HEADROOM, Configuration, fit_rule
 from ._export import Launch, megatron_args, megatron_overlap_args, torchtitan_toml
 
 #: Step times within this relative distance of the fastest of their run are a tie, ranked by memory
@@ -159,9 +159,9 @@ class PlanTable:
             ep = r["expert"] if et == r["tensor"] else f"{r['expert']} (etp {et})"
             cells.append((family, r["tensor"], r.get("context", 1), r["pipeline"], r["data"], r["virtual"], ep,
                           r["microbatch_size"], r["recompute"], r["zero"], "y" if r["sequence_parallel"] else "n",
-                          f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", f"{100 * r['mfu']:.1f}",
-                          f"{r['memory_per_gpu'] / 1e9:.1f}", f"{100 * r['bubble_ratio']:.1f}",
-                          f"{100 * r['communication_share']:.1f}"))
+                          f"{r['step_time']:.3f}", f"{r['tokens_per_second_per_gpu']:.0f}", percent(r['mfu']),
+                          f"{r['memory_per_gpu'] / 1e9:.1f}", percent(r['bubble_ratio']),
+                          percent(r['communication_share'])))
         return header, cells
 
     def to_markdown(self, top: int | None = 10) -> str:
@@ -171,10 +171,8 @@ class PlanTable:
     def notes(self) -> str:
         """What follows the table: the columns' legend, the fit rule, the counts and the rejections."""
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.rejected.items()))
-        capacity = float(self.cluster.device.memory)
-        return (f"{LEGEND}; fits: at most {capacity * (1 - self.headroom) / 1e9:.1f} GB of "
-                f"{capacity / 1e9:.0f} GB ({self.headroom:.0%} kept free)\n{self.explored} configurations explored, "
-                f"{self.simulated} simulated; rejected: {reasons or 'none'}\n")
+        return (f"{LEGEND}; {fit_rule(self.cluster.device.memory, self.headroom)}\n{self.explored} configurations "
+                f"explored, {self.simulated} simulated; rejected: {reasons or 'none'}\n")
 
 
 def ranked(rows: list[dict]) -> list[dict]:

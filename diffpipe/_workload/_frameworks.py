@@ -40,7 +40,7 @@ as the validated model does. Each preset states its source:
 
 Where the model states its own ``reduce_bytes`` or ``flash_version``, the framework keeps it. The other
 presets name no attention kernel (their sources do not say which SDPA or flash-attention backend ran), so
-those models price FlashAttention-2.
+those models price the default, the device's own fused kernel (``Transformer.flash_version``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Framework:
         reduce_bytes: bytes of a gradient element in the data-parallel reduction (None: the model's
             training precision).
         flash_version: the fused-attention generation the framework runs (``Transformer.flash_version``;
-            None: the model's, FlashAttention-2 by default).
+            None: the model's, the device's own kernel by default).
         source: where the preset comes from.
     """
 

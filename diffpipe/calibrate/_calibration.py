@@ -43,7 +43,6 @@ one is ``_trace``'s.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -56,7 +55,7 @@ from .._checks import check_int, check_number
 from .._engine._hardware import Hardware, Network
 from .._engine._simulate import simulate
 from .._errors import ConfigError
-from .._io import dumps_json, write_atomic
+from .._io import dumps_json, toml_value, write_atomic
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
 from .._workload._workload import Workload
 from ._runtime import TorchRuntime
@@ -396,15 +395,15 @@ class Calibration:
             lines.append("# only full backwards were measured: backward is the full B; schedules with I/W ops "
                          "are refused (split_known = false)")
         lines += ["", "[times]"]
-        lines += [f"{key} = {_toml_value(t[TIMES_KEYS.get(key, key)])}" for key in TOML_TIMES]
-        lines += [f"{key} = {_toml_value(t[key])}" for key in TOML_HOST if t[key]]
+        lines += [f"{key} = {toml_value(_seconds(t[TIMES_KEYS.get(key, key)]))}" for key in TOML_TIMES]
+        lines += [f"{key} = {toml_value(_seconds(t[key]))}" for key in TOML_HOST if t[key]]
         if t["full_backward"] is not None:
-            lines.append(f"full_backward = {_toml_value(t['full_backward'])}")
+            lines.append(f"full_backward = {toml_value(_seconds(t['full_backward']))}")
         for kind, seconds in (t["kind_overhead"] or {}).items():
-            lines.append(f"{TOML_KIND_OVERHEAD[kind]} = {_toml_value(seconds)}")
+            lines.append(f"{TOML_KIND_OVERHEAD[kind]} = {toml_value(_seconds(seconds))}")
         if not known:
             lines.append("split_known = false")
-        lines += ["", "[network]", f"mode = {json.dumps(str(mode))}", ""]
+        lines += ["", "[network]", f"mode = {toml_value(str(mode))}", ""]
         return "\n".join(lines)
 
     def to_toml(self, path: str | os.PathLike, schedule: Any = None, *,
@@ -461,12 +460,12 @@ def communication_mode(mode: Any) -> Any:
     return TorchRuntime() if mode == TorchRuntime.name else mode
 
 
-def _toml_value(value: Any) -> str:
+def _seconds(value: Any) -> Any:
+    """Seconds as the machine file writes them (``toml_value``): every number a float, one not
+    measured ``"none"``; a list element-wise."""
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if value is None:
-        return '"none"'
-    return repr(float(value))
+        return [_seconds(v) for v in value]
+    return "none" if value is None else float(value)
 
 
 def combine(calibrations: Sequence[Calibration]) -> Calibration:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._choices import TORCH_RUNTIME
 from .._engine._communication import BLOCK, AbstractCommunication, transfers
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
@@ -92,7 +93,7 @@ class TorchRuntime(AbstractCommunication):
     consumer waits for it to end; the sender does not wait (see the module docstring). Each
     transfer is a node of its own; a device waiting for data is idle."""
 
-    name = "torch-runtime"
+    name = TORCH_RUNTIME
     transfer_nodes = True
     wait_edge = BLOCK
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import check_int, is_number
-from .._choices import COMMUNICATION_MODES, FRAMEWORK_NAMES, RECOMPUTE, ZERO_STAGES
+from .._checks import check_int
+from .._choices import FRAMEWORK_NAMES, MACHINE_MODES, RECOMPUTE, ZERO_STAGES
 from .._errors import ConfigError
 from ._guards import MAX_OPS
 
@@ -20,9 +20,6 @@ from ._guards import MAX_OPS
 #: checks they agree). ``compare`` and ``sweep`` leave unset sizes to their library defaults.
 DEFAULT_DEVICES = 4
 DEFAULT_MICROBATCHES = 8
-#: The modes a machine (``--mode``, ``[network] mode``) may name: the built-in ones and
-#: ``torch-runtime`` (``diffpipe.calibrate.TorchRuntime``, which ``diffpipe calibrate`` may write).
-MACHINE_MODES = (*COMMUNICATION_MODES, "torch-runtime")
 #: The sequence length of a training configuration when neither a flag nor a file gives one: the
 #: pre-training length of today's open recipes (Llama 3: 8,192 tokens before its long-context
 #: stage, Dubey et al. 2024 §3.4; Megatron-LM's and torchtitan's Llama 3 examples train at 8,192),
@@ -149,18 +146,6 @@ def _names(text: str, flag: str) -> list[str]:
     if not text.strip() or not all(names):
         raise ConfigError(f"{flag} {text!r}: expected comma-separated names, none empty")
     return names
-
-
-# -- the TOML file: schema ---------------------------------------------------------------------------
-def _is_scalar_option(v: Any) -> bool:
-    return isinstance(v, (bool, int, float, str))
-
-
-def _seconds_or_list(v: Any) -> bool:
-    def ok(x: Any) -> bool:
-        return is_number(x) and math.isfinite(x) and x >= 0
-
-    return ok(v) or (isinstance(v, list) and len(v) > 0 and all(ok(x) for x in v))
 
 
 # -- a training configuration (--model/--hf-config, --tp/--pp/--dp, ...) -----------------------------

@@ -7,12 +7,13 @@ import argparse
 import json
 
 from .._errors import ConfigError
-from ._inputs import _mode, _model
+from ._inputs import _model
 from ._outputs import _print_json
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> None:
     from ..calibrate import cli_calibrate
+    from ..calibrate._calibration import communication_mode
     from ..calibrate._cli import predictions, report
 
     model = None
@@ -22,7 +23,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> None:
         model, _ = _model({"model": args.model} if args.model is not None else {"hf_config": args.hf_config}, ())
     mode = args.mode or "overlap"
     calibration = cli_calibrate(args.trace, args.schedule, args.out, mode=mode, model=model)
-    rows = predictions(calibration, args.predict or (), mode=_mode(mode))
+    rows = predictions(calibration, args.predict or (), mode=communication_mode(mode))
     if args.json:
         data = json.loads(calibration.to_json())
         if args.predict:

@@ -21,6 +21,7 @@ from ._outputs import _print_json, _strict, _with_units
 def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
     from .._compare import compare
     from .._levels import DEFAULT_SCHEDULES
+    from .._plan._configuration import fit_rule
 
     families = list(args.families) or ([training.family] if training.family else [])
     if training.options and not families:
@@ -63,8 +64,7 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
         print(f"  {name:<{width}}  {r.step_time:7.3f}  {r.tokens_per_second_per_gpu:12,.0f}  {100 * r.mfu:4.1f}%"
               f"  {r.memory_per_gpu / 1e9:14.1f}  {'yes' if r.fits else 'NO'}")
     first = next(iter(results.values()))
-    print(f"  (fits: at most {first.usable / 1e9:.1f} GB of {first.capacity / 1e9:.0f} GB, {first.headroom:.0%} "
-          "kept free, as plan does)")
+    print(f"  ({fit_rule(first.capacity, first.headroom)}, as plan does)")
 
 
 def _compare_items(families: Sequence[str], options: dict[str, Any]) -> list[Any]:

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from .._errors import ConfigError
-from ._inputs import _MACHINE_SECTIONS, _load_config, _machine, _machine_flags, _schedule
+from .._machine_format import MACHINE_SECTIONS
+from ._inputs import _load_config, _machine, _machine_flags, _schedule
 from ._outputs import _check_outputs, _input_paths, _pictures, _write_all
 
 
@@ -20,7 +21,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     pictures = bool(args.gantt or args.trace)
     if not pictures and _machine_flags(args):
         raise ConfigError(f"export: {_machine_flags(args)[0]} is used only with --gantt/--trace")
-    usable = ("schedule", *_MACHINE_SECTIONS) if pictures else ("schedule",)
+    usable = ("schedule", *MACHINE_SECTIONS) if pictures else ("schedule",)
     config = _load_config(args.config, "export" if pictures else "export --csv", usable)
     schedule = _schedule(args, config)
     outputs: list[tuple[str, str, Any]] = []

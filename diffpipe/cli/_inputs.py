@@ -1,31 +1,28 @@
 """Flags and TOML files (``--config``) to library objects: the machine, the training configuration and the schedule.
 
-Why one module past 500 lines: the machine, the training configuration and the schedule are read
-from one checked file (``SCHEMA``, ``_Config``) through one merge of flags over its keys
-(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's,
-``_machine`` per-stage times beside a model). ``_machine`` and ``_Training.build`` turn TOML values
-into library objects: library logic that belongs beside ``Calibration.to_toml``, the writer of the
-same format.
+The machine, the training configuration and the schedule are read from one checked file
+(``_machine_format``: ``SCHEMA``, ``MachineFile``) through one merge of flags over its keys
+(``_merged``), and each refuses the sections and flags of the others (``_training`` a machine's).
+The values, each with the flag or file key it came from, become library objects in
+``diffpipe._machine_file`` (``machine``) and ``_training_file`` (``configuration``), whose errors name
+that origin.
 """
 
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
-import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import _io, schedules
-from .._checks import check_int, is_int, is_number
-from .._choices import FRAMEWORK_NAMES, RECOMPUTE, ZERO_STAGES
+from .. import schedules
+from .._checks import check_int
 from .._errors import ConfigError
+from .._machine_format import CONFIGURATION_SECTIONS, SCHEMA, MachineFile, read_machine_file
 from ._args import (
     _CLUSTER_FLAGS,
     _CLUSTER_SHAPE,
@@ -35,147 +32,36 @@ from ._args import (
     DEFAULT_FLASH_ATTENTION,
     DEFAULT_MICROBATCHES,
     DEFAULT_SEQUENCE,
-    MACHINE_MODES,
     _family_options,
-    _is_scalar_option,
-    _seconds_or_list,
 )
 from ._guards import MAX_OPS, OPTIMIZE_STEPS_PER_OP, _guard, _guard_configuration, _guard_schedule
 
-#: kind -> (test, what the value must be).
-_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "name": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
-    "count": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
-    "seconds": (lambda v: is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0 (seconds)"),
-    "times": (lambda v: _seconds_or_list(v), "a number or a list of numbers (seconds, finite, >= 0)"),
-    "positive": (lambda v: is_number(v) and math.isfinite(v) and v > 0, "a finite number > 0"),
-    "bandwidth": (lambda v: is_number(v) and v > 0, "a number > 0 (bytes/s; inf for free)"),
-    "fraction": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "shares": (lambda v: all(is_number(x) and 0 <= x <= 1 for x in (v if isinstance(v, list) and v else [v])),
-               "a number or a list of numbers in [0, 1]"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "mode": (lambda v: v in MACHINE_MODES, f"one of {', '.join(MACHINE_MODES)}"),
-    "options": (lambda v: isinstance(v, dict) and all(_is_scalar_option(x) for x in v.values()),
-                "a table of NAME = number, bool or string"),
-    "zero": (lambda v: is_int(v) and v in ZERO_STAGES, "a ZeRO stage 0, 1, 2 or 3"),
-    "recompute": (lambda v: v in RECOMPUTE, f"one of {', '.join(RECOMPUTE)}"),
-    "framework": (lambda v: v in FRAMEWORK_NAMES, f"one of {', '.join(FRAMEWORK_NAMES)}"),
-    "sequence": (lambda v: (is_int(v) and v >= 1) or v == "max", "an integer >= 1 or \"max\""),
-}
-
-
-#: section -> key -> kind. Every documented key (README, examples/machine.toml).
-SCHEMA: dict[str, dict[str, str]] = {
-    "schedule": {"family": "name", "devices": "count", "microbatches": "count", "options": "options"},
-    "times": {"forward": "times", "backward": "times", "weight": "times", "update": "times",
-              "p2p": "seconds", "overhead": "seconds", "full_backward": "times", "setup": "seconds",
-              "wind_down": "seconds", "overhead_F": "seconds", "overhead_B": "seconds", "overhead_I": "seconds",
-              "overhead_W": "seconds", "pair_overlap": "shares", "split_known": "bool", "send_cost": "seconds",
-              "recv_cost": "seconds"},
-    "model": {"layers": "count", "hidden": "count", "heads": "count", "sequence": "count",
-              "vocabulary": "count", "microbatch_size": "count", "dtype_bytes": "count",
-              "ffn_multiplier": "positive", "recompute": "bool", "tied_embedding": "bool"},
-    "device": {"preset": "name", "peak_flops": "positive", "memory": "positive", "efficiency": "fraction"},
-    "network": {"intra": "name", "inter": "name", "devices_per_node": "count", "mode": "mode",
-                "latency": "seconds", "bandwidth": "bandwidth", "inter_latency": "seconds",
-                "inter_bandwidth": "bandwidth"},
-    # A whole training configuration (simulate and compare; examples/llama3-70b.toml).
-    "training": {"model": "name", "hf_config": "name", "sequence": "sequence", "microbatch_size": "count",
-                 "global_batch": "count", "recompute": "recompute", "flash_attention": "bool",
-                 "framework": "framework"},
-    "parallelism": {"tensor": "count", "pipeline": "count", "data": "count", "expert": "count", "virtual": "count",
-                    "zero": "zero", "sequence_parallel": "bool", "context": "count",
-                    "expert_tensor": "count"},
-    "cluster": {"device": "name", "gpus": "count", "devices_per_node": "count", "intra": "name", "inter": "name"},
-}
-_MACHINE_SECTIONS = ("times", "model", "device", "network")
-#: The sections of a training configuration, and the commands that read them.
-_CONFIGURATION_SECTIONS = ("training", "parallelism", "cluster")
+#: The commands that read a training configuration's sections.
 _CONFIGURATION_COMMANDS = ("simulate", "compare")
 
 
-def _shown(value: Any) -> str:
-    """A TOML value as the user wrote it (``"abc"``, ``true``, ``[1, "x"]``)."""
-    try:
-        return json.dumps(value, default=str)
-    except ValueError:
-        return repr(value)
-
-
-@dataclass(frozen=True)
-class _Config:
-    """A checked TOML machine file (``path`` None: no file)."""
-
-    path: str | None = None
-    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def get(self, section: str) -> dict[str, Any]:
-        return dict(self.sections.get(section, {}))
-
-    def where(self, section: str, key: str | None = None) -> str:
-        return f"{self.path}: [{section}]" + ("" if key is None else f" {key}")
-
-
-def _load_config(path: str | None, command: str, usable: Iterable[str] | None = None) -> _Config:
-    """Read and check a TOML machine file: UTF-8, known sections and keys, typed values, and only
-    sections the command can use (default: every section, the configuration ones only for
-    ``simulate`` and ``compare``)."""
+def _load_config(path: str | None, command: str, usable: Iterable[str] | None = None) -> MachineFile:
+    """Read and check ``--config`` (``read_machine_file``), with only the sections the command can
+    use (default: every section, the configuration ones only for ``simulate`` and ``compare``)."""
     if path is None:
-        return _Config()
+        return MachineFile()
     if usable is None:
-        usable = [s for s in SCHEMA if command in _CONFIGURATION_COMMANDS or s not in _CONFIGURATION_SECTIONS]
-    text = _io.read_text(path, "--config")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: malformed TOML: {error}") from None
-    usable = tuple(usable)
-    for section, body in data.items():
-        if section not in SCHEMA:
-            raise ConfigError(f"{path}: unknown section [{section}]; known: {', '.join(SCHEMA)}")
-        if not isinstance(body, dict):
-            raise ConfigError(f"{path}: [{section}] must be a table, got {_shown(body)}")
-        for key, value in body.items():
-            kind = SCHEMA[section].get(key)
-            if kind is None:
-                raise ConfigError(f"{path}: unknown key {key!r} in [{section}]; "
-                                  f"known: {', '.join(sorted(SCHEMA[section]))}")
-            test, want = _KINDS[kind]
-            if not test(value):
-                raise ConfigError(f"{path}: [{section}] {key} must be {want}, got {_shown(value)}")
-        if section not in usable:
-            raise ConfigError(f"{path}: [{section}] cannot be used by '{command}'"
-                              f" (it uses {', '.join(f'[{s}]' for s in usable) or 'no sections'})")
-    if "times" in data:
-        other = [s for s in ("model", "device") if s in data]
-        if other:
-            raise ConfigError(f"{path}: [times] cannot be combined with [{other[0]}]: give per-stage times "
-                              "or a model and device, not both")
-    return _Config(path, data)
+        usable = [s for s in SCHEMA if command in _CONFIGURATION_COMMANDS or s not in CONFIGURATION_SECTIONS]
+    return read_machine_file(path, usable, user=command, what="--config")
 
 
 # -- the machine -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Machine:
-    """``schedule -> Hardware`` from the merged configuration, and a name for reports. ``given``:
-    whether any machine input was given (else it is the library's ``default_machine()``)."""
-
-    name: str
-    hardware: Callable[[Any], Any]
-    model: Any = None
-    device: Any = None
-    network: Any = None
-    given: bool = True
-
-
 _TIME_FLAGS = {"forward": "--forward", "backward": "--backward", "weight": "--weight", "p2p": "--p2p"}
 _NET_FLAGS = {"intra": "--intra", "inter": "--inter", "devices_per_node": "--devices-per-node", "mode": "--mode"}
+#: How the library's machine-file errors name what no given value names, on the command line.
+_NAMES = {"times": "--forward/--backward or [times]", "intra": "--intra", "inter": "--inter",
+          "devices_per_node": "--devices-per-node"}
 
 
-def _merged(args: argparse.Namespace, config: _Config, section: str,
+def _merged(args: argparse.Namespace, config: MachineFile, section: str,
             flags: dict[str, str]) -> dict[str, tuple[Any, str]]:
     """``key -> (value, origin)``: the file's section, overridden by flags."""
-    out = {k: (v, config.where(section, k)) for k, v in config.get(section).items()}
+    out = config.given(section)
     for key, flag in flags.items():
         if getattr(args, key, None) is not None:
             out[key] = (getattr(args, key), flag)
@@ -187,124 +73,22 @@ def _machine_flags(args: argparse.Namespace) -> list[str]:
     return [flag for key, flag in flags.items() if getattr(args, key, None) is not None]
 
 
-def _check_float32(values: dict[str, tuple[Any, str]]) -> None:
-    """Finite inputs must stay finite in float32 (JAX's default): 1e39 seconds would become inf."""
-    import jax
-    import numpy as np
+def _machine(args: argparse.Namespace, config: MachineFile) -> Any:
+    """The ``FileMachine`` of the machine flags over ``--config``'s sections."""
+    from .._machine_file import machine
 
-    if jax.config.jax_enable_x64:
-        return
-    biggest = float(np.finfo(np.float32).max)
-    for value, origin in values.values():
-        for x in value if isinstance(value, list) else [value]:
-            if is_number(x) and math.isfinite(x) and abs(x) > biggest:
-                raise ConfigError(f"{origin} = {x!r} does not fit float32 (at most {biggest:.4g}); enable 64-bit "
-                                  "floats (JAX_ENABLE_X64=1) or use other units")
-
-
-def _mode(name: str | None) -> Any:
-    """A machine's mode as the library takes it: ``torch-runtime`` is ``calibrate.TorchRuntime()``."""
-    if name != "torch-runtime":
-        return name
-    from ..calibrate import TorchRuntime
-
-    return TorchRuntime()
-
-
-def _machine(args: argparse.Namespace, config: _Config) -> _Machine:
-    import jax.numpy as jnp
-
-    from .._compare import Machine, default_machine
-    from .._engine._hardware import Hardware, Network
-    from .._machine import _presets
-    from .._machine._device import Device
-
-    times = _merged(args, config, "times", _TIME_FLAGS)
-    net = _merged(args, config, "network", _NET_FLAGS)
-    model_cfg = config.get("model")
     dev = _merged(args, config, "device", {})
     if getattr(args, "device", None) is not None:
         dev["preset"] = (args.device, "--device")
-    mode = _mode(net.pop("mode", (None, ""))[0])
-    _check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
-    modes = {} if mode is None else {"mode": mode}
-    if times:
-        if net:
-            key, (_, origin) = next(iter(net.items()))
-            raise ConfigError(f"{origin} cannot be combined with per-stage times: give p2p (seconds per "
-                              "transfer) or use a [model] and [device]")
-        if model_cfg or dev:
-            origin = config.where("model") if model_cfg else next(iter(dev.values()))[1]
-            raise ConfigError(f"{origin} cannot be combined with per-stage times (--forward/--backward or "
-                              "[times]): give one or the other")
-        missing = [k for k in ("forward", "backward") if k not in times]
-        if missing:
-            raise ConfigError(f"times: give both forward and backward (seconds per stage); {missing[0]} is missing")
-        t = {k: v for k, (v, _) in times.items()}
-
-        by_kind = {k: t[f"overhead_{k}"] for k in "FBIW" if f"overhead_{k}" in t}  # Hardware.kind_overhead
-
-        def from_times(schedule: Any) -> Any:
-            return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
-                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
-                                       kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
-                                       setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
-                                       pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True),
-                                       send_cost=t.get("send_cost"), recv_cost=t.get("recv_cost"))
-
-        label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
-                 + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
-        return _Machine(label, from_times)
-    if not model_cfg and not dev and not net:
-        m = default_machine(**modes)
-        return _Machine(m.name, m, m.model, m.device, m.network, given=mode is not None)
-    base = default_machine(**modes)
-    model = dataclasses.replace(base.model, **model_cfg) if model_cfg else base.model
-    d = {k: v for k, (v, _) in dev.items()}
-    if "preset" in d:
-        device = _presets.device(d["preset"], efficiency=d.get("efficiency"))
-    elif ("peak_flops" in d) != ("memory" in d):
-        have, need = ("peak_flops", "memory") if "peak_flops" in d else ("memory", "peak_flops")
-        raise ConfigError(f"{dev[have][1]} needs [device] {need} too (or a preset to start from)")
-    else:
-        device = base.device
-        if "efficiency" in d:
-            device = device.flat(d["efficiency"])
-    if "peak_flops" in d or "memory" in d:
-        device = Device(d.get("peak_flops", device.peak_flops), d.get("memory", device.memory),
-                        d.get("efficiency", device.efficiency), name=f"{device.name} (custom)"
-                        if "preset" in d else "a custom device")
-    presets = [k for k in ("intra", "inter") if k in net]
-    explicit = [k for k in ("latency", "bandwidth", "inter_latency", "inter_bandwidth") if k in net]
-    if presets and explicit:
-        raise ConfigError(f"{net[explicit[0]][1]} cannot be combined with {net[presets[0]][1]}: give link "
-                          "presets or latency/bandwidth, not both")
-    if ("inter" in net or "devices_per_node" in net) and "intra" not in net and not explicit:
-        raise ConfigError("--inter/--devices-per-node need --intra (the intra-node network preset)")
-    n = {k: v for k, (v, _) in net.items()}
-    if "intra" in net:
-        network = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8),
-                                   **modes)
-        if "inter" not in n and "devices_per_node" in n:
-            raise ConfigError(f"{net['devices_per_node'][1]} needs --inter (the link between nodes)")
-    elif explicit:
-        lat = jnp.asarray(float(n.get("latency", 0.0)))
-        bw = jnp.asarray(float(n.get("bandwidth", math.inf)))
-        network = Network(lat, bw, jnp.asarray(float(n.get("inter_latency", lat))),
-                          jnp.asarray(float(n.get("inter_bandwidth", bw))), **modes,
-                          devices_per_node=n.get("devices_per_node"))
-    else:
-        network = base.network
-    label = f"{model.layers}-layer model (h={model.hidden}) on {getattr(device, 'name', 'a custom device')}"
-    m = Machine(model, device, network, name=label)
-    return _Machine(m.name, m, model, device, network)
+    return machine(_merged(args, config, "times", _TIME_FLAGS), config.get("model"), dev,
+                   _merged(args, config, "network", _NET_FLAGS), names={**_NAMES, "model": config.where("model")})
 
 
-def _wants_configuration(args: argparse.Namespace, config: _Config) -> bool:
+def _wants_configuration(args: argparse.Namespace, config: MachineFile) -> bool:
     """Whether the command describes a training configuration (a flag or section of one)."""
     flags = [*_TRAINING_FLAGS, *_PARALLEL_FLAGS, "gpus", "cluster"]
     return any(getattr(args, k, None) is not None for k in flags) or any(
-        config.get(s) for s in _CONFIGURATION_SECTIONS)
+        config.get(s) for s in CONFIGURATION_SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -328,27 +112,15 @@ class _Training:
         """The ``Configuration`` of ``family`` (default the given one), its schedule within
         ``max_ops``; ``adapt``: a family without chunks keeps the stages it places (``virtual`` =
         its stages per device: compare)."""
-        from .._plan import _configuration
+        from .._training_file import configuration
 
-        family = family or self.family
-        options = self.options if options is None else options
-        par = self.parallelism
-
-        def make(par: Any) -> Any:
-            return _configuration.Configuration(self.model, par, self.cluster, self.global_batch, schedule=family,
-                                                options=options, communication=self.communication,
-                                                framework=self.framework)
-
-        cfg = make(par)
-        _guard_configuration(cfg, max_ops)
-        if adapt and "chunks" not in schedules.family(cfg.family).option_names:
-            stages = schedules.get(cfg.family, devices=par.pipeline, microbatches=cfg.microbatches,
-                                   **dict(cfg.options)).stages
-            cfg = make(dataclasses.replace(par, virtual=max(1, stages // par.pipeline)))
-        return cfg
+        return configuration(self.model, self.parallelism, self.cluster, self.global_batch,
+                             family=family or self.family, options=self.options if options is None else options,
+                             communication=self.communication, framework=self.framework, placed_stages=adapt,
+                             check=lambda cfg: _guard_configuration(cfg, max_ops))
 
 
-def _training(args: argparse.Namespace, config: _Config) -> _Training:
+def _training(args: argparse.Namespace, config: MachineFile) -> _Training:
     """The training configuration of ``--model``/``--hf-config``, ``--tp``... and the sections
     ``[training]``, ``[parallelism]``, ``[cluster]`` (flags override the file)."""
     for flag in ("--forward", "--backward", "--weight", "--p2p"):
@@ -383,7 +155,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
         par["data"] = clu["gpus"] // (t * p * c) if "gpus" in clu else 1
     parallelism = Parallelism(**par)
     cluster = _cluster(clu, parallelism.gpus)
-    mode = _mode(args.mode or network.get("mode") or "overlap")
+    mode = args.mode or network.get("mode") or "overlap"
     framework = train.get("framework", "none")
     extra = "".join(f" {k}{v}" for k, v in (("EP", parallelism.expert), ("VPP", parallelism.virtual)) if v > 1)
     if parallelism.etp != parallelism.tensor:
@@ -400,7 +172,7 @@ def _training(args: argparse.Namespace, config: _Config) -> _Training:
                      "virtual" in par, settings, framework)
 
 
-def _configuration_values(args: argparse.Namespace, config: _Config) -> tuple[dict, dict, dict, dict]:
+def _configuration_values(args: argparse.Namespace, config: MachineFile) -> tuple[dict, dict, dict, dict]:
     """``[training]``, ``[parallelism]`` and ``[cluster]`` values, flags over the file, with
     ``--cluster GPUSxDEVICE`` folded in; exactly one model and a global batch are required. The
     sequence and flash attention are resolved (``_settings``); the fourth value says where they came from."""
@@ -489,7 +261,7 @@ def _cluster(clu: dict[str, Any], gpus: int) -> Any:
 
 
 # -- the schedule ------------------------------------------------------------------------------------
-def _schedule(args: argparse.Namespace, config: _Config) -> Any:
+def _schedule(args: argparse.Namespace, config: MachineFile) -> Any:
     section = config.get("schedule")
     if getattr(args, "torch_csv", None):
         given = [("a family", args.family), ("--devices", args.devices), ("--microbatches", args.microbatches),

@@ -34,11 +34,11 @@ from typing import Any
 
 from .. import _io
 from .._caches import enable_compilation_cache
+from .._choices import MACHINE_MODES
 from .._errors import ConfigError, ScheduleError
 from ._args import (
     DEFAULT_DEVICES,
     DEFAULT_MICROBATCHES,
-    MACHINE_MODES,
     REPORT,
     _add_common,
     _add_machine,

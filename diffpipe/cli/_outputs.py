@@ -10,11 +10,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _io
 from .._errors import ConfigError
-from ._inputs import _Machine
+
+if TYPE_CHECKING:
+    from .._machine_file import FileMachine
 
 #: Figures of a configuration or plan row -> (the key the command line prints, with its unit; the
 #: factor from the library's SI value): GB are 10^9 bytes, percentages of the step or of the peak.
@@ -132,7 +134,7 @@ def _finite_or_none(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _simulation_summary(schedule: Any, result: Any, machine: _Machine) -> dict[str, Any]:
+def _simulation_summary(schedule: Any, result: Any, machine: FileMachine) -> dict[str, Any]:
     import numpy as np
 
     makespan = float(result.makespan)

@@ -7,8 +7,9 @@ import argparse
 from typing import Any
 
 from .._errors import ConfigError
+from .._machine_format import MachineFile
 from .._progress import Progress
-from ._inputs import _cluster, _Config, _configuration_values, _model, _settings_line
+from ._inputs import _cluster, _configuration_values, _model, _settings_line
 from ._outputs import _check_outputs, _input_paths, _print_json, _with_units, _write_all
 
 
@@ -27,7 +28,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         raise ConfigError("plan: --out needs --export")
     _check_outputs(("--out", args.out, None), ("--report", args.report, (".html", ".htm")),
                    inputs=_input_paths(args))
-    train, par, clu, settings = _configuration_values(args, _Config())
+    train, par, clu, settings = _configuration_values(args, MachineFile())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
     model, name = _model(train, ("flash_attention",))

@@ -14,6 +14,10 @@ Changes (each undone by patching the one place it lives, nothing else):
 - ``reduce``: gradients reduced in fp32 where the framework does (``Transformer.reduce_bytes``: Megatron-LM,
   torchtitan, Composer's DEFAULT, Lightning's autocast); undone: in bf16.
 - ``param_gather``: Megatron-LM's stated ``--overlap-param-gather``; undone: the weights' all-gather in the sync.
+- ``every_microbatch``: Composer's FSDP reducing gradients after every microbatch (the ``fsdp`` preset's
+  ``every_microbatch``, the llm-foundry rows); undone: once a step, as under ``no_sync``.
+- ``native``: the Megatron-LM rows' attention by Hopper's own fused kernel (the ``megatron`` preset's
+  ``flash_version=3``); undone: FlashAttention-2.
 - ``a100_ceiling``: the A100's training ceiling (``CEILINGS["A100"]``); undone: the kernel fit alone (1.0), the
   H100's still refitted.
 
@@ -54,7 +58,7 @@ tr = _load("published_runs_test", "test_runs.py")
 fc = _load("published_runs_ceilings", "fit_ceilings.py")
 rp = fc.rp  # run.py, as the ceiling fit reads it
 
-CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "a100_ceiling")
+CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "every_microbatch", "native", "a100_ceiling")
 
 
 @contextlib.contextmanager
@@ -91,6 +95,10 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
         return stack
     if change == "param_gather":
         return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, param_gather=False))
+    if change == "every_microbatch":
+        return patched(tr, FSDP=dataclasses.replace(tr.FSDP, every_microbatch=False))
+    if change == "native":
+        return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, flash_version=2))
     if change == "a100_ceiling":
         return contextlib.nullcontext()  # handled by the refit: the A100 is not refitted
     raise ValueError(change)

@@ -29,6 +29,25 @@ RECIPES = {
     "llama3_70b_64k": ("llama-3-70b", 65536, 128, 8, 4, 1, 4),
 }
 GLOBAL_BATCH = 512
+#: The stated settings every search keeps (the recipe's VPP is added when it has one).
+AXES = dict(microbatch_sizes=1, recompute="none", zero=1, sequence_parallel=True, balance=False,
+            families=("1f1b", "interleaved-1f1b"), progress=False)
+
+
+def request(name: str) -> tuple[dp.Transformer, dp.Cluster]:
+    """The model and cluster of recipe ``name``."""
+    preset, seq, gpus = RECIPES[name][:3]
+    model = dp.presets.model(preset, sequence=seq, microbatch_size=1, recompute="none", flash_attention=True)
+    return model, dp.Cluster("H100", gpus=gpus)
+
+
+def search(name: str, fixed: bool) -> dp.PlanTable:
+    """``plan`` of recipe ``name`` with its stated settings: ``fixed`` keeps its TP and PP (only CP, and
+    so DP, is chosen), else TP, CP and PP are chosen too."""
+    model, cluster = request(name)
+    tp, pp, vpp = RECIPES[name][3:6]
+    axes = dict(AXES, virtual=vpp) if vpp > 1 else AXES
+    return dp.plan(model, cluster, GLOBAL_BATCH, **(dict(tensor=tp, pipeline=pp) if fixed else {}), **axes)
 
 
 def describe(r: dict) -> str:
@@ -42,19 +61,13 @@ def main() -> None:
              "search). Step times in seconds (global batch 512).", "",
              "| recipe | stated | stated step | plan, stated TP and PP | step | plan, free | step | CP reproduced "
              "(fixed / free) |", "|---|---|---:|---|---:|---|---:|:---:|"]
-    for name, (preset, seq, gpus, tp, pp, vpp, cp) in RECIPES.items():
+    for name, (_, _, gpus, tp, pp, vpp, cp) in RECIPES.items():
         t0 = time.perf_counter()
-        model = dp.presets.model(preset, sequence=seq, microbatch_size=1, recompute="none", flash_attention=True)
-        cluster = dp.Cluster("H100", gpus=gpus)
+        model, cluster = request(name)
         par = dp.Parallelism(tensor=tp, pipeline=pp, virtual=vpp, context=cp, data=gpus // (tp * pp * cp), zero=1,
                              sequence_parallel=True)
         stated = dp.Configuration(model, par, cluster, GLOBAL_BATCH).evaluate()
-        axes = dict(microbatch_sizes=1, recompute="none", zero=1, sequence_parallel=True, balance=False,
-                    families=("1f1b", "interleaved-1f1b"), progress=False)
-        if vpp > 1:
-            axes["virtual"] = vpp
-        fixed = dp.plan(model, cluster, GLOBAL_BATCH, tensor=tp, pipeline=pp, **axes).best
-        free = dp.plan(model, cluster, GLOBAL_BATCH, **axes).best
+        fixed, free = search(name, fixed=True).best, search(name, fixed=False).best
         row = {"tensor": tp, "context": cp, "pipeline": pp, "data": par.data, "virtual": vpp}
         same = " / ".join("yes" if r["context"] == cp else "no" for r in (fixed, free))
         lines.append(f"| {name} | {describe(row)} | {stated.step_time:.1f} | {describe(fixed)} | "

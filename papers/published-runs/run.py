@@ -101,6 +101,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "Llama 3.1 405B from its config.json (diffpipe preset) at sequence 8192, bf16, flash attention, no "
         "recomputation ('without activation checkpointing', §3.3.2), microbatch size 1 and sequence parallelism "
         "(the paper cites Korthikanti et al. for its TP; neither is stated).",
+        "Attention: FlashAttention-2 (flash_version=2; the paper names no kernel): stated here because diffpipe's "
+        "default is now the device's own fused kernel (Hopper's cuDNN attention, PyTorch's SDPA default on sm90 "
+        "since its bundled cuDNN passed 9.15).",
         "Interleaved 1F1B with 4 chunks per pipeline rank and layers per stage [1, 2, ..., 2, 1] (V is not "
         "given; the text removes one layer from the first and the last stage; its 'the first model chunk on the "
         "first stage has only the embedding' reads as V = 8 with [0, 1, ..., 1, 0], which diffpipe's "
@@ -117,7 +120,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
         "Llama 3.1 8B from its config.json at sequence 8192 (train_configs/llama3_8b.toml at torchtitan 9dec370, "
         "the version of the measurement), bf16, flash attention, FSDP as ZeRO-3 reducing gradients in fp32 "
         "(--training.mixed_precision_reduce, whose one choice is float32 at 9dec370), one microbatch of the local "
-        "batch (2) per step.",
+        "batch (2) per step. Attention: FlashAttention-2 (flash_version=2): torchtitan's SDPA on the PyTorch of "
+        "9dec370's time, before PyTorch preferred cuDNN's attention on Hopper (cuDNN was opt-in from 2.5.1, "
+        "pytorch/pytorch#138522, to 2.11).",
         "torchtitan's 'selective' activation checkpointing at its default option '2' checkpoints every other "
         "layer in full: diffpipe has no such mode, so the row is simulated with no and with full "
         "recomputation, a bracket that must contain the measurement.",
@@ -308,7 +313,7 @@ def llama3_table4() -> list[Row]:
     rows = []
     for r in DATA["llama3"]["table4"]:
         model = dp.presets.model("llama-3.1-405b", sequence=r["sequence"], microbatch_size=1, recompute="none",
-                                 flash_attention=True)
+                                 flash_attention=True, flash_version=2)
         # V = 4 chunks of 2 layers, one layer fewer on the first and last stage: [1, 2, ..., 2, 1]. (The text's
         # "first chunk has only the embedding" reads as V = 8, [0, 1, ..., 1, 0]; Parallelism.check refuses
         # 128 stages for 126 layers even with empty end stages: see README.)
@@ -330,7 +335,7 @@ def torchtitan_rows() -> list[Row]:
     for r in DATA["torchtitan"]["fsdp"]:
         for recompute in ("none", "full"):
             model = dp.presets.model("llama-3-8b", sequence=8192, microbatch_size=r["local_batch"],
-                                     recompute=recompute, flash_attention=True)
+                                     recompute=recompute, flash_attention=True, flash_version=2)
 
             def build(model=model, r=r):
                 return configuration(model, TITAN_H100, r["batch"], data=r["gpus"], zero=3,
@@ -343,7 +348,7 @@ def torchtitan_rows() -> list[Row]:
         virtual = 2 if interleaved else 1
         mbs = r["local_batch"] // (r["pp"] * virtual)
         model = dp.presets.model("llama-3.1-405b", sequence=8192, microbatch_size=mbs, recompute="full",
-                                 flash_attention=True)
+                                 flash_attention=True, flash_version=2)
 
         def build(model=model, r=r, virtual=virtual):
             return configuration(model, TITAN_H100, r["batch"], tensor=r["tp"], pipeline=r["pp"], data=r["fsdp"],

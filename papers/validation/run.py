@@ -34,6 +34,18 @@ GLOO_TIMEOUT_S = 30
 #: measured step time is the median of the quiet steps when there are at least MIN_QUIET_STEPS.
 QUIET_WAIT_FRACTION = 0.05
 MIN_QUIET_STEPS = 3
+#: Untimed rounds before the measured ones (every job once, no trace): each worker process reaches
+#: its peak memory in them. Memory a process touches for the first time costs a page fault per
+#: 4 KiB page, and where the machine's hypervisor has taken back free guest memory (a Firecracker
+#: VM reporting free pages, ``page_reporting``), about 10 us a page instead of 1.4 (measured on
+#: this study's machine): a 4 MiB weight gradient then stalls its op by about 13 ms. Without
+#: these rounds the processes grow in round 0, the traced round (README, "Diagnosis of the 2-stage
+#: error").
+WARMUP_ROUNDS = 1
+#: glibc's allocator for the workers: large blocks from the heap, never returned to the kernel, so
+#: that memory freed by one step or job is reused by the next without new page faults (the
+#: environment variables of ``mallopt``'s M_MMAP_THRESHOLD, at its 64-bit maximum, and M_TRIM_THRESHOLD).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 #: torch schedule classes the study runs, with how their stages sit on ranks.
 V_STYLE = ("ZBVZeroBubble", "DualPipeV")
@@ -101,6 +113,15 @@ def runqueue_wait() -> float:
     return total * 1e-9
 
 
+def minor_faults() -> int:
+    """Page faults this process has taken without I/O so far (``getrusage``; 0 where unavailable)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _run_job(job: dict, rank: int, out: Path) -> None:
     """``job["warmup"]`` untraced steps, then ``job["steps"]`` steps under the profiler."""
     import torch
@@ -140,33 +161,35 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
     x = torch.randn(batch, width, generator=generator)
     y = torch.randn(batch, width, generator=generator)
 
-    def step() -> tuple[float, float]:
+    def step() -> tuple[float, float, int]:
         for p in model.parameters():
             p.grad = None
         dist.barrier()
-        waited = runqueue_wait()
+        waited, faulted = runqueue_wait(), minor_faults()
         start = time.perf_counter()
         with record_function(STEP_LABEL):  # the step's bounds in the trace (setup, wind-down)
             if 0 in mine:
                 runtime.step(x, target=y, losses=[])
             else:
                 runtime.step(target=y, losses=[])
-        return time.perf_counter() - start, runqueue_wait() - waited
+        return time.perf_counter() - start, runqueue_wait() - waited, minor_faults() - faulted
 
     for _ in range(job["warmup"]):
         step()
     peak[0] = 0
-    times, waits = [], []
+    times, waits, faults = [], [], []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(job["steps"]):
-            elapsed, waited = step()
+            elapsed, waited, faulted = step()
             times.append(elapsed)
             waits.append(waited)
+            faults.append(faulted)
             prof.step()
     if job.get("trace", True):
         prof.export_chrome_trace(str(out / f"{job['name']}.rank{rank}.json"))
     (out / f"{job['name']}.rank{rank}.meta.json").write_text(
-        json.dumps({"stages": mine, "peak_stored": peak[0], "step_s": times, "runqueue_wait_s": waits})
+        json.dumps({"stages": mine, "peak_stored": peak[0], "step_s": times, "runqueue_wait_s": waits,
+                    "minor_faults": faults})
     )
 
 
@@ -213,9 +236,10 @@ def job(name: str, schedule: str, *, microbatches: int, stages_per_rank: int = 1
             "csv": csv, "blocks": list(blocks) if blocks else None, "trace": trace}
 
 
-def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: bool = False) -> str | None:
-    """Run ``jobs`` in one pair of gloo workers; traces land in ``work``. Returns None on success,
-    else the tail of the workers' output."""
+def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: bool = False,
+             env: dict[str, str] | None = None) -> str | None:
+    """Run ``jobs`` in one pair of gloo workers (``env``: more environment variables for them);
+    traces land in ``work``. Returns None on success, else the tail of the workers' output."""
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "jobs.json"
     store = work / "store"
@@ -223,7 +247,8 @@ def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: boo
     spec.write_text(json.dumps({"jobs": jobs, "out": str(work), "store": str(store), "pin": pin}))
     from diffpipe.calibrate._ranks import run_ranks  # here: the workers run this file without diffpipe
 
-    return run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"})
+    return run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=timeout_s,
+                     env={"OMP_NUM_THREADS": "1", **(env or {})})
 
 
 # -- the study ---------------------------------------------------------------------------------------
@@ -306,25 +331,50 @@ def _measured(work: Path, key: str, rounds: int) -> dict:
     enough), the interquartile range, and the CPU waits."""
     import statistics
 
-    samples, fractions = [], []
+    samples, fractions, faults = [], [], []
     for r in range(rounds):
         metas = [json.loads((work / f"{key}.r{r}.rank{k}.meta.json").read_text()) for k in range(RANKS)]
         for ts, ws in zip(zip(*[m["step_s"] for m in metas], strict=True),
                           zip(*[m["runqueue_wait_s"] for m in metas], strict=True), strict=True):
             samples.append(max(ts))
             fractions.append(max(ws) / max(ts))
+        if all("minor_faults" in m for m in metas):  # traces before the count have none
+            faults.append([max(fs) for fs in zip(*[m["minor_faults"] for m in metas], strict=True)])
     quiet = [t for t, f in zip(samples, fractions, strict=True) if f <= QUIET_WAIT_FRACTION]
     kept = quiet if len(quiet) >= MIN_QUIET_STEPS else samples
     q = statistics.quantiles(kept, n=4) if len(kept) > 1 else [kept[0]] * 3
     return {"measured_s": statistics.median(kept), "iqr_s": q[2] - q[0], "samples": len(samples),
             "quiet_steps": len(quiet), "measured_from": "quiet steps" if kept is quiet else "all steps",
             "runqueue_wait_fraction": statistics.median(fractions),
-            "runqueue_wait_fractions": fractions}
+            "runqueue_wait_fractions": fractions,
+            # per round, per step: the page faults of the rank that took more (round 0 is traced)
+            "minor_faults": faults or None}
+
+
+def study_jobs(meta: dict, *, rounds: int, steps: int, warmup_rounds: int = WARMUP_ROUNDS,
+               trace_all: bool = False) -> list[dict]:
+    """The study's jobs, in the order they run: every case once per round (interleaved), first
+    ``warmup_rounds`` untimed rounds (``<case>.w<k>``: no trace, not analysed), then the measured
+    rounds ``<case>.r<k>``, the traces of round 0 (``trace_all``: of every measured round); every job
+    runs ``steps`` steps under the profiler (a warm-up job as many as a measured one: the profiler's
+    buffers grow with them)."""
+    jobs = []
+    for r in range(-warmup_rounds, rounds):
+        for key, info in meta.items():
+            torch_kind = "csv" if info["kind"].startswith("csv:") else info["kind"]
+            jobs.append(job(f"{key}.w{warmup_rounds + r}" if r < 0 else f"{key}.r{r}", torch_kind,
+                            microbatches=info["microbatches"], stages_per_rank=info["spr"], width=info["width"],
+                            rows=info["rows"], warmup=1, steps=steps,
+                            csv=str(info["csv"]) if info["csv"] else None, blocks=info["blocks"],
+                            trace=r == 0 or (trace_all and r > 0)))
+    return jobs
 
 
 def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows: int, work: Path,
-          modes: tuple[str, ...] = MODES, run: bool = True) -> dict:
-    """Run every group's schedules (``rounds`` interleaved repetitions), calibrate from each
+          modes: tuple[str, ...] = MODES, run: bool = True, warmup_rounds: int = WARMUP_ROUNDS,
+          trace_all: bool = False) -> dict:
+    """Run every group's schedules (``warmup_rounds`` untimed, then ``rounds`` interleaved
+    repetitions), calibrate from each
     schedule's trace in turn, predict the step time of every case of its group in each of
     ``modes``; returns the results. ``run=False`` analyses the traces already in ``work``."""
     meta = _cases(groups, work, width=width, rows=rows)
@@ -332,41 +382,54 @@ def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows:
         previous = json.loads((work / "conditions.json").read_text())
         previous.update(modes=list(modes), groups={g: _spec_json(v) for g, v in groups.items()})
         return analyze(meta, work, previous, modes)
-    jobs = []
+    jobs = study_jobs(meta, rounds=rounds, steps=steps, warmup_rounds=warmup_rounds, trace_all=trace_all)
     load_before = os.getloadavg()
-    for r in range(rounds):  # interleaved: every schedule once per round; traces of round 0
-        for key, info in meta.items():
-            torch_kind = "csv" if info["kind"].startswith("csv:") else info["kind"]
-            jobs.append(job(f"{key}.r{r}", torch_kind, microbatches=info["microbatches"], stages_per_rank=info["spr"],
-                            width=info["width"], rows=info["rows"], warmup=1, steps=steps,
-                            csv=str(info["csv"]) if info["csv"] else None, blocks=info["blocks"], trace=r == 0))
     started = time.time()
-    failure = run_jobs(jobs, work, timeout_s=60 + 5 * len(jobs), pin=True)
+    failure = run_jobs(jobs, work, timeout_s=60 + 5 * len(jobs), pin=True, env=MALLOC_ENV)
     if failure:
         raise SystemExit(f"the torch run failed:\n{failure}")
     elapsed = time.time() - started
     load_after = os.getloadavg()
     conditions = {"ranks": RANKS, "width": width, "rows_per_microbatch": rows,
                   "groups": {g: _spec_json(spec) for g, spec in groups.items()},
-                  "rounds": rounds, "steps_per_round": steps, "pinned": True, "modes": list(modes),
+                  "rounds": rounds, "steps_per_round": steps, "warmup_rounds": warmup_rounds,
+                  "traced_rounds": rounds if trace_all else 1,
+                  "worker_env": MALLOC_ENV, "pinned": True, "modes": list(modes),
                   "loadavg_before": load_before, "loadavg_after": load_after, "wall_s": elapsed,
                   "cpus": os.cpu_count(), "under_load": load_before[0] > LOADED}
     (work / "conditions.json").write_text(json.dumps(conditions))
     return analyze(meta, work, conditions, modes)
 
 
+def _calibrate(work: Path, key: str, rounds: int, schedule):
+    """A case's calibration from its traced rounds: round 0's, or where more rounds were traced
+    (``--trace-all-rounds``), all of them combined (``calibrate.combine``: the same steps the case's
+    measured time comes from), with the median of the rounds' step times and round 0's orders."""
+    import dataclasses
+    import statistics
+
+    from diffpipe import calibrate
+
+    traced = [r for r in range(rounds) if r == 0 or all((work / f"{key}.r{r}.rank{k}.json").exists()
+                                                        for k in range(RANKS))]
+    runs = [calibrate.from_torch_trace([work / f"{key}.r{r}.rank{k}.json" for k in range(RANKS)], schedule)
+            for r in traced]
+    if len(runs) == 1:
+        return runs[0]
+    return dataclasses.replace(calibrate.combine(runs), orders=runs[0].orders,
+                               step_time=statistics.median(c.step_time for c in runs))
+
+
 def analyze(meta: dict, work: Path, conditions: dict, modes: tuple[str, ...]) -> dict:
     """Calibrate from each case's traces in ``work``, predict every case of its group in each mode."""
-    from diffpipe import calibrate
     from diffpipe.schedules import peak_activations
 
     rounds = conditions["rounds"]
     cases = {}
     for key, info in meta.items():
         schedule = _diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
-        traces = [work / f"{key}.r0.rank{k}.json" for k in range(RANKS)]
         try:
-            cal = calibrate.from_torch_trace(traces, schedule)
+            cal = _calibrate(work, key, rounds, schedule)
         except Exception as error:  # noqa: BLE001  (Schedule1F1B has no labels: recorded, not fatal)
             cal, note = None, str(error).split(".json: ", 1)[-1]
         else:
@@ -493,17 +556,37 @@ def summary_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _traced_ratio(case: dict) -> str:
+    """The traced round's median step (the calibration's ``step_time``) over the case's measured
+    time: far from 1, the round a calibration comes from is not the steps it is judged against."""
+    cal = case["calibration"]
+    return f"{cal['step_time'] / case['measured_s']:.2f}" if cal and cal.get("step_time") else "n/a"
+
+
+def _faults(case: dict) -> str:
+    """Median page faults per step in the traced round and in the other rounds."""
+    import statistics
+
+    rounds = case.get("minor_faults")
+    if not rounds:
+        return "n/a"
+    others = [f for r in rounds[1:] for f in r]
+    return f"{statistics.median(rounds[0]):.0f} / {statistics.median(others):.0f}" if others else \
+        f"{statistics.median(rounds[0]):.0f} / n/a"
+
+
 def _markdown(results: dict) -> str:
     c = results["conditions"]
     lines = [f"# Validation run (ranks {c['ranks']}, base width {c['width']}, {c['rows_per_microbatch']} rows per "
              f"microbatch, {c['rounds']} rounds x {c['steps_per_round']} steps)", "", summary_table(results),
-             "| case | width x rows | measured ms | IQR ms | quiet steps | runqueue wait | torch peak stored "
-             "| diffpipe peak | calibrated? |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| case | width x rows | measured ms | IQR ms | quiet steps | runqueue wait | traced round / measured "
+             "| page faults per step, traced round / others | torch peak stored | diffpipe peak | calibrated? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, case in results["cases"].items():
         lines.append(f"| {key} | {case['width']} x {case['rows']} | {1e3 * case['measured_s']:.2f} | "
                      f"{1e3 * case['iqr_s']:.2f} | {case['quiet_steps']}/{case['samples']} | "
-                     f"{100 * case['runqueue_wait_fraction']:.0f}% | {case['torch_peak_stored']} | "
+                     f"{100 * case['runqueue_wait_fraction']:.0f}% | {_traced_ratio(case)} | {_faults(case)} | "
+                     f"{case['torch_peak_stored']} | "
                      f"{case['diffpipe_peak_activations']} | "
                      f"{'yes' if case['calibration'] else 'no: ' + (case['calibration_note'] or '')[:60]} |")
     lines += ["", "| mode | calibrated from | microbatches | targets | MAPE | worst error | Kendall tau "
@@ -530,6 +613,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), help="run only these groups")
+    parser.add_argument("--trace-all-rounds", action="store_true",
+                        help="write the traces of every measured round (not only round 0's) and calibrate from all")
     parser.add_argument("--work", type=Path, help="keep the traces in this directory (default: a temporary one)")
     parser.add_argument("--analyze-only", action="store_true",
                         help="run nothing: analyse the traces a previous run with the same options left in --work")
@@ -548,7 +633,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp) if args.work is None else args.work
         work.mkdir(parents=True, exist_ok=True)
         results = study(args.out, groups=groups, rounds=rounds, steps=steps, width=args.width,
-                        rows=args.rows, work=work, run=not args.analyze_only)
+                        rows=args.rows, work=work, run=not args.analyze_only, trace_all=args.trace_all_rounds)
     with Staged() as staged:
         staged.add(args.out / "results.json", dumps_json(results), "results")
         staged.add(args.out / "results.md", _markdown(results), "results table")
