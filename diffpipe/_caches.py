@@ -12,6 +12,9 @@ The compilation cache keeps XLA's compiled programs across processes, in
 ``compilation_cache_dir()``: a folder per diffpipe x JAX x jaxlib version under
 ``$DIFFPIPE_CACHE_DIR``, ``$XDG_CACHE_HOME/diffpipe/jax`` or ``~/.cache/diffpipe/jax``;
 ``DIFFPIPE_CACHE=0`` turns it off. Only derived data again: removing it changes no result.
+Turning it on also keeps ``optimize``'s results on disk, in that folder's ``results/``
+(``result_cache_dir``; the store is ``diffpipe._store``), so a fresh process repeating a ``plan``
+does not balance its stages again.
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ CACHE_SWITCH = "DIFFPIPE_CACHE"
 CACHE_DIR = "DIFFPIPE_CACHE_DIR"
 _OFF = ("0", "false", "no", "off")
 _VERSIONED = "diffpipe-"  # every versioned directory's name starts so (``cache clear`` removes only those)
+#: The folder of ``optimize``'s kept results inside the compilation cache's (``diffpipe._store``).
+RESULTS = "results"
+#: The result cache's folder while one is on in this process (``enable_compilation_cache``).
+_RESULT_DIR: list[Path | None] = [None]
 
 
 def compilation_cache_enabled() -> bool:
@@ -121,6 +128,10 @@ def enable_compilation_cache(path: str | os.PathLike[str] | None = None) -> Path
     the cache off (returns None). Every program is kept, however small or quick to compile (a
     fresh process pays for each). Call it before the first computation: JAX opens its cache once
     per process. Imports JAX. Returns the folder.
+
+    It also keeps ``optimize``'s results (the stage balancing of ``plan``) in the folder's
+    ``results/`` (``result_cache_dir``), keyed by a fingerprint of diffpipe's code and its
+    dependencies' versions and by every input (``diffpipe._store``).
     """
     if path is None:
         if not compilation_cache_enabled():
@@ -132,22 +143,35 @@ def enable_compilation_cache(path: str | os.PathLike[str] | None = None) -> Path
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _RESULT_DIR[0] = folder / RESULTS
     return folder
 
 
-def _folder_size(folder: Path) -> tuple[int, int]:
-    files = [f for f in folder.rglob("*") if f.is_file()]
+def result_cache_dir() -> Path | None:
+    """The folder where ``optimize`` keeps its results on disk, or None while no cache is on in
+    this process (``enable_compilation_cache`` turns it on; the library alone writes nothing)."""
+    return _RESULT_DIR[0]
+
+
+def _folder_size(folder: Path, skip: Path | None = None) -> tuple[int, int]:
+    if not folder.is_dir():
+        return 0, 0
+    files = [f for f in folder.rglob("*") if f.is_file() and (skip is None or skip not in f.parents)]
     return len(files), sum(f.stat().st_size for f in files)
 
 
 def compilation_cache_info() -> dict[str, Any]:
-    """The cache's folder, whether it is on, and its entries and bytes (with those of other
-    versions' caches under the same root, which this installation never reads)."""
+    """The cache's folder, whether it is on, and its compiled programs' entries and bytes; the
+    kept ``optimize`` results' folder, entries and bytes (``results``); with those of other
+    versions' caches under the same root, which this installation never reads."""
     root, current = compilation_cache_root(), compilation_cache_dir()
-    entries, size = _folder_size(current) if current.is_dir() else (0, 0)
+    results = current / RESULTS
+    entries, size = _folder_size(current, skip=results)
+    kept, kept_size = _folder_size(results)
     others = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_VERSIONED)
                     and p != current) if root.is_dir() else []
     return {"enabled": compilation_cache_enabled(), "path": str(current), "entries": entries, "bytes": size,
+            "results": {"path": str(results), "entries": kept, "bytes": kept_size},
             "other_versions": [{"path": str(p), "entries": n, "bytes": b}
                                for p in others for n, b in [_folder_size(p)]]}
 

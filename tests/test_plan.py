@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
+from diffpipe import _caches
 from diffpipe._engine._simulate import _simulate_graph
+from diffpipe._optimize import _optimize
 from diffpipe._plan import _search
 from diffpipe._plan._bounds import Costs, closed_form
 from diffpipe._plan._space import family_shape
@@ -96,6 +99,30 @@ def test_balanced_rows_are_verified():
         assert row[name] == getattr(result, name), name
     assert row["layers_per_stage"] != (2, 2, 2, 2) and sum(row["layers_per_stage"]) == heavy.layers
     assert table.best["step_time"] <= min(r["step_time"] for r in table.rows if not r["balanced"]) * (1 + TIE)
+
+
+def test_a_plan_from_kept_results_is_the_computed_plan(tmp_path, monkeypatch):
+    """``optimize``'s results kept on disk (``diffpipe._store``; the same request as above, so the
+    programs are compiled already): a fresh process's plan read from them is the computed plan,
+    table and ``to_dict()`` (its timings aside) byte for byte, and balances nothing again."""
+    heavy = dataclasses.replace(TINY, vocabulary=65536)
+    request = dict(pipeline=4, tensor=1, families=("1f1b",), microbatch_sizes=(1,), recompute=("none",), zero=(1,),
+                   sequence_parallel=(False,), top_k=1, progress=False)
+    monkeypatch.setattr(_caches, "_RESULT_DIR", [tmp_path])
+    runs = []
+    real = _optimize._descend
+    monkeypatch.setattr(_optimize, "_descend", lambda *a: runs.append(1) or real(*a))
+    _optimize._STORED.clear()  # this process's results: every hit below is read from disk
+    computed = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    assert runs and any(r["balanced"] for r in computed.rows) and list(tmp_path.glob("*.npz"))
+    runs.clear()
+    _optimize._STORED.clear()
+    kept = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
+    _optimize._STORED.clear()
+    assert not runs  # every balancing read back
+    assert kept.to_markdown(top=None) == computed.to_markdown(top=None)
+    no_timing = lambda t: json.dumps({k: v for k, v in t.to_dict().items() if k != "seconds"})  # noqa: E731
+    assert no_timing(kept) == no_timing(computed)
 
 
 def test_shared_descents_leave_the_plan_unchanged(monkeypatch):

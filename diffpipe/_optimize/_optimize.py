@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from .._caches import BoundedDict
+from .._caches import BoundedDict, result_cache_dir
 from .._engine._batch import evaluate_batched
 from .._engine._communication import node_size, topology
 from .._engine._graph import Graph, common_sizes, compile, pad_graph
@@ -47,6 +47,9 @@ from .._engine._simulate import makespan, peak_in_flight, peak_memory
 from .._errors import ConfigError
 from .._partition import uniform_partition
 from .._results import csv_text, json_text, markdown_table
+from .._store import Key, Unkeyable
+from .._store import load as load_kept
+from .._store import save as keep
 from .._workload._workload import Workload, check_static_memory
 from ..schedules import Schedule
 from ..schedules._analysis import peak_activations, weight_versions
@@ -373,7 +376,10 @@ def optimize(
         knobs' ``baselines``, by the exact simulator), with the continuous optimum, the loss curve
         and that baseline. A call with the same inputs as an earlier one in this process (equal
         graph, workload and knob arrays and structure, and the same other arguments) returns that
-        call's result (``clear_caches()`` empties the store); its arrays are read-only.
+        call's result (``clear_caches()`` empties the store); its arrays are read-only. With the
+        compilation cache on (``enable_compilation_cache``: the CLI and the examples), results of
+        the default optimizer are also kept on disk and read back, bit for bit, by a later process
+        running the same diffpipe code on the same inputs (``diffpipe._store``).
     """
     knobs = as_knobs(knob)
     if not isinstance(workload, Workload):
@@ -441,6 +447,14 @@ def optimize(
     stored = _STORED.get(stored_key) if stored_key is not None else None
     if stored is not None:
         _STORED.move_to_end(stored_key)
+    disk_key = None
+    if stored is None and stored_key is not None and result_cache_dir() is not None:  # on with the compile cache
+        disk_key = _disk_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
+                             local_search, sizes)
+        stored = _from_disk(disk_key)
+        if stored is not None:
+            _STORED[stored_key] = stored
+    if stored is not None:
         if throw and not stored.fits:
             raise ConfigError(stored.message)
         return stored
@@ -496,6 +510,8 @@ def optimize(
     )
     if stored_key is not None:
         _STORED[stored_key] = result
+    if disk_key is not None:
+        keep(disk_key, _to_disk(result), _DISK_CLASSES)
     if throw and not plan.fits:
         raise ConfigError(message)
     return result
@@ -550,6 +566,73 @@ def _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, 
         return None
     return (*parts, optimizer, steps, taus.tobytes(), float(memory_penalty), restarts, local_search,
             None if pad_to is None else tuple(sorted(pad_to.items())))
+
+
+# -- results kept across processes (``diffpipe._store``; on with the compilation cache) -------------------
+_DISK_CLASSES = {"OptimizeResult": OptimizeResult, "StagePlan": StagePlan}
+
+
+def _tree_to_key(key: Key, tree: Any) -> None:
+    """Feed ``tree`` to ``key``: every node of its structure (its type and auxiliary data: the
+    static fields of a module), then every leaf (arrays by all their bytes)."""
+    leaves, treedef = jax.tree.flatten(tree)
+
+    def walk(node) -> None:
+        children = node.children()
+        key.add(len(children), node.node_data())  # None for a leaf
+        for child in children:
+            walk(child)
+
+    walk(treedef)
+    for leaf in leaves:
+        if isinstance(leaf, jax.core.Tracer):
+            raise Unkeyable("a tracer")
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            key.add("prng", str(jax.random.key_impl(leaf)))
+            leaf = jax.random.key_data(leaf)
+        key.add(leaf)
+
+
+def _disk_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key, local_search,
+              pad_to) -> Key | None:
+    """The on-disk key of an ``optimize`` call (``_store.Key``: diffpipe's code, its dependencies'
+    versions, the backend, and every input by its bytes), or None when it has none: an optimizer
+    other than ``DEFAULT_OPTIMIZER`` (an optax transformation is functions, which no key can
+    encode), or an input ``Key`` cannot encode."""
+    if optimizer is not DEFAULT_OPTIMIZER:
+        return None
+    try:
+        device = jax.devices()[0]
+        out = Key("optimize").add(jax.default_backend(), device.platform, device.device_kind,
+                                  bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
+                                  os.environ.get("XLA_FLAGS", ""))
+        for tree in (graph, workload, knobs, init, key):
+            _tree_to_key(out, tree)
+        out.add(steps, taus, float(memory_penalty), restarts, local_search,
+                None if pad_to is None else tuple(sorted(pad_to.items())))
+    except Unkeyable:
+        return None
+    return out
+
+
+def _to_disk(result: OptimizeResult) -> dict[str, Any]:
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    return fields | {"params": tuple(np.asarray(p) for p in result.params)}
+
+
+def _from_disk(key: Key | None) -> OptimizeResult | None:
+    """The result kept under ``key``, as ``optimize`` returned it (``params`` on the device), or
+    None (no cache on, no entry, or one that does not read back as a result)."""
+    fields = None if key is None else load_kept(key, _DISK_CLASSES)
+    if not isinstance(fields, dict):
+        return None
+    try:
+        result = OptimizeResult(**(fields | {"params": tuple(jax.device_put(p) for p in fields["params"])}))
+    except (TypeError, KeyError):
+        return None
+    if not isinstance(result.plan, StagePlan):
+        return None
+    return result
 
 
 def _padded_sizes(graph: Graph, pad_to: Mapping[str, int]) -> dict[str, int]:

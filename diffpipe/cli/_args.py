@@ -290,7 +290,8 @@ def _add_common(p: argparse.ArgumentParser, sizes: bool = True) -> None:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the traceback of an error")
     p.add_argument("--no-cache", action="store_true", default=argparse.SUPPRESS, dest="no_cache",
-                   help="do not keep compiled programs on disk for the next run (also DIFFPIPE_CACHE=0; "
+                   help="do not keep compiled programs or stage-balancing results on disk for the next run "
+                        "(also DIFFPIPE_CACHE=0; "
                         "DIFFPIPE_CACHE_DIR moves the cache; see 'diffpipe cache info')")
     if sizes:
         p.add_argument("--max-ops", type=_count, default=MAX_OPS, dest="max_ops", metavar="N",

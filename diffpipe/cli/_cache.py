@@ -1,5 +1,5 @@
-"""``diffpipe cache``: where the compiled programs kept between runs are, how many and how large, or
-removing them."""
+"""``diffpipe cache``: where the compiled programs and the stage-balancing results kept between runs
+are, how many and how large, or removing them."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def _cmd_cache(args: argparse.Namespace) -> None:
     print(f"  path             {info['path']}")
     print(f"  entries          {info['entries']}")
     print(f"  size             {info['bytes'] / 2**20:.1f} MiB")
+    kept = info["results"]
+    print(f"results            {kept['path']}: {kept['entries']} entries, {kept['bytes'] / 2**20:.1f} MiB "
+          "(optimize's, the stage balancing of plan)")
     for other in info["other_versions"]:
         print(f"  other version    {other['path']}: {other['entries']} entries, {other['bytes'] / 2**20:.1f} MiB "
               "(unused; 'diffpipe cache clear' removes it)")

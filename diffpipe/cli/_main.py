@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.add_argument("--no-cache", action="store_true", dest="no_cache",
-                        help="do not keep compiled programs on disk (also DIFFPIPE_CACHE=0)")
+                        help="do not keep compiled programs or stage-balancing results on disk (also DIFFPIPE_CACHE=0)")
     parser.add_argument("--version", action="version", version=f"diffpipe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="TOML", help="write a machine file the other commands read (--config)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_cmd_calibrate)
-    p = command("cache", "the compiled programs kept on disk between runs: where, how many, how large; or "
+    p = command("cache", "the compiled programs and stage-balancing results kept on disk between runs: where, "
+                "how many, how large; or "
                 "remove them (DIFFPIPE_CACHE=0 or --no-cache: keep none; DIFFPIPE_CACHE_DIR=PATH: keep them there)",
                 "diffpipe cache info", sizes=False)
     p.add_argument("action", choices=["info", "clear"], help="info: path, entries and size; clear: remove them")
