@@ -312,3 +312,17 @@ def test_evaluate_with_jitter_samples_the_step():
 def test_evaluate_refuses_bad_jitter_arguments(bad, culprit):
     with pytest.raises(dp.ConfigError, match=culprit):
         config().evaluate(**bad)
+
+
+def test_communication_may_be_a_mode_object():
+    # a calibrated machine's mode (torch's runtime over gloo) prices a configuration too; a built-in mode
+    # given as its object equals its name, and anything else is refused in one line
+    from diffpipe._engine._communication import MODES
+    from diffpipe.calibrate import TorchRuntime
+
+    by_name = config(communication="blocking").evaluate()
+    by_object = config(communication=MODES["blocking"]()).evaluate()
+    assert by_object.step_time == by_name.step_time
+    assert math.isfinite(config(communication=TorchRuntime()).evaluate().step_time)
+    with pytest.raises(dp.ConfigError, match="communication must be a mode name or an AbstractCommunication"):
+        config(communication=3)

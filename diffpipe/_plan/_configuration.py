@@ -48,6 +48,7 @@ from jaxtyping import Array
 from .. import schedules
 from .._arrays import array_module, divide, on_host
 from .._checks import check_int, check_number
+from .._engine._communication import AbstractCommunication
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
 from .._engine._jitter import Jitter, sample_makespans, summary
@@ -141,7 +142,8 @@ class Configuration:
         schedule: the pipeline family (``diffpipe.schedules.names()``); default ``"1f1b"``, or
             ``"interleaved-1f1b"`` when ``parallelism.virtual > 1``.
         options: further family options (``chunks`` comes from ``virtual``).
-        communication: the pipeline's communication mode (``overlap`` by default).
+        communication: the pipeline's communication mode: a name (``overlap`` by default) or an
+            ``AbstractCommunication`` (e.g. ``diffpipe.calibrate.TorchRuntime()``).
         layers_per_stage: transformer blocks per model stage (default: as even as possible).
         overlap: how much communication the framework hides (``CommunicationOverlap``; default none:
             tensor collectives on the critical path, the gradient sync after the backward, no prefetch).
@@ -157,7 +159,7 @@ class Configuration:
     global_batch: int
     family: str
     options: tuple[tuple[str, Any], ...]
-    communication: str
+    communication: str | AbstractCommunication
     layers_per_stage: tuple[int, ...] | None
     overlap: CommunicationOverlap
     framework: Framework | None
@@ -181,8 +183,9 @@ class Configuration:
         check_int("configuration: global_batch", global_batch, 1)
         if schedule is not None and not isinstance(schedule, str):
             raise ConfigError(f"configuration: schedule must be a family name, got {schedule!r}")
-        if not isinstance(communication, str):
-            raise ConfigError(f"configuration: communication must be a mode name, got {communication!r}")
+        if not isinstance(communication, (str, AbstractCommunication)):
+            raise ConfigError(f"configuration: communication must be a mode name or an AbstractCommunication, "
+                              f"got {communication!r}")
         overlap = CommunicationOverlap() if overlap is None else overlap
         if not isinstance(overlap, CommunicationOverlap):
             raise ConfigError(f"configuration: overlap must be a CommunicationOverlap, got {type(overlap).__name__}")

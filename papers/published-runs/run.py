@@ -14,7 +14,8 @@ Studies (one table each in ``results.md``):
 - ``korthikanti_table5``: Korthikanti et al. 2022, Table 5 (iteration time, full recomputation vs
   sequence parallelism + selective recomputation, 22B-1T, no data parallelism), and §6.3's 530B at 8-way
   data parallelism; ``korthikanti_table4``: Table 4 (one 22B layer's forward and backward, ms).
-- ``llama3_table4``: Llama 3 405B, Table 4 rows 1-3 (8K and 16K H100s, the third with CP 16 at 131,072 tokens; TFLOP/s per GPU and BF16 MFU).
+- ``llama3_table4``: Llama 3 405B, Table 4 rows 1-3 (8K and 16K H100s, the third with CP 16 at 131,072 tokens;
+  TFLOP/s per GPU and BF16 MFU).
 - ``torchtitan``: torchtitan's docs/performance.md, Llama 3.1 8B FSDP (tokens/s/GPU) and the 405B
   1F1B vs interleaved 1F1B pair (an ordering: that run used Float8).
 - ``megatron_h100``: the Megatron-LM README's H100 weak-scaling table (teraFLOP/s per GPU).

@@ -98,8 +98,8 @@ def main() -> None:
                 with_probe.predict(ran[target], mode="torch-runtime"),
                 plain.predict(ran[target], mode="torch-runtime", weight_fraction=0.5),
                 from_split.predict(ran[target], mode="torch-runtime"))]
-            lines.append(f"| {source} | {target} | {1e3 * truth:.2f} | " + " | ".join(f"{100 * e:+.1f}%" for e in errors)
-                         + " |")
+            cells = " | ".join(f"{100 * e:+.1f}%" for e in errors)
+            lines.append(f"| {source} | {target} | {1e3 * truth:.2f} | {cells} |")
     print("\n".join(lines))
 
 
