@@ -61,6 +61,8 @@ from .. import schedules
 from .._arrays import power_of_two
 from .._checks import check_int
 from .._choices import RECOMPUTE, ZERO_STAGES
+from .._engine._communication import AbstractCommunication
+from .._engine._communication import communication as get_communication
 from .._engine._graph import Graph, bucketed, common_sizes
 from .._engine._hardware import pad_hardware
 from .._engine._jit_checks import nan_checked
@@ -306,7 +308,7 @@ def plan(
     headroom: float = HEADROOM,
     top_k: int = 3,
     balance: bool = True,
-    communication: str = "overlap",
+    communication: str | AbstractCommunication = "overlap",
     progress: bool | None = None,
     export: str | None = None,
     framework: str | Framework | None = None,
@@ -340,7 +342,9 @@ def plan(
             ``Configuration.evaluate`` applies the same rule to ``fits``).
         top_k: how many of the best configurations get their stages balanced.
         balance: run the stage balancing (``optimize`` with ``StageBalance``).
-        communication: the pipeline's communication mode.
+        communication: the pipeline's communication mode: a name (``overlap`` by default) or an
+            ``AbstractCommunication`` (a calibrated machine's ``calibrate.TorchRuntime``), as
+            ``Configuration`` takes it.
         progress: progress on stderr with the stage (enumerating, searching: compiling / simulating,
             balancing): a bar on a terminal, plain lines elsewhere (``diffpipe._progress``); None
             (default): once the plan has run ``DELAY`` (2) seconds; True: from the start; False: never.
@@ -374,7 +378,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             tensor: Any, pipeline: Any, expert: Any, expert_tensor: Any, virtual: Any, context: Any,
             microbatch_sizes: Any,
             recompute: Any, zero: Any,
-            sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
+            sequence_parallel: Any, headroom: float, top_k: int, balance: bool,
+            communication: str | AbstractCommunication,
             export: str | None, bar: Progress, framework: Framework | None = None) -> PlanTable:
     """``plan``'s search (its arguments; ``bar`` the progress)."""
     t0 = time.perf_counter()
@@ -387,8 +392,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     top_k = check_int("plan: top_k", top_k, 0)
     if not isinstance(balance, bool):
         raise ConfigError(f"plan: balance must be True or False, got {balance!r}")
-    if not isinstance(communication, str):
-        raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
+    get_communication(communication, what="plan: communication")  # a name or a mode object, else one line
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
     families = checked_values("families", families)
@@ -687,7 +691,8 @@ class _BalanceProblem(NamedTuple):
     workload: Workload
 
 
-def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
+def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
+                     communication: str | AbstractCommunication,
                      framework: Framework | None) -> _BalanceProblem | None:
     """The stage-balancing problem of ``row``; None when it has fewer than two stages."""
     if row["pipeline"] * row["virtual"] < 2:

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import schedules
 from .._checks import is_int
+from .._engine._communication import AbstractCommunication
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
@@ -67,7 +68,7 @@ class PlanTable:
     model: Transformer
     cluster: Cluster
     global_batch: int
-    communication: str = "overlap"
+    communication: str | AbstractCommunication = "overlap"
     headroom: float = HEADROOM
     framework: Framework | None = None
 

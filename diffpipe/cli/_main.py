@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how much longer a straggler's compute ops last (default 1.1 with --slow-fraction)")
     g.add_argument("--samples", type=_count, default=512, help="Monte Carlo samples (default 512)")
     g.add_argument("--seed", type=_integer_at_least(0), default=0, help="random seed (default 0)")
+    p.add_argument("--headroom", type=float, default=HEADROOM,
+                   help=f"memory fraction kept free for 'fits' (default {HEADROOM}, plan's rule)")
     p.add_argument("--gantt", metavar="PNG|SVG", help="also draw a Gantt chart")
     p.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace")
     p.add_argument("--json", action="store_true", help="machine-readable output")

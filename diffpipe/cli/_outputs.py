@@ -134,8 +134,14 @@ def _finite_or_none(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _simulation_summary(schedule: Any, result: Any, machine: FileMachine) -> dict[str, Any]:
+def _simulation_summary(schedule: Any, result: Any, machine: FileMachine, hw: Any,
+                        headroom: float) -> dict[str, Any]:
+    """What ``simulate --json`` prints for a schedule on a machine: ``fits`` is plan's rule (each
+    device's peak at most its capacity less ``headroom``: ``fits_memory``), ``capacity_gb`` and
+    ``usable_gb`` per device (None where the machine gives no memory)."""
     import numpy as np
+
+    from .._plan._configuration import fits_memory, usable_memory
 
     makespan = float(result.makespan)
     if not math.isfinite(makespan):
@@ -151,9 +157,14 @@ def _simulation_summary(schedule: Any, result: Any, machine: FileMachine) -> dic
         "busy_s": [float(x) for x in np.asarray(result.busy)],
         "peak_memory_bytes": [float(x) for x in np.asarray(result.peak_memory)],
         "peak_activations": [int(x) for x in np.asarray(result.peak_activations)],
-        "fits": [bool(x) for x in np.asarray(result.fits)],
         "communication_bytes": float(result.communication_bytes),
     }
+    peaks = np.asarray(result.peak_memory, np.float64)
+    capacities = np.broadcast_to(np.asarray(hw.capacity, np.float64), peaks.shape)  # numpy: no compiled op
+    out["fits"] = [fits_memory(m, c, headroom) for m, c in zip(peaks, capacities)]
+    out["capacity_gb"] = [_finite_or_none(c / 1e9) for c in capacities]
+    out["usable_gb"] = [_finite_or_none(usable_memory(c, headroom) / 1e9) for c in capacities]
+    out["headroom"] = headroom
     if schedule.steps > 1:
         out["step_period_s"] = [float(x) for x in np.asarray(result.period)]
         out["max_staleness"] = max(result.staleness.values(), default=0)

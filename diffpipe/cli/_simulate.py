@@ -37,6 +37,9 @@ def _jitter(args: argparse.Namespace) -> dict[str, float] | None:
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
     jitter = _jitter(args)
+    from .._plan._configuration import check_headroom
+
+    headroom = check_headroom("simulate", args.headroom)
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating one step")
         cfg = training.build(max_ops=args.max_ops)  # the size guards run before JAX is imported
@@ -45,7 +48,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
 
             jitter = Jitter(**jitter)
             bar.stage(f"sampling {args.samples} steps")
-        result = cfg.evaluate(jitter=jitter, samples=args.samples, seed=args.seed)
+        result = cfg.evaluate(headroom, jitter=jitter, samples=args.samples, seed=args.seed)
         schedule = cfg.schedule()
         if outputs:
             from ..viz import op_collectives
@@ -106,12 +109,15 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     schedule = _schedule(args, config)
     machine = _machine(args, config)
     from .._engine._simulate import simulate
+    from .._plan._configuration import check_headroom, fit_rule
+
+    headroom = check_headroom("simulate", args.headroom)
 
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating")
         hw = machine.hardware(schedule)
         result = simulate(schedule, hw)
-        summary = _simulation_summary(schedule, result, machine)
+        summary = _simulation_summary(schedule, result, machine, hw, headroom)
         if outputs:
             bar.stage("drawing")
             _write_all(_pictures(args, schedule, hw, result))
@@ -132,3 +138,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     for d in range(schedule.devices):
         print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gb:15.2f}"
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
+    capacities = sorted({c for c in summary["capacity_gb"] if c is not None})
+    if not capacities:
+        print("  (no device memory given: every device fits)")
+    for capacity in capacities:
+        print(f"  ({fit_rule(capacity * gb, headroom)}, as plan does)")
