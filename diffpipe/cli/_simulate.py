@@ -73,7 +73,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
               f"percentile ({args.samples} samples, seed {args.seed})")
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
-    print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
+    print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.1f} GB: "
           f"{'fits' if r.fits else 'does NOT fit'} (at most {r.usable / gb:.1f} GB: {r.headroom:.0%} kept free, "
           "as plan does)")
     print(f"  bubble          {100 * r.bubble_ratio:.1f}%   blocking collectives {100 * r.communication_share:.1f}%"

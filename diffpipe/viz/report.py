@@ -85,10 +85,10 @@ def scatter(table: PlanTable, chosen: int = 0):
     if max(r["memory_per_gpu"] for r in table.rows) / 1e9 >= 0.25 * usable:  # the device's limits in view
         ax.axvline(usable, color="#c00", linestyle="--", linewidth=1,
                    label=f"usable {usable:.1f} GB ({table.headroom:.0%} kept free)")
-        ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.0f} GB")
+        ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.1f} GB")
         ax.set_xlim(0, capacity * 1.03)
     else:  # far below them: the points spread out, the limits named
-        heading += f" (usable: {usable:.1f} of {capacity:.0f} GB, off the chart)"
+        heading += f" (usable: {usable:.1f} of {capacity:.1f} GB, off the chart)"
     ax.set_xlabel("memory per GPU (GB, the peak over pipeline ranks)")
     ax.set_ylabel("step time (s)")
     ax.set_title(heading, fontsize=10, loc="left")
@@ -134,7 +134,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     figures = [("step time", f"{result.step_time:.4g} s"),
                ("tokens/s/GPU", f"{result.tokens_per_second_per_gpu:,.0f}"),
                ("MFU", f"{100 * result.mfu:.1f}%"),
-               ("memory/GPU", f"{result.memory_per_gpu / 1e9:.1f} GB of {result.capacity / 1e9:.0f} GB"),
+               ("memory/GPU", f"{result.memory_per_gpu / 1e9:.1f} GB of {result.capacity / 1e9:.1f} GB"),
                ("bubble", f"{100 * result.bubble_ratio:.1f}%"),
                ("collectives inside ops", f"{100 * result.communication_share:.1f}% of the step")]
     breakdown = [(k.replace("_", " "), f"{v:.4g}", f"{100 * v / result.step_time:.1f}")
