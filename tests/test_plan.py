@@ -220,7 +220,7 @@ def test_cli_plan_exports(tmp_path, capsys):
     out = tmp_path / "job.toml"
     code = main(["plan", "--model", "llama-3-8b", "--cluster", "8xH100", "--global-batch", "8", "--families", "1f1b",
                  "--tp", "4,8", "--pp", "1,2", "--microbatch-size", "1", "--recompute", "full",
-                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan",
+                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan-v0.2",
                  "--out", str(out), "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)

@@ -191,7 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
                    help="balance the stages of the best N by gradient (default 3; 0: off)")
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
-    p.add_argument("--export", choices=["megatron", "torchtitan", "csv"], help="export the best configuration")
+    p.add_argument("--export", choices=["megatron", "torchtitan", "torchtitan-v0.2", "csv"],
+                   help="export the best configuration: Megatron-LM arguments, a torchtitan Python configuration "
+                        "(torchtitan main, Python configs since 9810191bb), torchtitan v0.2.0-v0.2.2's TOML, or "
+                        "the torch CSV")
+    p.add_argument("--torchtitan-base", metavar="MODULE:FUNCTION", dest="torchtitan_base",
+                   help="the model's own torchtitan configuration the torchtitan export sets the plan on "
+                        "(default for llama-3-8b/70b, llama-3.1-405b, deepseek-v3: torchtitan's)")
     p.add_argument("--out", metavar="PATH", help="write the export to PATH")
     p.add_argument("--report", metavar="HTML",
                    help="write one self-contained HTML page: step time against memory by family, the best "

@@ -31,7 +31,8 @@ DPI = 110
 
 #: The exports the report shows, with their headings.
 EXPORTS = {"megatron": "Megatron-LM arguments (append the tokenizer and data flags to pretrain_gpt.py)",
-           "torchtitan": "torchtitan job configuration (TOML, v0.2.0-v0.2.2)"}
+           "torchtitan": "torchtitan configuration (Python, torchtitan main since 9810191bb)",
+           "torchtitan-v0.2": "torchtitan job configuration (TOML, v0.2.0-v0.2.2)"}
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em auto; max-width: 1500px; color: #222; line-height: 1.35; }
@@ -107,10 +108,12 @@ def _table(header: Any, cells: Any, chosen: int | None = None) -> str:
 
 
 def report(table: PlanTable, path: str | Path | None = None, *, title: str | None = None,
-           settings: str | None = None, top: int = 10) -> str:
+           settings: str | None = None, top: int = 10, torchtitan_base: str | None = None) -> str:
     """The HTML page of ``table`` (module docstring); written atomically to ``path`` (``.html``)
     when given. ``title`` heads the page (default: the model's size and the cluster), ``settings``
-    is shown under it (the CLI's defaults line), ``top``: rows in the table."""
+    is shown under it (the CLI's defaults line), ``top``: rows in the table; ``torchtitan_base``: the
+    model's torchtitan configuration for the Python export (``PlanTable.export``; None: the page says
+    why there is none)."""
     if not isinstance(table, PlanTable):
         raise ConfigError(f"report: expected a PlanTable (dp.plan's answer), got {type(table).__name__}")
     if not table.rows:
@@ -142,7 +145,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     exports = []
     for framework, label in EXPORTS.items():
         try:
-            row, text = table.export(framework)
+            row, text = table.export(framework, torchtitan_base=torchtitan_base)
         except ConfigError as error:
             exports.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(str(error))}</p>")
             continue
