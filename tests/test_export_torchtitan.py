@@ -28,7 +28,6 @@ its field's annotation, and the stage and token arithmetic is torchtitan's at th
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import math
 import sys
@@ -36,12 +35,12 @@ import types
 from pathlib import Path
 
 import pytest
+from test_export import launch as toml_launch
 
 import diffpipe as dp
 from diffpipe._plan._export import TORCHTITAN_COMMIT, Launch, export_problem
 
 FIELDS_FILE = Path(__file__).resolve().parent / "data" / "torchtitan_config_fields_b5bcd76.txt"
-PARALLEL = {f.name for f in dataclasses.fields(dp.Parallelism)}
 
 
 def read_fields() -> tuple[dict[str, str], set[str], set[str]]:
@@ -64,13 +63,8 @@ FIELDS, CLASSES, FUNCTIONS = read_fields()
 
 
 def launch(**kw) -> Launch:
-    """A Llama-70B-like launch (as tests/test_export.py's); keywords override."""
-    base = dict(family="interleaved-1f1b", tensor=8, pipeline=4, data=8, virtual=2, microbatch_size=1,
-                global_batch=256, sequence=8192, layers_per_stage=(10,) * 8, recompute="selective", zero=3,
-                sequence_parallel=True)
-    given = {**base, **kw}
-    par = dp.Parallelism(**{k: v for k, v in given.items() if k in PARALLEL})
-    return Launch(parallelism=par, **{k: v for k, v in given.items() if k not in PARALLEL})
+    """tests/test_export.py's Llama-70B-like launch at ZeRO-3 (torchtitan has no ZeRO-1); keywords override."""
+    return toml_launch(**{"zero": 3, **kw})
 
 
 LAUNCHES = [

@@ -141,49 +141,37 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
         if par.context > 1 and par.zero == 0:
             return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
                     "context_parallel_degree > 1: use zero=2 or 3")
-        if framework == "torchtitan":
-            return _torchtitan_main_expert_problem(par)
-        return _torchtitan_expert_problem(par)
+        return _torchtitan_expert_problem(par, main=framework == "torchtitan")
     raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(EXPORT_TARGETS)}")
 
 
-def _torchtitan_main_expert_problem(par: Parallelism) -> str | None:
-    """What torchtitan's current main refuses in ``par``'s expert layers (``export_problem``), or None."""
+def _torchtitan_expert_problem(par: Parallelism, main: bool = False) -> str | None:
+    """What torchtitan v0.2.1-v0.2.2 (or, ``main``, its current main) refuses in ``par``'s expert
+    layers (``export_problem``), or None."""
     e, et = par.expert, par.etp
     if e == 1:
-        if et != par.tensor:
+        if et == par.tensor:
+            return None
+        if main:
             return (f"torchtitan shards the experts like the tensor group ({par.tensor}) without expert "
                     f"parallelism: expert_tensor={et}")
-        return None
-    if et != 1:
+        return (f"torchtitan applies expert_tensor_parallel_degree only with expert parallelism (experts "
+                f"shard like the tensor group, {par.tensor}, at expert=1): expert_tensor={et}")
+    if main and et != 1:
         return (f"torchtitan (main) has no expert tensor parallelism: with expert={e} the experts shard over "
                 f"the expert ranks only; plan with expert_tensor=1, not {et}")
-    shard = 1 if par.zero == 0 else par.data  # data_parallel_shard_degree
-    region = shard * par.context * par.tensor
-    if region % e:
-        fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
-        return (f"torchtitan needs expert_parallel_degree ({e}) to divide data_parallel_shard_degree x context x "
-                f"tensor = {region}{fix}")
-    return None
-
-
-def _torchtitan_expert_problem(par: Parallelism) -> str | None:
-    """What torchtitan v0.2.1-v0.2.2 refuses in ``par``'s expert layers (``export_problem``), or None."""
-    e, et = par.expert, par.etp
-    if e == 1:
-        if et != par.tensor:
-            return (f"torchtitan applies expert_tensor_parallel_degree only with expert parallelism (experts "
-                    f"shard like the tensor group, {par.tensor}, at expert=1): expert_tensor={et}")
-        return None
     if et not in (1, par.tensor):
         return f"torchtitan runs expert tensor parallelism of 1 or the tensor size {par.tensor}, not {et}"
     shard = 1 if par.zero == 0 else par.data  # data_parallel_shard_degree
     region = shard * par.context * par.tensor
-    if region % (et * e):
-        fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
-        return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
-                f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
-    return None
+    if region % (et * e) == 0:
+        return None
+    fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
+    if main:
+        return (f"torchtitan needs expert_parallel_degree ({e}) to divide data_parallel_shard_degree x context x "
+                f"tensor = {region}{fix}")
+    return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
+            f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
 
 
 def torchtitan_v020_problem(parallelism: Parallelism) -> str | None:
