@@ -304,3 +304,22 @@ def test_cli_plan_exports_torchtitan_main(tmp_path, capsys, monkeypatch):
     assert code == 2 and "give --torchtitan-base MODULE:FUNCTION" in err and "explored" not in err
     code = main([*request, "--export", "megatron", "--torchtitan-base", "a:b"])
     assert code == 2 and "--torchtitan-base applies to --export torchtitan" in capsys.readouterr().err
+
+
+def test_plan_for_torchtitan_searches_the_expert_layouts_main_runs():
+    # main runs experts at expert tensor size 1 with expert parallelism and at the tensor size without:
+    # plan(export="torchtitan") searches both (not the tensor size twice at tensor 1), and every row exports
+    model = dp.Transformer(layers=4, hidden=256, heads=8, sequence=128, vocabulary=1000, microbatch_size=1,
+                           activation="swiglu", experts=8, experts_per_token=2, moe_ffn_hidden=512)
+    cluster = dp.Cluster("H100", gpus=8)
+    axes = dict(families=("1f1b",), pipeline=(1,), microbatch_sizes=(1,), recompute=("none",), zero=(3,),
+                balance=False, progress=False, top_k=0)
+    table = dp.plan(model, cluster, 8, export="torchtitan", tensor=(2,), sequence_parallel=(True,), **axes)
+    found = {(r["expert"], r["expert_tensor"]) for r in table.rows}
+    assert any(e > 1 for e, _ in found)  # at the tensor size alone (the default) every e > 1 was refused
+    assert all(et == (1 if e > 1 else 2) for e, et in found)
+    for i in range(len(table.rows)):
+        dp.torchtitan_config(table.launch(i), "my.models:moe")
+    ones = dp.plan(model, cluster, 8, export="torchtitan", tensor=(1,), sequence_parallel=(False,), **axes)
+    keys = [(r["expert"], r["expert_tensor"]) for r in ones.rows]
+    assert len(keys) == len(set(keys)) and ones.simulated == len(keys)  # at tensor 1 the two sizes are one

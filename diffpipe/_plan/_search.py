@@ -328,7 +328,9 @@ def plan(
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
             the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
-            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a
+            model with biases, the only size Megatron-LM runs it at; the tensor size and 1 with
+            ``export="torchtitan"``, whose main runs experts at 1 with expert parallelism and at the
+            tensor size without); sizes that do not fit a
             configuration (``expert_tensor x expert`` not dividing ``tensor x context x data``) are
             skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
@@ -421,6 +423,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
     if expert_tensor is None and export == "megatron" and model.experts > 1 and model.bias:
         expert_tensors = [1]  # the only expert tensor size Megatron-LM runs MoE layers with biases at
+    if expert_tensor is None and export == "torchtitan" and model.experts > 1:
+        # torchtitan's main has no expert tensor degree: the experts shard like the tensor group without
+        # expert parallelism (None) and over the expert ranks alone with it (1)
+        expert_tensors = [None, 1]
     if expert_tensor is not None:
         expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
@@ -455,6 +461,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             d = g // (t * p * cp)
             splits = []  # (expert, expert_tensor): the expert layers' decomposition
             for et in expert_tensors:
+                if et is not None and et == t and None in expert_tensors:
+                    continue  # the tensor size twice (None is it): one search
                 if (t * cp * d) % (t if et is None else et):
                     explored += 1
                     rejected["expert"] += 1
