@@ -304,6 +304,9 @@ def test_cli_plan_exports_torchtitan_main(tmp_path, capsys, monkeypatch):
     assert code == 2 and "give --torchtitan-base MODULE:FUNCTION" in err and "explored" not in err
     code = main([*request, "--export", "megatron", "--torchtitan-base", "a:b"])
     assert code == 2 and "--torchtitan-base applies to --export torchtitan" in capsys.readouterr().err
+    code = main([*request, "--export", "torchtitan", "--torchtitan-base", "llama3_8b"])  # refused before the search
+    assert code == 2 and "plan: --torchtitan-base must be the model's torchtitan configuration as 'module:function'" \
+        in capsys.readouterr().err
 
 
 def test_plan_for_torchtitan_searches_the_expert_layouts_main_runs():

@@ -624,6 +624,14 @@ _BASE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_]
 _TORCHTITAN_AC = {"none": "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
 
 
+def check_torchtitan_base(base: Any, what: str = "torchtitan_config: base") -> str:
+    """``base`` if it names a configuration function as ``"module:function"``, else a ``ConfigError``."""
+    if not isinstance(base, str) or not _BASE.fullmatch(base):
+        raise ConfigError(f"{what} must be the model's torchtitan configuration as 'module:function' (e.g. "
+                          f"{TORCHTITAN_BASES['llama-3-70b']!r}), got {base!r}")
+    return base
+
+
 def torchtitan_config(launch: Launch, base: str, *, name: str = "diffpipe_plan") -> str:
     """A Python module for torchtitan's current main (``TORCHTITAN_COMMIT``; configurations in Python
     since 9810191bb): a function ``name`` that takes the model's own torchtitan configuration
@@ -651,9 +659,7 @@ def torchtitan_config(launch: Launch, base: str, *, name: str = "diffpipe_plan")
     if not isinstance(launch, Launch):
         got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
         raise ConfigError(f"torchtitan_config: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
-    if not isinstance(base, str) or not _BASE.fullmatch(base):
-        raise ConfigError(f"torchtitan_config: base must be the model's torchtitan configuration as "
-                          f"'module:function' (e.g. {TORCHTITAN_BASES['llama-3-70b']!r}), got {base!r}")
+    check_torchtitan_base(base)
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"torchtitan_config: name must be a Python identifier, got {name!r}")
     par = launch.parallelism
@@ -722,5 +728,5 @@ def _python_value(value: Any) -> str:
 
 __all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "TORCHTITAN_BASES", "TORCHTITAN_COMMIT", "Launch",
            "export_problem", "megatron_args", "megatron_overlap_args", "megatron_layout", "megatron_model_args",
-           "parse_megatron_layout", "torchtitan_config", "torchtitan_modules", "torchtitan_toml",
-           "torchtitan_v020_problem"]
+           "parse_megatron_layout", "check_torchtitan_base", "torchtitan_config", "torchtitan_modules",
+           "torchtitan_toml", "torchtitan_v020_problem"]

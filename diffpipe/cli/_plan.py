@@ -28,8 +28,12 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
     base = args.torchtitan_base
-    if base is not None and args.export != "torchtitan" and not args.report:
-        raise ConfigError("plan: --torchtitan-base applies to --export torchtitan (or --report)")
+    if base is not None:
+        if args.export != "torchtitan" and not args.report:
+            raise ConfigError("plan: --torchtitan-base applies to --export torchtitan (or --report)")
+        from .._plan._export import check_torchtitan_base
+
+        check_torchtitan_base(base, "plan: --torchtitan-base")
     _check_outputs(("--out", args.out, None), ("--report", args.report, (".html", ".htm")),
                    inputs=_input_paths(args))
     train, par, clu, settings = _configuration_values(args, MachineFile())
