@@ -31,7 +31,11 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   Megatron-LM runs it, six passes forward (``(d + 36) V T / t`` bytes: upcast, max, subtract, exp,
   sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
   the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
-  per weight per microbatch) in ``W``.
+  per weight per microbatch) in ``W``. With ``Transformer.eager_blocks`` (eager PyTorch modules,
+  llm-foundry's MPT) the backward (``I``) also runs PyTorch's LayerNorm weight-gradient kernel, which
+  reads ``x`` and ``dy`` again, ``2 d h T rep`` per LayerNorm (the block's two and the final one), and the
+  concatenation of ``dq, dk, dv`` that the backward of the fused ``Wqkv`` output's split is,
+  ``2 d (a d_h + a_kv (d_h + d_v)) T / t`` (``_eager_backward``).
 - Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
   ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
   times the device's ``KernelModel.attention_native``.
@@ -229,6 +233,8 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if model.recompute == "full":
             elementwise(row, _I, is_moe, False)
         elementwise(row, _I, is_moe, True)
+        if model.eager_blocks:
+            _eager_backward(out, row, model, tensor=t, rep=rep, norms=2)
         core_fwd = (_F,) + ((_I,) if model.recompute in ("full", "selective") else ())
         attention_core(row, core_fwd, True)
         out.mem(row, _W, _GRAD_ACCUMULATION_BYTES * weights)
@@ -250,8 +256,26 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     for per_logit in backward:
         out.mem(last, _I, per_logit * logits)
     out.mem(last, _I, 3 * d * h * T * rep)
+    if model.eager_blocks:
+        _eager_backward(out, last, model, tensor=t, rep=rep, norms=1, qkv=False)
     out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
     return out.build(rows)
+
+
+def _eager_backward(out: _Builder, row: int, model: Transformer, *, tensor: float, rep: float, norms: int,
+                    qkv: bool = True) -> None:
+    """The backward kernels of eager PyTorch blocks (``Transformer.eager_blocks``) that fused frameworks do
+    not run, into ``I`` of ``row``: PyTorch's LayerNorm weight gradient, a second kernel over ``x`` and ``dy``
+    (``GammaBetaBackwardCUDAKernel`` in ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``), for each of
+    ``norms`` LayerNorms; and with ``qkv`` the ``at::cat`` of ``dq, dk, dv`` (``split_with_sizes_backward``)
+    that the backward of splitting the fused ``Wqkv`` output is (``qkv.split`` in llm-foundry's
+    ``llmfoundry/models/layers/attention.py`` at 5e85bd62d), each read and written once."""
+    d, T, h = float(model.dtype_bytes), float(model.microbatch_size * model.sequence), float(model.hidden)
+    if model.norm == "layernorm":
+        out.mem(row, _I, 2 * d * h * T * rep, norms)
+    if qkv and not model.kv_lora_rank:
+        a, kv, dh, dv = float(model.heads), float(model.kv), float(model.dh), float(model.dv)
+        out.mem(row, _I, 2 * d * (a * dh + kv * (dh + dv)) * T / tensor)
 
 
 def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> dict[str, Array]:
