@@ -42,6 +42,7 @@ def test_presets_overlap_as_their_sources_state():
 
     # llm-foundry's MPT blocks are eager PyTorch modules; the other presets' kernels are the fused list
     assert [n for n, fw in dp.presets.FRAMEWORKS.items() if fw.model(MODEL).eager_blocks] == ["fsdp"]
+    assert [n for n, fw in dp.presets.FRAMEWORKS.items() if fw.model(MODEL).flat_gradients] == ["fsdp"]
 
     o = dp.presets.framework("ddp").overlap(MODEL, dp.Parallelism(data=8))
     assert o.data_bucket == DDP_BUCKET == 25 * 2 ** 20
@@ -130,6 +131,8 @@ def test_bad_frameworks_are_one_clear_error():
         dp.Framework("mine", flash_version=4)
     with pytest.raises(dp.ConfigError, match="eager_blocks must be a bool"):
         dp.Framework("mine", eager_blocks="yes")
+    with pytest.raises(dp.ConfigError, match="flat_gradients must be a bool"):
+        dp.Framework("mine", flat_gradients=1)
 
 
 def test_a_user_framework_is_accepted():

@@ -35,7 +35,11 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   llm-foundry's MPT) the backward (``I``) also runs PyTorch's LayerNorm weight-gradient kernel, which
   reads ``x`` and ``dy`` again, ``2 d h T rep`` per LayerNorm (the block's two and the final one), and the
   concatenation of ``dq, dk, dv`` that the backward of the fused ``Wqkv`` output's split is,
-  ``2 d (a d_h + a_kv (d_h + d_v)) T / t`` (``_eager_backward``).
+  ``2 d (a d_h + a_kv (d_h + d_v)) T / t`` (``_eager_backward``). With ``Transformer.flat_gradients``
+  (PyTorch FSDP's flat parameters) the weight gradients' memory-bound work in ``W`` is FSDP's in place of
+  the fp32 accumulation: the concatenation into the flat gradient (``2 d``), its cast to the reduce dtype
+  (``d + r`` where ``r != d``) and the in-place pre-divide (``2 r``) per weight per microbatch
+  (``_gradient_bytes``).
 - Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
   ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
   times the device's ``KernelModel.attention_native``.
@@ -64,6 +68,17 @@ from ._transformer import _LOGIT_BYTES, Transformer, _block_matmuls
 _F, _I, _W = range(3)
 #: fp32 gradient accumulation: read and write 4 bytes per weight per microbatch.
 _GRAD_ACCUMULATION_BYTES = 8
+
+
+def _gradient_bytes(model: Transformer) -> float:
+    """Bytes of memory-bound work per weight per microbatch on its gradient after the weight-gradient GEMM:
+    Megatron-LM's fp32 accumulation (``_GRAD_ACCUMULATION_BYTES``), or with ``model.flat_gradients`` PyTorch
+    FSDP's: the concatenation into the flat gradient (read and write ``d``), the cast to the reduce dtype
+    (read ``d``, write ``r``, where they differ) and the in-place pre-divide (read and write ``r``)."""
+    if not model.flat_gradients:
+        return float(_GRAD_ACCUMULATION_BYTES)
+    d, r = float(model.dtype_bytes), float(model.reduction_bytes)
+    return 2 * d + (d + r if r != d else 0.0) + 2 * r
 #: Executed FLOPs of a causal fused attention over the non-causal count (half the score blocks).
 _CAUSAL = 0.5
 #: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
@@ -237,14 +252,14 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
             _eager_backward(out, row, model, tensor=t, rep=rep, norms=2)
         core_fwd = (_F,) + ((_I,) if model.recompute in ("full", "selective") else ())
         attention_core(row, core_fwd, True)
-        out.mem(row, _W, _GRAD_ACCUMULATION_BYTES * weights)
+        out.mem(row, _W, _gradient_bytes(model) * weights)
 
     # the embedding: gather (+ learned positions), dropout; its gradient's scatter-add and fp32 accumulation
     gather = (3.0 if model.positions == "learned" else 2.0) * d * T * h
     out.mem(0, _F, gather)
     out.mem(0, _F, (2 * d + 1) * T * h * rep * mask)
     out.mem(0, _W, gather)
-    out.mem(0, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    out.mem(0, _W, _gradient_bytes(model) * V * h / t)
     # the head: final norm, vocabulary-parallel logits, fp32 cross-entropy
     last = rows - 1
     out.mem(last, _F, 2 * d * h * T * rep)
@@ -258,7 +273,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     out.mem(last, _I, 3 * d * h * T * rep)
     if model.eager_blocks:
         _eager_backward(out, last, model, tensor=t, rep=rep, norms=1, qkv=False)
-    out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    out.mem(last, _W, _gradient_bytes(model) * V * h / t)
     return out.build(rows)
 
 

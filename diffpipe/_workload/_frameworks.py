@@ -36,7 +36,9 @@ as the validated model does. Each preset states its source:
   ``composer/trainer/trainer.py`` at v0.16.4 and v0.17.2: ``if ... not isinstance(self.state.model,
   DistributedDataParallel): sync_context = contextlib.nullcontext()``); and its blocks are eager PyTorch
   modules (``Transformer.eager_blocks``: MPT's ``low_precision_layernorm`` is ``F.layer_norm``, its
-  attention splits the fused ``Wqkv`` output, ``llmfoundry/models/layers/{norm,attention}.py`` at 5e85bd62d).
+  attention splits the fused ``Wqkv`` output, ``llmfoundry/models/layers/{norm,attention}.py`` at 5e85bd62d),
+  and its gradients take FSDP1's flat-parameter path (``Transformer.flat_gradients``: concatenated into the
+  flat gradient, cast to the reduce dtype and pre-divided, ``torch/distributed/fsdp/_runtime_utils.py``).
 - ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
   all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
 
@@ -88,6 +90,8 @@ class Framework:
             None: the model's, the device's own kernel by default).
         eager_blocks: the framework's blocks are eager PyTorch modules (``Transformer.eager_blocks``; a
             model that says so keeps it either way).
+        flat_gradients: the weight gradients take PyTorch FSDP's flat-parameter path
+            (``Transformer.flat_gradients``; likewise).
         source: where the preset comes from.
     """
 
@@ -100,6 +104,7 @@ class Framework:
     reduce_bytes: int | None = None
     flash_version: int | None = None
     eager_blocks: bool = False
+    flat_gradients: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -108,7 +113,8 @@ class Framework:
         if self.buckets not in BUCKETS:
             raise ConfigError(f"framework {self.name!r}: buckets must be one of {', '.join(BUCKETS)}, "
                               f"got {self.buckets!r}")
-        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch", "eager_blocks"):
+        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch", "eager_blocks",
+                      "flat_gradients"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"framework {self.name!r}: {field} must be a bool, got {getattr(self, field)!r}")
         r = self.reduce_bytes
@@ -122,8 +128,9 @@ class Framework:
         """``model`` reducing its gradients in this framework's precision, running its attention
         kernel (each unless the model states its own) and its eager blocks (``eager_blocks``)."""
         fields: dict[str, int | bool] = {}
-        if self.eager_blocks and not model.eager_blocks:
-            fields["eager_blocks"] = True
+        for flag in ("eager_blocks", "flat_gradients"):
+            if getattr(self, flag) and not getattr(model, flag):
+                fields[flag] = True
         if self.reduce_bytes is not None and model.reduce_bytes is None:
             fields["reduce_bytes"] = self.reduce_bytes
         if self.flash_version is not None and model.flash_version is None:
@@ -155,7 +162,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", buckets="megatron", prefetch=True, param_gather=True, tensor_overlap=True,
                           reduce_bytes=4, flash_version=3, source=_MEGATRON),
     "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
-    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True, eager_blocks=True,
+    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True, eager_blocks=True, flat_gradients=True,
                       source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch), "
                              "llm-foundry 5e85bd62d's eager MPT blocks"),
     "ddp": Framework("ddp", buckets="ddp", reduce_bytes=4, source="PyTorch DDP, bucket_cap_mb=25, autocast"),
