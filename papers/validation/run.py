@@ -62,6 +62,11 @@ HEAD_DIM = 64
 MODELS = ("linear", "transformer")
 
 
+def transformer_heads(width: int) -> int:
+    """The attention heads of a ``width``-wide transformer block: ``width / HEAD_DIM``, at least 1."""
+    return max(1, width // HEAD_DIM)
+
+
 def _transformer_block(width: int):
     """A pre-norm GPT block (Radford et al. 2019, "Language Models are Unsupervised Multitask
     Learners", section 2.3): ``x + proj(causal attention(LayerNorm x))``, then ``x + down(GELU(up(
@@ -69,7 +74,7 @@ def _transformer_block(width: int):
     ``scaled_dot_product_attention``."""
     from torch import nn
 
-    heads = max(1, width // HEAD_DIM)
+    heads = transformer_heads(width)
     if width % heads:
         raise ValueError(f"transformer width {width} is not a multiple of {heads} heads")
 
@@ -399,7 +404,7 @@ def split_sources(groups: dict, probes: dict | None, *, width: int, rows: int) -
         shape = _group_shape(spec, width=width, rows=rows)
         if shape["model"] == "transformer":
             blocks = shape["blocks"] or [1] * shape["stages"]
-            ways["model"] = (Transformer(layers=sum(blocks), hidden=shape["width"], heads=shape["width"] // HEAD_DIM,
+            ways["model"] = (Transformer(layers=sum(blocks), hidden=shape["width"], heads=transformer_heads(shape["width"]),
                                          sequence=shape["rows"], vocabulary=1, dtype_bytes=4, dropout=False,
                                          tied_embedding=False, positions="rotary"), blocks)
         out[group] = ways
@@ -753,7 +758,7 @@ def summary_table(results: dict) -> str:
         lines += ["", "Split schedules from full-backward sources (each source predicts every case of its group; "
                   "a full-backward one prices a split target with the I/W split of the probe or the model):", "",
                   f"| mode | group | split from | predictions | split from full: count, MAPE | same targets from "
-                  f"split runs, MAPE | {head}", "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"split runs, MAPE | {head}", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for mode in c["modes"]:
             for split in splits:
                 for group in c["groups"]:
