@@ -194,7 +194,8 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
 
         with open(job["csv"], newline="") as handle:
             row = list(csv.reader(handle))[rank]
-        mine = sorted({_Action.from_str(cell).stage_index for cell in row if cell})
+        actions = [_Action.from_str(cell) for cell in row if cell]  # compounds: their sub-actions' stages
+        mine = sorted({sub.stage_index for action in actions for sub in action.sub_actions or (action,)})
     else:
         mine = stages_of_rank(job["schedule"], rank, RANKS, job["stages_per_rank"])
     kind = job.get("model", "linear")
