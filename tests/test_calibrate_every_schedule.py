@@ -143,3 +143,59 @@ def test_every_exported_csv_calibrates_by_its_file_and_its_family(runs, tmp_path
         by_name = _calibrates(files, family, tmp_path / "name.toml", schedule.stages, capsys)
         assert by_name["forward"] == by_file["forward"] and by_name["predictions"][0]["step_s"] == pytest.approx(
             by_file["predictions"][0]["step_s"])
+
+
+@pytest.fixture(scope="module")
+def small_study(tmp_path_factory):
+    """``papers/validation``'s study, CI-size: a transformer-block group of a full-backward and a
+    split schedule (one round, no warm-up round, the headline mode only)."""
+    pytest.importorskip("torch.distributed.pipelining")
+    run = _runner()
+    work = tmp_path_factory.mktemp("small_study")
+    groups = {"t": {"members": [("GPipe", "GPipe"), ("ZB-H1", "InterleavedZeroBubble")], "spr": 1,
+                    "microbatches": (2,), "model": "transformer", "blocks": (2, 1)}}
+    results = run.study(work, groups=groups, rounds=1, steps=2, width=64, rows=8, work=work,
+                        modes=("torch-runtime",), warmup_rounds=0)
+    return run, work, results
+
+
+def test_the_study_runs_transformer_blocks_and_predicts_split_schedules_from_full_ones(small_study):
+    from diffpipe import Transformer, calibrate
+    from diffpipe.schedules import from_torch
+
+    run, work, results = small_study
+    cases, conditions = results["cases"], results["conditions"]
+    gpipe, zb = "t.m2.GPipe", "t.m2.ZB_H1"
+    assert cases[gpipe]["calibration"] and cases[zb]["calibration"]
+    assert all(c["torch_peak_stored"] == c["diffpipe_peak_activations"] for c in cases.values())
+    assert conditions["job_s_by_group"]["t"] > 0 and conditions["probe_s"] > 0
+    # the workers ran the transformer blocks: (1, rows, width) microbatches through 2 + 1 blocks
+    model = run._blocks(2, 64, [2, 1], "transformer")
+    assert len(model[0]) == 2 and model[0][0].qkv.in_features == 64
+    assert run.example_input("transformer", 8, 64, 2).shape == (2, 8, 64)
+    # the probe: torch's split backward of the same stages, stage 0's I empty as in torch
+    probe = conditions["probes"]["t"]
+    assert probe["input_grad"][0] == 0 and all(v > 0 for v in probe["weight"] + probe["backward"])
+    # GPipe alone cannot price ZB-H1 (n/a), the probe's and the model's split can: rows of their own
+    rows = [p for p in results["predictions"] if p["source"] == gpipe and p["target"] == zb]
+    assert [p.get("split") for p in rows] == [None, "probe", "model"] and rows[0]["predicted_s"] is None
+    schedule = from_torch("InterleavedZeroBubble", 2, 2)
+    cal = calibrate.from_torch_trace([work / f"{gpipe}.r0.rank{k}.json" for k in range(2)], from_torch("GPipe", 2, 2))
+    probed = cal.with_split(probe=calibrate.Calibration(*(tuple(probe[k]) for k in ("forward", "backward",
+                                                                                      "input_grad", "weight"))))
+    assert rows[1]["predicted_s"] == pytest.approx(probed.predict(schedule, mode="torch-runtime"))
+    transformer = Transformer(layers=3, hidden=64, heads=1, sequence=8, vocabulary=1, dtype_bytes=4, dropout=False,
+                              tied_embedding=False, positions="rotary")
+    modelled = cal.with_split(model=transformer, layers_per_stage=[2, 1])
+    assert rows[2]["predicted_s"] == pytest.approx(modelled.predict(schedule, mode="torch-runtime"))
+    assert rows[1]["error"] == pytest.approx(rows[1]["predicted_s"] / cases[zb]["measured_s"] - 1)
+    # a split source needs no borrowed split; its own rows only
+    assert not cases[zb]["backward_split"] and all(p.get("split") is None for p in results["predictions"]
+                                                   if p["source"] == zb)
+    # the tables: the split-from-full predictions have rows of their own
+    table = run.summary_table(results)
+    assert "Split schedules from full-backward sources" in table
+    assert "| torch-runtime | t | probe | 2 | 1: " in table and "| torch-runtime | t | model | 2 | 1: " in table
+    assert "| torch-runtime | t | 1 |" in table  # the plain row: GPipe's n/a left out
+    markdown = run._markdown(results)
+    assert f"| {gpipe} | {zb} |" in markdown and "Probe of t (`profile_stages`" in markdown

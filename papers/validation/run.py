@@ -405,7 +405,8 @@ def split_sources(groups: dict, probes: dict | None, *, width: int, rows: int) -
         shape = _group_shape(spec, width=width, rows=rows)
         if shape["model"] == "transformer":
             blocks = shape["blocks"] or [1] * shape["stages"]
-            ways["model"] = (Transformer(layers=sum(blocks), hidden=shape["width"], heads=transformer_heads(shape["width"]),
+            width = shape["width"]
+            ways["model"] = (Transformer(layers=sum(blocks), hidden=width, heads=transformer_heads(width),
                                          sequence=shape["rows"], vocabulary=1, dtype_bytes=4, dropout=False,
                                          tied_embedding=False, positions="rotary"), blocks)
         out[group] = ways
