@@ -199,3 +199,28 @@ def test_the_study_runs_transformer_blocks_and_predicts_split_schedules_from_ful
     assert "| torch-runtime | t | 1 |" in table  # the plain row: GPipe's n/a left out
     markdown = run._markdown(results)
     assert f"| {gpipe} | {zb} |" in markdown and "Probe of t (`profile_stages`" in markdown
+
+
+@pytest.mark.parametrize("name", ["LoopedBFS-2", "ZB-H1"])
+def test_the_replay_with_calibrated_times_is_the_prediction_of_the_traced_schedule(runs, name):
+    # papers/validation/replay.py prices a step as the cost model does, host time of the transfers
+    # (send_cost / recv_cost) included; without it (--no-host) every replay is shorter
+    from diffpipe import calibrate
+    from diffpipe.calibrate import _trace
+
+    spec = importlib.util.spec_from_file_location("validation_replay", _RUN.parent / "replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    files = _files(runs, name)
+    cal = calibrate.from_torch_trace(files)
+    assert cal.send_cost > 0 and cal.recv_cost > 0
+    ranks, _ = _trace.parse(files)
+    traced = _trace.traced_schedule({r: _trace._ops(s[0]) for r, s in ranks.items()}, cal.stage_ranks)
+    with_host = replay.replayed_steps(files, ("overlap", "torch-runtime"))
+    without = replay.replayed_steps(files, ("overlap", "torch-runtime"), host=False)
+    for mode in ("overlap", "torch-runtime"):
+        predicted = cal.predict(traced, mode=mode)
+        assert [p for _, p in with_host[mode]["means"]] == pytest.approx([predicted] * 2, rel=1e-5)
+        for label in ("own", "means"):
+            assert len(with_host[mode][label]) == 2
+            assert all(a[1] > b[1] for a, b in zip(with_host[mode][label], without[mode][label], strict=True))

@@ -47,6 +47,14 @@ def replay(paths: list[Path], modes=MODES, *, host: bool = True) -> dict:
     """Per mode, the mean over traced steps of (replayed - traced) / traced with the steps' own op
     times (``own``) and with the calibration's per-stage times (``means``); ``host``: charge the
     calibrated host time of each transfer (module docstring)."""
+    out = replayed_steps(paths, modes, host=host)
+    return {mode: {label: statistics.mean((p - span) / span for span, p in v) if v else None
+                   for label, v in d.items()} for mode, d in out.items()}
+
+
+def replayed_steps(paths: list[Path], modes=MODES, *, host: bool = True) -> dict:
+    """Per mode and label (``own``, ``means``), ``(traced span, replayed step)`` of every traced step
+    (seconds; steps with overlapped actions left out)."""
     ranks, _ = _trace.parse(paths)
     cal = _trace.from_torch_trace(paths)
     schedule = _trace.traced_schedule({r: _trace._ops(s[0]) for r, s in ranks.items()}, cal.stage_ranks)
@@ -100,8 +108,8 @@ def replay(paths: list[Path], modes=MODES, *, host: bool = True) -> dict:
                 _, finish, _ = evaluate_network(schedule, duration, lambda op, dep, _e=edge: _e, comm,
                                                 setup=first_setup)
                 predicted = max(finish.values()) + cal.wind_down
-                out[mode][label].append((predicted - span) / span)
-    return {mode: {label: statistics.mean(v) if v else None for label, v in d.items()} for mode, d in out.items()}
+                out[mode][label].append((span, predicted))
+    return out
 
 
 def _named(mode: str):
