@@ -2,9 +2,12 @@
 
 Runs ``torch.distributed.pipelining`` schedules with the gloo backend on CPU, in 2 worker processes
 on loopback (each pinned to one core where the machine has them), on a stack of ``Linear + GELU``
-blocks (one block per pipeline stage), and writes one ``torch.profiler`` Chrome trace per rank and
-job. The study then calibrates diffpipe from ONE schedule's trace (``dp.calibrate.from_torch_trace``)
-and predicts the step time of every other schedule, next to the time torch measured.
+blocks or of pre-norm transformer blocks (``MODELS``), and writes one ``torch.profiler`` Chrome
+trace per rank and job. The study then calibrates diffpipe from ONE schedule's trace
+(``dp.calibrate.from_torch_trace``) and predicts the step time of every other schedule, next to the
+time torch measured; a source that ran full backwards predicts the split schedules with the I/W
+split of a probe of the same stages (``calibrate.profile_stages``) or, for transformer blocks, of
+the model's FLOPs, in rows of their own.
 
 Usage::
 
@@ -334,7 +337,7 @@ GROUPS = {
     "4 stages costly p2p": {"members": FOUR_STAGES, "spr": 2, "microbatches": (8,), "width": 0.25, "rows": 4},
     # stage 0 twice as deep as stage 1 (each on its own rank): the schedules differ in how they
     # fill the light rank's bubbles (ZB-H1's W ops; GPipe's all-forward start)
-    "2 stages uneven": {"members": TWO_STAGES, "spr": 1, "microbatches": (4, 8), "blocks": (2, 1)},
+    "2 stages uneven": {"members": TWO_STAGES, "spr": 1, "microbatches": (4, 8, 16), "blocks": (2, 1)},
     # a pre-norm transformer block per stage (causal attention + 4x MLP, 256 wide, 4 heads, one
     # sequence of 128 tokens per microbatch): about a 1024-wide Linear block's op time on one core
     # (measured here side by side, under load: forward 3.8-4.3 ms against 4.0 ms)
