@@ -28,7 +28,7 @@ from diffpipe.schedules import Placement, get, list_schedule, to_torch_csv
 
 pytestmark = pytest.mark.slow
 
-_RUN = Path(__file__).resolve().parents[1] / "papers" / "validation" / "run.py"
+_VALIDATION = Path(__file__).resolve().parents[1] / "papers" / "validation"
 MICROBATCHES = 4
 
 #: job name -> (torch schedule class, stages per rank): every class at each count torch takes.
@@ -66,21 +66,27 @@ CSV = {
 }
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("validation_run", _RUN)
+def _script(name: str):
+    """``papers/validation/<name>.py`` as a module (``run``: the study and its gloo workers)."""
+    spec = importlib.util.spec_from_file_location(f"validation_{name}", _VALIDATION / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def _gloo():
+    """Skip unless torch's pipelining and its gloo backend are here; the study's module."""
     pytest.importorskip("torch.distributed.pipelining")
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_gloo_available()):
         pytest.skip("torch.distributed with gloo is not available")
-    run = _runner()
+    return _script("run")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    run = _gloo()
     work = tmp_path_factory.mktemp("calibrate_every_schedule")
     jobs = [run.job(name, cls, microbatches=MICROBATCHES, stages_per_rank=spr, width=16, rows=4)
             for name, (cls, spr) in TORCH.items()]
@@ -149,8 +155,7 @@ def test_every_exported_csv_calibrates_by_its_file_and_its_family(runs, tmp_path
 def small_study(tmp_path_factory):
     """``papers/validation``'s study, CI-size: a transformer-block group of a full-backward and a
     split schedule (one round, no warm-up round, the headline mode only)."""
-    pytest.importorskip("torch.distributed.pipelining")
-    run = _runner()
+    run = _gloo()
     work = tmp_path_factory.mktemp("small_study")
     groups = {"t": {"members": [("GPipe", "GPipe"), ("ZB-H1", "InterleavedZeroBubble")], "spr": 1,
                     "microbatches": (2,), "model": "transformer", "blocks": (2, 1)}}
@@ -208,9 +213,7 @@ def test_the_replay_with_calibrated_times_is_the_prediction_of_the_traced_schedu
     from diffpipe import calibrate
     from diffpipe.calibrate import _trace
 
-    spec = importlib.util.spec_from_file_location("validation_replay", _RUN.parent / "replay.py")
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
+    replay = _script("replay")
     files = _files(runs, name)
     cal = calibrate.from_torch_trace(files)
     assert cal.send_cost > 0 and cal.recv_cost > 0
