@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._optimize._baselines import compositions, evaluate_plans
+from diffpipe import compositions, evaluate_plans
 from diffpipe.schedules._reference import evaluate
 
 DEVICES, MICROBATCHES = 8, 16

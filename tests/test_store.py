@@ -245,6 +245,7 @@ def test_the_store_is_bounded(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.npz"))
 
 
+@pytest.mark.slow
 def test_the_command_line_reads_kept_results(tmp_path):
     argv = ["optimize", "1f1b", "--devices", "2", "--microbatches", "4", "--config", "examples/machine.toml",
             "--steps", str(STEPS), "--json"]

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._compare import Comparison, Machine
+from diffpipe import Comparison, Machine
 from diffpipe.schedules import get, table
 
 HERE = Path(__file__).resolve().parent
