@@ -125,6 +125,7 @@ def test_a_plan_from_kept_results_is_the_computed_plan(tmp_path, monkeypatch):
     assert no_timing(kept) == no_timing(computed)
 
 
+@pytest.mark.slow
 def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
     """The balanced rows of one stage count share one descent padded to their common sizes; the
     table is the one each row's own descent gives, number for number."""

@@ -88,27 +88,22 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None],
     return checked
 
 
-def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
-              gradient_sync: bool = False, breakdown: dict[str, float] | None = None,
-              collectives: dict[str, Any] | None = None) -> list[tuple[str, str, Any]]:
-    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
-    ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's);
-    ``breakdown``: a configuration's ``ConfigResult.breakdown``, drawn as a bar under the Gantt;
-    ``collectives``: its collectives per op (``viz.op_collectives``), drawn on rows of their own."""
-    subject = schedule if result is None else result
+def _pictures(args: argparse.Namespace, subject: Any, hw: Any = None, **given: Any) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet): ``viz.gantt``
+    and ``viz.trace`` of ``subject`` (a ``Schedule``, a ``Result`` with ``schedule=``, or a
+    ``Configuration`` with its ``evaluation=``) on ``hw``, with the keywords ``given``."""
     out: list[tuple[str, str, Any]] = []
     if getattr(args, "gantt", None):
         from ..viz import gantt
         from ..viz.gantt import DEFAULT_DPI
 
-        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync, breakdown=breakdown,
-                    collectives=collectives)
+        fig = gantt(subject, hw, **given)
         fmt = Path(args.gantt).suffix.lower().lstrip(".")
         out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
     if getattr(args, "trace", None):
         from ..viz import trace
 
-        data = trace(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        data = trace(subject, hw, **given)
         out.append(("--trace", args.trace, _io.dumps_json(data, indent=None)))
     return out
 

@@ -51,12 +51,8 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
         result = cfg.evaluate(headroom, jitter=jitter, samples=args.samples, seed=args.seed)
         schedule = cfg.schedule()
         if outputs:
-            from ..viz import op_collectives
-
             bar.stage("drawing")
-            hw = cfg.hardware()
-            _write_all(_pictures(args, schedule, hw, result.result, result.gradient_sync, result.breakdown,
-                                 op_collectives(cfg, schedule, hw) if args.gantt else None))
+            _write_all(_pictures(args, cfg, evaluation=result))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:
@@ -120,7 +116,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         summary = _simulation_summary(schedule, result, machine, hw, headroom)
         if outputs:
             bar.stage("drawing")
-            _write_all(_pictures(args, schedule, hw, result))
+            _write_all(_pictures(args, result, hw, schedule=schedule))
     if args.json:
         _print_json(summary)
         return

@@ -23,7 +23,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._io import write_atomic
 from .._plan._table import PlanTable
-from ._timeline import check_paths, op_collectives
+from ._timeline import check_paths
 from .gantt import breakdown_parts, gantt
 
 #: Resolution of the report's pictures (dots per inch; lower than a Gantt file's, to keep the page light).
@@ -121,9 +121,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     paths = None if path is None else check_paths(path, (".html", ".htm"), "report")
     cfg = table.configuration(0)
     result = cfg.evaluate(table.headroom)
-    schedule, hw = cfg.schedule(), cfg.hardware()
-    chart = gantt(result.result, hw, schedule=schedule, gradient_sync=result.gradient_sync,
-                  breakdown=result.breakdown, collectives=op_collectives(cfg, schedule, hw))
+    chart = gantt(cfg, evaluation=result)
     best = table.rows[0]
     heading = title or (f"{table.model.layers}-layer model on {table.cluster.gpus} x {table.cluster.device.name}, "
                         f"global batch {table.global_batch}")

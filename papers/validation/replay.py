@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from diffpipe._engine._communication import transfers  # noqa: E402
 from diffpipe.calibrate import _trace  # noqa: E402
 from diffpipe.calibrate._calibration import communication_mode  # noqa: E402
-from diffpipe.schedules import Op  # noqa: E402
-from diffpipe.schedules._reference import evaluate_network  # noqa: E402
+from diffpipe.schedules import Op, evaluate_network  # noqa: E402
 
 MODES = ("torch-runtime", "overlap", "rendezvous")
 
