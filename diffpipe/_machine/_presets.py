@@ -13,7 +13,8 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted
 #: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters, its
 #: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source), memory-bound kernels at
-#: gpu-benches' STREAM ``scale`` bandwidth, fused attention through the FlashAttention-2 paper's stated
+#: gpu-benches' STREAM ``scale`` bandwidth (the H100 SXM: BabelStream ``Mul`` on Azure's ND H100 v5, the same
+#: one-read-one-write kernel; gpu-benches has only an H100 PCIe file), fused attention through the FlashAttention-2 paper's stated
 #: throughputs (the kernel generation of the runs compared), the H100's own fused attention (cuDNN's;
 #: ``Transformer(flash_version=3)``) at PyTorch 2.5.0's "up to 75% speed-up over FlashAttentionV2".
 #: The GEMM and attention ceilings in training of each measured kernel fit: the fitted ceilings scaled by
@@ -22,11 +23,11 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: is zero. A training step runs for seconds at the power limit, beside its framework's host work, where the H100
 #: benchmarks ran for milliseconds and the A100 fit saw one layer's kernels (Korthikanti et al.'s Table 4).
 CEILINGS = {"H100": 0.8141, "A100": 0.9581}
-KERNELS_H100 = KernelModel(0.8542 * CEILINGS["H100"], 139.8, 0.852, 5.45e-06, 0.3416 * CEILINGS["H100"], 139.8, 1.0,
+KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
                            sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json")
 #: The H200: the H100's compute (same GEMM and attention curves), its own STREAM bandwidth fraction.
-KERNELS_H200 = KernelModel(0.8542 * CEILINGS["H100"], 139.8, 0.6594, 5.45e-06, 0.3416 * CEILINGS["H100"], 139.8, 1.0,
+KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.6594, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
                            sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json; memory: h200")
 KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8, 1.0,

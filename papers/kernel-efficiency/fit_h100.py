@@ -1,6 +1,6 @@
 """H100 SXM kernel model: GEMMs fitted to OpenXLA's measured ``sm_90`` table (every bf16 shape,
-``xla_matmul_bf16.csv``); memory-bound kernels at the STREAM ``scale`` bandwidth of gpu-benches'
-H100 (PCIe: no SXM file exists; the fraction of the datasheet bandwidth is taken to carry over);
+``xla_matmul_bf16.csv``); memory-bound kernels at the BabelStream ``Mul`` bandwidth (one array read, one
+written: gpu-benches' ``scale``) of Azure's ND H100 v5 (H100 80GB HBM3, the SXM5 part; ``azure_babelstream.csv``);
 132 SMs (NVIDIA H100 Tensor Core GPU architecture whitepaper, H100 SXM5); fused attention through
 FlashAttention-2's H100 point (the kernel generation of the runs compared; FA3's Table 2 point kept beside
 it, ``attention_text_points.csv``), Hopper's own fused attention (cuDNN's, which Transformer Engine prefers on
@@ -12,10 +12,10 @@ checked against the best-shape
     PYTHONPATH=. python papers/kernel-efficiency/fit_h100.py     # writes kernels_h100.json
 """
 
-from kernel_fit import attention, attention_point, fit_gemm, mamf_check, stream_fraction, write
+from kernel_fit import attention, attention_point, babelstream_fraction, fit_gemm, mamf_check, write
 
 if __name__ == "__main__":
-    memory = stream_fraction("h100_pcie", "H100-PCIe")
+    memory = babelstream_fraction("ND H100 v5", "H100")
     gemm = fit_gemm("sm_90", "H100", 132, memory)
     # The runs of both sets (2023-24: Megatron-LM, Llama 3, llm-foundry) predate FlashAttention-3 (July 2024):
     # the preset's attention is FlashAttention-2 on H100, "up to 335 TFLOPs/s" forward + backward, taken at its
@@ -24,7 +24,7 @@ if __name__ == "__main__":
     fa2 = attention_point("fa2_arxiv_2307.08691", "H100", "FlashAttention-2 (no Hopper-specific instructions)")
     fa3 = attention_point("fa3_arxiv_2407.08608", "H100", "FlashAttention-3")
     out = dict(gemm=gemm, memory_efficiency=round(memory, 4),
-               memory_source="gpu_benches_stream.csv h100_pcie, kernel scale, over H100-PCIe's 2.0 TB/s",
+               memory_source="azure_babelstream.csv ND H100 v5, kernel Mul, over H100 SXM's 3.35 TB/s",
                attention=attention("H100", gemm["k_half"], float(fa2["tflops"]), 16384,
                                    "attention_text_points.csv: FA2 on H100 'up to 335 TFLOPs/s' fwd+bwd, at 16k"),
                attention_fa3=attention("H100", gemm["k_half"], float(fa3["tflops"]), float(fa3["seqlen"]),

@@ -4,7 +4,8 @@
 roofline with the tile/wave-quantised efficiency, ``diffpipe._machine._kernels``) to every measured
 ``(m, n, k)`` row of a table, for each discrete (tile_m, tile_n, split_k_min) in a small grid; the
 continuous ``gemm_efficiency``, ``k_half`` and ``overhead`` by ``scipy.optimize.least_squares``.
-``stream_fraction``: the sustained fraction of the datasheet bandwidth of a STREAM-like kernel.
+``stream_fraction``: the sustained fraction of the datasheet bandwidth of a STREAM-like kernel (gpu-benches);
+``babelstream_fraction``: the same from Azure's BabelStream tables (``azure_babelstream.csv``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ TILES = (64, 128, 256)
 SPLIT_K_MIN = (128, 256, 512, 1024, 1 << 30)  # the last: no split-K
 #: The streaming kernel whose bandwidth stands for a norm or activation kernel: one array read, one written.
 STREAM_KERNEL = "scale"
+#: BabelStream's name for the same kernel (``b[i] = scalar * c[i]``: one array read, one written).
+BABELSTREAM_KERNEL = "Mul"
 
 
 def gemm_rows(key: str) -> tuple[np.ndarray, ...]:
@@ -44,6 +47,16 @@ def stream_fraction(file: str, preset: str) -> float:
         best = max(float(r["gb_per_s"]) for r in csv.DictReader(f)
                    if r["file"] == file and r["kernel"] == STREAM_KERNEL)
     return best * 1e9 / float(dp.presets.DEVICES[preset].memory_bandwidth)
+
+
+def babelstream_fraction(system: str, preset: str) -> float:
+    """``BABELSTREAM_KERNEL``'s bandwidth in ``azure_babelstream.csv``'s ``system`` over the preset's datasheet
+    bandwidth."""
+    with open(HERE / "azure_babelstream.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["system"] == system and r["kernel"] == BABELSTREAM_KERNEL]
+    if len(rows) != 1:
+        raise KeyError((system, BABELSTREAM_KERNEL))
+    return float(rows[0]["tb_per_s"]) * 1e12 / float(dp.presets.DEVICES[preset].memory_bandwidth)
 
 
 def model(preset: str, sms: int, memory_efficiency: float, tile_m: int, tile_n: int, split: int,
