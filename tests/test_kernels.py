@@ -70,7 +70,8 @@ def test_memory_bound_kernels_run_at_the_stream_bandwidth(preset, file):
 def test_h100_memory_bound_kernels_run_at_babelstreams_sxm_bandwidth():
     # the H100 SXM's fraction is Azure's ND H100 v5 BabelStream Mul (gpu-benches has only an H100 PCIe file)
     with open(KE / "azure_babelstream.csv") as f:
-        mul = next(float(r["tb_per_s"]) for r in csv.DictReader(f) if r["system"] == "ND H100 v5" and r["kernel"] == "Mul")
+        mul = next(float(r["tb_per_s"]) for r in csv.DictReader(f)
+                   if r["system"] == "ND H100 v5" and r["kernel"] == "Mul")
     for preset in ("H100", "H800"):
         d = dp.presets.device(preset)
         assert float(d.memory_bandwidth * d.kernels.memory_efficiency) == pytest.approx(mul * 1e12, rel=2e-3)

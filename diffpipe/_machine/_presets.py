@@ -14,9 +14,10 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters, its
 #: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source), memory-bound kernels at
 #: gpu-benches' STREAM ``scale`` bandwidth (the H100 SXM: BabelStream ``Mul`` on Azure's ND H100 v5, the same
-#: one-read-one-write kernel; gpu-benches has only an H100 PCIe file), fused attention through the FlashAttention-2 paper's stated
-#: throughputs (the kernel generation of the runs compared), the H100's own fused attention (cuDNN's;
-#: ``Transformer(flash_version=3)``) at PyTorch 2.5.0's "up to 75% speed-up over FlashAttentionV2".
+#: one-read-one-write kernel; gpu-benches has only an H100 PCIe file), fused attention through the
+#: FlashAttention-2 paper's stated throughputs (the kernel generation of the runs compared), the H100's own
+#: fused attention (cuDNN's; ``Transformer(flash_version=3)``) at PyTorch 2.5.0's "up to 75% speed-up over
+#: FlashAttentionV2".
 #: The GEMM and attention ceilings in training of each measured kernel fit: the fitted ceilings scaled by
 #: ``CEILINGS[fit]``, the one parameter per device fitted to whole runs, on the FIT set only
 #: (``papers/published-runs/fit_ceilings.py``, ``fit_ceilings.json``): the mean log error of the device's FIT rows
