@@ -484,7 +484,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             else:
                 full = (variant, par, cluster_id, framework)
                 if full not in COSTS:
-                    COSTS[full] = Costs(variant, par, cluster, where.links, framework)
+                    COSTS[full] = Costs(variant, par, cluster, where.links, framework, cluster_id)
                 costs[key] = COSTS[full]
         k = costs[key]
         if isinstance(k, str):
