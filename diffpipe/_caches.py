@@ -2,7 +2,8 @@
 persistent compilation cache on disk (``enable_compilation_cache``), which the CLI and the examples
 turn on.
 
-A function is cached with ``@bounded(maxsize)`` (``functools.lru_cache`` that registers itself); a
+A function is cached with ``@bounded(maxsize)`` (``functools.lru_cache`` that registers itself;
+``@memoized(maxsize)`` also makes the NumPy arrays of each kept result read-only); a
 module-level table is a ``BoundedDict(maxsize)`` (an ``OrderedDict`` that drops its oldest entry
 past ``maxsize`` and registers itself); anything else registers its ``clear`` with ``register``. Caches hold only
 derived data (generated schedules, compiled graphs, per-layer costs), so clearing them changes no
