@@ -146,7 +146,8 @@ def main() -> None:
         record["jax"] = jax.__version__
     except ImportError:
         pass
-    args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    from diffpipe._io import write_atomic  # the package's one atomic writer
+    write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"\nwrote {args.out}")
 
 

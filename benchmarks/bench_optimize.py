@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 import diffpipe as dp
+from diffpipe._io import write_atomic
 from diffpipe._optimize._baselines import compositions, evaluate_plans
 from diffpipe.schedules._reference import evaluate
 
@@ -215,7 +216,7 @@ def main() -> None:
     )
     out = Path(args.out or Path(__file__).parent / "results" / f"optimize-{jax.default_backend()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_atomic(out, json.dumps(results, indent=2))
     print(f"\nwrote {out}")
 
 

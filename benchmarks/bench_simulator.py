@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import diffpipe as dp
+from diffpipe._io import write_atomic
 from diffpipe.schedules._reference import evaluate
 
 try:
@@ -302,7 +303,7 @@ def main() -> None:
               f"{large['xla_compile_s'] / small['xla_compile_s']:.2f}×")
     out = Path(args.out or Path(__file__).parent / "results" / f"simulator-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_atomic(out, json.dumps(results, indent=2))
     print(f"wrote {out}")
 
 

@@ -54,6 +54,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import diffpipe as dp  # noqa: E402
+from diffpipe._io import write_atomic  # noqa: E402
 from diffpipe._sweep import evaluate as sweep_evaluate  # noqa: E402
 from diffpipe._sweep import plan as sweep_plan  # noqa: E402
 from diffpipe._sweep import variants as sweep_variants  # noqa: E402
@@ -270,7 +271,7 @@ def main() -> None:
               f"{cells[len(cells) // 2]:.2e}")
     out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=str))
+    write_atomic(out, json.dumps(results, indent=2, default=str))
     print(f"\nwrote {out}")
 
 

@@ -161,10 +161,16 @@ def dumps_json(value: Any, indent: int | None = 2) -> str:
     return json.dumps(json_safe(value), indent=indent, allow_nan=False) + "\n"
 
 
-# -- inputs -----------------------------------------------------------------------------------------
+# TOML 1.0, "Basic strings": the quotation mark, the backslash and the control characters other
+# than tab (U+0000-U+001F, U+007F) must be escaped.
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_TOML_ESCAPES.update({chr(c): f"\\u{c:04X}" for c in (*range(0x20), 0x7F) if chr(c) not in _TOML_ESCAPES and c != 0x09})
+
+
 def toml_value(value: Any) -> str:
     """``value`` as a TOML value: a boolean, an integer, a float (``repr``, which reads back
-    exactly), a string (quoted, ``\\`` and ``"`` escaped) or a list of them."""
+    exactly), a string (quoted; ``\\``, ``"`` and control characters escaped, as TOML's basic
+    strings require) or a list of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -172,10 +178,13 @@ def toml_value(value: Any) -> str:
     if isinstance(value, float):
         return repr(float(value))
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_TOML_ESCAPES.get(c, c) for c in value) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML spelling for {value!r}")
+
+
+# -- inputs -----------------------------------------------------------------------------------------
 
 
 def read_text(path: str | os.PathLike, what: str = "input") -> str:

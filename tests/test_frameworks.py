@@ -40,6 +40,10 @@ def test_presets_overlap_as_their_sources_state():
         assert m.reduce_bytes == 4 and o.prefetch and not o.param_gather and o.tensor == 0.0
         assert o.data_bucket == float(dp.layer_costs(m).gradient_bytes[1])  # one block's gradients
 
+    # llm-foundry's MPT blocks are eager PyTorch modules; the other presets' kernels are the fused list
+    assert [n for n, fw in dp.presets.FRAMEWORKS.items() if fw.model(MODEL).eager_blocks] == ["fsdp"]
+    assert [n for n, fw in dp.presets.FRAMEWORKS.items() if fw.model(MODEL).flat_gradients] == ["fsdp"]
+
     o = dp.presets.framework("ddp").overlap(MODEL, dp.Parallelism(data=8))
     assert o.data_bucket == DDP_BUCKET == 25 * 2 ** 20
 
@@ -125,6 +129,10 @@ def test_bad_frameworks_are_one_clear_error():
         dp.Framework("mine", reduce_bytes=3)
     with pytest.raises(dp.ConfigError, match="flash_version must be 1, 2, 3 or None"):
         dp.Framework("mine", flash_version=4)
+    with pytest.raises(dp.ConfigError, match="eager_blocks must be a bool"):
+        dp.Framework("mine", eager_blocks="yes")
+    with pytest.raises(dp.ConfigError, match="flat_gradients must be a bool"):
+        dp.Framework("mine", flat_gradients=1)
 
 
 def test_a_user_framework_is_accepted():

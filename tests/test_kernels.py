@@ -200,6 +200,55 @@ def test_cross_entropy_passes_are_megatrons():
     np.testing.assert_allclose(sorted(backward[:, 2] / logits), sorted([8, 6]))
 
 
+@pytest.mark.parametrize("norm, kv_heads", [("layernorm", None), ("layernorm", 2), ("rmsnorm", None)])
+def test_eager_blocks_add_the_layernorm_weight_gradient_and_the_qkv_concatenation(norm, kv_heads):
+    # eager PyTorch blocks (llm-foundry's MPT): PyTorch's LayerNorm weight gradient reads x and dy again
+    # (2 d h T per LayerNorm: two a block, the final one in the head) and the backward of splitting the fused
+    # Wqkv output concatenates dq, dk, dv (read and written: 2 d (a d_h + 2 a_kv d_h) T / t); nothing else moves
+    model = dp.Transformer(layers=3, hidden=1024, heads=8, sequence=512, vocabulary=1000, microbatch_size=2,
+                           norm=norm, kv_heads=kv_heads, flash_attention=True)
+    tensor = 2
+    plain, eager = (layer_kernels(m, tensor=tensor)
+                    for m in (model, dataclasses.replace(model, eager_blocks=True)))
+    d, T, h, dh = 2.0, 2.0 * 512, 1024.0, 128.0
+    kv = 8 if kv_heads is None else kv_heads
+    norms = 2 * d * h * T if norm == "layernorm" else 0.0
+    qkv = 2 * d * (8 * dh + 2 * kv * dh) * T / tensor
+    extra = np.zeros((3, model.layers + 2))
+    for table, sign in ((eager.memory, 1.0), (plain.memory, -1.0)):
+        np.add.at(extra, (table[:, 1].astype(int), table[:, 0].astype(int)), sign * table[:, 2] * table[:, 3])
+    want = np.zeros_like(extra)
+    want[1, 1:-1] = 2 * norms + qkv
+    want[1, -1] = norms
+    np.testing.assert_allclose(extra, want, rtol=1e-12)
+    np.testing.assert_array_equal(plain.gemm, eager.gemm)
+    np.testing.assert_array_equal(plain.attention, eager.attention)
+    with pytest.raises(dp.ConfigError, match="eager_blocks must be a bool"):
+        dataclasses.replace(model, eager_blocks=1)
+
+
+@pytest.mark.parametrize("reduce_bytes, per_weight", [(4, 2 * 2 + (2 + 4) + 2 * 4), (2, 2 * 2 + 2 * 2), (None, 8)])
+def test_flat_gradients_replace_the_fp32_accumulation_by_fsdps_passes(reduce_bytes, per_weight):
+    # PyTorch FSDP's flat gradient per weight per microbatch: the concatenation into it (read, write 2 bytes),
+    # the cast to an fp32 reduce dtype (2 + 4; none when it is bf16) and the in-place pre-divide (2 r); the
+    # fp32 accumulation it replaces is 8 bytes; only W's memory-bound kernels move
+    model = dp.Transformer(layers=2, hidden=512, heads=8, sequence=256, vocabulary=1000, microbatch_size=2,
+                           reduce_bytes=reduce_bytes, flash_attention=True)  # every GEMM a weight's
+    tensor = 2
+    plain, flat = (layer_kernels(m, tensor=tensor)
+                   for m in (model, dataclasses.replace(model, flat_gradients=True)))
+    weights = np.zeros(model.layers + 2)
+    g = plain.gemm[plain.gemm[:, 1] == 0]  # each weight matmul's forward GEMM: (M, N, K) with K x N weights
+    np.add.at(weights, g[:, 0].astype(int), g[:, 3] * g[:, 4] * g[:, 6])
+    weights[0] = 1000 * 512 / tensor  # the embedding's (vocabulary-parallel) weights, and the head's logit matmul
+    extra = np.zeros((3, model.layers + 2))
+    for table, sign in ((flat.memory, 1.0), (plain.memory, -1.0)):
+        np.add.at(extra, (table[:, 1].astype(int), table[:, 0].astype(int)), sign * table[:, 2] * table[:, 3])
+    np.testing.assert_allclose(extra[2], (per_weight - 8) * weights, rtol=1e-12)
+    assert not np.any(extra[:2])
+    np.testing.assert_array_equal(plain.gemm, flat.gemm)
+
+
 def test_sequence_parallel_shards_the_norm_and_dropout_kernels():
     model = dp.Transformer(layers=2, hidden=1024, heads=8, sequence=512, vocabulary=1000)
     plain = layer_kernels(model, tensor=8).memory

@@ -1,15 +1,19 @@
 """The result protocol: ``to_dict``, ``to_json(path=None, indent=2)`` (strict JSON, atomic writes),
 ``to_csv`` / ``to_markdown`` where tabular, for ``Result`` and ``Comparison`` (``OptimizeResult``:
-tests/test_knobs.py)."""
+tests/test_knobs.py); the one TOML value writer."""
 
 import csv
 import io
 import json
 import math
+import tomllib
 
+import hypothesis.strategies as st
 import numpy as np
+from hypothesis import given
 
 import diffpipe as dp
+from diffpipe._io import toml_value
 
 
 def test_result_to_json_is_strict_and_written_atomically(tmp_path):
@@ -38,3 +42,17 @@ def test_comparison_protocol(tmp_path):
         assert np.isclose(float(r["makespan_s"]), e.simulation["makespan_s"])
         assert r["fits"] == "True"
     assert c.to_markdown().startswith("| schedule |")
+
+
+_TOML_SCALARS = (
+    st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text()
+)
+
+
+@given(st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+                       _TOML_SCALARS | st.lists(_TOML_SCALARS, max_size=4), max_size=4))
+def test_toml_value_reads_back_as_written(values):
+    """The one TOML writer (machine files, torchtitan exports): every scalar or list it spells,
+    control characters and non-ASCII text included, reads back equal through ``tomllib``."""
+    text = "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
+    assert tomllib.loads(text) == {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}

@@ -31,7 +31,15 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   Megatron-LM runs it, six passes forward (``(d + 36) V T / t`` bytes: upcast, max, subtract, exp,
   sum, normalise) and two backward (``(d + 12) V T / t``: scale, downcast; ``_cross_entropy_passes``);
   the fp32 gradient accumulation of every weight (Megatron-LM's ``main_grad``: read and write 4 bytes
-  per weight per microbatch) in ``W``.
+  per weight per microbatch) in ``W``. With ``Transformer.eager_blocks`` (eager PyTorch modules,
+  llm-foundry's MPT) the backward (``I``) also runs PyTorch's LayerNorm weight-gradient kernel, which
+  reads ``x`` and ``dy`` again, ``2 d h T rep`` per LayerNorm (the block's two and the final one), and the
+  concatenation of ``dq, dk, dv`` that the backward of the fused ``Wqkv`` output's split is,
+  ``2 d (a d_h + a_kv (d_h + d_v)) T / t`` (``_eager_backward``). With ``Transformer.flat_gradients``
+  (PyTorch FSDP's flat parameters) the weight gradients' memory-bound work in ``W`` is FSDP's in place of
+  the fp32 accumulation: the concatenation into the flat gradient (``2 d``), its cast to the reduce dtype
+  (``d + r`` where ``r != d``) and the in-place pre-divide (``2 r``) per weight per microbatch
+  (``_gradient_bytes``).
 - Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
   ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
   times the device's ``KernelModel.attention_native``.
@@ -61,6 +69,17 @@ from ._transformer import _LOGIT_BYTES, CACHED, Transformer, _block_matmuls
 _F, _I, _W = range(3)
 #: fp32 gradient accumulation: read and write 4 bytes per weight per microbatch.
 _GRAD_ACCUMULATION_BYTES = 8
+
+
+def _gradient_bytes(model: Transformer) -> float:
+    """Bytes of memory-bound work per weight per microbatch on its gradient after the weight-gradient GEMM:
+    Megatron-LM's fp32 accumulation (``_GRAD_ACCUMULATION_BYTES``), or with ``model.flat_gradients`` PyTorch
+    FSDP's: the concatenation into the flat gradient (read and write ``d``), the cast to the reduce dtype
+    (read ``d``, write ``r``, where they differ) and the in-place pre-divide (read and write ``r``)."""
+    if not model.flat_gradients:
+        return float(_GRAD_ACCUMULATION_BYTES)
+    d, r = float(model.dtype_bytes), float(model.reduction_bytes)
+    return 2 * d + (d + r if r != d else 0.0) + 2 * r
 #: Executed FLOPs of a causal fused attention over the non-causal count (half the score blocks).
 _CAUSAL = 0.5
 #: FlashAttention-2's backward runs 5 matmuls of the forward's size against the forward's 2.
@@ -231,16 +250,18 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if model.recompute == "full":
             elementwise(row, _I, is_moe, False)
         elementwise(row, _I, is_moe, True)
+        if model.eager_blocks:
+            _eager_backward(out, row, model, tensor=t, rep=rep, norms=2)
         core_fwd = (_F,) + ((_I,) if model.recompute in ("full", "selective") else ())
         attention_core(row, core_fwd, True)
-        out.mem(row, _W, _GRAD_ACCUMULATION_BYTES * weights)
+        out.mem(row, _W, _gradient_bytes(model) * weights)
 
     # the embedding: gather (+ learned positions), dropout; its gradient's scatter-add and fp32 accumulation
     gather = (3.0 if model.positions == "learned" else 2.0) * d * T * h
     out.mem(0, _F, gather)
     out.mem(0, _F, (2 * d + 1) * T * h * rep * mask)
     out.mem(0, _W, gather)
-    out.mem(0, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    out.mem(0, _W, _gradient_bytes(model) * V * h / t)
     # the head: final norm, vocabulary-parallel logits, fp32 cross-entropy
     last = rows - 1
     out.mem(last, _F, 2 * d * h * T * rep)
@@ -252,8 +273,26 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     for per_logit in backward:
         out.mem(last, _I, per_logit * logits)
     out.mem(last, _I, 3 * d * h * T * rep)
-    out.mem(last, _W, _GRAD_ACCUMULATION_BYTES * V * h / t)
+    if model.eager_blocks:
+        _eager_backward(out, last, model, tensor=t, rep=rep, norms=1, qkv=False)
+    out.mem(last, _W, _gradient_bytes(model) * V * h / t)
     return out.build(rows)
+
+
+def _eager_backward(out: _Builder, row: int, model: Transformer, *, tensor: float, rep: float, norms: int,
+                    qkv: bool = True) -> None:
+    """The backward kernels of eager PyTorch blocks (``Transformer.eager_blocks``) that fused frameworks do
+    not run, into ``I`` of ``row``: PyTorch's LayerNorm weight gradient, a second kernel over ``x`` and ``dy``
+    (``GammaBetaBackwardCUDAKernel`` in ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``), for each of
+    ``norms`` LayerNorms; and with ``qkv`` the ``at::cat`` of ``dq, dk, dv`` (``split_with_sizes_backward``)
+    that the backward of splitting the fused ``Wqkv`` output is (``qkv.split`` in llm-foundry's
+    ``llmfoundry/models/layers/attention.py`` at 5e85bd62d), each read and written once."""
+    d, T, h = float(model.dtype_bytes), float(model.microbatch_size * model.sequence), float(model.hidden)
+    if model.norm == "layernorm":
+        out.mem(row, _I, 2 * d * h * T * rep, norms)
+    if qkv and not model.kv_lora_rank:
+        a, kv, dh, dv = float(model.heads), float(model.kv), float(model.dh), float(model.dv)
+        out.mem(row, _I, 2 * d * (a * dh + kv * (dh + dv)) * T / tensor)
 
 
 def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> dict[str, Array]:

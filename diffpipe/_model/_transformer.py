@@ -189,6 +189,22 @@ class Transformer:
             ``"float32"``), Composer's FSDP ``mixed_precision: DEFAULT`` (``reduce_dtype=torch.float32``,
             ``composer/trainer/mosaic_fsdp_utils.py`` at v0.16.4 and v0.17.2). Communication only: the
             static bytes stay ``bytes_per_parameter``.
+        eager_blocks: the blocks run as eager PyTorch modules (llm-foundry's MPT): each LayerNorm's
+            backward is PyTorch's own, whose weight gradient is a second kernel that reads ``x`` and ``dy``
+            again (``GammaBetaBackwardCUDAKernel`` beside ``layer_norm_grad_input_kernel`` in
+            ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``), and the fused ``Wqkv`` output is split into
+            ``q``, ``k``, ``v`` before attention (``qkv.split`` in ``llmfoundry/models/layers/attention.py`` at
+            5e85bd62d), whose backward concatenates ``dq``, ``dk``, ``dv`` into one tensor (PyTorch's
+            ``split_with_sizes_backward``, ``at::cat``). Timing only (kernel models); False (the default):
+            the backward's memory-bound kernels are those of ``diffpipe._model._kernels`` alone.
+        flat_gradients: each block's weight gradients take PyTorch FSDP's (FSDP1's) path in every
+            microbatch that reduces them, in place of Megatron-LM's fp32 ``main_grad`` accumulation: autograd
+            concatenates them into the flat gradient (the backward of the ``torch.split`` that makes the
+            parameters views of the flat parameter, ``FlatParamHandle._get_unflat_views``), FSDP casts it to
+            the reduce dtype (``flat_param.grad.to(handle._reduce_dtype)``) and divides it in place by the
+            gradient pre-divide factor before the reduce-scatter (``_post_backward_hook`` and ``_reduce_grad`` in
+            ``torch/distributed/fsdp/_runtime_utils.py``; the factor is above 1 on 2 or more ranks); the sharded
+            result accumulates on the shard. Timing only (kernel models).
     """
 
     layers: int
@@ -225,6 +241,8 @@ class Transformer:
     flash_attention: bool = False
     flash_version: int | None = None
     reduce_bytes: int | None = None
+    eager_blocks: bool = False
+    flat_gradients: bool = False
 
     @property
     def reduction_bytes(self) -> int:
@@ -243,7 +261,7 @@ class Transformer:
         positions="learned", bias=True, qkv_bias=None, qk_norm=False, dropout=True, experts=1,
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
         q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=None,
-        reduce_bytes=None)
+        reduce_bytes=None, eager_blocks=False, flat_gradients=False)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
@@ -285,7 +303,8 @@ class Transformer:
         f = self.ffn_multiplier
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
             fail("ffn_multiplier", "a positive number")
-        for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention"):
+        for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention", "eager_blocks",
+                     "flat_gradients"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
         if self.flash_version is not None and (self.flash_version not in FLASH_VERSIONS

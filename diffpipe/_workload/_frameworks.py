@@ -34,7 +34,11 @@ as the validated model does. Each preset states its source:
   the same overlap as ``"torchtitan"``, gradients reduced in fp32, and reduced after every
   microbatch: Composer enters no ``no_sync`` for a model that is not DDP (``_train_microbatches`` in
   ``composer/trainer/trainer.py`` at v0.16.4 and v0.17.2: ``if ... not isinstance(self.state.model,
-  DistributedDataParallel): sync_context = contextlib.nullcontext()``).
+  DistributedDataParallel): sync_context = contextlib.nullcontext()``); and its blocks are eager PyTorch
+  modules (``Transformer.eager_blocks``: MPT's ``low_precision_layernorm`` is ``F.layer_norm``, its
+  attention splits the fused ``Wqkv`` output, ``llmfoundry/models/layers/{norm,attention}.py`` at 5e85bd62d),
+  and its gradients take FSDP1's flat-parameter path (``Transformer.flat_gradients``: concatenated into the
+  flat gradient, cast to the reduce dtype and pre-divided, ``torch/distributed/fsdp/_runtime_utils.py``).
 - ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
   all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
 
@@ -84,6 +88,10 @@ class Framework:
             training precision).
         flash_version: the fused-attention generation the framework runs (``Transformer.flash_version``;
             None: the model's, the device's own kernel by default).
+        eager_blocks: the framework's blocks are eager PyTorch modules (``Transformer.eager_blocks``; a
+            model that says so keeps it either way).
+        flat_gradients: the weight gradients take PyTorch FSDP's flat-parameter path
+            (``Transformer.flat_gradients``; likewise).
         source: where the preset comes from.
     """
 
@@ -95,6 +103,8 @@ class Framework:
     every_microbatch: bool = False
     reduce_bytes: int | None = None
     flash_version: int | None = None
+    eager_blocks: bool = False
+    flat_gradients: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -103,7 +113,8 @@ class Framework:
         if self.buckets not in BUCKETS:
             raise ConfigError(f"framework {self.name!r}: buckets must be one of {', '.join(BUCKETS)}, "
                               f"got {self.buckets!r}")
-        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch"):
+        for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch", "eager_blocks",
+                      "flat_gradients"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"framework {self.name!r}: {field} must be a bool, got {getattr(self, field)!r}")
         r = self.reduce_bytes
@@ -114,9 +125,12 @@ class Framework:
             raise ConfigError(f"framework {self.name!r}: flash_version must be 1, 2, 3 or None, got {v!r}")
 
     def model(self, model: Transformer) -> Transformer:
-        """``model`` reducing its gradients in this framework's precision and running its attention
-        kernel (each unless the model states its own)."""
-        fields: dict[str, int] = {}
+        """``model`` reducing its gradients in this framework's precision, running its attention
+        kernel (each unless the model states its own) and its eager blocks (``eager_blocks``)."""
+        fields: dict[str, int | bool] = {}
+        for flag in ("eager_blocks", "flat_gradients"):
+            if getattr(self, flag) and not getattr(model, flag):
+                fields[flag] = True
         if self.reduce_bytes is not None and model.reduce_bytes is None:
             fields["reduce_bytes"] = self.reduce_bytes
         if self.flash_version is not None and model.flash_version is None:
@@ -148,8 +162,9 @@ FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", buckets="megatron", prefetch=True, param_gather=True, tensor_overlap=True,
                           reduce_bytes=4, flash_version=3, source=_MEGATRON),
     "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
-    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True,
-                      source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch)"),
+    "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True, eager_blocks=True, flat_gradients=True,
+                      source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch), "
+                             "llm-foundry 5e85bd62d's eager MPT blocks"),
     "ddp": Framework("ddp", buckets="ddp", reduce_bytes=4, source="PyTorch DDP, bucket_cap_mb=25, autocast"),
 }
 

@@ -423,21 +423,25 @@ def _explicit(t: dict[str, Any]) -> dict[str, Any]:
             "full_backward": full}
 
 
+def _fenced(values: Sequence[float]) -> list[float]:
+    """``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``); all of them when
+    there are fewer than 4 (no quartiles to speak of)."""
+    if len(values) < 4:
+        return list(values)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
+    return [v for v in values if low <= v <= high]
+
+
 def robust_mean(values: Sequence[float]) -> float | None:
-    """The mean of ``values`` inside Tukey's far-out fences (``Q1 - 3 IQR``, ``Q3 + 3 IQR``).
+    """The mean of ``values`` inside Tukey's far-out fences (``_fenced``).
 
     A step is a sum of op times, so what predicts it is their mean, not their median: op times
     are skewed to the right (a gloo thread or another process taking the core for a while), and a
     sum of medians under-predicts (``papers/validation/replay.py`` measures by how much). The
     fences drop only gross outliers (a preempted op), not the skew.
     """
-    if not values:
-        return None
-    if len(values) < 4:
-        return statistics.fmean(values)
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
-    return statistics.fmean([v for v in values if low <= v <= high])
+    return statistics.fmean(_fenced(values)) if values else None
 
 
 def robust_spread(values: Sequence[float]) -> float | None:
@@ -445,11 +449,7 @@ def robust_spread(values: Sequence[float]) -> float | None:
     the values inside its fences over their mean (None for fewer than 2 values or a zero mean)."""
     if len(values) < 2:
         return None
-    kept = list(values)
-    if len(values) >= 4:
-        q1, _, q3 = statistics.quantiles(values, n=4)
-        low, high = q1 - 3 * (q3 - q1), q3 + 3 * (q3 - q1)
-        kept = [v for v in values if low <= v <= high]
+    kept = _fenced(values)
     mean = statistics.fmean(kept)
     return statistics.stdev(kept) / mean if len(kept) >= 2 and mean > 0 else None
 

@@ -18,12 +18,16 @@ Changes (each undone by patching the one place it lives, nothing else):
   ``every_microbatch``, the llm-foundry rows); undone: once a step, as under ``no_sync``.
 - ``native``: the Megatron-LM rows' attention by Hopper's own fused kernel (the ``megatron`` preset's
   ``flash_version=3``); undone: FlashAttention-2.
+- ``eager``: llm-foundry's eager PyTorch blocks (the ``fsdp`` preset's ``eager_blocks``: PyTorch's LayerNorm
+  weight-gradient pass and the concatenation of the split ``Wqkv``'s gradients); undone: the fused kernel list.
+- ``flat``: PyTorch FSDP's flat-gradient passes (the ``fsdp`` preset's ``flat_gradients``); undone: the fp32
+  accumulation of the kernel list.
 - ``a100_ceiling``: the A100's training ceiling (``CEILINGS["A100"]``); undone: the kernel fit alone (1.0), the
   H100's still refitted.
 
 The TEST rows are the same as ``test_runs.py``'s; nothing is fitted to them.
 
-    PYTHONPATH=. python papers/published-runs/ablation.py            # 7 x (refit + TEST); writes ablation.json
+    PYTHONPATH=. python papers/published-runs/ablation.py   # each change undone: refit + TEST; ablation.json
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ tr = _load("published_runs_test", "test_runs.py")
 fc = _load("published_runs_ceilings", "fit_ceilings.py")
 rp = fc.rp  # run.py, as the ceiling fit reads it
 
-CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "every_microbatch", "native", "a100_ceiling")
+CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "every_microbatch", "native", "eager",
+           "flat", "a100_ceiling")
 
 
 @contextlib.contextmanager
@@ -97,6 +102,10 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
         return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, param_gather=False))
     if change == "every_microbatch":
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, every_microbatch=False))
+    if change == "eager":
+        return patched(tr, FSDP=dataclasses.replace(tr.FSDP, eager_blocks=False))
+    if change == "flat":
+        return patched(tr, FSDP=dataclasses.replace(tr.FSDP, flat_gradients=False))
     if change == "native":
         return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, flash_version=2))
     if change == "a100_ceiling":
