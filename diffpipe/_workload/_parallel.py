@@ -377,9 +377,7 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     t, e, c, et = par.tensor, par.expert, par.context, par.etp
     n = par.shards  # the data and context ranks reduce (and ZeRO-shard) the same parameters
     shard = _sharded(model, t, c, par.sequence_parallel, e, et)
-    base = shard.base
-    rows = model.layers + 2
-    d = float(model.dtype_bytes)
+    d, base, rows = float(model.dtype_bytes), shard.base, model.layers + 2
     coll_bytes = {"tensor": shard.tensor_bytes, "expert": shard.expert_bytes, "data": np.zeros((3, rows))}
     coll_hops = {"tensor": shard.tensor_hops, "expert": shard.expert_hops, "data": np.zeros((3, rows))}
     F, I = 0, 1
@@ -449,15 +447,13 @@ class _Sharded(NamedTuple):
 
 @memoized(CACHED)
 def _sharded(model: Transformer, t: int, c: int, sp: bool, e: int, et: int) -> _Sharded:
-    """``parallel_costs``' terms of the tensor (``t``), context (``c``), sequence-parallel (``sp``),
-    expert (``e``) and expert tensor (``et``) sizes: the sharded layer table, the tensor and expert
-    collectives each op waits for, activations, messages, kernels and the context ring's block."""
+    """``parallel_costs``' terms of the tensor, context, sequence-parallel, expert and expert tensor sizes:
+    the sharded layer table, the tensor and expert collectives, activations, messages, kernels, K,V block."""
     full = model.recompute == "full"
     base = layer_costs(model)
     local = context_model(model, c)  # one context rank's tokens (model itself without context parallelism)
     local_costs = base if c == 1 else layer_costs(local)
-    rows = model.layers + 2
-    d = float(model.dtype_bytes)
+    rows, d = model.layers + 2, float(model.dtype_bytes)
     x = d * local.microbatch_size * local.sequence * local.hidden  # one block's activation
     moe = {1 + i for i in model.moe_blocks()}
 
