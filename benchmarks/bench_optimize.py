@@ -29,9 +29,9 @@ import jax
 import numpy as np
 
 import diffpipe as dp
+from diffpipe import compositions, evaluate_plans
 from diffpipe._io import write_atomic
-from diffpipe._optimize._baselines import compositions, evaluate_plans
-from diffpipe.schedules._reference import evaluate
+from diffpipe.schedules import evaluate
 
 DEVICES, MICROBATCHES = 8, 16
 

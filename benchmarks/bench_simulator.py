@@ -28,7 +28,7 @@ import numpy as np
 
 import diffpipe as dp
 from diffpipe._io import write_atomic
-from diffpipe.schedules._reference import evaluate
+from diffpipe.schedules import evaluate
 
 try:
     import yardstick

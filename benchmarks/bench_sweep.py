@@ -58,7 +58,7 @@ from diffpipe._io import write_atomic  # noqa: E402
 from diffpipe._sweep import evaluate as sweep_evaluate  # noqa: E402
 from diffpipe._sweep import plan as sweep_plan  # noqa: E402
 from diffpipe._sweep import variants as sweep_variants  # noqa: E402
-from diffpipe.schedules._reference import evaluate  # noqa: E402
+from diffpipe.schedules import evaluate  # noqa: E402
 
 FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
 DEVICES = [4]

@@ -72,11 +72,13 @@ if TYPE_CHECKING:
     from ._partition import uniform_partition as uniform_partition
     from ._plan._configuration import ConfigResult as ConfigResult
     from ._plan._configuration import Configuration as Configuration
+    from ._plan._export import TORCHTITAN_BASES as TORCHTITAN_BASES
     from ._plan._export import Launch as Launch
     from ._plan._export import megatron_args as megatron_args
     from ._plan._export import megatron_layout as megatron_layout
     from ._plan._export import megatron_model_args as megatron_model_args
     from ._plan._export import parse_megatron_layout as parse_megatron_layout
+    from ._plan._export import torchtitan_config as torchtitan_config
     from ._plan._export import torchtitan_toml as torchtitan_toml
     from ._plan._search import plan as plan
     from ._plan._table import PlanTable as PlanTable

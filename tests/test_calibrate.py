@@ -672,6 +672,7 @@ PREDICT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RAN))
 def test_real_run_calibrates_and_predicts(real_run, name):
     work, failure = real_run
@@ -794,6 +795,7 @@ def test_calibrate_command_names_a_schedule_with_several_stages_per_rank(real_ru
     assert err.startswith("diffpipe: error:") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, layers", [("gpipe", [3, 1]), ("zbv", [2, 1, 1, 2]), ("interleaved4", None)])
 def test_the_workload_of_a_real_run_predicts_as_the_calibration(real_run, name, layers):
     # Calibration.workload carries every calibrated term (the full backward, the per-kind

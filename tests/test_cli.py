@@ -178,3 +178,28 @@ def test_cli_mode_names_are_the_librarys():
     assert cli._args.MACHINE_MODES is MACHINE_MODES
     assert [cls.name for cls in MODES.values()] == list(COMMUNICATION_MODES) == list(MODES)
     assert MACHINE_MODES == (*COMMUNICATION_MODES, TorchRuntime.name)
+
+
+def test_schedule_simulate_fits_by_plan_s_headroom(capsys):
+    """``simulate`` of a schedule on a device says "fits" by plan's rule (capacity less the headroom,
+    ``fits_memory``), states the rule, and takes ``--headroom``; without a device memory every device fits."""
+    from diffpipe._plan._configuration import HEADROOM, fit_rule
+
+    sizes = ["simulate", "1f1b", "--device", "A100", "--devices", "2", "--microbatches", "2"]
+    fits = {}
+    for headroom in (0.0, HEADROOM, 0.2):
+        code, out, err = run([*sizes, "--headroom", str(headroom), "--json"], capsys)
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["headroom"] == headroom
+        assert data["usable_gb"] == pytest.approx([c * (1 - headroom) for c in data["capacity_gb"]])
+        fits[headroom] = data["fits"]
+        assert fits[headroom] == [p / 1e9 <= u for p, u in zip(data["peak_memory_bytes"], data["usable_gb"])]
+    assert fits[0.0] != fits[0.2]  # the last device's 70.6 GB fits the whole memory, not 80% of it
+    code, out, err = run(sizes, capsys)
+    assert code == 0, err
+    assert f"({fit_rule(data['capacity_gb'][0] * 1e9)}, as plan does)" in out
+    code, out, err = run(["simulate", "1f1b", "--forward", "1", "--backward", "2"], capsys)
+    assert "no device memory given: every device fits" in out
+    code, _, err = run([*sizes, "--headroom", "1"], capsys)
+    assert code == 2 and err.strip().endswith("simulate: headroom must be below 1, got 1.0")

@@ -189,7 +189,7 @@ def test_fits_is_plan_s_rule_and_bubbles_are_percentages():
     assert free.entries[0].simulation["fits"] is True
     assert strict.entries[0].simulation["capacity_bytes"] == pytest.approx(capacity)
     text = str(strict)
-    assert f"fits: at most {usable_memory(capacity) / 1e9:.1f} GB of {capacity / 1e9:.0f} GB (10% kept free)" in text
+    assert f"fits: at most {usable_memory(capacity) / 1e9:.1f} GB of {capacity / 1e9:.1f} GB (10% kept free)" in text
     row = next(line for line in text.splitlines() if line.startswith("1f1b"))
     bubble = strict.entries[0].simulation["bubble_ratio"]
     assert f"{100 * bubble:.1f}" in row.split() and row.split()[-1] == "NO" and "sim bubble (%)" in text

@@ -82,6 +82,7 @@ def test_cache_info_and_clear(tmp_path, monkeypatch, capsys):
     assert "nothing to remove" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_command_keeps_its_programs_unless_told_not_to(tmp_path):
     folder = lambda env: Path(json.loads(_cli(["cache", "info", "--json"], env))["path"])  # noqa: E731
     env = _env(tmp_path)

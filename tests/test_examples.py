@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+#: Examples run as users run them: slow (``-m 'not slow'`` leaves it out; CI runs it).
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 EXPECTED = {

@@ -334,7 +334,7 @@ def test_torchtitan_toml_says_when_v020_would_refuse_its_experts(kwargs):
 ])
 def test_torchtitan_refuses_expert_layouts_it_cannot_build(kwargs, message):
     cfg = launch(**kwargs)
-    assert message in export_problem("torchtitan", "1f1b", cfg.parallelism, cfg.microbatches)
+    assert message in export_problem("torchtitan-v0.2", "1f1b", cfg.parallelism, cfg.microbatches)
     with pytest.raises(dp.ConfigError, match="torchtitan export") as info:
         dp.torchtitan_toml(cfg)
     one_line(info)

@@ -9,6 +9,7 @@ import chex
 import pytest
 
 import diffpipe as dp
+from diffpipe._model._transformer import DEFAULT_FLASH_VERSION, attention_kernel
 from diffpipe._workload._frameworks import DDP_BUCKET, megatron_bucket
 
 MODEL = dp.Transformer(layers=4, hidden=1024, heads=8, sequence=1024, vocabulary=32000, microbatch_size=2,
@@ -63,6 +64,19 @@ def test_the_cli_names_are_the_presets():
 def test_a_model_that_states_its_reduction_keeps_it():
     pure = dataclasses.replace(MODEL, reduce_bytes=2)  # Composer's PURE mode
     assert dp.presets.framework("fsdp").model(pure).reduce_bytes == 2
+
+
+def test_one_rule_picks_the_attention_kernel():
+    # the model's own generation, else its framework's, else the device's own kernel: the one rule that
+    # Transformer.flash_generation, Framework.model and the CLI's settings line all call
+    assert attention_kernel(2, 1) == (2, "model")
+    assert attention_kernel(None, 1) == (1, "framework")
+    assert attention_kernel(None) == attention_kernel(None, None) == (DEFAULT_FLASH_VERSION, "default")
+    for stated in (None, 1, 2, 3):
+        model = dataclasses.replace(MODEL, flash_version=stated)
+        for name in ("none", "megatron", "torchtitan", "fsdp", "ddp"):
+            fw = dp.presets.framework(name)
+            assert fw.model(model).flash_generation == attention_kernel(stated, fw.flash_version)[0]
 
 
 def test_megatron_runs_the_devices_own_attention_kernel():

@@ -279,3 +279,20 @@ def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
             visit(m)
     code = "".join(f"import {m}\n" for m in order if m != "diffpipe.__main__")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=300)
+
+
+def test_every_base_dependency_is_imported_by_the_package():
+    """``pyproject.toml``'s base dependencies are what the package imports (``jaxlib``: JAX's backend,
+    never imported by name); a library only the tests use (``chex``) belongs in the ``test`` extra."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = {re.split(r"[<>=\[; ]", d, maxsplit=1)[0] for d in data["project"]["dependencies"]}
+    imported: set[str] = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    assert declared - imported == {"jaxlib"}, f"base dependencies the package never imports: {declared - imported}"

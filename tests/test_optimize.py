@@ -377,6 +377,7 @@ def test_brute_force_refuses_large_instances(graph):
 
 
 # -- one compiled descent for several graphs; results kept across calls ---------------------------------
+@pytest.mark.slow
 def test_padded_descent_shares_one_program_and_balances_alike(graph):
     """Two graphs of one stage count padded to their common sizes run one compiled descent, and
     each gives the unpadded call's balanced plan (the descent up to float rounding; every exact

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+#: A paper's reproduction: slow (``-m 'not slow'`` leaves it out; CI runs it).
+pytestmark = pytest.mark.slow
+
 PAPER = Path(__file__).resolve().parents[1] / "papers" / "diffpipe"
 
 

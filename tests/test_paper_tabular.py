@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+#: A paper's reproduction: slow (``-m 'not slow'`` leaves it out; CI runs it).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[1] / "papers" / "tabular-abstraction" / "reproduce.py"
 D = 4
 

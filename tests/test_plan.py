@@ -125,6 +125,7 @@ def test_a_plan_from_kept_results_is_the_computed_plan(tmp_path, monkeypatch):
     assert no_timing(kept) == no_timing(computed)
 
 
+@pytest.mark.slow
 def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
     """The balanced rows of one stage count share one descent padded to their common sizes; the
     table is the one each row's own descent gives, number for number."""
@@ -182,6 +183,26 @@ def test_table_outputs(table):
     assert "configurations explored" in table.to_markdown(3)
 
 
+def test_communication_may_be_a_mode_object():
+    # as Configuration takes it (test_configuration): a built-in mode as its object plans as its name, a
+    # calibrated machine's mode (torch's runtime) plans too, and anything else is one line naming plan
+    from diffpipe._engine._communication import MODES
+    from diffpipe.calibrate import TorchRuntime
+
+    request = dict(tensor=2, pipeline=2, families=("1f1b",), microbatch_sizes=(1,), recompute=("full",), zero=(3,),
+                   sequence_parallel=(True,), balance=False, progress=False)
+    by_name = dp.plan(TINY, cluster(), 64, communication="blocking", **request)
+    by_object = dp.plan(TINY, cluster(), 64, communication=MODES["blocking"](), **request)
+    assert [r["step_time"] for r in by_object.rows] == [r["step_time"] for r in by_name.rows]
+    assert by_object.configuration().communication == MODES["blocking"]()
+    runtime = dp.plan(TINY, cluster(), 64, communication=TorchRuntime(), **request)
+    assert runtime.configuration().communication == TorchRuntime()
+    assert runtime.best["step_time"] == runtime.configuration().evaluate().step_time
+    for bad in (3, "warp"):
+        with pytest.raises(dp.ConfigError, match=f"plan: communication {bad!r} is not one of"):
+            dp.plan(TINY, cluster(), 64, communication=bad, **request)
+
+
 def test_bad_arguments():
     with pytest.raises(dp.ConfigError, match="recompute"):
         dp.plan(TINY, cluster(), 64, recompute=("sometimes",))
@@ -200,7 +221,7 @@ def test_cli_plan_exports(tmp_path, capsys):
     out = tmp_path / "job.toml"
     code = main(["plan", "--model", "llama-3-8b", "--cluster", "8xH100", "--global-batch", "8", "--families", "1f1b",
                  "--tp", "4,8", "--pp", "1,2", "--microbatch-size", "1", "--recompute", "full",
-                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan",
+                 "--zero", "0", "--sequence-parallel", "--balance-top", "0", "--export", "torchtitan-v0.2",
                  "--out", str(out), "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)

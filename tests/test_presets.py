@@ -82,13 +82,18 @@ def test_device_presets_are_dense_figures():
         assert d.name == name and float(d.peak_flops) == pytest.approx(spec.peak_flops) and spec.source
         assert spec.memory_bandwidth > 0 and (spec.fp8_flops is None or spec.fp8_flops == pytest.approx(
             2 * spec.peak_flops, rel=2e-3))  # dense FP8 is twice dense BF16 (to the datasheets' rounding)
-    # datasheet figures (the headline sparse figure halved, where the datasheet gives only that)
-    for name, bf16, memory in [("A100", 312e12, 80e9), ("A100-40GB", 312e12, 40e9), ("H100", 989e12, 80e9),
-                               ("H100-PCIe", 756e12, 80e9), ("H800", 989e12, 80e9), ("H200", 989e12, 141e9),
-                               ("H20", 148e12, 96e9), ("B200", 2.25e15, 180e9), ("GB200", 2.5e15, 186e9),
+    # datasheet peaks (the headline sparse figure halved, where the datasheet gives only that); memory: the
+    # driver's total (nvidia-smi's MiB, _specs' listings) where one is public, else the datasheet's GB
+    mib = 2**20
+    for name, bf16, memory in [("A100", 312e12, 81_920 * mib), ("A100-40GB", 312e12, 40_960 * mib),
+                               ("H100", 989e12, 81_559 * mib), ("H100-PCIe", 756e12, 80e9), ("H800", 989e12, 80e9),
+                               ("H200", 989e12, 143_771 * mib), ("H20", 148e12, 97_871 * mib),
+                               ("B200", 2.25e15, 183_359 * mib), ("GB200", 2.5e15, 186e9),
                                ("MI300X", 1307.4e12, 192e9), ("MI325X", 1307.4e12, 256e9),
                                ("TPU-v5e", 197e12, 16e9), ("TPU-v5p", 459e12, 95e9), ("TPU-v6e", 918e12, 32e9)]:
         assert (DEVICES[name].peak_flops, DEVICES[name].memory) == (bf16, memory)
+        assert (DEVICES[name].memory_source is None) == (memory % mib != 0), name  # sourced iff a driver total
+    assert DEVICES["H100"].memory == 85_520_809_984 and "nvidia-smi" in DEVICES["H100"].memory_source
     assert dp.presets.device("trillium").name == "TPU-v6e" and dp.presets.device("h100 pcie").name == "H100-PCIe"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import diffpipe as dp
@@ -149,6 +150,35 @@ def test_the_key_is_unambiguous():
         digest(lambda: 0)
 
 
+def test_one_walk_keys_both_stores(graph):
+    """``_input_parts`` walks an ``optimize`` call's inputs once; the in-process key and the disk key are
+    both made of it: equal inputs built afresh give equal parts (and the same digest), one bit of a leaf
+    changes both, a hashable leaf no ``Key`` can encode (a function) is kept in the process only, and a
+    tracer gives neither."""
+    taus = np.geomspace(1.0, 1e-2, STEPS)
+
+    def parts(w, init=None):
+        return _optimize._input_parts(graph, w, (dp.StageBalance(4),), init, None, STEPS, taus, 1.0, 0, True, None)
+
+    first, again = parts(workload()), parts(workload())
+    assert first == again and first is not again
+    adam = _optimize.DEFAULT_OPTIMIZER
+    assert _optimize._stored_key(first, adam) == _optimize._stored_key(again, adam)
+    assert _optimize._disk_key(first, adam).digest() == _optimize._disk_key(again, adam).digest()
+    forward = np.random.default_rng(3).lognormal(0.0, 0.5, 12).astype(np.float32)
+    flipped = forward.copy()
+    flipped.view(np.uint32)[0] ^= 1
+    other = parts(workload(flipped))
+    assert _optimize._stored_key(other, adam) != _optimize._stored_key(first, adam)
+    assert _optimize._disk_key(other, adam).digest() != _optimize._disk_key(first, adam).digest()
+    odd = parts(workload(), init=(abs,))
+    assert _optimize._stored_key(odd, adam) is not None and _optimize._disk_key(odd, adam) is None
+    assert _optimize._disk_key(first, optax.adam(5e-2)) is None  # an optimizer of its own: this process only
+    seen = []
+    jax.jit(lambda f: seen.append(parts(dataclasses.replace(workload(), forward=f))) or f)(forward)
+    assert seen == [None] and _optimize._stored_key(None, adam) is None and _optimize._disk_key(None, adam) is None
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "another key's entry"])
 def test_a_corrupt_entry_is_recomputed_and_replaced(graph, kept, damage):
     folder, runs = kept
@@ -215,6 +245,7 @@ def test_the_store_is_bounded(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.npz"))
 
 
+@pytest.mark.slow
 def test_the_command_line_reads_kept_results(tmp_path):
     argv = ["optimize", "1f1b", "--devices", "2", "--microbatches", "4", "--config", "examples/machine.toml",
             "--steps", str(STEPS), "--json"]

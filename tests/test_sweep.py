@@ -288,6 +288,7 @@ SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_over_four_cpu_devices_in_a_subprocess(result):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", SHARDED, os.path.dirname(__file__)], env=env,

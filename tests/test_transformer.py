@@ -141,7 +141,7 @@ def test_presets():
     assert {"A100", "H100", "H200"} <= set(names["devices"])
     assert {"nvlink3", "nvlink4", "ib-ndr", "100gbe"} <= set(names["networks"])
     h200 = dp.presets.device("h200", efficiency=0.4)
-    assert float(h200.memory) == pytest.approx(141e9) and h200.name == "H200"
+    assert float(h200.memory) == pytest.approx(143_771 * 2**20) and h200.name == "H200"  # nvidia-smi's MiB
     assert float(h200.efficiency) == pytest.approx(0.4)
     assert float(dp.presets.device("A100").peak_flops) == pytest.approx(312e12)
     two = dp.presets.network("NVLink4", "InfiniBand NDR", devices_per_node=4, mode="contention")

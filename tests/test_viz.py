@@ -476,3 +476,35 @@ def test_bad_collectives_are_refused(tensor_parallel):
     with pytest.raises(dp.ConfigError, match="finite and at least 0"):
         timeline(r.result, hw, schedule=s, collectives={"tensor": np.full(len(s.ops), -1.0)})
     assert timeline(r.result, hw, schedule=s, collectives={"tensor": np.zeros(len(s.ops))}).collectives == ()
+
+
+def test_a_configuration_draws_as_its_parts(tensor_parallel):
+    """``gantt(configuration)`` and ``trace(configuration)`` draw what the parts give by hand (its
+    evaluation on its schedule and hardware, its gradient sync, breakdown and collectives per op),
+    evaluated there or handed in as ``evaluation=``; a configuration with parts of its own given is
+    refused, and so is ``evaluation=`` without one."""
+    import io
+
+    from diffpipe.viz import op_collectives
+
+    cfg, r, s, hw = tensor_parallel
+
+    def png(fig):  # PNG: its bytes are the drawing's (an SVG's element ids change from one figure to the next)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=50)
+        return buffer.getvalue()
+
+    by_hand = png(gantt(r.result, hw, schedule=s, gradient_sync=r.gradient_sync, breakdown=r.breakdown,
+                        collectives=op_collectives(cfg, s, hw)))
+    assert png(gantt(cfg, evaluation=r)) == by_hand
+    assert png(gantt(cfg)) == by_hand
+    want = json.dumps(trace(r.result, hw, schedule=s, gradient_sync=r.gradient_sync))
+    assert json.dumps(trace(cfg, evaluation=r)) == want == json.dumps(trace(cfg))
+    with pytest.raises(dp.ConfigError, match="gantt: a Configuration brings its own hw"):
+        gantt(cfg, hw)
+    with pytest.raises(dp.ConfigError, match="trace: a Configuration brings its own schedule"):
+        trace(cfg, schedule=s)
+    with pytest.raises(dp.ConfigError, match="evaluation= must be the configuration's ConfigResult"):
+        gantt(cfg, evaluation=r.result)
+    with pytest.raises(dp.ConfigError, match="gantt: evaluation= goes with a Configuration"):
+        gantt(s, evaluation=r)

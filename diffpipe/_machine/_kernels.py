@@ -38,23 +38,15 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
-import jax
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._arrays import array_module, as_float, divide
+from .._arrays import array_module, as_float, concrete, divide
+from .._checks import is_positive_int
 from .._errors import ConfigError
 
 #: Kernel classes a step's compute time is reported in (``Configuration.evaluate``'s breakdown).
 KERNEL_CLASSES = ("gemm", "attention", "memory", "launch")
-
-
-def _float(value: Any) -> Array:
-    return as_float(value)
-
-
-def _concrete(x: Any) -> np.ndarray | None:
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
 class KernelModel(eqx.Module):
@@ -76,15 +68,15 @@ class KernelModel(eqx.Module):
         source: where the figures come from.
     """
 
-    gemm_efficiency: Float[Array, ""] = eqx.field(converter=_float)
-    k_half: Float[Array, ""] = eqx.field(converter=_float)
-    memory_efficiency: Float[Array, ""] = eqx.field(converter=_float)
-    overhead: Float[Array, ""] = eqx.field(converter=_float)
-    attention_efficiency: Float[Array, ""] = eqx.field(converter=_float)
-    attention_half: Float[Array, ""] = eqx.field(converter=_float)
-    attention_backward: Float[Array, ""] = eqx.field(converter=_float)
+    gemm_efficiency: Float[Array, ""] = eqx.field(converter=as_float)
+    k_half: Float[Array, ""] = eqx.field(converter=as_float)
+    memory_efficiency: Float[Array, ""] = eqx.field(converter=as_float)
+    overhead: Float[Array, ""] = eqx.field(converter=as_float)
+    attention_efficiency: Float[Array, ""] = eqx.field(converter=as_float)
+    attention_half: Float[Array, ""] = eqx.field(converter=as_float)
+    attention_backward: Float[Array, ""] = eqx.field(converter=as_float)
     sms: int = eqx.field(static=True)
-    attention_native: Float[Array, ""] = eqx.field(converter=_float, default=1.0)
+    attention_native: Float[Array, ""] = eqx.field(converter=as_float, default=1.0)
     tile_m: int = eqx.field(static=True, default=128)
     tile_n: int = eqx.field(static=True, default=128)
     split_k_min: int = eqx.field(static=True, default=512)
@@ -101,12 +93,12 @@ class KernelModel(eqx.Module):
             ("overhead", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("attention_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
         ):
-            x = _concrete(getattr(self, field))
+            x = concrete(getattr(self, field))
             if x is not None and not np.all(ok(x)):
                 raise ConfigError(f"kernel model: {field} must be {want}, got {x.ravel()[0]!r}")
         for field in ("sms", "tile_m", "tile_n", "split_k_min"):
             value = getattr(self, field)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not is_positive_int(value):
                 raise ConfigError(f"kernel model: {field} must be a positive int, got {value!r}")
 
     # -- the shape part (numpy: shapes are static) ----------------------------------------------------

@@ -3,11 +3,14 @@
 The tables ``DEVICES`` and ``NETWORKS`` hold the published figures; ``_presets`` builds a
 ``Device`` and a ``Network`` from them. Listing and looking up presets needs no JAX.
 
-Units: FLOP/s, bytes, bytes/s per direction, seconds. Vendor "GB" is 10**9 bytes and is used as
-published: the capacity every fit test uses. The memory the driver reports (NVML, ``nvidia-smi``) is
-larger for HBM parts, whose "80 GB" is about 80 GiB (``DeviceSpec.reported_memory``, shown by
-``diffpipe list devices``; the CUDA context and communication buffers take part of it). Peak FLOP/s are the
-*dense* BF16 Tensor Core figures: the datasheets headline the 2:4-sparsity figure, twice that.
+Units: FLOP/s, bytes, bytes/s per direction, seconds. ``DeviceSpec.memory``, the capacity every fit
+test uses, is the device's real capacity: the total the driver reports (NVML, ``nvidia-smi``, in MiB =
+2**20 bytes) where a public ``nvidia-smi`` listing gives it (``DeviceSpec.memory_source``), else the
+vendor's figure (GB = 10**9 bytes, as published). An HBM part's "80 GB" is about 80 GiB: an H100 SXM
+reports 81,559 MiB = 85,520,809,984 bytes (79.65 GiB, 85.52 GB in the decimal GB of every output), about
+6.9% more than its datasheet's 80 GB. The CUDA context and communication buffers take part of it: the
+planner's headroom (10% by default) stands for them. Peak FLOP/s are the *dense* BF16 Tensor Core
+figures: the datasheets headline the 2:4-sparsity figure, twice that.
 """
 
 
@@ -19,12 +22,13 @@ from .._checks import preset_key
 
 
 class DeviceSpec(NamedTuple):
-    """A device as published: dense BF16 peak (FLOP/s), memory (bytes), the source, memory
-    bandwidth (bytes/s), the dense FP8 peak (FLOP/s; None where the part has no FP8 units) and the
+    """A device: dense BF16 peak (FLOP/s), memory (bytes: the driver's total where ``memory_source``
+    names a public ``nvidia-smi`` listing of it, else the datasheet's), the datasheet source, memory
+    bandwidth (bytes/s), the dense FP8 peak (FLOP/s; None where the part has no FP8 units), the
     BF16 kernel-efficiency curve ``(efficiency, saturation_tokens)`` fitted to published matmul
     measurements (``Device.kernel_efficiency``; None: no measurements, the flat
-    ``DEFAULT_EFFICIENCY``), and the memory the driver reports (bytes; ``REPORTED_SOURCE``; None:
-    not sourced here)."""
+    ``DEFAULT_EFFICIENCY``), and where ``memory`` comes from (None: the datasheet, no driver total
+    found for the part)."""
 
     peak_flops: float
     memory: float
@@ -32,16 +36,24 @@ class DeviceSpec(NamedTuple):
     memory_bandwidth: float
     fp8_flops: float | None = None
     curve: tuple[float, float] | None = None
-    reported_memory: float | None = None
+    memory_source: str | None = None
 
 
-#: Where ``DeviceSpec.reported_memory`` comes from: the total memory NVML reports through ``nvidia-smi``
-#: (MiB, 2**20 bytes) for each part, tabulated by Modal, "Why does an NVIDIA H100 80GB card offer 85.52
-#: GB?" (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity): H200 143,771 MiB, H100 80 GB 81,559,
-#: A100 80 GB 81,920, A100 40 GB 40,960. The H100's 81,559 MiB are 85,520,809,984 bytes: 79.65 GiB, 85.52 GB
-#: (decimal, the unit of every output). Fits still test ``DeviceSpec.memory`` (80 GB), about 6.9% less.
-REPORTED_SOURCE = "NVML total via nvidia-smi, Modal's table (thundergolfer.com/blog/nvidia-gpu-memory-capacity)"
 MIB = 2**20
+#: The total memory NVML reports (``nvidia-smi``'s "Memory-Usage" total, MiB), each from a public listing.
+#: Modal's table, "Why does an NVIDIA H100 80GB card offer 85.52 GB?" (thundergolfer.com/blog/nvidia-gpu-
+#: memory-capacity) and modal-labs/modal-client pull request #2797: H200 143,771 MiB, H100 80 GB 81,559,
+#: A100 80 GB 81,920, A100 40 GB 40,960; the H100's also in NVIDIA/nccl issue #1264 (8 x "NVIDIA H100
+#: 80GB HBM3", "0MiB / 81559MiB", driver 550.54.15). NVIDIA/nvtrust issue #128: "NVIDIA H20", "0MiB /
+#: 97871MiB" (driver 580.95.05). NVIDIA/TensorRT-LLM issue #10278: "NVIDIA B200", "166593MiB / 183359MiB"
+#: (driver 580.95.05). No listing was found for H100 PCIe, H800, GB200, the AMD parts (rocm-smi) or the
+#: TPUs: they keep the datasheet figure.
+NVML_MODAL = ("NVML total via nvidia-smi: Modal, thundergolfer.com/blog/nvidia-gpu-memory-capacity and "
+              "modal-labs/modal-client#2797")
+NVML_H100 = NVML_MODAL + "; NVIDIA/nccl#1264 (0MiB / 81559MiB, driver 550.54.15)"
+NVML_H20 = "NVML total via nvidia-smi: NVIDIA/nvtrust#128 (NVIDIA H20, 0MiB / 97871MiB, driver 580.95.05)"
+NVML_B200 = ("NVML total via nvidia-smi: NVIDIA/TensorRT-LLM#10278 (NVIDIA B200, 166593MiB / 183359MiB, "
+             "driver 580.95.05)")
 
 
 #: ``Device.kernel_efficiency`` fitted (``papers/kernel-efficiency/fit.py``, ``fit.json``) to the bf16
@@ -76,29 +88,31 @@ class LinkSpec(NamedTuple):
 #: "dense" is without 2:4 structured sparsity: NVIDIA's and AMD's datasheets headline the sparse
 #: figure, twice the dense one. Memory bandwidth as published (TB/s = 1e12 bytes/s).
 DEVICES: dict[str, DeviceSpec] = {
-    "A100": DeviceSpec(312e12, 80e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS "
-                                     "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9,
-                       reported_memory=81_920 * MIB),
-    "H100": DeviceSpec(989e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
-                                     "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
-                                     "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100, 81_559 * MIB),
-    "H200": DeviceSpec(989e12, 141e9, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
-                                      "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
-                       4.8e12, 1979e12, CURVE_H100, 143_771 * MIB),
-    "A100-40GB": DeviceSpec(312e12, 40e9, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
-                                          "dense, 40GB HBM2, 1,555 GB/s", 1555e9,
-                            reported_memory=40_960 * MIB),
+    "A100": DeviceSpec(312e12, 81_920 * MIB, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS "
+                                             "dense (624 with sparsity), 80GB HBM2e, 2,039 GB/s", 2039e9,
+                       memory_source=NVML_MODAL),
+    "H100": DeviceSpec(989e12, 81_559 * MIB, "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS "
+                                             "with sparsity, i.e. 989 dense; FP8 3,958 sparse, 1,979 dense; 80GB HBM3, "
+                                             "3.35 TB/s", 3.35e12, 1979e12, CURVE_H100, NVML_H100),
+    "H200": DeviceSpec(989e12, 143_771 * MIB, "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS "
+                                              "with sparsity, i.e. 989 dense; FP8 1,979 dense; 141GB HBM3e, 4.8 TB/s",
+                       4.8e12, 1979e12, CURVE_H100, NVML_MODAL),
+    "A100-40GB": DeviceSpec(312e12, 40_960 * MIB, "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): BF16 312 TFLOPS "
+                                                  "dense, 40GB HBM2, 1,555 GB/s", 1555e9,
+                            memory_source=NVML_MODAL),
     "H100-PCIe": DeviceSpec(756e12, 80e9, "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 "
                                           "TFLOPS with sparsity, i.e. 756 dense; FP8 1,513 dense; 80GB HBM2e, "
                                           "2 TB/s", 2.0e12, 1513e12),
     "H800": DeviceSpec(989e12, 80e9, "NVIDIA H800 SXM5 product brief: compute as H100 SXM (BF16 989 TFLOPS "
                                      "dense, FP8 1,979 dense), 80GB HBM3, 3.35 TB/s; NVLink cut to 400 GB/s",
                        3.35e12, 1979e12, CURVE_H100),
-    "H20": DeviceSpec(148e12, 96e9, "NVIDIA H20 product brief (as published by OEMs): BF16 148 TFLOPS dense, "
-                                    "FP8 296 dense, 96GB HBM3, 4.0 TB/s", 4.0e12, 296e12),
-    "B200": DeviceSpec(2.25e15, 180e9, "NVIDIA HGX B200 / DGX B200 datasheet (1,000 W): BF16 4.5 PFLOPS with "
-                                       "sparsity, i.e. 2.25 dense; FP8 4.5 dense; 1,440GB HBM3e and 64 TB/s "
-                                       "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15, CURVE_B200),
+    "H20": DeviceSpec(148e12, 97_871 * MIB, "NVIDIA H20 product brief (as published by OEMs): BF16 148 TFLOPS "
+                                            "dense, FP8 296 dense, 96GB HBM3, 4.0 TB/s", 4.0e12, 296e12,
+                      memory_source=NVML_H20),
+    "B200": DeviceSpec(2.25e15, 183_359 * MIB, "NVIDIA HGX B200 / DGX B200 datasheet (1,000 W): BF16 4.5 PFLOPS with "
+                                               "sparsity, i.e. 2.25 dense; FP8 4.5 dense; 1,440GB HBM3e and 64 TB/s "
+                                               "for 8 GPUs, i.e. 180GB and 8 TB/s each", 8.0e12, 4.5e15, CURVE_B200,
+                       NVML_B200),
     "GB200": DeviceSpec(2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1,200 W): BF16 360 "
                                        "PFLOPS with sparsity for 72 GPUs, i.e. 2.5 dense each; FP8 5 dense; "
                                        "13.4TB HBM3e and 576 TB/s for 72, i.e. 186GB and 8 TB/s", 8.0e12, 5.0e15),

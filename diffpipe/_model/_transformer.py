@@ -121,6 +121,18 @@ def recompute_mode(value: Any) -> str:
 DEFAULT_FLASH_VERSION = 3
 
 
+def attention_kernel(model_version: int | None, framework_version: int | None = None) -> tuple[int, str]:
+    """The one rule of which fused-attention generation is priced, and which setting gave it: the
+    model's own ``flash_version`` (``"model"``), else its framework's (``"framework"``:
+    ``Framework.model``), else ``DEFAULT_FLASH_VERSION`` (``"default"``: ``Transformer.flash_generation``,
+    the CLI's settings line)."""
+    if model_version is not None:
+        return model_version, "model"
+    if framework_version is not None:
+        return framework_version, "framework"
+    return DEFAULT_FLASH_VERSION, "default"
+
+
 @dataclass(frozen=True, init=False)
 class Transformer:
     """A decoder-only transformer; the defaults are Megatron-LM's GPT (learned positions, biases,
@@ -253,7 +265,7 @@ class Transformer:
     @property
     def flash_generation(self) -> int:
         """The fused-attention generation priced: ``flash_version``, else 3 (the device's own kernel)."""
-        return DEFAULT_FLASH_VERSION if self.flash_version is None else self.flash_version
+        return attention_kernel(self.flash_version)[0]
 
     #: The keyword-only fields, with their defaults (GPT).
     OPTIONS: ClassVar[dict[str, Any]] = dict(

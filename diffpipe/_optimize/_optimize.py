@@ -442,15 +442,15 @@ def optimize(
     if sizes is not None:
         evaluated = pad_graph(graph, **sizes)
         evaluated_workload = eqx.tree_at(lambda w: w.network, workload, workload.network.with_traced_data_parallel())
-    stored_key = _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
-                             local_search, sizes)
+    inputs = _input_parts(graph, workload, knobs, init, key, steps, taus, memory_penalty, restarts, local_search,
+                          sizes)
+    stored_key = _stored_key(inputs, optimizer)
     stored = _STORED.get(stored_key) if stored_key is not None else None
     if stored is not None:
         _STORED.move_to_end(stored_key)
     disk_key = None
     if stored is None and stored_key is not None and result_cache_dir() is not None:  # on with the compile cache
-        disk_key = _disk_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key,
-                             local_search, sizes)
+        disk_key = _disk_key(inputs, optimizer)
         stored = _from_disk(disk_key)
         if stored is not None:
             _STORED[stored_key] = stored
@@ -529,90 +529,75 @@ def _read_only(x: Any) -> np.ndarray:
     return out
 
 
-def _tree_key(tree: Any) -> tuple | None:
-    """``tree``'s structure (static fields included) and every leaf: arrays by shape, dtype and
-    bytes (so that equal keys mean equal inputs, never a digest that two inputs could share),
-    other leaves as they are; None when a leaf cannot be a key (unhashable)."""
-    leaves, treedef = jax.tree.flatten(tree)
-    out: list[Any] = [treedef]
-    for leaf in leaves:
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            leaf = jax.random.key_data(leaf)
-        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+def _input_parts(graph, workload, knobs, init, key, steps, taus, memory_penalty, restarts, local_search,
+                 pad_to) -> tuple | None:
+    """Every input of an ``optimize`` call but the optimizer, walked once, as one tuple of plain values that
+    both stores key by (``_stored_key`` in this process, ``_disk_key`` on disk): each tree's structure node
+    by node (its child count and node data: a module's class and static fields), then its leaves (arrays
+    and numbers by dtype, shape and all their bytes, never a digest that two inputs could share; a PRNG key
+    by its implementation and data; any other leaf by its type and value), then the other arguments. None
+    when an input cannot be keyed at all: a tracer, or an array of objects."""
+    parts: list[Any] = []
+    for tree in (graph, workload, knobs, init, key):
+        leaves, treedef = jax.tree.flatten(tree)
+
+        def walk(node) -> None:
+            children = node.children()
+            parts.append((len(children), node.node_data()))  # None for a leaf
+            for child in children:
+                walk(child)
+
+        walk(treedef)
+        for leaf in leaves:
             if isinstance(leaf, jax.core.Tracer):
                 return None
-            a = np.asarray(leaf)
-            out.append((a.shape, a.dtype.str, a.tobytes()))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                return None
-            out.append((type(leaf), leaf))
-    return tuple(out)
+            if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                parts.append(("prng", str(jax.random.key_impl(leaf))))
+                leaf = jax.random.key_data(leaf)
+            if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+                a = np.asarray(leaf)
+                if a.dtype.hasobject:
+                    return None
+                parts.append(("array", a.dtype.str, a.shape, a.tobytes()))
+            else:
+                parts.append((type(leaf), leaf))
+    parts += [steps, ("array", taus.dtype.str, taus.shape, taus.tobytes()), float(memory_penalty), restarts,
+              local_search, None if pad_to is None else tuple(sorted(pad_to.items()))]
+    return tuple(parts)
 
 
-def _stored_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key, local_search,
-                pad_to) -> tuple | None:
-    """The key of an ``optimize`` call's result, or None when an input cannot be keyed (a tracer,
-    an unhashable leaf): then nothing is stored. The optimizer is keyed by its functions (identity:
-    two equal-looking ``optax.adam`` objects do not share results)."""
-    parts = [_tree_key(x) for x in (graph, workload, knobs, init, key)]
+def _stored_key(inputs: tuple | None, optimizer: Any) -> tuple | None:
+    """The in-process key of an ``optimize`` call of ``inputs`` (``_input_parts``), or None when it has
+    none (an input that cannot be keyed or hashed: then nothing is stored). The optimizer is keyed by
+    its functions (identity: two equal-looking ``optax.adam`` objects do not share results)."""
+    if inputs is None:
+        return None
+    out = (inputs, optimizer)
     try:
-        hash(optimizer)
+        hash(out)
     except TypeError:
         return None
-    if any(p is None for p, x in zip(parts, (graph, workload, knobs, init, key)) if x is not None):
-        return None
-    return (*parts, optimizer, steps, taus.tobytes(), float(memory_penalty), restarts, local_search,
-            None if pad_to is None else tuple(sorted(pad_to.items())))
+    return out
 
 
 # -- results kept across processes (``diffpipe._store``; on with the compilation cache) -------------------
 _DISK_CLASSES = {"OptimizeResult": OptimizeResult, "StagePlan": StagePlan}
 
 
-def _tree_to_key(key: Key, tree: Any) -> None:
-    """Feed ``tree`` to ``key``: every node of its structure (its type and auxiliary data: the
-    static fields of a module), then every leaf (arrays by all their bytes)."""
-    leaves, treedef = jax.tree.flatten(tree)
-
-    def walk(node) -> None:
-        children = node.children()
-        key.add(len(children), node.node_data())  # None for a leaf
-        for child in children:
-            walk(child)
-
-    walk(treedef)
-    for leaf in leaves:
-        if isinstance(leaf, jax.core.Tracer):
-            raise Unkeyable("a tracer")
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            key.add("prng", str(jax.random.key_impl(leaf)))
-            leaf = jax.random.key_data(leaf)
-        key.add(leaf)
-
-
-def _disk_key(graph, workload, knobs, optimizer, steps, taus, memory_penalty, init, restarts, key, local_search,
-              pad_to) -> Key | None:
-    """The on-disk key of an ``optimize`` call (``_store.Key``: diffpipe's code, its dependencies'
-    versions, the backend, and every input by its bytes), or None when it has none: an optimizer
-    other than ``DEFAULT_OPTIMIZER`` (an optax transformation is functions, which no key can
-    encode), or an input ``Key`` cannot encode."""
-    if optimizer is not DEFAULT_OPTIMIZER:
+def _disk_key(inputs: tuple | None, optimizer: Any) -> Key | None:
+    """The on-disk key of an ``optimize`` call of ``inputs`` (``_input_parts``) as a ``_store.Key``
+    (diffpipe's code, its dependencies' versions, the backend, and ``inputs``), or None when it has
+    none: an optimizer other than ``DEFAULT_OPTIMIZER`` (an optax transformation is functions, which no
+    key can encode), or an input ``Key`` cannot encode."""
+    if inputs is None or optimizer is not DEFAULT_OPTIMIZER:
         return None
     try:
         device = jax.devices()[0]
-        out = Key("optimize").add(jax.default_backend(), device.platform, device.device_kind,
-                                  bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
-                                  os.environ.get("XLA_FLAGS", ""))
-        for tree in (graph, workload, knobs, init, key):
-            _tree_to_key(out, tree)
-        out.add(steps, taus, float(memory_penalty), restarts, local_search,
-                None if pad_to is None else tuple(sorted(pad_to.items())))
+        return Key("optimize").add(jax.default_backend(), device.platform, device.device_kind,
+                                   bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
+                                   os.environ.get("XLA_FLAGS", ""), inputs)
     except Unkeyable:
         return None
-    return out
 
 
 def _to_disk(result: OptimizeResult) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def check_headroom(what: str, headroom: Any) -> float:
 def fit_rule(capacity: float, headroom: float = HEADROOM) -> str:
     """The fit rule in words, as every table's notes print it (decimal GB)."""
     capacity = float(capacity)  # an array's division would compile a program
-    return (f"fits: at most {usable_memory(capacity, headroom) / 1e9:.1f} GB of {capacity / 1e9:.0f} GB "
+    return (f"fits: at most {usable_memory(capacity, headroom) / 1e9:.1f} GB of {capacity / 1e9:.1f} GB "
             f"({headroom:.0%} kept free)")
 
 #: Kind index of ``ParallelCosts.collective_*`` rows.

@@ -1,8 +1,10 @@
-"""Launch exports: a chosen whole configuration as Megatron-LM arguments or a torchtitan TOML fragment.
+"""Launch exports: a chosen whole configuration as Megatron-LM arguments, a torchtitan Python
+configuration (torchtitan's current main) or a torchtitan TOML fragment (torchtitan v0.2.0-v0.2.2).
 
 ``Launch`` is the small frozen record ``plan`` hands back for its best rows (and that a user can
 write by hand): a ``Parallelism`` (the parallel degrees), the batch, the schedule family and the
-layers of every pipeline stage. ``megatron_args`` / ``torchtitan_toml`` turn it into what those frameworks read;
+layers of every pipeline stage. ``megatron_args`` / ``torchtitan_config`` / ``torchtitan_toml`` turn it into
+what those frameworks read;
 ``parse_megatron_layout`` reads Megatron-Core's ``--pipeline-model-parallel-layout`` notation back
 into layers per stage, so a hand-written layout can be evaluated with diffpipe. The torch
 compute-only CSV of the chosen schedule is ``diffpipe.schedules.to_torch_csv``.
@@ -18,13 +20,21 @@ keeps the list, citing file and commit):
   ``(...)*n`` repetition, commas cosmetic; stages listed in layer order, i.e. virtual stage ``v`` of
   pipeline rank ``r`` is entry ``v * pipeline + r``, the same model-order stage numbering as diffpipe's
   looped placement).
+- torchtitan's current main (``torchtitan_config``): since 9810191bb (pytorch/torchtitan#2386, "Config
+  System Refactor: TOML to Python Dataclass Registry") a run is a Python function returning a
+  ``Trainer.Config``, chosen with ``--module`` and ``--config`` (``torchtitan/config/README.md``); the
+  fields were read at b5bcd76c (Aug 2026): ``torchtitan/config/configs.py`` ``TrainingConfig`` (batch in
+  tokens: ``num_tokens_per_microbatch_per_dp_rank``, ``num_tokens_per_train_step``,
+  ``max_context_length``) and ``ParallelismConfig`` (``num_pp_microbatches``, ``enable_sequence_parallel``,
+  ``expert_parallel_degree``; no expert tensor degree any more), ``torchtitan/trainer.py``
+  ``Trainer.Config.activation_checkpoint`` (``SelectiveAC.Config`` by default, ``FullAC.Config`` or
+  None), ``torchtitan/distributed/pipeline_parallel.py`` (the stage count and split, the head named
+  ``lm_head``). ``tests/data/torchtitan_config_fields_b5bcd76.txt`` lists them.
 - torchtitan ``torchtitan/config/job_config.py`` at the last commit that read TOML files
-  (e347b1e5, Feb 2026; torchtitan v0.2.2 and earlier). Later torchtitan (9810191, "Config System
-  Refactor: TOML to Python Dataclass Registry") configures a run with Python functions; the same
-  field names live on there in ``torchtitan/config/configs.py``'s ``ParallelismConfig``. Schedule
+  (e347b1e5, Feb 2026; torchtitan v0.2.2 and earlier: ``torchtitan_toml``). Schedule
   names are torch's (``torch.distributed.pipelining.schedules.get_schedule_class``).
 
-Why one module past 500 lines: the Megatron-LM and torchtitan writers read one ``Launch`` and share
+Why one module past 500 lines: the Megatron-LM and both torchtitan writers read one ``Launch`` and share
 what either framework refuses (``export_problem``) and the sources above; Megatron's layout grammar
 (``megatron_layout``, ``parse_megatron_layout``) is the seam to split along if it grows.
 """
@@ -62,8 +72,20 @@ _MEGATRON_ZERO = {
     3: ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
         "optim_grads_params", "--ckpt-format", "fsdp_dtensor"],
 }
-#: The frameworks ``export_problem`` knows.
-EXPORT_TARGETS = ("megatron", "torchtitan")
+#: The frameworks ``export_problem`` knows: Megatron-LM, torchtitan's current main (Python configurations)
+#: and torchtitan v0.2.0-v0.2.2 (TOML job files).
+EXPORT_TARGETS = ("megatron", "torchtitan", "torchtitan-v0.2")
+#: The torchtitan commit whose configuration fields ``torchtitan_config`` writes (pytorch/torchtitan main,
+#: 2026-08-21); the Python configuration system dates from 9810191bb (pytorch/torchtitan#2386).
+TORCHTITAN_COMMIT = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"
+#: diffpipe model presets -> torchtitan's own configuration function of that model (``--module``
+#: ``torchtitan.models.<model>.config_registry``, ``--config <function>``, at ``TORCHTITAN_COMMIT``).
+TORCHTITAN_BASES = {
+    "llama-3-8b": "torchtitan.models.llama3.config_registry:llama3_8b",
+    "llama-3-70b": "torchtitan.models.llama3.config_registry:llama3_70b",
+    "llama-3.1-405b": "torchtitan.models.llama3.config_registry:llama3_405b",
+    "deepseek-v3": "torchtitan.models.deepseek_v3.config_registry:deepseek_v3_671b",
+}
 
 
 def export_problem(framework: str, family: str, parallelism: Parallelism, microbatches: int,
@@ -87,7 +109,13 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
     effect ... when ep = 1"``: the experts then shard like the tensor group), the expert groups
     inside the sharded ranks (sparse mesh ``["pp", "dp_replicate", "efsdp", "ep", "etp"]``,
     ``efsdp = dp_shard x cp x tp / (etp x ep)``). v0.2.0's stricter expert rule is a note in the
-    TOML, not a refusal (``torchtitan_v020_problem``).
+    TOML, not a refusal (``torchtitan_v020_problem``). torchtitan's current main (``"torchtitan"``,
+    ``TORCHTITAN_COMMIT``) has ``enable_sequence_parallel`` (tensor parallelism without it is
+    expressible) and no expert tensor degree: with expert parallelism the experts shard over the
+    expert ranks only (expert tensor size 1), without it like the tensor group
+    (``torchtitan/models/common/moe_sharding.py``), and ``expert_parallel_degree`` must divide
+    ``dp_shard x cp x tp`` (``torchtitan/distributed/parallel_dims.py``); ZeRO-1, schedules and the
+    context ranks in FSDP as before.
     """
     par = parallelism
     if framework == "megatron":
@@ -102,10 +130,10 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
             return (f"Megatron-LM runs MoE layers with biases only at expert_tensor=1 (\"Bias in Moe is only "
                     f"supported when ETP==1\"), not {par.etp}")
         return None
-    if framework == "torchtitan":
+    if framework in ("torchtitan", "torchtitan-v0.2"):
         if par.zero == 1:
             return "torchtitan has no ZeRO-1 (FSDP2 shards gradients too): use zero=2 or 3"
-        if par.tensor > 1 and not par.sequence_parallel:
+        if framework == "torchtitan-v0.2" and par.tensor > 1 and not par.sequence_parallel:
             return ("torchtitan's tensor parallelism always uses sequence parallelism: plan with "
                     "sequence_parallel=True")
         if par.pipeline > 1 and family not in TORCH_NAMES:
@@ -113,27 +141,37 @@ def export_problem(framework: str, family: str, parallelism: Parallelism, microb
         if par.context > 1 and par.zero == 0:
             return ("torchtitan shards parameters over the context-parallel ranks (FSDP) whenever "
                     "context_parallel_degree > 1: use zero=2 or 3")
-        return _torchtitan_expert_problem(par)
+        return _torchtitan_expert_problem(par, main=framework == "torchtitan")
     raise ConfigError(f"export: unknown framework {framework!r}; known: {', '.join(EXPORT_TARGETS)}")
 
 
-def _torchtitan_expert_problem(par: Parallelism) -> str | None:
-    """What torchtitan v0.2.1-v0.2.2 refuses in ``par``'s expert layers (``export_problem``), or None."""
+def _torchtitan_expert_problem(par: Parallelism, main: bool = False) -> str | None:
+    """What torchtitan v0.2.1-v0.2.2 (or, ``main``, its current main) refuses in ``par``'s expert
+    layers (``export_problem``), or None."""
     e, et = par.expert, par.etp
     if e == 1:
-        if et != par.tensor:
-            return (f"torchtitan applies expert_tensor_parallel_degree only with expert parallelism (experts "
-                    f"shard like the tensor group, {par.tensor}, at expert=1): expert_tensor={et}")
-        return None
+        if et == par.tensor:
+            return None
+        if main:
+            return (f"torchtitan shards the experts like the tensor group ({par.tensor}) without expert "
+                    f"parallelism: expert_tensor={et}")
+        return (f"torchtitan applies expert_tensor_parallel_degree only with expert parallelism (experts "
+                f"shard like the tensor group, {par.tensor}, at expert=1): expert_tensor={et}")
+    if main and et != 1:
+        return (f"torchtitan (main) has no expert tensor parallelism: with expert={e} the experts shard over "
+                f"the expert ranks only; plan with expert_tensor=1, not {et}")
     if et not in (1, par.tensor):
         return f"torchtitan runs expert tensor parallelism of 1 or the tensor size {par.tensor}, not {et}"
     shard = 1 if par.zero == 0 else par.data  # data_parallel_shard_degree
     region = shard * par.context * par.tensor
-    if region % (et * e):
-        fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
-        return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
-                f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
-    return None
+    if region % (et * e) == 0:
+        return None
+    fix = ": use zero=2 or 3 (FSDP shards the data ranks)" if par.zero == 0 else ""
+    if main:
+        return (f"torchtitan needs expert_parallel_degree ({e}) to divide data_parallel_shard_degree x context x "
+                f"tensor = {region}{fix}")
+    return (f"torchtitan forms the expert groups inside data_parallel_shard_degree x context x tensor = "
+            f"{region} ranks, which expert_tensor x expert = {et} x {e} does not divide{fix}")
 
 
 def torchtitan_v020_problem(parallelism: Parallelism) -> str | None:
@@ -538,7 +576,7 @@ def torchtitan_toml(launch: Launch) -> str:
         got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
         raise ConfigError(f"torchtitan_toml: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
     par = launch.parallelism
-    problem = export_problem("torchtitan", launch.family, par, launch.microbatches)
+    problem = export_problem("torchtitan-v0.2", launch.family, par, launch.microbatches)
     if problem:
         raise ConfigError(f"torchtitan export: {problem}")
     older = torchtitan_v020_problem(par)
@@ -580,6 +618,115 @@ def torchtitan_toml(launch: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "Launch", "export_problem", "megatron_args",
-           "megatron_overlap_args", "megatron_layout", "megatron_model_args", "parse_megatron_layout",
-           "torchtitan_modules", "torchtitan_toml", "torchtitan_v020_problem"]
+_BASE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+#: diffpipe recompute -> torchtitan's ``Trainer.Config.activation_checkpoint`` (``torchtitan/distributed/
+#: activation_checkpoint.py``: the default is per-op ``SelectiveAC``, so "none" must be said).
+_TORCHTITAN_AC = {"none": "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
+
+
+def check_torchtitan_base(base: Any, what: str = "torchtitan_config: base") -> str:
+    """``base`` if it names a configuration function as ``"module:function"``, else a ``ConfigError``."""
+    if not isinstance(base, str) or not _BASE.fullmatch(base):
+        raise ConfigError(f"{what} must be the model's torchtitan configuration as 'module:function' (e.g. "
+                          f"{TORCHTITAN_BASES['llama-3-70b']!r}), got {base!r}")
+    return base
+
+
+def torchtitan_config(launch: Launch, base: str, *, name: str = "diffpipe_plan") -> str:
+    """A Python module for torchtitan's current main (``TORCHTITAN_COMMIT``; configurations in Python
+    since 9810191bb): a function ``name`` that takes the model's own torchtitan configuration
+    (``base``, ``"module:function"``, e.g. ``TORCHTITAN_BASES["llama-3-70b"]``) and sets ``launch``'s
+    parallelism, batch and recomputation on it. Save it as ``<module>.py`` on the Python path and run
+    ``NGPU=<gpus> MODULE=<module> CONFIG=<name> ./run_train.sh`` (or ``torchrun ... -m torchtitan.train
+    --module <module> --config <name>`` on several nodes).
+
+    Data parallelism as in ``torchtitan_toml`` (DDP replicas for ZeRO-0, FSDP2 shards for ZeRO-3 and,
+    with ``fsdp_reshard_after_forward = "never"``, ZeRO-2). The batch is in tokens: a microbatch of
+    ``microbatch_size x sequence`` tokens per data-parallel rank, ``global_batch x sequence`` tokens a
+    step; with pipelining ``num_pp_microbatches`` is the pipeline's microbatches (no gradient
+    accumulation), without it torchtitan accumulates the microbatches (``torchtitan/trainer.py``:
+    ``num_tokens_per_train_step // (tokens per microbatch x pp microbatches x dp)``). An even split is
+    ``pipeline_parallel_layers_per_stage`` with the embedding's and head's layer weights 0 (torchtitan's
+    stage count is ``ceil((layers + first + last) / layers_per_stage)``, its default weights 1); an
+    uneven one ``module_fqns_per_model_part`` (``tok_embeddings``, ``layers.<i>``, ``norm``, ``lm_head``).
+    The function checks that ``base``'s model has the planned layer count before setting anything.
+
+    Raises:
+        ConfigError: ``base`` not ``"module:function"``, or what torchtitan does not run
+            (``export_problem("torchtitan", ...)``: ZeRO-1, a schedule torch's pipelining lacks, the
+            context ranks without FSDP, expert tensor parallelism).
+    """
+    if not isinstance(launch, Launch):
+        got = repr(launch) if isinstance(launch, (str, int, float, type(None))) else type(launch).__name__
+        raise ConfigError(f"torchtitan_config: launch must be a Launch (e.g. PlanTable.launch(i)), got {got}")
+    check_torchtitan_base(base)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"torchtitan_config: name must be a Python identifier, got {name!r}")
+    par = launch.parallelism
+    problem = export_problem("torchtitan", launch.family, par, launch.microbatches)
+    if problem:
+        raise ConfigError(f"torchtitan export: {problem}")
+    module, function = base.split(":")
+    pipelined = par.pipeline > 1
+    replicate, shard = (par.data, 1) if par.zero == 0 else (1, par.data)
+    values: list[tuple[str, Any]] = [
+        ("parallelism.data_parallel_replicate_degree", replicate),
+        ("parallelism.data_parallel_shard_degree", shard),
+        ("parallelism.tensor_parallel_degree", par.tensor),
+        ("parallelism.enable_sequence_parallel", bool(par.sequence_parallel) and par.tensor > 1),
+        ("parallelism.context_parallel_degree", par.context),
+        ("parallelism.pipeline_parallel_degree", par.pipeline),
+        ("parallelism.expert_parallel_degree", par.expert),
+    ]
+    if par.zero == 2:
+        values.append(("parallelism.fsdp_reshard_after_forward", "never"))
+    if pipelined:
+        values += [("parallelism.pipeline_parallel_schedule", TORCH_NAMES[launch.family]),
+                   ("parallelism.num_pp_microbatches", launch.microbatches)]
+        if launch.uniform:
+            values += [("parallelism.pipeline_parallel_layers_per_stage", launch.layers_per_stage[0]),
+                       ("parallelism.pipeline_parallel_first_stage_less_layers", 0),
+                       ("parallelism.pipeline_parallel_last_stage_less_layers", 0),
+                       ("parallelism.module_fqns_per_model_part", None)]
+        else:
+            parts = [[("lm_head" if m == "output" else m) for m in part]
+                     for part in torchtitan_modules(launch.layers_per_stage)]
+            values += [("parallelism.pipeline_parallel_layers_per_stage", None),
+                       ("parallelism.module_fqns_per_model_part", parts)]
+    values += [("training.num_tokens_per_microbatch_per_dp_rank", launch.microbatch_size * launch.sequence),
+               ("training.num_tokens_per_train_step", launch.global_batch * launch.sequence),
+               ("training.max_context_length", launch.sequence)]
+    layers = sum(launch.layers_per_stage)
+    lines = [f'"""torchtitan configuration from diffpipe: {launch.family}, TP{par.tensor} CP{par.context} '
+             f'PP{par.pipeline} DP{par.data} EP{par.expert} ZeRO-{par.zero},',
+             f"{launch.global_batch} x {launch.sequence} tokens a step, recompute {launch.recompute}.",
+             "",
+             f"Run: NGPU={par.gpus} MODULE=<this module> CONFIG={name} ./run_train.sh (torchtitan main since "
+             f"9810191bb; fields as of {TORCHTITAN_COMMIT[:8]}).",
+             '"""', "",
+             *([] if launch.recompute == "none" else
+               [f"from torchtitan.distributed.activation_checkpoint import {_TORCHTITAN_AC[launch.recompute][:-9]}"]),
+             f"from {module} import {function} as base", "", "",
+             f"def {name}():",
+             "    config = base()",
+             "    layers = len(config.model_spec.model.layers)",
+             f"    if layers != {layers}:",
+             f'        raise ValueError(f"diffpipe planned {layers} layers; {base} makes {{layers}}")']
+    lines += [f"    config.{path} = {_python_value(value)}" for path, value in values]
+    lines += [f"    config.activation_checkpoint = {_TORCHTITAN_AC[launch.recompute]}", "    return config"]
+    return "\n".join(lines) + "\n"
+
+
+def _python_value(value: Any) -> str:
+    """``value`` (None, bool, int, str or nested lists of them) as Python source."""
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "[" + ", ".join(_python_value(v) for v in value) + "]"
+
+
+__all__ = ["EXPORT_TARGETS", "MEGATRON_FAMILIES", "RECOMPUTE", "TORCHTITAN_BASES", "TORCHTITAN_COMMIT", "Launch",
+           "export_problem", "megatron_args", "megatron_overlap_args", "megatron_layout", "megatron_model_args",
+           "parse_megatron_layout", "check_torchtitan_base", "torchtitan_config", "torchtitan_modules",
+           "torchtitan_toml", "torchtitan_v020_problem"]

@@ -58,6 +58,8 @@ from .. import schedules
 from .._checks import check_int
 from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._batch import simulate_members as _simulate_members
+from .._engine._communication import AbstractCommunication
+from .._engine._communication import communication as get_communication
 from .._engine._graph import Graph, common_sizes
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
@@ -268,7 +270,7 @@ def plan(
     headroom: float = HEADROOM,
     top_k: int = 3,
     balance: bool = True,
-    communication: str = "overlap",
+    communication: str | AbstractCommunication = "overlap",
     progress: bool | None = None,
     export: str | None = None,
     framework: str | Framework | None = None,
@@ -288,7 +290,9 @@ def plan(
             dividing ``tensor x context x data``).
         expert_tensor: expert tensor-parallel sizes to try (``Parallelism.expert_tensor``; default:
             the tensor size only, Megatron-LM's default; 1 with ``export="megatron"`` for a MoE
-            model with biases, the only size Megatron-LM runs it at); sizes that do not fit a
+            model with biases, the only size Megatron-LM runs it at; the tensor size and 1 with
+            ``export="torchtitan"``, whose main runs experts at 1 with expert parallelism and at the
+            tensor size without); sizes that do not fit a
             configuration (``expert_tensor x expert`` not dividing ``tensor x context x data``) are
             skipped for it.
         virtual: virtual stages per pipeline rank for families with chunks (default
@@ -302,7 +306,9 @@ def plan(
             ``Configuration.evaluate`` applies the same rule to ``fits``).
         top_k: how many of the best configurations get their stages balanced.
         balance: run the stage balancing (``optimize`` with ``StageBalance``).
-        communication: the pipeline's communication mode.
+        communication: the pipeline's communication mode: a name (``overlap`` by default) or an
+            ``AbstractCommunication`` (a calibrated machine's ``calibrate.TorchRuntime``), as
+            ``Configuration`` takes it.
         progress: progress on stderr with the stage (enumerating, searching: compiling / simulating,
             balancing): a bar on a terminal, plain lines elsewhere (``diffpipe._progress``); None
             (default): once the plan has run ``DELAY`` (2) seconds; True: from the start; False: never.
@@ -336,7 +342,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             tensor: Any, pipeline: Any, expert: Any, expert_tensor: Any, virtual: Any, context: Any,
             microbatch_sizes: Any,
             recompute: Any, zero: Any,
-            sequence_parallel: Any, headroom: float, top_k: int, balance: bool, communication: str,
+            sequence_parallel: Any, headroom: float, top_k: int, balance: bool,
+            communication: str | AbstractCommunication,
             export: str | None, bar: Progress, framework: Framework | None = None) -> PlanTable:
     """``plan``'s search (its arguments; ``bar`` the progress)."""
     t0 = time.perf_counter()
@@ -349,8 +356,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     top_k = check_int("plan: top_k", top_k, 0)
     if not isinstance(balance, bool):
         raise ConfigError(f"plan: balance must be True or False, got {balance!r}")
-    if not isinstance(communication, str):
-        raise ConfigError(f"plan: communication must be a mode name, got {communication!r}")
+    get_communication(communication, what="plan: communication")  # a name or a mode object, else one line
     if sequence is not None:
         model = dataclasses.replace(model, sequence=check_int("plan: sequence", sequence))
     families = checked_values("families", families)
@@ -379,6 +385,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
     expert_tensors: list[int | None] = [None]  # the tensor size, Megatron-LM's default
     if expert_tensor is None and export == "megatron" and model.experts > 1 and model.bias:
         expert_tensors = [1]  # the only expert tensor size Megatron-LM runs MoE layers with biases at
+    if expert_tensor is None and export == "torchtitan" and model.experts > 1:
+        # torchtitan's main has no expert tensor degree: the experts shard like the tensor group without
+        # expert parallelism (None) and over the expert ranks alone with it (1)
+        expert_tensors = [None, 1]
     if expert_tensor is not None:
         expert_tensors = [check_int("plan: expert_tensor", x) for x in checked_values("expert_tensor", expert_tensor)]
         if model.experts == 1:
@@ -413,6 +423,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             d = g // (t * p * cp)
             splits = []  # (expert, expert_tensor): the expert layers' decomposition
             for et in expert_tensors:
+                if et is not None and et == t and None in expert_tensors:
+                    continue  # the tensor size twice (None is it): one search
                 if (t * cp * d) % (t if et is None else et):
                     explored += 1
                     rejected["expert"] += 1
@@ -649,7 +661,8 @@ class _BalanceProblem(NamedTuple):
     workload: Workload
 
 
-def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int, communication: str,
+def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_batch: int,
+                     communication: str | AbstractCommunication,
                      framework: Framework | None) -> _BalanceProblem | None:
     """The stage-balancing problem of ``row``; None when it has fewer than two stages."""
     if row["pipeline"] * row["virtual"] < 2:

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import schedules
 from .._checks import is_int
+from .._engine._communication import AbstractCommunication
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
@@ -17,7 +18,7 @@ from .._results import csv_text, json_text, markdown_table, percent
 from .._workload._frameworks import Framework
 from .._workload._parallelism import Parallelism
 from ._configuration import HEADROOM, Configuration, fit_rule
-from ._export import Launch, megatron_args, megatron_overlap_args, torchtitan_toml
+from ._export import Launch, megatron_args, megatron_overlap_args, torchtitan_config, torchtitan_toml
 
 #: Step times within this relative distance of the fastest of their run are a tie, ranked by memory
 #: per GPU, then by GPUs per model replica (tensor x pipeline): a row 0.05% faster for 20 GB more
@@ -67,7 +68,7 @@ class PlanTable:
     model: Transformer
     cluster: Cluster
     global_batch: int
-    communication: str = "overlap"
+    communication: str | AbstractCommunication = "overlap"
     headroom: float = HEADROOM
     framework: Framework | None = None
 
@@ -95,15 +96,23 @@ class PlanTable:
             model = self.framework.model(model)
         return megatron_args(self.launch(i), model) + megatron_overlap_args(self.framework, self.parallelism(i))
 
-    def export(self, framework: str) -> tuple[int, str]:
+    def export(self, framework: str, *, torchtitan_base: str | None = None) -> tuple[int, str]:
         """``(row, text)``: the fastest row ``framework`` runs (``megatron``: its arguments, the
-        model's shape included, one shell line; ``torchtitan``: its TOML; ``csv``: the torch CSV of
-        the schedule) and that export; ``ConfigError`` naming the first refusal when no row exports."""
+        model's shape included, one shell line; ``torchtitan``: a Python configuration for torchtitan's
+        current main, set on the model's own torchtitan configuration ``torchtitan_base``
+        (``"module:function"``, ``torchtitan_config``); ``torchtitan-v0.2``: the TOML of torchtitan
+        v0.2.0-v0.2.2; ``csv``: the torch CSV of the schedule) and that export; ``ConfigError`` naming
+        the first refusal when no row exports."""
         exporters = {"megatron": lambda i: shlex.join(self.megatron_args(i)) + "\n",
-                     "torchtitan": lambda i: torchtitan_toml(self.launch(i)),
+                     "torchtitan": lambda i: torchtitan_config(self.launch(i), torchtitan_base),
+                     "torchtitan-v0.2": lambda i: torchtitan_toml(self.launch(i)),
                      "csv": lambda i: schedules.to_torch_csv(self.configuration(i).schedule())}
         if framework not in exporters:
             raise ConfigError(f"plan table: export format must be one of {', '.join(exporters)}, got {framework!r}")
+        if framework == "torchtitan" and torchtitan_base is None:
+            raise ConfigError("plan table: the torchtitan export sets the plan on the model's own torchtitan "
+                              "configuration: give torchtitan_base='module:function' (dp.TORCHTITAN_BASES has "
+                              "the presets'), or export 'torchtitan-v0.2' (TOML)")
         first = None
         for i in range(len(self.rows)):  # e.g. Megatron-LM runs no zb-h1: the fastest row it runs
             try:
@@ -129,7 +138,7 @@ class PlanTable:
         return Parallelism(**sizes)
 
     def launch(self, i: int = 0) -> Launch:
-        """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_toml``)."""
+        """Row ``i`` as a ``Launch`` (for ``megatron_args`` / ``torchtitan_config`` / ``torchtitan_toml``)."""
         row = self._row(i)
         return Launch(row["family"], self.parallelism(i), microbatch_size=row["microbatch_size"],
                       global_batch=self.global_batch, sequence=self.model.sequence,

@@ -53,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .._errors import ConfigError
-from .._model._transformer import FLASH_VERSIONS, Transformer, layer_costs
+from .._model._transformer import FLASH_VERSIONS, Transformer, attention_kernel, layer_costs
 from ._overlap import CommunicationOverlap, transformer_engine_tensor_overlap
 from ._parallelism import Parallelism
 
@@ -133,8 +133,9 @@ class Framework:
                 fields[flag] = True
         if self.reduce_bytes is not None and model.reduce_bytes is None:
             fields["reduce_bytes"] = self.reduce_bytes
-        if self.flash_version is not None and model.flash_version is None:
-            fields["flash_version"] = self.flash_version
+        version, source = attention_kernel(model.flash_version, self.flash_version)
+        if source == "framework":
+            fields["flash_version"] = version
         return dataclasses.replace(model, **fields) if fields else model
 
     def overlap(self, model: Transformer, parallelism: Parallelism) -> CommunicationOverlap:

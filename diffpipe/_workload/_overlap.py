@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from jaxtyping import Array
 
 from .._arrays import array_module
+from .._checks import is_positive_int
 from .._errors import ConfigError
 
 #: Compute slowdown while a collective overlaps it: the average measured in "Characterizing
@@ -97,7 +97,7 @@ def transformer_engine_tensor_overlap(tensor: int) -> float:
     (sequence parallelism: every one moves ``b s h`` elements) the exposed fraction is
     ``(4 / tensor + 2 / 4) / 8``. It assumes each chunk's GEMM is at least as long as its transfer
     (NVLink inside a node); where it is not, the model overstates the overlap."""
-    if isinstance(tensor, bool) or not isinstance(tensor, (int, np.integer)) or tensor < 1:
+    if not is_positive_int(tensor):
         raise ConfigError(f"transformer_engine_tensor_overlap: tensor must be a positive int, got {tensor!r}")
     if tensor == 1:
         return 0.0

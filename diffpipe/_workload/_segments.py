@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import is_positive_int
 from .._engine._hardware import Hardware
 from .._errors import ConfigError
 from .._model._transformer import Transformer, layer_costs
@@ -95,7 +96,7 @@ def balanced_fractions(segments: int, share: float) -> np.ndarray:
     shorter, as in the paper's compute-wise partition (the authors solve the same equations
     one segment at a time from the end, ``split_solver.solve_partition``).
     """
-    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
+    if not is_positive_int(segments):
         raise ConfigError(f"segments: segments must be a positive int, got {segments!r}")
     a = _check_share(share)
     targets = np.arange(segments + 1, dtype=np.float64) / segments

@@ -215,8 +215,8 @@ def _longest(train: dict[str, Any]) -> int:
 def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The sequence, flash attention and its kernel of a training configuration, each with where it came
     from (a flag, a file's key, the framework or ``default``): ``DEFAULT_SEQUENCE`` unless given (``max``: the
-    model's longest context), ``DEFAULT_FLASH_ATTENTION`` unless given, the kernel as ``Transformer``
-    resolves ``flash_version``: the given one, else the framework's, else ``DEFAULT_FLASH_VERSION``."""
+    model's longest context), ``DEFAULT_FLASH_ATTENTION`` unless given, the kernel by the library's one
+    rule (``_model._transformer.attention_kernel``: the given one, else the framework's, else the default)."""
     out: dict[str, dict[str, Any]] = {}
     sequence = train.get("sequence", DEFAULT_SEQUENCE)
     longest = _longest(train)
@@ -229,14 +229,13 @@ def _settings(train: dict[str, Any], origins: dict[str, str]) -> dict[str, dict[
     if origin == "--flash-attention" and not flash:
         origin = "--no-flash-attention"  # the flag as it was typed
     out["flash_attention"] = {"value": flash, "from": origin}
-    from .._model._transformer import DEFAULT_FLASH_VERSION
+    from .._model._transformer import attention_kernel
     from .._workload._frameworks import framework
 
-    version, origin = train.get("flash_version"), origins.get("flash_version", "default")
-    if version is None:
-        fw = train.get("framework", "none")
-        version = framework(fw).flash_version
-        version, origin = (DEFAULT_FLASH_VERSION, "default") if version is None else (version, f"--framework {fw}")
+    fw = train.get("framework", "none")
+    version, source = attention_kernel(train.get("flash_version"), framework(fw).flash_version)
+    origin = {"model": origins.get("flash_version", "default"), "framework": f"--framework {fw}",
+              "default": "default"}[source]
     out["flash_kernel"] = {"value": version, "from": origin}
     return out
 

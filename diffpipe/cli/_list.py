@@ -14,13 +14,11 @@ def _preset_rows(what: str) -> list[dict[str, Any]]:
     """The rows of ``diffpipe list devices|networks|models`` (units in the keys)."""
     from .. import presets
 
-    if what == "devices":
-        from .._machine._specs import REPORTED_SOURCE
-
+    if what == "devices":  # memory: the driver's total where a public nvidia-smi listing gives it
         return [{"name": name, "bf16_dense_tflops": spec.peak_flops / 1e12, "memory_gb": spec.memory / 1e9,
-                 "reported_memory_gb": None if spec.reported_memory is None else spec.reported_memory / 1e9,
+                 "memory_from": "datasheet" if spec.memory_source is None else "nvidia-smi",
                  "memory_bandwidth_tb_per_s": spec.memory_bandwidth / 1e12,
-                 "source": spec.source + ("" if spec.reported_memory is None else f"; reported: {REPORTED_SOURCE}")}
+                 "source": spec.source + ("" if spec.memory_source is None else f"; memory: {spec.memory_source}")}
                 for name, spec in presets.DEVICES.items()]
     if what == "networks":
         return [{"name": name, "gb_per_s_per_direction": spec.bandwidth / 1e9, "latency_us": spec.latency * 1e6,
@@ -42,9 +40,8 @@ def _cmd_list_presets(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(rows)
         return
-    columns = {"devices": (("bf16_dense_tflops", "BF16 TFLOP/s (dense)", ",.0f"), ("memory_gb", "memory GB", ".0f"),
-                           ("reported_memory_gb", "reported GB", ".2f"), ("memory_bandwidth_tb_per_s", "memory TB/s",
-                                                                         ".2f")),
+    columns = {"devices": (("bf16_dense_tflops", "BF16 TFLOP/s (dense)", ",.0f"), ("memory_gb", "memory GB", ".2f"),
+                           ("memory_from", "memory from", ""), ("memory_bandwidth_tb_per_s", "memory TB/s", ".2f")),
                "networks": (("gb_per_s_per_direction", "GB/s per direction", ",.1f"),
                             ("latency_us", "latency us", ".0f"), ("devices_per_node", "GPUs per node", "")),
                "models": (("parameters_billions", "parameters (B)", ",.1f"), ("layers", "layers", "d"),

@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how much longer a straggler's compute ops last (default 1.1 with --slow-fraction)")
     g.add_argument("--samples", type=_count, default=512, help="Monte Carlo samples (default 512)")
     g.add_argument("--seed", type=_integer_at_least(0), default=0, help="random seed (default 0)")
+    p.add_argument("--headroom", type=float, default=HEADROOM,
+                   help=f"memory fraction kept free for 'fits' (default {HEADROOM}, plan's rule)")
     p.add_argument("--gantt", metavar="PNG|SVG", help="also draw a Gantt chart")
     p.add_argument("--trace", metavar="JSON", help="also write a Chrome/Perfetto trace")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -189,7 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--balance-top", type=_natural, default=3, dest="balance_top",
                    help="balance the stages of the best N by gradient (default 3; 0: off)")
     p.add_argument("--top", type=_count, default=10, help="rows shown (default 10)")
-    p.add_argument("--export", choices=["megatron", "torchtitan", "csv"], help="export the best configuration")
+    p.add_argument("--export", choices=["megatron", "torchtitan", "torchtitan-v0.2", "csv"],
+                   help="export the best configuration: Megatron-LM arguments, a torchtitan Python configuration "
+                        "(torchtitan main, Python configs since 9810191bb), torchtitan v0.2.0-v0.2.2's TOML, or "
+                        "the torch CSV")
+    p.add_argument("--torchtitan-base", metavar="MODULE:FUNCTION", dest="torchtitan_base",
+                   help="the model's own torchtitan configuration the torchtitan export sets the plan on "
+                        "(default for llama-3-8b/70b, llama-3.1-405b, deepseek-v3: torchtitan's)")
     p.add_argument("--out", metavar="PATH", help="write the export to PATH")
     p.add_argument("--report", metavar="HTML",
                    help="write one self-contained HTML page: step time against memory by family, the best "

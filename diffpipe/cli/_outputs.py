@@ -88,27 +88,22 @@ def _check_outputs(*outputs: tuple[str, str | None, tuple[str, ...] | None],
     return checked
 
 
-def _pictures(args: argparse.Namespace, schedule: Any, hw: Any, result: Any,
-              gradient_sync: bool = False, breakdown: dict[str, float] | None = None,
-              collectives: dict[str, Any] | None = None) -> list[tuple[str, str, Any]]:
-    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet);
-    ``gradient_sync``: the result's step has the gradient-sync lane (a training configuration's);
-    ``breakdown``: a configuration's ``ConfigResult.breakdown``, drawn as a bar under the Gantt;
-    ``collectives``: its collectives per op (``viz.op_collectives``), drawn on rows of their own."""
-    subject = schedule if result is None else result
+def _pictures(args: argparse.Namespace, subject: Any, hw: Any = None, **given: Any) -> list[tuple[str, str, Any]]:
+    """``(flag, path, data)`` of the requested Gantt chart and trace (nothing written yet): ``viz.gantt``
+    and ``viz.trace`` of ``subject`` (a ``Schedule``, a ``Result`` with ``schedule=``, or a
+    ``Configuration`` with its ``evaluation=``) on ``hw``, with the keywords ``given``."""
     out: list[tuple[str, str, Any]] = []
     if getattr(args, "gantt", None):
         from ..viz import gantt
         from ..viz.gantt import DEFAULT_DPI
 
-        fig = gantt(subject, hw, schedule=schedule, gradient_sync=gradient_sync, breakdown=breakdown,
-                    collectives=collectives)
+        fig = gantt(subject, hw, **given)
         fmt = Path(args.gantt).suffix.lower().lstrip(".")
         out.append(("--gantt", args.gantt, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DEFAULT_DPI)))
     if getattr(args, "trace", None):
         from ..viz import trace
 
-        data = trace(subject, hw, schedule=schedule, gradient_sync=gradient_sync)
+        data = trace(subject, hw, **given)
         out.append(("--trace", args.trace, _io.dumps_json(data, indent=None)))
     return out
 
@@ -134,8 +129,14 @@ def _finite_or_none(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _simulation_summary(schedule: Any, result: Any, machine: FileMachine) -> dict[str, Any]:
+def _simulation_summary(schedule: Any, result: Any, machine: FileMachine, hw: Any,
+                        headroom: float) -> dict[str, Any]:
+    """What ``simulate --json`` prints for a schedule on a machine: ``fits`` is plan's rule (each
+    device's peak at most its capacity less ``headroom``: ``fits_memory``), ``capacity_gb`` and
+    ``usable_gb`` per device (None where the machine gives no memory)."""
     import numpy as np
+
+    from .._plan._configuration import fits_memory, usable_memory
 
     makespan = float(result.makespan)
     if not math.isfinite(makespan):
@@ -151,9 +152,14 @@ def _simulation_summary(schedule: Any, result: Any, machine: FileMachine) -> dic
         "busy_s": [float(x) for x in np.asarray(result.busy)],
         "peak_memory_bytes": [float(x) for x in np.asarray(result.peak_memory)],
         "peak_activations": [int(x) for x in np.asarray(result.peak_activations)],
-        "fits": [bool(x) for x in np.asarray(result.fits)],
         "communication_bytes": float(result.communication_bytes),
     }
+    peaks = np.asarray(result.peak_memory, np.float64)
+    capacities = np.broadcast_to(np.asarray(hw.capacity, np.float64), peaks.shape)  # numpy: no compiled op
+    out["fits"] = [fits_memory(m, c, headroom) for m, c in zip(peaks, capacities)]
+    out["capacity_gb"] = [_finite_or_none(c / 1e9) for c in capacities]
+    out["usable_gb"] = [_finite_or_none(usable_memory(c, headroom) / 1e9) for c in capacities]
+    out["headroom"] = headroom
     if schedule.steps > 1:
         out["step_period_s"] = [float(x) for x in np.asarray(result.period)]
         out["max_staleness"] = max(result.staleness.values(), default=0)

@@ -18,7 +18,8 @@ def _plan_framework(train: dict[str, Any], export: str | None) -> str:
     else none."""
     if "framework" in train:
         return train["framework"]
-    return export if export in ("megatron", "torchtitan") else "none"
+    return {"megatron": "megatron", "torchtitan": "torchtitan", "torchtitan-v0.2": "torchtitan"}.get(export or "",
+                                                                                                   "none")
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
@@ -26,12 +27,28 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
     if args.out and not args.export:
         raise ConfigError("plan: --out needs --export")
+    base = args.torchtitan_base
+    if base is not None:
+        if args.export != "torchtitan" and not args.report:
+            raise ConfigError("plan: --torchtitan-base applies to --export torchtitan (or --report)")
+        from .._plan._export import check_torchtitan_base
+
+        check_torchtitan_base(base, "plan: --torchtitan-base")
     _check_outputs(("--out", args.out, None), ("--report", args.report, (".html", ".htm")),
                    inputs=_input_paths(args))
     train, par, clu, settings = _configuration_values(args, MachineFile())
     if "gpus" not in clu:
         raise ConfigError("plan: give the cluster's GPUs: --gpus N or --cluster GPUSxDEVICE")
     model, name = _model(train, ("flash_attention", "flash_version"))
+    if base is None:
+        from .._model._specs import model_key
+        from .._plan._export import TORCHTITAN_BASES
+
+        base = TORCHTITAN_BASES.get(model_key(train["model"])) if "model" in train else None
+    if args.export == "torchtitan" and base is None:  # before the search: one line, no work lost
+        raise ConfigError(f"plan: --export torchtitan sets the plan on the model's own torchtitan configuration; "
+                          f"none is known for {name}: give --torchtitan-base MODULE:FUNCTION (e.g. "
+                          "torchtitan.models.llama3.config_registry:llama3_8b), or --export torchtitan-v0.2 (TOML)")
     cluster = _cluster(clu, clu["gpus"])
     # dp.plan's axes, where a flag narrows them (else dp.plan's defaults)
     axes = {"families": args.families, "tensor": par.get("tensor"), "pipeline": par.get("pipeline"),
@@ -42,11 +59,11 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     table = plan(model, cluster, train["global_batch"], sequence=train.get("sequence"),
                  **{k: tuple(v) if isinstance(v, list) else v for k, v in axes.items() if v is not None},
                  headroom=args.headroom, top_k=args.balance_top, balance=args.balance_top > 0, progress=None,
-                 export=args.export if args.export in ("megatron", "torchtitan") else None,
+                 export=args.export if args.export in ("megatron", "torchtitan", "torchtitan-v0.2") else None,
                  framework=_plan_framework(train, args.export))
     text, exported = None, None
     if args.export:
-        exported, text = table.export(args.export)
+        exported, text = table.export(args.export, torchtitan_base=base)
     framework = table.framework.name if table.framework else "none"
     heading = (f"{name} on {cluster.gpus} x {cluster.device.name}, global batch {table.global_batch} x "
                f"{table.model.sequence} tokens, framework {framework}"
@@ -58,7 +75,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         with Progress("plan") as bar:
             bar.stage("drawing the report")
             outputs.append(("--report", args.report, report(table, title=heading, settings=_settings_line(settings),
-                                                            top=args.top)))
+                                                            top=args.top, torchtitan_base=base)))
     _write_all(outputs)
     if args.json:
         data = table.to_dict()

@@ -37,6 +37,9 @@ def _jitter(args: argparse.Namespace) -> dict[str, float] | None:
 def _simulate_configuration(args: argparse.Namespace, training: _Training,
                             outputs: list[tuple[str, Path]]) -> None:
     jitter = _jitter(args)
+    from .._plan._configuration import check_headroom
+
+    headroom = check_headroom("simulate", args.headroom)
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating one step")
         cfg = training.build(max_ops=args.max_ops)  # the size guards run before JAX is imported
@@ -45,15 +48,11 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
 
             jitter = Jitter(**jitter)
             bar.stage(f"sampling {args.samples} steps")
-        result = cfg.evaluate(jitter=jitter, samples=args.samples, seed=args.seed)
+        result = cfg.evaluate(headroom, jitter=jitter, samples=args.samples, seed=args.seed)
         schedule = cfg.schedule()
         if outputs:
-            from ..viz import op_collectives
-
             bar.stage("drawing")
-            hw = cfg.hardware()
-            _write_all(_pictures(args, schedule, hw, result.result, result.gradient_sync, result.breakdown,
-                                 op_collectives(cfg, schedule, hw) if args.gantt else None))
+            _write_all(_pictures(args, cfg, evaluation=result))
     summary = _configuration_summary(cfg, schedule, result, training.label)
     summary["settings"] = training.settings
     if args.json:
@@ -70,7 +69,7 @@ def _simulate_configuration(args: argparse.Namespace, training: _Training,
               f"percentile ({args.samples} samples, seed {args.seed})")
     print(f"  tokens/s/GPU    {r.tokens_per_second_per_gpu:,.0f}")
     print(f"  MFU             {100 * r.mfu:.1f}%  (model FLOPs over {r.gpus} x the dense BF16 peak)")
-    print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.0f} GB: "
+    print(f"  memory/GPU      {r.memory_per_gpu / gb:.1f} GB of {r.capacity / gb:.1f} GB: "
           f"{'fits' if r.fits else 'does NOT fit'} (at most {r.usable / gb:.1f} GB: {r.headroom:.0%} kept free, "
           "as plan does)")
     print(f"  bubble          {100 * r.bubble_ratio:.1f}%   blocking collectives {100 * r.communication_share:.1f}%"
@@ -106,15 +105,18 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     schedule = _schedule(args, config)
     machine = _machine(args, config)
     from .._engine._simulate import simulate
+    from .._plan._configuration import check_headroom, fit_rule
+
+    headroom = check_headroom("simulate", args.headroom)
 
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating")
         hw = machine.hardware(schedule)
         result = simulate(schedule, hw)
-        summary = _simulation_summary(schedule, result, machine)
+        summary = _simulation_summary(schedule, result, machine, hw, headroom)
         if outputs:
             bar.stage("drawing")
-            _write_all(_pictures(args, schedule, hw, result))
+            _write_all(_pictures(args, result, hw, schedule=schedule))
     if args.json:
         _print_json(summary)
         return
@@ -132,3 +134,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     for d in range(schedule.devices):
         print(f"  {d:>6}  {summary['busy_s'][d] * 1e3:8.3f}  {summary['peak_memory_bytes'][d] / gb:15.2f}"
               f"  {summary['peak_activations'][d]:11d}  {'yes' if summary['fits'][d] else 'NO'}")
+    capacities = sorted({c for c in summary["capacity_gb"] if c is not None})
+    if not capacities:
+        print("  (no device memory given: every device fits)")
+    for capacity in capacities:
+        print(f"  ({fit_rule(capacity * gb, headroom)}, as plan does)")

@@ -1,10 +1,15 @@
-"""The discrete world: schedules as data. Plain Python, no JAX."""
+"""The discrete world: schedules as data, and the pure-Python reference evaluators (``evaluate``,
+``evaluate_network``, ``evaluate_gradient_sync``: the simulator's oracle). Plain Python, no JAX."""
 
 from ._analysis import in_flight as in_flight
 from ._analysis import peak_activations as peak_activations
 from ._analysis import staleness as staleness
 from ._analysis import weight_versions as weight_versions
 from ._list_scheduler import list_schedule as list_schedule
+from ._reference import DEFAULT_DURATIONS as DEFAULT_DURATIONS
+from ._reference import evaluate as evaluate
+from ._reference import evaluate_gradient_sync as evaluate_gradient_sync
+from ._reference import evaluate_network as evaluate_network
 from ._registry import MAX_OPS as MAX_OPS
 from ._registry import Family as Family
 from ._registry import Formula as Formula

@@ -30,7 +30,7 @@ from .._engine._hardware import Hardware
 from .._engine._jit_checks import nan_checked
 from .._engine._simulate import Result, simulate, simulate_graph, static_memory
 from .._errors import ConfigError
-from .._plan._configuration import Configuration
+from .._plan._configuration import ConfigResult, Configuration
 from ..schedules import Op, Schedule
 from ..schedules._analysis import activation_delta, activation_table
 
@@ -254,6 +254,25 @@ def op_collectives(configuration: Configuration, schedule: Schedule | None = Non
         out[kind] = np.array([size[op.microbatch] * per_kind[op.kind][op.stage] if op.kind in per_kind else 0.0
                               for op in schedule.ops])
     return out
+
+
+def configuration_step(configuration: Configuration, evaluation: ConfigResult | None, what: str,
+                       **given: Any) -> tuple[ConfigResult, Schedule, Hardware]:
+    """``(evaluation, schedule, hardware)`` of ``configuration``'s step as ``gantt`` and ``trace`` draw
+    it: ``evaluation`` is a ``ConfigResult`` of ``configuration.evaluate()`` (evaluated here when None;
+    pass one to draw the step already evaluated, its breakdown with a jitter's entry), ``schedule`` and
+    ``hardware`` are the configuration's own. ``given``: the arguments a configuration brings itself
+    (``hw``, ``schedule``, ...); any one of them given is refused, named in one line."""
+    extra = [name for name, value in given.items() if value is not None and value is not False]
+    if extra:
+        raise ConfigError(f"{what}: a Configuration brings its own {extra[0]}; give the configuration alone "
+                          f"(or its Result with hw= and schedule=)")
+    if evaluation is None:
+        evaluation = configuration.evaluate()
+    elif not isinstance(evaluation, ConfigResult):
+        raise ConfigError(f"{what}: evaluation= must be the configuration's ConfigResult (Configuration.evaluate()), "
+                          f"got {type(evaluation).__name__}")
+    return evaluation, configuration.schedule(), configuration.hardware()
 
 
 def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError
-from ._timeline import Timeline, check_paths, timeline, write_atomic
+from .._plan._configuration import ConfigResult, Configuration
+from ._timeline import Timeline, check_paths, configuration_step, op_collectives, timeline, write_atomic
 
 #: One colour per op kind (colour-blind-safe Okabe-Ito palette) and for transfers.
 COLORS = {
@@ -394,12 +395,16 @@ def gantt(
     breakdown: dict[str, float] | None = None,
     collectives: Mapping[str, Any] | None = None,
     zoom: bool | None = None,
+    evaluation: ConfigResult | None = None,
 ):
     """Draw a Gantt chart of one simulated step.
 
     Args:
-        result_or_schedule: a ``Schedule`` (simulated on ``hw``) or a ``Result`` (pass its
-            ``schedule=``).
+        result_or_schedule: a ``Schedule`` (simulated on ``hw``), a ``Result`` (pass its
+            ``schedule=``) or a ``Configuration``: its step (``Configuration.evaluate()``) on its own
+            schedule and hardware, with its gradient sync, its breakdown bar and its collectives per
+            op (``op_collectives``); then give none of ``hw``, ``schedule``, ``gradient_sync``,
+            ``breakdown``, ``collectives``.
         hw: the ``Hardware``; default for a schedule: unit times (F = 1 s, B = 2 s, free
             communication). Link lanes appear when it times transfers (``overlap``: a lane per
             directed link, ``contention``: the contended links and NICs).
@@ -419,11 +424,22 @@ def gantt(
         zoom: draw three zoomed windows (warm-up, a slice of steady state, drain: ``windows``)
             over the whole step's memory and breakdown; None (default): when a device runs more
             than ``LONG_OPS`` ops, where one view of the whole step would be a solid wall.
+        evaluation: with a ``Configuration``, its ``ConfigResult`` already evaluated (drawn as it is,
+            a jitter's breakdown entry included); default: ``configuration.evaluate()``.
 
     Returns:
         The written ``Path``s (a list), or the matplotlib ``Figure`` when ``path`` is None.
     """
     paths = None if path is None else check_paths(path, (".png", ".svg"), "gantt")
+    if isinstance(result_or_schedule, Configuration):
+        cfg = result_or_schedule
+        evaluation, schedule, hw = configuration_step(cfg, evaluation, "gantt", hw=hw, schedule=schedule,
+                                                      gradient_sync=gradient_sync, breakdown=breakdown,
+                                                      collectives=collectives)
+        result_or_schedule, gradient_sync, breakdown = evaluation.result, evaluation.gradient_sync, evaluation.breakdown
+        collectives = op_collectives(cfg, schedule, hw)
+    elif evaluation is not None:
+        raise ConfigError("gantt: evaluation= goes with a Configuration (its ConfigResult)")
     tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync, collectives=collectives)
     fig = draw(tl, title=title, memory=memory, arrows=arrows, breakdown=breakdown, zoom=zoom)
     if paths is None:

@@ -23,7 +23,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._io import write_atomic
 from .._plan._table import PlanTable
-from ._timeline import check_paths, op_collectives
+from ._timeline import check_paths
 from .gantt import breakdown_parts, gantt
 
 #: Resolution of the report's pictures (dots per inch; lower than a Gantt file's, to keep the page light).
@@ -31,7 +31,8 @@ DPI = 110
 
 #: The exports the report shows, with their headings.
 EXPORTS = {"megatron": "Megatron-LM arguments (append the tokenizer and data flags to pretrain_gpt.py)",
-           "torchtitan": "torchtitan job configuration (TOML, v0.2.0-v0.2.2)"}
+           "torchtitan": "torchtitan configuration (Python, torchtitan main since 9810191bb)",
+           "torchtitan-v0.2": "torchtitan job configuration (TOML, v0.2.0-v0.2.2)"}
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em auto; max-width: 1500px; color: #222; line-height: 1.35; }
@@ -85,10 +86,10 @@ def scatter(table: PlanTable, chosen: int = 0):
     if max(r["memory_per_gpu"] for r in table.rows) / 1e9 >= 0.25 * usable:  # the device's limits in view
         ax.axvline(usable, color="#c00", linestyle="--", linewidth=1,
                    label=f"usable {usable:.1f} GB ({table.headroom:.0%} kept free)")
-        ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.0f} GB")
+        ax.axvline(capacity, color="#c00", linewidth=1, label=f"capacity {capacity:.1f} GB")
         ax.set_xlim(0, capacity * 1.03)
     else:  # far below them: the points spread out, the limits named
-        heading += f" (usable: {usable:.1f} of {capacity:.0f} GB, off the chart)"
+        heading += f" (usable: {usable:.1f} of {capacity:.1f} GB, off the chart)"
     ax.set_xlabel("memory per GPU (GB, the peak over pipeline ranks)")
     ax.set_ylabel("step time (s)")
     ax.set_title(heading, fontsize=10, loc="left")
@@ -107,10 +108,12 @@ def _table(header: Any, cells: Any, chosen: int | None = None) -> str:
 
 
 def report(table: PlanTable, path: str | Path | None = None, *, title: str | None = None,
-           settings: str | None = None, top: int = 10) -> str:
+           settings: str | None = None, top: int = 10, torchtitan_base: str | None = None) -> str:
     """The HTML page of ``table`` (module docstring); written atomically to ``path`` (``.html``)
     when given. ``title`` heads the page (default: the model's size and the cluster), ``settings``
-    is shown under it (the CLI's defaults line), ``top``: rows in the table."""
+    is shown under it (the CLI's defaults line), ``top``: rows in the table; ``torchtitan_base``: the
+    model's torchtitan configuration for the Python export (``PlanTable.export``; None: the page says
+    why there is none)."""
     if not isinstance(table, PlanTable):
         raise ConfigError(f"report: expected a PlanTable (dp.plan's answer), got {type(table).__name__}")
     if not table.rows:
@@ -118,9 +121,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     paths = None if path is None else check_paths(path, (".html", ".htm"), "report")
     cfg = table.configuration(0)
     result = cfg.evaluate(table.headroom)
-    schedule, hw = cfg.schedule(), cfg.hardware()
-    chart = gantt(result.result, hw, schedule=schedule, gradient_sync=result.gradient_sync,
-                  breakdown=result.breakdown, collectives=op_collectives(cfg, schedule, hw))
+    chart = gantt(cfg, evaluation=result)
     best = table.rows[0]
     heading = title or (f"{table.model.layers}-layer model on {table.cluster.gpus} x {table.cluster.device.name}, "
                         f"global batch {table.global_batch}")
@@ -134,7 +135,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     figures = [("step time", f"{result.step_time:.4g} s"),
                ("tokens/s/GPU", f"{result.tokens_per_second_per_gpu:,.0f}"),
                ("MFU", f"{100 * result.mfu:.1f}%"),
-               ("memory/GPU", f"{result.memory_per_gpu / 1e9:.1f} GB of {result.capacity / 1e9:.0f} GB"),
+               ("memory/GPU", f"{result.memory_per_gpu / 1e9:.1f} GB of {result.capacity / 1e9:.1f} GB"),
                ("bubble", f"{100 * result.bubble_ratio:.1f}%"),
                ("collectives inside ops", f"{100 * result.communication_share:.1f}% of the step")]
     breakdown = [(k.replace("_", " "), f"{v:.4g}", f"{100 * v / result.step_time:.1f}")
@@ -142,7 +143,7 @@ def report(table: PlanTable, path: str | Path | None = None, *, title: str | Non
     exports = []
     for framework, label in EXPORTS.items():
         try:
-            row, text = table.export(framework)
+            row, text = table.export(framework, torchtitan_base=torchtitan_base)
         except ConfigError as error:
             exports.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(str(error))}</p>")
             continue

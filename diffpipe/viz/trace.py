@@ -17,8 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from .._io import dumps_json, write_atomic
-from ._timeline import Timeline, check_paths, timeline
+from .._plan._configuration import ConfigResult, Configuration
+from ._timeline import Timeline, check_paths, configuration_step, timeline
 
 #: Seconds to trace microseconds.
 US = 1e6
@@ -108,11 +110,14 @@ def trace(
     path: str | Path | None = None,
     schedule: Any = None,
     gradient_sync: bool = False,
+    evaluation: ConfigResult | None = None,
 ) -> dict[str, Any]:
     """A Chrome/Perfetto trace of one simulated step.
 
     Args:
-        result_or_schedule: a ``Schedule`` (simulated on ``hw``) or a ``Result`` (pass ``schedule=``).
+        result_or_schedule: a ``Schedule`` (simulated on ``hw``), a ``Result`` (pass ``schedule=``) or
+            a ``Configuration``: its step (``Configuration.evaluate()``) on its own schedule and
+            hardware, with its gradient sync; then give none of ``hw``, ``schedule``, ``gradient_sync``.
         hw: the ``Hardware`` (default for a schedule: unit times, F = 1 s, B = 2 s). Link tracks
             appear when it times transfers.
         path: where to write the JSON (``.json``); written to a temporary file and renamed, so an
@@ -120,11 +125,19 @@ def trace(
         gradient_sync: simulate (or, for a ``Result``, expect: pass ``hw``) the step with the
             data-parallel gradient sync (``simulate``'s flag) and trace its ``R`` on a sync track
             per device and its ``U`` on the device tracks.
+        evaluation: with a ``Configuration``, its ``ConfigResult`` already evaluated; default:
+            ``configuration.evaluate()``.
 
     Returns:
         The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
     """
     paths = None if path is None else check_paths(path, (".json",), "trace")
+    if isinstance(result_or_schedule, Configuration):
+        evaluation, schedule, hw = configuration_step(result_or_schedule, evaluation, "trace", hw=hw,
+                                                      schedule=schedule, gradient_sync=gradient_sync)
+        result_or_schedule, gradient_sync = evaluation.result, evaluation.gradient_sync
+    elif evaluation is not None:
+        raise ConfigError("trace: evaluation= goes with a Configuration (its ConfigResult)")
     tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync)
     s = tl.schedule
     data = {

@@ -291,7 +291,7 @@ def memory_table(runs: list[dict]) -> str:
         "activations GB (max)",
         "total GB (max)",
         "total GB (min device)",
-        "fits 80 GB",
+        f"fits {runs[0]['memory']['capacity_bytes'] / GB:.1f} GB" if runs else "fits",
     ]
     return _table(header, rows)
 
@@ -357,7 +357,8 @@ def figure(runs: list[dict], path: Path) -> None:
         total = np.asarray(r["memory"]["total_bytes"]) / GB
         style = "-o" if r["schedule"] == "amdp" else "--."
         right.plot(devices, total, style, label=r["schedule"], linewidth=2 if r["schedule"] == "amdp" else 1)
-    right.axhline(main[0]["memory"]["capacity_bytes"] / GB, color="grey", linestyle=":", label="80 GB")
+    capacity = main[0]["memory"]["capacity_bytes"] / GB
+    right.axhline(capacity, color="grey", linestyle=":", label=f"{capacity:.1f} GB")
     right.set_xlabel("device")
     right.set_ylabel("peak memory (GB): static + activations")
     right.set_title("Per-device peak memory")

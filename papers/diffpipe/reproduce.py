@@ -7,7 +7,7 @@ reference evaluator.
 
 Writes ``stage_balance.md``, ``microbatch_split.md``, ``benchmarks.md``, ``stage_balance.png`` and
 every number in ``results.json`` (into ``--out`` when given). Every plan is evaluated by the exact
-simulator (``diffpipe._optimize._baselines.evaluate_plans``); benchmark numbers are only read from
+simulator (``diffpipe.evaluate_plans``); benchmark numbers are only read from
 ``benchmarks/results/*.json``, never measured here. ``tests/test_paper_diffpipe.py`` checks each
 claim of the README.
 """
@@ -24,13 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._optimize._baselines import (
-    brute_force_partition,
-    compositions,
-    evaluate_plans,
-    minmax_partition,
-)
-from diffpipe._partition import uniform_partition
+from diffpipe import brute_force_partition, compositions, evaluate_plans, minmax_partition, uniform_partition
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = HERE.parents[1] / "benchmarks" / "results"

@@ -19,7 +19,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 import diffpipe as dp
-from diffpipe._machine._kernels import KernelModel
+from diffpipe import KernelModel
 
 jax.config.update("jax_enable_x64", True)
 HERE = Path(__file__).resolve().parent

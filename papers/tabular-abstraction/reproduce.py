@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._compare import Comparison, Machine
+from diffpipe import Comparison, Machine
 from diffpipe.schedules import get, table
 
 HERE = Path(__file__).resolve().parent
@@ -253,7 +253,7 @@ def claim_not_invariant(results: dict, sweep: dict[str, list[float]] | None = No
     from itertools import combinations
 
     from diffpipe._levels import _formula_level, _table_level, kendall_tau
-    from diffpipe.schedules._reference import DEFAULT_DURATIONS
+    from diffpipe.schedules import DEFAULT_DURATIONS
 
     def order(a: float, b: float) -> int:
         return 0 if abs(a - b) <= 1e-4 * max(abs(a), abs(b)) else (-1 if a < b else 1)

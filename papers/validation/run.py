@@ -2,9 +2,12 @@
 
 Runs ``torch.distributed.pipelining`` schedules with the gloo backend on CPU, in 2 worker processes
 on loopback (each pinned to one core where the machine has them), on a stack of ``Linear + GELU``
-blocks (one block per pipeline stage), and writes one ``torch.profiler`` Chrome trace per rank and
-job. The study then calibrates diffpipe from ONE schedule's trace (``dp.calibrate.from_torch_trace``)
-and predicts the step time of every other schedule, next to the time torch measured.
+blocks or of pre-norm transformer blocks (``MODELS``), and writes one ``torch.profiler`` Chrome
+trace per rank and job. The study then calibrates diffpipe from ONE schedule's trace
+(``dp.calibrate.from_torch_trace``) and predicts the step time of every other schedule, next to the
+time torch measured; a source that ran full backwards predicts the split schedules with the I/W
+split of a probe of the same stages (``calibrate.profile_stages``) or, for transformer blocks, of
+the model's FLOPs, in rows of their own.
 
 Usage::
 
@@ -55,16 +58,69 @@ SINGLE_STAGE = ("GPipe", "1F1B")
 # -- the model ---------------------------------------------------------------------------------------
 
 
-def _blocks(stages: int, width: int, blocks: list[int] | None = None):
-    """One module per stage, stage ``s`` a stack of ``blocks[s]`` (default 1) ``Linear + GELU``
-    blocks, identical in every process (seeded)."""
+#: Width of one attention head of the transformer blocks (``model="transformer"``).
+HEAD_DIM = 64
+#: The models a job can run: ``Linear + GELU`` blocks on ``(rows, width)`` inputs, or pre-norm
+#: transformer blocks on one sequence of ``rows`` tokens per microbatch, ``(1, rows, width)``.
+MODELS = ("linear", "transformer")
+
+
+def transformer_heads(width: int) -> int:
+    """The attention heads of a ``width``-wide transformer block: ``width / HEAD_DIM``, at least 1."""
+    return max(1, width // HEAD_DIM)
+
+
+def _transformer_block(width: int):
+    """A pre-norm GPT block (Radford et al. 2019, "Language Models are Unsupervised Multitask
+    Learners", section 2.3): ``x + proj(causal attention(LayerNorm x))``, then ``x + down(GELU(up(
+    LayerNorm x)))`` with a 4x wide MLP; ``width / HEAD_DIM`` heads, torch's fused
+    ``scaled_dot_product_attention``."""
+    from torch import nn
+
+    heads = transformer_heads(width)
+    if width % heads:
+        raise ValueError(f"transformer width {width} is not a multiple of {heads} heads")
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            b, s, w = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
+            a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
+            return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+    return Block()
+
+
+def _blocks(stages: int, width: int, blocks: list[int] | None = None, model: str = "linear"):
+    """One module per stage, stage ``s`` a stack of ``blocks[s]`` (default 1) blocks of ``model``
+    (``MODELS``: ``Linear + GELU``, or a transformer block), identical in every process (seeded)."""
     import torch
     from torch import nn
 
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     torch.manual_seed(0)
     counts = blocks or [1] * stages
+    if model == "transformer":
+        return nn.ModuleList([nn.Sequential(*[_transformer_block(width) for _ in range(n)]) for n in counts])
     return nn.ModuleList([nn.Sequential(*[layer for _ in range(n) for layer in (nn.Linear(width, width), nn.GELU())])
                           for n in counts])
+
+
+def example_input(model: str, rows: int, width: int, microbatches: int = 1, generator=None):
+    """A batch of ``microbatches`` microbatches for ``model``: ``rows`` rows of ``width`` each
+    (``linear``), or one sequence of ``rows`` tokens each (``transformer``)."""
+    import torch
+
+    shape = (microbatches, rows, width) if model == "transformer" else (rows * microbatches, width)
+    return torch.randn(*shape, generator=generator)
 
 
 def stages_of_rank(schedule: str, rank: int, ranks: int, stages_per_rank: int) -> list[int]:
@@ -123,7 +179,9 @@ def minor_faults() -> int:
 
 
 def _run_job(job: dict, rank: int, out: Path) -> None:
-    """``job["warmup"]`` untraced steps, then ``job["steps"]`` steps under the profiler."""
+    """``job["warmup"]`` untraced steps, then ``job["steps"]`` steps under the profiler; the meta
+    file records the job's wall time (``job_s``: the stages' set-up, every step, the trace's export)."""
+    began = time.perf_counter()
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -139,10 +197,12 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
 
         with open(job["csv"], newline="") as handle:
             row = list(csv.reader(handle))[rank]
-        mine = sorted({_Action.from_str(cell).stage_index for cell in row if cell})
+        actions = [_Action.from_str(cell) for cell in row if cell]  # compounds: their sub-actions' stages
+        mine = sorted({sub.stage_index for action in actions for sub in action.sub_actions or (action,)})
     else:
         mine = stages_of_rank(job["schedule"], rank, RANKS, job["stages_per_rank"])
-    model = _blocks(n_stages, width, job.get("blocks"))
+    kind = job.get("model", "linear")
+    model = _blocks(n_stages, width, job.get("blocks"), kind)
     stages = [PipelineStage(model[i], i, n_stages, torch.device("cpu")) for i in mine]
     peak = [0]
     for stage in stages:
@@ -157,9 +217,8 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
         cls = get_schedule_class(job["schedule"])
         runtime = cls(stages, job["microbatches"], loss_fn=nn.functional.mse_loss)
     generator = torch.Generator().manual_seed(1)
-    batch = rows * job["microbatches"]
-    x = torch.randn(batch, width, generator=generator)
-    y = torch.randn(batch, width, generator=generator)
+    x = example_input(kind, rows, width, job["microbatches"], generator)
+    y = example_input(kind, rows, width, job["microbatches"], generator)
 
     def step() -> tuple[float, float, int]:
         for p in model.parameters():
@@ -189,7 +248,7 @@ def _run_job(job: dict, rank: int, out: Path) -> None:
         prof.export_chrome_trace(str(out / f"{job['name']}.rank{rank}.json"))
     (out / f"{job['name']}.rank{rank}.meta.json").write_text(
         json.dumps({"stages": mine, "peak_stored": peak[0], "step_s": times, "runqueue_wait_s": waits,
-                    "minor_faults": faults})
+                    "minor_faults": faults, "job_s": time.perf_counter() - began})
     )
 
 
@@ -223,17 +282,21 @@ def _worker(rank: int, spec_path: str) -> None:
 
 def job(name: str, schedule: str, *, microbatches: int, stages_per_rank: int = 1, width: int = 64,
         rows: int = 8, warmup: int = 1, steps: int = 2, csv: str | None = None,
-        blocks: list[int] | None = None, trace: bool = True) -> dict:
+        blocks: list[int] | None = None, trace: bool = True, model: str = "linear") -> dict:
     """One run on 2 ranks: torch's ``schedule`` class (or ``"csv"``: the torch CSV file ``csv``,
-    run by ``_PipelineScheduleRuntime``), ``width``-wide blocks (``blocks[s]`` of them on stage
-    ``s``, default one each), ``rows`` rows per microbatch; ``trace``: write the Chrome traces
-    (every job's steps run under the profiler either way, so all step times are comparable)."""
+    run by ``_PipelineScheduleRuntime``), ``width``-wide blocks of ``model`` (``MODELS``;
+    ``blocks[s]`` of them on stage ``s``, default one each), ``rows`` rows (transformer: tokens)
+    per microbatch; ``trace``: write the Chrome traces (every job's steps run under the profiler
+    either way, so all step times are comparable)."""
     spr = 2 if schedule in V_STYLE else (1 if schedule in SINGLE_STAGE else stages_per_rank)
     if blocks is not None and len(blocks) != RANKS * spr:
         raise ValueError(f"job {name}: blocks has {len(blocks)} entries for {RANKS * spr} stages")
+    if model not in MODELS:
+        raise ValueError(f"job {name}: model must be one of {MODELS}, got {model!r}")
     return {"name": name, "schedule": schedule, "microbatches": microbatches, "stages_per_rank": spr,
             "stages": RANKS * spr, "width": width, "rows": rows, "warmup": warmup, "steps": steps,
-            "csv": csv, "blocks": list(blocks) if blocks else None, "trace": trace}
+            "csv": csv, "blocks": list(blocks) if blocks else None, "trace": trace,
+            "model": model}
 
 
 def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: bool = False,
@@ -260,9 +323,10 @@ FOUR_STAGES = [("Interleaved1F1B", "Interleaved1F1B"), ("LoopedBFS", "LoopedBFS"
                ("DualPipeV", "DualPipeV"), ("diffpipe interleaved-1f1b (CSV)", "csv:interleaved-1f1b")]
 
 #: group -> its schedules (job name, torch schedule class or "csv:<diffpipe family>"), stages per
-#: rank, microbatch counts, blocks per stage (absent: one each) and the width and rows per
-#: microbatch as multiples of the base (``--width``, ``--rows``). Every case of a group runs the
-#: same model, so one case's calibration predicts all of them.
+#: rank, microbatch counts, blocks per stage (absent: one each), the model (``MODELS``; absent:
+#: ``linear``) and the width and rows per microbatch as multiples of the base (``--width``,
+#: ``--rows``). Every case of a group runs the same model, so one case's calibration predicts all
+#: of them.
 GROUPS = {
     "2 stages": {"members": TWO_STAGES, "spr": 1, "microbatches": (4, 8, 16)},
     "4 stages": {"members": FOUR_STAGES, "spr": 2, "microbatches": (4, 8)},
@@ -271,9 +335,85 @@ GROUPS = {
     "4 stages uneven": {"members": FOUR_STAGES, "spr": 2, "microbatches": (4, 8), "blocks": (2, 1, 1, 2)},
     # a quarter of the width, four times the rows: the same bytes per transfer, a quarter of the compute
     "4 stages costly p2p": {"members": FOUR_STAGES, "spr": 2, "microbatches": (8,), "width": 0.25, "rows": 4},
+    # stage 0 twice as deep as stage 1 (each on its own rank): the schedules differ in how they
+    # fill the light rank's bubbles (ZB-H1's W ops; GPipe's all-forward start)
+    "2 stages uneven": {"members": TWO_STAGES, "spr": 1, "microbatches": (4, 8, 16), "blocks": (2, 1)},
+    # a pre-norm transformer block per stage (causal attention + 4x MLP, 256 wide, 4 heads, one
+    # sequence of 128 tokens per microbatch): about a 1024-wide Linear block's op time on one core
+    # (measured here side by side, under load: forward 3.8-4.3 ms against 4.0 ms)
+    "4 stages transformer": {"members": FOUR_STAGES, "spr": 2, "microbatches": (4, 8), "model": "transformer",
+                             "width": 0.25},
 }
 #: Communication modes every calibration predicts in; the first is the study's headline.
 MODES = ("torch-runtime", "overlap", "rendezvous")
+#: The probe of each group's stages (``calibrate.profile_stages``, in the driver after the torch
+#: runs, pinned to one core, one torch thread): timed rounds and untimed ones before them.
+PROBE_REPEATS, PROBE_WARMUP = 25, 5
+
+
+def _group_shape(spec: dict, *, width: int, rows: int) -> dict:
+    """A group's model: stages, blocks per stage, model kind, width and rows per microbatch."""
+    return {"stages": RANKS * spec["spr"], "blocks": list(spec["blocks"]) if spec.get("blocks") else None,
+            "model": spec.get("model", "linear"), "width": max(1, round(width * spec.get("width", 1))),
+            "rows": max(1, round(rows * spec.get("rows", 1)))}
+
+
+def probe_groups(groups: dict, *, width: int, rows: int, repeats: int = PROBE_REPEATS,
+                 warmup: int = PROBE_WARMUP) -> dict:
+    """Per group, ``calibrate.profile_stages`` of its stages (the same seeded modules the workers
+    run; torch's own ``stage_backward_input``/``stage_backward_weight``), on one core and one torch
+    thread as a worker: the I/W split a full-backward source borrows to predict split schedules.
+    Returns group -> ``{"forward", "backward", "input_grad", "weight"}`` (seconds per stage)."""
+    import torch
+
+    from diffpipe import calibrate
+
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    probes = {}
+    try:
+        torch.set_num_threads(1)
+        if affinity and len(affinity) >= RANKS:
+            os.sched_setaffinity(0, {sorted(affinity)[0]})
+        for group, spec in groups.items():
+            shape = _group_shape(spec, width=width, rows=rows)
+            modules = list(_blocks(shape["stages"], shape["width"], shape["blocks"], shape["model"]))
+            x = example_input(shape["model"], shape["rows"], shape["width"])
+            target = torch.zeros_like(x)
+            cal = calibrate.profile_stages(modules, x, repeats=repeats, warmup=warmup,
+                                           loss_fn=lambda out, _t=target: torch.nn.functional.mse_loss(out, _t))
+            probes[group] = {"forward": list(cal.forward), "backward": list(cal.backward),
+                             "input_grad": list(cal.input_grad), "weight": list(cal.weight)}
+    finally:
+        torch.set_num_threads(threads)
+        if affinity:
+            os.sched_setaffinity(0, affinity)
+    return probes
+
+
+def split_sources(groups: dict, probes: dict | None, *, width: int, rows: int) -> dict:
+    """Per group, how a full-backward calibration gets the I/W split it lacks: ``{"probe":
+    Calibration}`` from ``probes`` (``probe_groups``) and, for a transformer group, ``{"model":
+    Transformer}`` (the FLOPs of ``diffpipe.Transformer`` of the same shape: no embedding to speak
+    of, a one-word vocabulary)."""
+    from diffpipe import Transformer, calibrate
+
+    out = {}
+    for group, spec in groups.items():
+        ways = {}
+        if probes and group in probes:
+            p = probes[group]
+            ways["probe"] = calibrate.Calibration(tuple(p["forward"]), tuple(p["backward"]), tuple(p["input_grad"]),
+                                                  tuple(p["weight"]), source="profile_stages")
+        shape = _group_shape(spec, width=width, rows=rows)
+        if shape["model"] == "transformer":
+            blocks = shape["blocks"] or [1] * shape["stages"]
+            width = shape["width"]
+            ways["model"] = (Transformer(layers=sum(blocks), hidden=width, heads=transformer_heads(width),
+                                         sequence=shape["rows"], vocabulary=1, dtype_bytes=4, dropout=False,
+                                         tied_embedding=False, positions="rotary"), blocks)
+        out[group] = ways
+    return out
 
 
 def _slug(name: str) -> str:
@@ -322,7 +462,8 @@ def _cases(groups: dict, work: Path, *, width: int, rows: int) -> dict:
                 meta[key] = {"group": group, "name": name, "kind": kind, "spr": spr, "microbatches": m,
                              "width": max(1, round(width * spec.get("width", 1))),
                              "rows": max(1, round(rows * spec.get("rows", 1))),
-                             "blocks": list(spec["blocks"]) if spec.get("blocks") else None, "csv": csv_path}
+                             "blocks": list(spec["blocks"]) if spec.get("blocks") else None, "csv": csv_path,
+                             "model": spec.get("model", "linear")}
     return meta
 
 
@@ -366,7 +507,7 @@ def study_jobs(meta: dict, *, rounds: int, steps: int, warmup_rounds: int = WARM
                             microbatches=info["microbatches"], stages_per_rank=info["spr"], width=info["width"],
                             rows=info["rows"], warmup=1, steps=steps,
                             csv=str(info["csv"]) if info["csv"] else None, blocks=info["blocks"],
-                            trace=r == 0 or (trace_all and r > 0)))
+                            trace=r == 0 or (trace_all and r > 0), model=info.get("model", "linear")))
     return jobs
 
 
@@ -381,6 +522,8 @@ def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows:
     if not run:  # analyse the traces a previous run left in ``work``
         previous = json.loads((work / "conditions.json").read_text())
         previous.update(modes=list(modes), groups={g: _spec_json(v) for g, v in groups.items()})
+        if (work / "probes.json").exists():  # runs before the probe have none: no split-from-full rows
+            previous["probes"] = json.loads((work / "probes.json").read_text())
         return analyze(meta, work, previous, modes)
     jobs = study_jobs(meta, rounds=rounds, steps=steps, warmup_rounds=warmup_rounds, trace_all=trace_all)
     load_before = os.getloadavg()
@@ -390,12 +533,22 @@ def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows:
         raise SystemExit(f"the torch run failed:\n{failure}")
     elapsed = time.time() - started
     load_after = os.getloadavg()
+    probe_started = time.time()
+    probes = probe_groups(groups, width=width, rows=rows)
+    probe_s = time.time() - probe_started
+    (work / "probes.json").write_text(json.dumps(probes))
+    job_s: dict[str, float] = {}  # per group, its jobs' wall (warm-up rounds included), the slower rank's
+    for job_spec in jobs:
+        group = meta[job_spec["name"].rsplit(".", 1)[0]]["group"]
+        metas = [json.loads((work / f"{job_spec['name']}.rank{k}.meta.json").read_text()) for k in range(RANKS)]
+        job_s[group] = job_s.get(group, 0.0) + max(m["job_s"] for m in metas)
     conditions = {"ranks": RANKS, "width": width, "rows_per_microbatch": rows,
                   "groups": {g: _spec_json(spec) for g, spec in groups.items()},
                   "rounds": rounds, "steps_per_round": steps, "warmup_rounds": warmup_rounds,
                   "traced_rounds": rounds if trace_all else 1,
                   "worker_env": MALLOC_ENV, "pinned": True, "modes": list(modes),
                   "loadavg_before": load_before, "loadavg_after": load_after, "wall_s": elapsed,
+                  "job_s_by_group": job_s, "probes": probes, "probe_s": probe_s,
                   "cpus": os.cpu_count(), "under_load": load_before[0] > LOADED}
     (work / "conditions.json").write_text(json.dumps(conditions))
     return analyze(meta, work, conditions, modes)
@@ -439,30 +592,60 @@ def analyze(meta: dict, work: Path, conditions: dict, modes: tuple[str, ...]) ->
                       "schedule": schedule, "calibration": cal, "calibration_note": note,
                       "torch_peak_stored": peaks, "diffpipe_peak_activations": list(peak_activations(schedule))}
 
+    ways = split_sources(conditions["groups"], conditions.get("probes"), width=conditions["width"],
+                         rows=conditions["rows_per_microbatch"])
     predictions = []
     for source_key, source in cases.items():
-        if source["calibration"] is None:
+        cal = source["calibration"]
+        if cal is None:
             continue
+        # a full-backward source: the same calibration with the I/W split of each of its group's
+        # ways (probe, model), for the split targets it cannot predict alone
+        split_cals, source["split_notes"] = {}, {}
+        if not cal.split_known():
+            for way, given in ways.get(source["group"], {}).items():
+                try:
+                    split_cals[way] = (cal.with_split(probe=given) if way == "probe" else
+                                       cal.with_split(model=given[0], layers_per_stage=given[1]))
+                except Exception as error:  # noqa: BLE001  (recorded: the way does not fit this source)
+                    source["split_notes"][way] = str(error)
+        source["backward_split"] = {way: c.backward_split for way, c in split_cals.items()}
         for target_key, target in cases.items():
             if target["group"] != source["group"]:
                 continue
             for mode in modes:
                 row = {"source": source_key, "target": target_key, "mode": mode}
                 try:
-                    predicted = source["calibration"].predict(target["schedule"], mode=mode)
+                    predicted = cal.predict(target["schedule"], mode=mode)
                 except Exception as error:  # noqa: BLE001  (no I/W split measured: recorded as n/a)
                     predictions.append({**row, "predicted_s": None, "note": str(error)})
+                else:
+                    predictions.append(_prediction(row, predicted, target))
                     continue
-                predictions.append({**row, "predicted_s": predicted, "measured_s": target["measured_s"],
-                                    "error": (predicted - target["measured_s"]) / target["measured_s"]})
+                for way, split_cal in split_cals.items():  # split from full: rows of their own
+                    predicted = split_cal.predict(target["schedule"], mode=mode)
+                    predictions.append(_prediction({**row, "split": way}, predicted, target))
+    splits = sorted({p["split"] for p in predictions if p.get("split")})
     return {
         "conditions": conditions,
         "cases": {k: {**{f: v for f, v in c.items() if f not in ("schedule", "calibration")},
                       "calibration": c["calibration"].to_dict() if c["calibration"] else None}
                   for k, c in cases.items()},
         "predictions": predictions,
-        "summary": summarize_rows(cases, predictions, modes),
+        "summary": [row for split in (None, *splits) for row in summarize_rows(cases, predictions, modes, split)],
     }
+
+
+def _prediction(row: dict, predicted: float, target: dict) -> dict:
+    return {**row, "predicted_s": predicted, "measured_s": target["measured_s"],
+            "error": (predicted - target["measured_s"]) / target["measured_s"]}
+
+
+def _usable(prediction: dict, split: str | None) -> bool:
+    """A prediction counted under ``split``: a plain one (a source predicting with what it
+    measured), or, where ``split`` names a way (``probe``, ``model``), one of that way's
+    split-from-full predictions (of the targets its source could not predict alone)."""
+    return prediction["predicted_s"] is not None and prediction.get("split") in (None, split)
 
 
 def _spec_json(spec: dict) -> dict:
@@ -476,17 +659,18 @@ def _spec_json(spec: dict) -> dict:
 LOADED = 0.5
 
 
-def summarize_rows(cases: dict, predictions: list[dict], modes) -> list[dict]:
+def summarize_rows(cases: dict, predictions: list[dict], modes, split: str | None = None) -> list[dict]:
     """Per calibration source, mode and microbatch count of the targets: MAPE over the other
     cases, Kendall's tau, and the clearly separated pairs (measured times further apart than the
-    sum of their IQRs) and how many of them the prediction orders correctly."""
+    sum of their IQRs) and how many of them the prediction orders correctly. ``split``: with that
+    way's split-from-full predictions too (``_usable``); each row says which (``split``)."""
     import statistics
 
     rows = []
     for mode in modes:
         for source_key in cases:
             mine = [p for p in predictions if p["source"] == source_key and p["mode"] == mode
-                    and p["predicted_s"] is not None and p["target"] != source_key]
+                    and _usable(p, split) and p["target"] != source_key]
             for m in sorted({cases[p["target"]]["microbatches"] for p in mine}):
                 sub = [p for p in mine if cases[p["target"]]["microbatches"] == m]
                 if len(sub) < 2:
@@ -501,7 +685,7 @@ def summarize_rows(cases: dict, predictions: list[dict], modes) -> list[dict]:
                             separated += 1
                             if (pred[i] - pred[j]) * (meas[i] - meas[j]) <= 0:
                                 wrong.append([sub[i]["target"], sub[j]["target"]])
-                rows.append({"source": source_key, "group": cases[source_key]["group"], "mode": mode,
+                rows.append({"source": source_key, "group": cases[source_key]["group"], "mode": mode, "split": split,
                              "microbatches": m, "targets": len(sub),
                              "mape": statistics.mean(abs(p["error"]) for p in sub),
                              "max_error": max((p["error"] for p in sub), key=abs),
@@ -514,42 +698,79 @@ def summarize_rows(cases: dict, predictions: list[dict], modes) -> list[dict]:
 TARGET_MAPE, TARGET_TAU = 0.03, 0.8
 
 
+def _group_line(results: dict, mode: str, group: str, split: str | None) -> str | None:
+    """One row of the summary tables (``split``: with that way's split-from-full predictions)."""
+    import statistics
+
+    cases = results["cases"]
+    preds = [p for p in results["predictions"] if p["mode"] == mode and _usable(p, split)
+             and p["source"] != p["target"] and cases[p["source"]]["group"] == group]
+    sub = [r for r in results["summary"] if r["mode"] == mode and r["group"] == group and r.get("split") == split]
+    if not preds:
+        return None
+    mape = statistics.mean(abs(p["error"]) for p in preds)
+    per_source = [statistics.mean(abs(p["error"]) for p in preds if p["source"] == s)
+                  for s in dict.fromkeys(p["source"] for p in preds)]
+    taus = [r["kendall_tau"] for r in sub if r["kendall_tau"] is not None and r["targets"] >= 3]
+    tau = statistics.mean(taus) if taus else None
+    separated = sum(r["separated_pairs"] for r in sub)
+    ordered = sum(r["ordered_correctly"] for r in sub)
+    met = mape <= TARGET_MAPE and tau is not None and tau >= TARGET_TAU and ordered == separated
+    cells = [mode, group] + ([split] if split else []) + [str(len(preds))]
+    if split:  # the split-from-full predictions alone, and the same targets from sources that ran split
+        own = [p for p in preds if p.get("split") == split]
+        targets = {p["target"] for p in own}
+        from_split = [p for p in preds if p.get("split") is None and p["target"] in targets
+                      and cases[p["source"]]["calibration"] and not _ran_full(cases[p["source"]])]
+        cells += [f"{len(own)}: {100 * statistics.mean(abs(p['error']) for p in own):.1f}%" if own else "0",
+                  f"{100 * statistics.mean(abs(p['error']) for p in from_split):.1f}%" if from_split else "n/a"]
+    cells += [f"{100 * mape:.1f}%", f"{100 * statistics.median(per_source):.1f}% / {100 * max(per_source):.1f}%",
+              "n/a" if tau is None else f"{tau:.2f}", f"{ordered}/{separated}", "yes" if met else "no"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _ran_full(case: dict) -> bool:
+    """Whether a case's source ran full backwards only (it measured no ``I``/``W``)."""
+    cal = case["calibration"]
+    return not any(v for v in (cal.get("input_grad") or ()) if v) and not any(v for v in (cal.get("weight") or ()) if v)
+
+
 def summary_table(results: dict) -> str:
     """The study's headline as markdown: per mode and group, the cross-schedule MAPE (over every
     prediction of another case), the median and worst per-source MAPE, the mean Kendall tau (rows
     with at least 3 targets), the separated pairs ordered correctly, and memory; each checked
-    against the targets. ``python papers/validation/run.py --summary results.json`` prints it."""
-    import statistics
-
-    cases, rows = results["cases"], results["summary"]
+    against the targets. Then, where the run has them, the same with the split-from-full
+    predictions: full-backward sources predicting split schedules with the I/W split of a probe
+    (``profile_stages``) or of the model's FLOPs, next to the same targets predicted from sources
+    that ran split. ``python papers/validation/run.py --summary results.json`` prints it."""
+    cases = results["cases"]
     c = results["conditions"]
+    head = (f"MAPE (target <= {100 * TARGET_MAPE:.0f}%) | per-source MAPE median / max "
+            f"| mean Kendall tau (target >= {TARGET_TAU}) | separated pairs ordered (target: all) | met? |")
     lines = [f"Conditions: {c['rounds']} rounds x {c['steps_per_round']} steps, base width {c['width']}, "
              f"{c['rows_per_microbatch']} rows; load average before/after {c['loadavg_before'][0]:.2f} / "
              f"{c['loadavg_after'][0]:.2f} on {c['cpus']} CPUs"
              + (" -- TAKEN UNDER LOAD: not an accuracy claim" if c["under_load"] else "")
              + f"; wall {c['wall_s']:.0f} s.", "",
-             f"| mode | group | predictions | MAPE (target <= {100 * TARGET_MAPE:.0f}%) | per-source MAPE median / max "
-             f"| mean Kendall tau (target >= {TARGET_TAU}) | separated pairs ordered (target: all) | met? |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| mode | group | predictions | {head}", "|---|---|---|---|---|---|---|---|"]
     for mode in c["modes"]:
         for group in c["groups"]:
-            preds = [p for p in results["predictions"] if p["mode"] == mode and p["predicted_s"] is not None
-                     and p["source"] != p["target"] and cases[p["source"]]["group"] == group]
-            sub = [r for r in rows if r["mode"] == mode and r["group"] == group]
-            if not preds:
-                continue
-            mape = statistics.mean(abs(p["error"]) for p in preds)
-            per_source = [statistics.mean(abs(p["error"]) for p in preds if p["source"] == s)
-                          for s in dict.fromkeys(p["source"] for p in preds)]
-            taus = [r["kendall_tau"] for r in sub if r["kendall_tau"] is not None and r["targets"] >= 3]
-            tau = statistics.mean(taus) if taus else None
-            separated = sum(r["separated_pairs"] for r in sub)
-            ordered = sum(r["ordered_correctly"] for r in sub)
-            met = mape <= TARGET_MAPE and tau is not None and tau >= TARGET_TAU and ordered == separated
-            lines.append(f"| {mode} | {group} | {len(preds)} | {100 * mape:.1f}% | "
-                         f"{100 * statistics.median(per_source):.1f}% / {100 * max(per_source):.1f}% | "
-                         f"{'n/a' if tau is None else f'{tau:.2f}'} | "
-                         f"{ordered}/{separated} | {'yes' if met else 'no'} |")
+            line = _group_line(results, mode, group, None)
+            if line:
+                lines.append(line)
+    splits = sorted({p["split"] for p in results["predictions"] if p.get("split")})
+    if splits:
+        lines += ["", "Split schedules from full-backward sources (each source predicts every case of its group; "
+                  "a full-backward one prices a split target with the I/W split of the probe or the model):", "",
+                  f"| mode | group | split from | predictions | split from full: count, MAPE | same targets from "
+                  f"split runs, MAPE | {head}", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for mode in c["modes"]:
+            for split in splits:
+                for group in c["groups"]:
+                    line = _group_line(results, mode, group, split)
+                    if line and any(p.get("split") == split and cases[p["source"]]["group"] == group
+                                    for p in results["predictions"]):
+                        lines.append(line)
     exact = sum(cc["torch_peak_stored"] == cc["diffpipe_peak_activations"] for cc in cases.values())
     lines += ["", f"Memory: diffpipe's peak stored activations equal torch's on every rank in {exact} of "
               f"{len(cases)} cases."]
@@ -593,9 +814,32 @@ def _markdown(results: dict) -> str:
               "| separated pairs ordered |", "|---|---|---|---|---|---|---|---|"]
     for s in results["summary"]:
         tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:.2f}"
-        lines.append(f"| {s['mode']} | {s['source']} | {s['microbatches']} | {s['targets']} | {100 * s['mape']:.1f}% | "
+        mode = s["mode"] + (f" + {s['split']} split" if s.get("split") else "")
+        lines.append(f"| {mode} | {s['source']} | {s['microbatches']} | {s['targets']} | {100 * s['mape']:.1f}% | "
                      f"{100 * s['max_error']:+.1f}% | {tau} | {s['ordered_correctly']}/{s['separated_pairs']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _split_markdown(results)) + "\n"
+
+
+def _split_markdown(results: dict) -> list[str]:
+    """The split-from-full predictions one by one (the headline mode), and each probe's split."""
+    c, cases = results["conditions"], results["cases"]
+    mode = c["modes"][0]
+    own = [p for p in results["predictions"] if p.get("split") and p["mode"] == mode]
+    if not own:
+        return []
+    ways = sorted({p["split"] for p in own})
+    lines = ["", f"Split schedules from full-backward sources ({mode}): each prediction's error, by where the "
+             "I/W split came from", "", f"| calibrated from | target | measured ms | {' | '.join(ways)} |",
+             "|---|---|---|" + "---|" * len(ways)]
+    for source, target in dict.fromkeys((p["source"], p["target"]) for p in own):
+        errors = {p["split"]: p["error"] for p in own if p["source"] == source and p["target"] == target}
+        cells = " | ".join(f"{100 * errors[w]:+.1f}%" if w in errors else "-" for w in ways)
+        lines.append(f"| {source} | {target} | {1e3 * cases[target]['measured_s']:.2f} | {cells} |")
+    for group, probe in (c.get("probes") or {}).items():
+        ratios = ", ".join(f"stage {k}: I/B {i / b:.2f}, W/B {w / b:.2f}" for k, (b, i, w) in
+                           enumerate(zip(probe["backward"], probe["input_grad"], probe["weight"], strict=True)))
+        lines.append(f"\nProbe of {group} (`profile_stages`, {PROBE_REPEATS} repeats): {ratios}.")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,9 @@ Usage (from the repository root)::
     PYTHONPATH=$PWD python papers/validation/split_from_full.py --work /tmp/split-from-full
 
 A development check, not the study: the errors depend on the machine's load (quote the ``uptime``
-load with any number from it).
+load with any number from it). The study (``run.py``) makes the same predictions, probe (and, for
+its transformer group, model FLOPs) for every full-backward source of every group, in rows of their
+own; this script adds the ``weight_fraction=0.5`` guess they replace.
 """
 
 from __future__ import annotations
