@@ -2,7 +2,8 @@
 persistent compilation cache on disk (``enable_compilation_cache``), which the CLI and the examples
 turn on.
 
-A function is cached with ``@bounded(maxsize)`` (``functools.lru_cache`` that registers itself); a
+A function is cached with ``@bounded(maxsize)`` (``functools.lru_cache`` that registers itself;
+``@memoized(maxsize)`` also makes the NumPy arrays of each kept result read-only); a
 module-level table is a ``BoundedDict(maxsize)`` (an ``OrderedDict`` that drops its oldest entry
 past ``maxsize`` and registers itself); anything else registers its ``clear`` with ``register``. Caches hold only
 derived data (generated schedules, compiled graphs, per-layer costs), so clearing them changes no
@@ -46,6 +47,45 @@ def bounded(maxsize: int) -> Callable[[_F], _F]:
         cached = functools.lru_cache(maxsize=maxsize)(function)
         register(cached.cache_clear)
         return cached  # type: ignore[return-value]
+
+    return wrap
+
+
+def _read_only(value: Any) -> Any:
+    """``value`` with every NumPy array in it (itself, the items of a tuple, the fields of a
+    dataclass such as an ``eqx.Module``) made read-only: a cached value cannot be changed by a caller."""
+    if hasattr(value, "setflags") and hasattr(value, "flags"):
+        value.setflags(write=False)
+    elif isinstance(value, tuple):
+        for item in value:
+            _read_only(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            _read_only(getattr(value, name, None))
+    return value
+
+
+def memoized(maxsize: int) -> Callable[[_F], _F]:
+    """``bounded(maxsize)`` for a pure function of hashable arguments whose result holds NumPy
+    arrays: each result is made read-only (``_read_only``) before it is kept, so every caller sees
+    the same numbers; a call with an unhashable argument is computed without the cache."""
+
+    def wrap(function: _F) -> _F:
+        cached = bounded(maxsize)(lambda *args, **kwargs: _read_only(function(*args, **kwargs)))
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return cached(*args, **kwargs)
+            except TypeError:
+                try:
+                    hash((args, tuple(kwargs.items())))
+                except TypeError:
+                    return function(*args, **kwargs)
+                raise
+
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
 
     return wrap
 

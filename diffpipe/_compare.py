@@ -53,9 +53,12 @@ from itertools import combinations
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._engine._batch import simulate_members
+from ._engine._graph import Graph, common_sizes
 from ._engine._hardware import Hardware, Network
 from ._engine._simulate import simulate
 from ._errors import ConfigError, ScheduleError
@@ -391,18 +394,48 @@ def _level_pair(a: str, b: str, names: Sequence[str], values: Mapping[str, Seque
     return LevelPair((a, b), tuple(names[i] for i in shared), kendall_tau(xa, xb, rtol), tuple(flips), tuple(ties))
 
 
-def _simulation_level(schedule: Schedule, hw: Any, headroom: float) -> dict:
-    result = simulate(schedule, hw)
-    peaks = np.asarray(result.peak_memory)  # numpy, not jnp: an eager jnp op compiles
+def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple | None = None) -> dict:
+    """The simulation level of ``schedule`` on ``hw``: ``found`` (makespan, bubble ratio, per-device
+    peak memory: ``_simulation_levels``), else ``simulate``'s."""
+    if found is None:
+        result = simulate(schedule, hw)
+        found = (result.makespan, result.bubble_ratio, result.peak_memory)
+    step, bubble, peaks = found
+    peaks = np.asarray(peaks)  # numpy, not jnp: an eager jnp op compiles
     capacities = np.broadcast_to(np.asarray(hw.capacity, np.float64), peaks.shape)
     return {
-        "makespan_s": float(result.makespan),
-        "bubble_ratio": float(result.bubble_ratio),
+        "makespan_s": float(step),
+        "bubble_ratio": float(bubble),
         "peak_memory_bytes": float(np.max(peaks)),
         "peak_activation_bytes": max(activation_bytes_peaks(schedule, hw.activation_bytes, hw.size), default=0.0),
         "capacity_bytes": float(np.min(capacities)),
         "fits": all(fits_memory(m, c, headroom) for m, c in zip(peaks, capacities)),
     }
+
+
+def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float) -> list[dict]:
+    """``_simulation_level`` of each (schedule, hardware). The graphs of one communication setting
+    pad to their common sizes and run one compiled program (``simulate_members``): one compilation
+    and one trace for the comparison, not one per graph structure, with ``simulate``'s numbers bit
+    for bit (``tests/test_compare.py``). A cost model other than ``Hardware``, or a check failing
+    inside the program (a NaN makespan), goes through ``simulate`` itself, which names the culprit."""
+    found: list[tuple | None] = [None] * len(pairs)
+    groups: dict[tuple, list[tuple[int, Graph]]] = {}
+    for i, (schedule, hw) in enumerate(pairs):
+        if isinstance(hw, Hardware) and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
+            graph = hw.compile_schedule(schedule)
+            hw.check(graph)  # simulate's eager check
+            groups.setdefault((graph.communication, graph.devices_per_node), []).append((i, graph))
+    for members in groups.values():
+        sizes = common_sizes([graph for _, graph in members])
+        for i, graph in members:
+            try:
+                steps, bubbles, memory = simulate_members(graph, [pairs[i][1]], pad_to=sizes, batch_bucket=1)
+            except ConfigError:  # a leaf that does not pad: simulate's own path
+                continue
+            if np.isfinite(steps[0]):
+                found[i] = (steps[0], bubbles[0], memory[0])
+    return [_simulation_level(schedule, hw, headroom, f) for (schedule, hw), f in zip(pairs, found)]
 
 
 # -- inputs -----------------------------------------------------------------------------------------
@@ -562,19 +595,22 @@ def compare(
                               "pass a Machine (or no hardware: the default machine)")
         share = attention_share((hardware or default_machine()).model)
 
-    entries = []
+    hws = []
     for name, schedule in schedules:
-        formula, missing = _formula_level(schedule, merged)
         hw = hw_of(schedule)
         if not isinstance(hw, Hardware):
             raise ConfigError(f"compare: the hardware function returned {type(hw).__name__} for {name}, "
                               "expected a Hardware")
         mode = mode or hw.network.mode
-        hw = per_unit_hardware(hw, schedule, segment_split, share)
+        hws.append(per_unit_hardware(hw, schedule, segment_split, share))
+    simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom)
+    entries = []
+    for (name, schedule), level in zip(schedules, simulation):
+        formula, missing = _formula_level(schedule, merged)
         entries.append(Entry(
             name=name, family=schedule.family, options=schedule.options, stages=schedule.stages,
             pipelines=schedule.pipelines, formula=formula, formula_missing=missing,
-            table=_table_level(schedule, merged), simulation=_simulation_level(schedule, hw, headroom),
+            table=_table_level(schedule, merged), simulation=level,
             units_per_sample=units_per_sample(schedule),
         ))
     values = {

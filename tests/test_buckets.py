@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
+from diffpipe._engine._batch import batched_simulation as _batched
+from diffpipe._engine._batch import simulate_members as _simulate_members
 from diffpipe._engine._graph import bucket_sizes, bucketed, common_sizes
 from diffpipe._engine._hardware import pad_hardware
 from diffpipe._engine._simulate import simulate_graph
-from diffpipe._plan._search import _batched, _simulate_members
 from diffpipe._workload._parallelism import Parallelism
 
 TINY = dp.Transformer(layers=8, hidden=512, heads=8, sequence=512, vocabulary=4096, activation="swiglu",

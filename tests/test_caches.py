@@ -4,6 +4,8 @@
 import ast
 from pathlib import Path
 
+import numpy as np
+
 import diffpipe as dp
 from diffpipe import _caches
 from diffpipe._engine import _simulate
@@ -59,3 +61,41 @@ def test_no_cache_bypasses_the_registry():
             if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "OrderedDict":
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} OrderedDict()")
     assert not offenders, offenders
+
+
+def test_memoized_keeps_read_only_results_and_computes_unhashable_calls():
+    from diffpipe._model._kernels import layer_kernels
+    from diffpipe._model._transformer import layer_costs
+
+    model = dp.presets.model("llama-3-8b")
+    costs = layer_costs(model)
+    assert layer_costs(model) is costs and not costs.forward.flags.writeable
+    kernels = layer_kernels(model, tensor=2, sequence_parallel=True)
+    assert layer_kernels(model, tensor=2, sequence_parallel=True) is kernels and not kernels.gemm.flags.writeable
+    calls = []
+
+    @_caches.memoized(4)
+    def square(x):
+        calls.append(x)
+        return np.full(2, float(sum(x)) if isinstance(x, list) else float(x))
+
+    assert square(3) is square(3) and calls == [3] and not square(3).flags.writeable
+    assert square([1, 2]) is not square([1, 2]) and calls == [3, [1, 2], [1, 2]]  # unhashable: not kept
+    dp.clear_caches()
+    square(3)
+    assert calls[-1] == 3 and len(calls) == 4
+
+
+def test_a_plan_s_schedules_and_graphs_are_kept():
+    from diffpipe._workload._parallelism import Parallelism
+
+    model = dp.presets.model("llama-3-8b")
+    cluster = dp.Cluster(device="H100", gpus=16)
+    a, b = (dp.Configuration(model, Parallelism(tensor=2, pipeline=4, data=2, virtual=2), cluster, 64,
+                             schedule="interleaved-1f1b") for _ in range(2))
+    assert a.schedule() is b.schedule() and a.graph() is b.graph()
+    assert a.graph() is not dp.Configuration(model, Parallelism(tensor=2, pipeline=4, data=2, virtual=2), cluster,
+                                             64, schedule="interleaved-1f1b", communication="none").graph()
+    kept = a.schedule()
+    dp.clear_caches()
+    assert a.schedule() is not kept and a.schedule().ops == kept.ops  # built again after clearing, the same

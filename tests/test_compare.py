@@ -251,3 +251,24 @@ def test_peak_activation_bytes_match_the_simulator():
                      (jnp.zeros_like(hw.static_bytes), jnp.asarray([1.0, 2.0, 3.0, 4.0])))
     peaks = activation_bytes_peaks(s, hw.activation_bytes, hw.size)
     assert peaks == pytest.approx(tuple(float(x) for x in dp.simulate(s, hw).peak_memory))
+
+
+def test_the_simulation_level_is_simulate_s_bit_for_bit_from_one_program():
+    # graphs of different sizes pad to their common sizes: one compiled program, simulate's numbers
+    from diffpipe._engine._batch import batched_simulation
+
+    names = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v", "chimera"]
+    hardware = default_machine()
+    batched_simulation._cached.clear_cache()
+    c = dp.compare(names, hardware, devices=D, microbatches=2 * N)
+    assert batched_simulation._cached._cache_size() == 1
+    for name, e in zip(names, c.entries):
+        s = dp.schedules.get(name, devices=D, microbatches=2 * N)
+        result = dp.simulate(s, hardware(s))
+        assert e.simulation["makespan_s"] == float(result.makespan), name
+        assert e.simulation["bubble_ratio"] == float(result.bubble_ratio), name
+        assert e.simulation["peak_memory_bytes"] == float(result.peak_memory.max()), name
+    custom = dp.compare(["1f1b", "zb-h1"], unit_hardware(p2p_time=0.5), devices=D, microbatches=N)
+    for e in custom.entries:  # a callable's Hardware takes the same path
+        s = dp.schedules.get(e.family, devices=D, microbatches=N)
+        assert e.simulation["makespan_s"] == float(dp.simulate(s, unit_hardware(p2p_time=0.5)(s)).makespan)

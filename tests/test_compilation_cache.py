@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import chex
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,6 +105,28 @@ def test_diffpipe_programs_of_concrete_hardware_have_no_host_callback():
         text = jax.jit(_jit_checks.nan_checked(lambda h: dp.makespan(g, h)) if on_error == "nan" else
                        (lambda h: dp.makespan(g, h))).lower(hw).as_text()
         assert ("callback" in text) == callbacks, on_error
+
+
+def test_a_nan_check_is_equinox_s_own_program_without_its_stack_walk():
+    # diffpipe's NaN checks skip equinox's trace-time stack walk; the program is the same, op for op.
+    def ours(x):
+        with _jit_checks.checks("nan"):
+            y = _jit_checks.error_if(x, x < 0, "negative")
+            return jnp.sum(jax.vmap(lambda v: _jit_checks.error_if(v * 2, v > 5, "big"))(y))
+
+    def theirs(x):
+        y = eqx.error_if(x, x < 0, "negative", on_error="nan")
+        return jnp.sum(jax.vmap(lambda v: eqx.error_if(v * 2, v > 5, "big", on_error="nan"))(y))
+
+    x = jnp.asarray([1.0, 2.0, 3.0])
+    text = [jax.jit(f).lower(x).as_text(debug_info=False).split("\n", 1)[1] for f in (ours, theirs)]
+    assert text[0] == text[1]
+    for value in ([1.0, 2.0, 3.0], [1.0, -2.0, 3.0], [1.0, 6.0, 3.0]):
+        a, b = (np.asarray(jax.jit(f)(jnp.asarray(value))) for f in (ours, theirs))
+        assert a.tobytes() == b.tobytes() and (np.isnan(a) == (min(value) < 0 or max(value) > 5))
+    chex.assert_trees_all_equal(jax.grad(ours)(x), jax.grad(theirs)(x))
+    with _jit_checks.checks("nan"), pytest.warns(UserWarning):  # a check known at trace time: equinox's NaN
+        assert np.isnan(np.asarray(_jit_checks.error_if(x, True, "always"))).all()
 
 
 def test_a_bad_value_is_still_named():

@@ -124,8 +124,42 @@ def enclosing_on_error() -> str:
 
 
 def error_if(x: Array, pred: Array, message: str) -> Array:
-    """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one)."""
-    return eqx.error_if(x, pred, message, on_error=_ON_ERROR[-1] if _ON_ERROR else "raise")
+    """``eqx.error_if`` failing as the program being traced says (``checks``; ``"raise"`` outside one).
+    A NaN check is traced as ``_nan_if``: equinox's own operations without its stack walk."""
+    on_error = _ON_ERROR[-1] if _ON_ERROR else "raise"
+    if on_error == "nan" and _eqx_error is not None:
+        return _nan_if(x, pred, 0, (message,))
+    return eqx.error_if(x, pred, message, on_error=on_error)
+
+
+try:  # equinox's traced check; its public ``error_if`` adds a trace-time walk of the Python stack
+    from equinox._errors import _error as _eqx_error
+    from equinox._filters import combine, is_array, partition
+    from equinox._unvmap import unvmap_any
+except ImportError:  # another equinox: ``eqx.error_if`` itself
+    _eqx_error = None
+
+
+def branched_error_if_impl(x: Any, pred: Any, index: int, msgs: tuple[str, ...]) -> Any:
+    """``eqx.error_if(x, pred, msgs[index], on_error="nan")`` of equinox 0.13
+    (``equinox/_errors.py``, ``branched_error_if_impl``) without the stack it formats for a raised
+    error's message: walking it costs ~0.1 s a check at trace time (``jax._src.traceback_util``
+    stats every frame's file against JAX's paths), every process, and a NaN check prints no
+    message. Named as equinox's, so the program is equinox's op for op (``tests/test_compilation_cache.py``)."""
+    with jax.ensure_compile_time_eval():
+        if not isinstance(pred, bool):
+            pred = unvmap_any(pred)
+        if not isinstance(pred, jax.core.Tracer):
+            if isinstance(pred, jax.Array):
+                pred = pred.item()
+            if pred:
+                return eqx.error_if(x, pred, msgs[index], on_error="nan")  # equinox's trace-time NaN, warning
+            return x
+    dynamic, static = partition(x, is_array)
+    return combine(_eqx_error(dynamic, pred, index, msgs=list(msgs), on_error="nan", stack=[]), static)
+
+
+_nan_if = eqx.filter_jit(branched_error_if_impl)
 
 
 def traced_check(name: str, x: Array, *, positive: bool = False, allow_inf: bool = False) -> Array:

@@ -60,10 +60,11 @@ import numpy as np
 from jaxtyping import Array
 
 from .._arrays import array_module, divide, on_host, scatter_add
+from .._caches import memoized
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._machine._kernels import KERNEL_CLASSES
-from ._transformer import _LOGIT_BYTES, Transformer, _block_matmuls
+from ._transformer import _LOGIT_BYTES, CACHED, Transformer, _block_matmuls
 
 _F, _I, _W = range(3)
 #: fp32 gradient accumulation: read and write 4 bytes per weight per microbatch.
@@ -166,6 +167,7 @@ class _Builder:
         return Kernels(table(self.gemm, 7), table(self.attention, 7), table(self.memory, 4), rows)
 
 
+@memoized(CACHED)
 def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False,
                   expert: int = 1, expert_tensor: int | None = None) -> Kernels:
     """The kernels of every op of every row of ``layer_costs(model)`` on one device of a tensor group

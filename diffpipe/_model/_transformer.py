@@ -81,6 +81,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._caches import memoized
 from .._checks import is_int, is_positive_int
 from .._choices import FLASH_VERSIONS, RECOMPUTE
 from .._errors import ConfigError
@@ -95,6 +96,9 @@ _LOGIT_BYTES = 4
 #: Bytes of one softmax statistic kept by flash attention (fp32 log-sum-exp per row and head;
 #: Dao, "FlashAttention-2", 2023, Algorithm 1) and of one router probability (fp32 in Megatron-LM).
 _STAT_BYTES = 4
+#: Model variants (and sharded sizes) whose per-layer tables are kept: a plan prices each
+#: variant under many data sizes and ZeRO stages (``diffpipe._plan._bounds``).
+CACHED = 256
 
 ACTIVATIONS = ("gelu", "swiglu")
 #: The most transformer blocks a model may have: every per-layer table holds ``layers + 2`` rows
@@ -517,6 +521,7 @@ def _attention_core(model: Transformer) -> tuple[float, float]:
     return 2 * s * s * a * model.dh, 2 * s * s * a * model.dv
 
 
+@memoized(CACHED)
 def activation_bytes(model: Transformer, *, tensor: int = 1, sequence_parallel: bool = False) -> np.ndarray:
     """Bytes each row of ``layer_costs(model)`` stores from its forward until its backward, per device
     of a tensor-parallel group of ``tensor`` (Korthikanti et al. 2022, §4 and Table 2).
@@ -666,6 +671,7 @@ def memory_traffic(model: Transformer) -> dict[str, np.ndarray]:
                 weight=row(gather, weight, head), tokens=row(tokens, rows, tokens))
 
 
+@memoized(CACHED)
 def layer_costs(model: Transformer) -> LayerCosts:
     """The per-layer table of ``model`` for one microbatch (formulas and sources: module docstring).
 

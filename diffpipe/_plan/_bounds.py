@@ -38,14 +38,18 @@ class Costs:
     (``exposed_at_least``), so the bound stays below the step the ``Configuration`` prices."""
 
     def __init__(self, model: Transformer, par: Parallelism, cluster: Cluster, links: dict[str, str],
-                 framework: Framework | None = None):
+                 framework: Framework | None = None, cluster_id: tuple | None = None):
         if framework is not None:
             model = framework.model(model)
         costs = parallel_costs(model, par)
         least = exposed_at_least(None if framework is None else framework.overlap(model, par))
-        key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, cluster_key(cluster))
+        cluster_id = cluster_key(cluster) if cluster_id is None else cluster_id
+        numbers = CLUSTERS.get(cluster_id)
+        if numbers is None:
+            numbers = CLUSTERS[cluster_id] = _ClusterNumbers(cluster)
+        key = (model, par.tensor, par.sequence_parallel, par.expert, par.etp, par.context, cluster_id)
         if key not in TIMES:
-            if cluster.device.kernels is not None and costs.kernels is not None:  # Configuration.compute_seconds
+            if numbers.kernels and costs.kernels is not None:  # Configuration.compute_seconds
                 times = sum(kernel_times(costs.kernels, cluster.device, float(model.dtype_bytes)).values())
             else:
                 times = costs.costs.times(cluster.device)
@@ -55,25 +59,45 @@ class Costs:
         for group, link in links.items():  # Configuration.collective_seconds, in numpy
             if group not in costs.collective_bytes:
                 continue  # the context ring: what it exposes is >= 0, left out of the lower bound
-            bandwidth, latency = (float(x) for x in cluster.link(link))
+            bandwidth, latency = numbers.link(link)
             seconds = costs.collective_bytes[group] / bandwidth + costs.collective_hops[group] * latency
             comm = comm + least.get(group, 1.0) * seconds
         self.forward = f + comm[0]
         self.work = self.forward + i + comm[1] + w + comm[2]
-        bandwidth = float(cluster.memory_bandwidth)
-        if cluster.device.kernels is not None:
-            bandwidth *= float(cluster.device.kernels.memory_efficiency)
-        self.update = np.asarray(costs.update_bytes, np.float64) / bandwidth
+        self.update = np.asarray(costs.update_bytes, np.float64) / numbers.memory_bandwidth
         self.static = np.asarray(costs.static_bytes, np.float64)
         self.activation = np.asarray(costs.activation_bytes, np.float64)
         self.shared_static = float(costs.shared_static_bytes)
 
 
+class _ClusterNumbers:
+    """The floats ``Costs`` reads of a cluster, read once per cluster (``CLUSTERS``): each link's
+    bandwidth and latency, the memory bandwidth the optimizer step streams at, whether the device
+    has a ``KernelModel``."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.links: dict[str, tuple[float, float]] = {}
+        self.kernels = cluster.device.kernels is not None
+        bandwidth = float(cluster.memory_bandwidth)
+        if self.kernels:
+            bandwidth *= float(cluster.device.kernels.memory_efficiency)
+        self.memory_bandwidth = bandwidth
+
+    def link(self, name: str) -> tuple[float, float]:
+        if name not in self.links:
+            bandwidth, latency = (float(x) for x in self.cluster.link(name))
+            self.links[name] = (bandwidth, latency)
+        return self.links[name]
+
+
 #: Bounded caches across plans (warm plans skip the per-variant cost tables): model variant and
-#: parallel sizes and the cluster's values -> ``Costs``; model variant and tensor -> op seconds.
+#: parallel sizes and the cluster's values -> ``Costs``; model variant and tensor -> op seconds;
+#: the cluster's values -> its numbers.
 CACHE_SIZE = 50_000
 COSTS: BoundedDict = BoundedDict(CACHE_SIZE)
 TIMES: BoundedDict = BoundedDict(CACHE_SIZE)
+CLUSTERS: BoundedDict = BoundedDict(64)
 
 
 def cluster_key(cluster: Cluster) -> tuple:
@@ -112,4 +136,4 @@ def closed_form(k: Costs, model: Transformer, pipeline: int, virtual: int, style
     return dev_static, dev_act, before, work, update
 
 
-__all__ = ["CACHE_SIZE", "COSTS", "TIMES", "Costs", "closed_form", "cluster_key"]
+__all__ = ["CACHE_SIZE", "CLUSTERS", "COSTS", "TIMES", "Costs", "closed_form", "cluster_key"]

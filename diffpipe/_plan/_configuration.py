@@ -47,6 +47,7 @@ from jaxtyping import Array
 
 from .. import schedules
 from .._arrays import array_module, divide, on_host
+from .._caches import BoundedDict
 from .._checks import check_int, check_number
 from .._engine._communication import AbstractCommunication
 from .._engine._graph import Graph, compile
@@ -74,6 +75,7 @@ from .._workload._parallelism import Parallelism
 from .._workload._workload import Workload
 from ..schedules import Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+from ..schedules._registry import cached_build
 
 #: The share of each GPU's memory a configuration leaves free: it "fits" when its modelled peak is at
 #: most ``(1 - HEADROOM) x capacity``. One rule for ``Configuration.evaluate`` (``simulate``) and
@@ -127,6 +129,29 @@ def _stage_sums(onehot: Any, x: Any) -> Any:
     """``[stages]`` sums of ``x`` over each stage's layers (``onehot``: ``[stages, layers]``)."""
     out = _matmul(onehot, x)
     return np.asarray(out) if array_module(onehot, x) is np else out
+
+
+#: Graphs kept (``_graph_of``), keyed by the schedule object (schedules are kept too:
+#: ``schedules._registry.cached_build``), so a plan compiles each schedule once across calls.
+GRAPHS_KEPT = 256
+_GRAPHS: BoundedDict = BoundedDict(GRAPHS_KEPT)
+
+
+def _graph_of(schedule: Schedule, communication: Any, devices_per_node: int) -> Graph:
+    """``compile`` of ``schedule`` with the gradient-sync lane where it has none of its own (a pure
+    function of its arguments; kept by schedule object, which the entry holds)."""
+    try:
+        key = (id(schedule), communication, devices_per_node)
+        held = _GRAPHS.get(key)
+    except TypeError:  # an unhashable communication mode
+        key = held = None
+    if held is not None and held[0] is schedule:
+        return held[1]
+    graph = compile(schedule, communication=communication, devices_per_node=devices_per_node,
+                    gradient_sync=gradient_sync(schedule))
+    if key is not None:
+        _GRAPHS[key] = (schedule, graph)
+    return graph
 
 
 @dataclass(frozen=True, init=False)
@@ -232,7 +257,7 @@ class Configuration:
         options = dict(self.options)
         if "chunks" in schedules.family(self.family).option_names:
             options["chunks"] = par.virtual
-        s = schedules.get(self.family, devices=par.pipeline, microbatches=self.microbatches, **options)
+        s = cached_build(schedules.family(self.family), par.pipeline, self.microbatches, options)
         if s.stages != par.stages:
             raise ConfigError(f"configuration: {self.family} places {s.stages} stages on {par.pipeline} devices; "
                               f"set virtual={s.stages // par.pipeline} (parallelism has {par.stages} stages)")
@@ -247,8 +272,7 @@ class Configuration:
         for schedules that bring their own ``R``/``U`` ops (chimera's sync, the asynchronous
         families), which are compiled as they are."""
         schedule = self.schedule() if schedule is None else schedule
-        return compile(schedule, communication=self.communication,
-                       devices_per_node=self.placement.stages_per_node, gradient_sync=gradient_sync(schedule))
+        return _graph_of(schedule, self.communication, self.placement.stages_per_node)
 
     # -- the cost side -------------------------------------------------------------------------------
     def costs(self) -> ParallelCosts:

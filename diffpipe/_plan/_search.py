@@ -52,21 +52,15 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import schedules
-from .._arrays import power_of_two
 from .._checks import check_int
 from .._choices import RECOMPUTE, ZERO_STAGES
+from .._engine._batch import simulate_members as _simulate_members
 from .._engine._communication import AbstractCommunication
 from .._engine._communication import communication as get_communication
-from .._engine._graph import Graph, bucketed, common_sizes
-from .._engine._hardware import pad_hardware
-from .._engine._jit_checks import nan_checked
-from .._engine._simulate import simulate_graph
+from .._engine._graph import Graph, common_sizes
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
@@ -101,38 +95,6 @@ _BOUND_SLACK = 1e-4
 # -- evaluation -----------------------------------------------------------------------------------------
 
 
-@eqx.filter_jit
-@nan_checked
-def _batched(graph, hws, devices):
-    """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one graph
-    padded to its bucket (``simulate``'s own terms, vmapped: the evaluator folds the batch into its
-    batch-last layout). ``devices``: the real graph's device count (a traced value, so that every
-    graph of a bucket shares the program); the padded devices are idle and hold nothing."""
-    def one(hw):
-        out = simulate_graph(graph, hw)
-        return out.makespan, 1.0 - jnp.sum(out.busy) / (devices * out.makespan), out.peak_memory
-
-    return jax.vmap(one)(hws)
-
-
-#: Batches of ``_batched`` are padded to powers of two (copies of the first member), at least this.
-_BATCH_BUCKET = 4
-
-
-def _simulate_members(graph: Graph, hws: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_batched`` of the members' hardware on ``graph``, padded to the graph's size bucket and the
-    batch to a power of two, so that one compiled program serves every graph of a bucket (docs/
-    architecture.md, "Compilation"): makespans ``[B]``, bubble ratios ``[B]``, memory ``[B, devices]``."""
-    padded = bucketed(graph)
-    n = len(hws)
-    count = power_of_two(n, _BATCH_BUCKET)
-    members = [pad_hardware(eqx.tree_at(lambda h: h.network, hw, hw.network.with_traced_data_parallel()), padded)
-               for hw in hws]
-    members += [members[0]] * (count - n)
-    stacked = jax.tree.map(lambda *x: jax.device_put(np.stack([np.asarray(v) for v in x])), *members)
-    steps, bubbles, memory = (np.asarray(x) for x in _batched(padded, stacked, jax.device_put(
-        np.asarray(graph.devices, np.float32))))
-    return steps[:n], bubbles[:n], memory[:n, :graph.devices]
 
 
 #: The ``ConfigResult`` figures a plan row reports.
@@ -534,7 +496,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             else:
                 full = (variant, par, cluster_id, framework)
                 if full not in COSTS:
-                    COSTS[full] = Costs(variant, par, cluster, where.links, framework)
+                    COSTS[full] = Costs(variant, par, cluster, where.links, framework, cluster_id)
                 costs[key] = COSTS[full]
         k = costs[key]
         if isinstance(k, str):

@@ -17,6 +17,9 @@ from .._checks import check_int
 from .._errors import ConfigError, ScheduleError
 from ..schedules import Family, Option, Placement, Schedule, at_least, family, names
 from ..schedules._list_scheduler import PRIORITIES, list_schedule
+from ..schedules._registry import SCHEDULES_KEPT
+from ..schedules._registry import build_cached as _cached_build  # noqa: F401 (its cache: tests/test_caches.py)
+from ..schedules._registry import cached_build as build
 
 _CHUNKS = Option("chunks", int, 2, at_least(1), "model chunks per device")
 _WAVES = Option("waves", int, 2, at_least(1), "down-and-up passes")
@@ -91,23 +94,7 @@ def _option_grid(declared: Mapping[str, Sequence[str]], options: Mapping[str, An
 
 
 #: Schedules and graphs kept across sweeps (both are pure functions of their arguments): bounded.
-CACHE_SIZE = 512
-
-
-@bounded(CACHE_SIZE)
-def _cached_build(fam: Family, devices: int, microbatches: int, options: tuple[tuple[str, Any], ...]) -> Schedule:
-    return fam.build(devices=devices, microbatches=microbatches, **dict(options))
-
-
-def build(fam: Family, devices: int, microbatches: int, options: Mapping[str, Any]) -> Schedule:
-    """``fam.build(...)``, cached on (family, sizes, options); options that cannot be hashed are
-    built every time. A ``ScheduleError`` is not cached (it is raised again)."""
-    key = tuple(sorted(options.items()))
-    try:
-        hash(key)
-    except TypeError:
-        return fam.build(devices=devices, microbatches=microbatches, **options)
-    return _cached_build(fam, devices, microbatches, key)
+CACHE_SIZE = SCHEDULES_KEPT
 
 
 @bounded(256)  # a few placements x priorities: one Family object each, so it can key caches

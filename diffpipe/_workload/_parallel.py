@@ -129,11 +129,12 @@ import numpy as np
 from jaxtyping import Array
 
 from .._arrays import array_module, divide
+from .._caches import memoized
 from .._checks import check_int
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
 from .._model._kernels import Kernels, layer_kernels
-from .._model._transformer import LayerCosts, Transformer, _block, activation_bytes, layer_costs
+from .._model._transformer import CACHED, LayerCosts, Transformer, _block, activation_bytes, layer_costs
 from ._overlap import hidden_cost
 from ._parallelism import Parallelism
 
@@ -369,51 +370,17 @@ def sync_bytes_per_parameter(zero: int, reduce_bytes: float, dtype_bytes: float)
 
 def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCosts:
     """The per-device per-layer table of ``model`` under ``parallelism`` (rules and sources: the
-    module docstring)."""
+    module docstring). What the tensor, context and expert sizes alone decide is kept per sizes
+    (``_sharded``): a plan prices each of them under many data sizes and ZeRO stages."""
     par = parallelism
     par.check(model)
     t, e, c, et = par.tensor, par.expert, par.context, par.etp
     n = par.shards  # the data and context ranks reduce (and ZeRO-shard) the same parameters
-    sp = par.sequence_parallel
-    full = model.recompute == "full"
-    base = layer_costs(model)
-    local = context_model(model, c)  # one context rank's tokens (model itself without context parallelism)
-    local_costs = base if c == 1 else layer_costs(local)
-    rows = model.layers + 2
-    d = float(model.dtype_bytes)
-    x = d * local.microbatch_size * local.sequence * local.hidden  # one block's activation
-    moe = {1 + i for i in model.moe_blocks()}
-
-    coll_bytes = {g: np.zeros((3, rows)) for g in GROUPS}
-    coll_hops = {g: np.zeros((3, rows)) for g in GROUPS}
-
-    def add(group: str, kind: int, row: int, term: tuple[float, float], times: float = 1.0) -> None:
-        coll_bytes[group][kind, row] += times * term[0]
-        coll_hops[group][kind, row] += times * term[1]
-
+    shard = _sharded(model, t, c, par.sequence_parallel, e, et)
+    d, base, rows = float(model.dtype_bytes), shard.base, model.layers + 2
+    coll_bytes = {"tensor": shard.tensor_bytes, "expert": shard.expert_bytes, "data": np.zeros((3, rows))}
+    coll_hops = {"tensor": shard.tensor_hops, "expert": shard.expert_hops, "data": np.zeros((3, rows))}
     F, I = 0, 1
-    block_ar = all_reduce(t, x)  # with SP: all-gather + reduce-scatter, the same terms
-    expert_ar = all_reduce(et, x)  # a MoE block's MLP collective, over the expert tensor group
-    for row in range(1, rows - 1):
-        if row in moe and et != t:  # attention over the tensor group, the experts over theirs
-            for term in (block_ar, expert_ar):
-                add("tensor", F, row, term)
-                add("tensor", I, row, term, 2 if full else 1)
-        else:
-            add("tensor", F, row, block_ar, 2)
-            add("tensor", I, row, block_ar, 4 if full else 2)
-        if row in moe and e > 1:
-            routed = model.experts_per_token * (1.0 if model.capacity_factor is None else model.capacity_factor)
-            a2a = all_gather(e, routed * x / (t if sp else 1))
-            add("expert", F, row, a2a, 2)
-            add("expert", I, row, a2a, 4 if full else 2)
-    if sp:
-        add("tensor", F, 0, all_gather(t, x))  # the embedding's reduce-scatter
-        add("tensor", F, rows - 1, all_gather(t, x))  # the head's all-gather
-        add("tensor", I, rows - 1, all_gather(t, x))  # and its reduce-scatter
-    else:
-        add("tensor", F, 0, block_ar)
-        add("tensor", I, rows - 1, block_ar)
 
     expert = _expert_parameters(model)
     dense = base.parameters - expert
@@ -443,28 +410,90 @@ def parallel_costs(model: Transformer, parallelism: Parallelism) -> ParallelCost
     owned = per_device_dense / (n if par.zero >= 1 else 1) + per_device_expert / (shards_e if par.zero >= 1 else 1)
     shared = base.shared_parameters / t
     shared_static = float(zero_static_bytes(shared, par.zero, n, d, bpp))
+    return ParallelCosts(
+        costs=shard.costs,
+        collective_bytes=coll_bytes,
+        collective_hops=coll_hops,
+        static_bytes=np.asarray(static, np.float64),
+        gradient_bytes=np.asarray(gradient, np.float64),
+        activation_bytes=shard.activation_bytes,
+        output_bytes=shard.output_bytes,
+        update_bytes=2 * (k + d) * owned,
+        parameters=parameters,
+        shared_static_bytes=shared_static,
+        shared_gradient_bytes=reduce * shared,
+        kernels=shard.kernels,
+        gather_bytes=gather_bytes,
+        context_block=shard.context_block,
+        context=c,
+        recomputes_attention=model.recompute in ("full", "selective"),
+    )
+
+
+class _Sharded(NamedTuple):
+    """What ``parallel_costs`` reads of the tensor, context and expert sizes alone (read-only, kept)."""
+
+    base: LayerCosts
+    costs: LayerCosts
+    tensor_bytes: np.ndarray
+    tensor_hops: np.ndarray
+    expert_bytes: np.ndarray
+    expert_hops: np.ndarray
+    activation_bytes: np.ndarray
+    output_bytes: np.ndarray
+    kernels: Kernels
+    context_block: np.ndarray | None
+
+
+@memoized(CACHED)
+def _sharded(model: Transformer, t: int, c: int, sp: bool, e: int, et: int) -> _Sharded:
+    """``parallel_costs``' terms of the tensor, context, sequence-parallel, expert and expert tensor sizes:
+    the sharded layer table, the tensor and expert collectives, activations, messages, kernels, K,V block."""
+    full = model.recompute == "full"
+    base = layer_costs(model)
+    local = context_model(model, c)  # one context rank's tokens (model itself without context parallelism)
+    local_costs = base if c == 1 else layer_costs(local)
+    rows, d = model.layers + 2, float(model.dtype_bytes)
+    x = d * local.microbatch_size * local.sequence * local.hidden  # one block's activation
+    moe = {1 + i for i in model.moe_blocks()}
+
+    coll_bytes = {g: np.zeros((3, rows)) for g in ("tensor", "expert")}
+    coll_hops = {g: np.zeros((3, rows)) for g in ("tensor", "expert")}
+
+    def add(group: str, kind: int, row: int, term: tuple[float, float], times: float = 1.0) -> None:
+        coll_bytes[group][kind, row] += times * term[0]
+        coll_hops[group][kind, row] += times * term[1]
+
+    F, I = 0, 1
+    block_ar = all_reduce(t, x)  # with SP: all-gather + reduce-scatter, the same terms
+    expert_ar = all_reduce(et, x)  # a MoE block's MLP collective, over the expert tensor group
+    for row in range(1, rows - 1):
+        if row in moe and et != t:  # attention over the tensor group, the experts over theirs
+            for term in (block_ar, expert_ar):
+                add("tensor", F, row, term)
+                add("tensor", I, row, term, 2 if full else 1)
+        else:
+            add("tensor", F, row, block_ar, 2)
+            add("tensor", I, row, block_ar, 4 if full else 2)
+        if row in moe and e > 1:
+            routed = model.experts_per_token * (1.0 if model.capacity_factor is None else model.capacity_factor)
+            a2a = all_gather(e, routed * x / (t if sp else 1))
+            add("expert", F, row, a2a, 2)
+            add("expert", I, row, a2a, 4 if full else 2)
+    if sp:
+        add("tensor", F, 0, all_gather(t, x))  # the embedding's reduce-scatter
+        add("tensor", F, rows - 1, all_gather(t, x))  # the head's all-gather
+        add("tensor", I, rows - 1, all_gather(t, x))  # and its reduce-scatter
+    else:
+        add("tensor", F, 0, block_ar)
+        add("tensor", I, rows - 1, block_ar)
+
     kernels = context_kernels(layer_kernels(local, tensor=t, sequence_parallel=sp, expert=e, expert_tensor=et), c)
     context_block = None
     if c > 1:  # the K,V block a rank passes on: b (s/c) tokens x a_kv/t heads x (d_h + d_v)
         kv = model.heads if model.kv_lora_rank else model.kv  # MLA decompresses K and V per head
         block = d * local.microbatch_size * local.sequence * (kv / t) * (model.dh + model.dv)
         context_block = np.concatenate([[0.0], np.full(model.layers, block), [0.0]])
-    return ParallelCosts(
-        costs=shard_context(base, local_costs, t, c),
-        collective_bytes=coll_bytes,
-        collective_hops=coll_hops,
-        static_bytes=np.asarray(static, np.float64),
-        gradient_bytes=np.asarray(gradient, np.float64),
-        activation_bytes=activation_bytes(local, tensor=t, sequence_parallel=sp),
-        output_bytes=np.asarray(local_costs.output_bytes, np.float64) / t,
-        update_bytes=2 * (k + d) * owned,
-        parameters=parameters,
-        shared_static_bytes=shared_static,
-        shared_gradient_bytes=reduce * shared,
-        kernels=kernels,
-        gather_bytes=gather_bytes,
-        context_block=context_block,
-        context=c,
-        recomputes_attention=model.recompute in ("full", "selective"),
-    )
-
+    return _Sharded(base, shard_context(base, local_costs, t, c), coll_bytes["tensor"], coll_hops["tensor"],
+                    coll_bytes["expert"], coll_hops["expert"], activation_bytes(local, tensor=t, sequence_parallel=sp),
+                    np.asarray(local_costs.output_bytes, np.float64) / t, kernels, context_block)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._caches import bounded
 from .._checks import check_int, is_int, is_number
 from .._errors import ScheduleError
 from ._reference import DEFAULT_DURATIONS
@@ -259,6 +260,28 @@ def get(name: str, *, devices: int, microbatches: int, max_ops: int | None = Non
     op count exceeds ``max_ops`` (default ``MAX_OPS``) is refused before anything is generated.
     """
     return family(name).build(devices=devices, microbatches=microbatches, max_ops=max_ops, **options)
+
+
+#: Generated schedules kept (``cached_build``): bounded.
+SCHEDULES_KEPT = 512
+
+
+@bounded(SCHEDULES_KEPT)
+def build_cached(fam: Family, devices: int, microbatches: int, options: tuple[tuple[str, Any], ...]) -> Schedule:
+    """``fam.build(...)`` of hashable sorted ``options``, kept (``cached_build``)."""
+    return fam.build(devices=devices, microbatches=microbatches, **dict(options))
+
+
+def cached_build(fam: Family, devices: int, microbatches: int, options: Mapping[str, Any]) -> Schedule:
+    """``fam.build(...)``, cached on (family, sizes, options): a schedule is a pure function of them
+    and immutable, so the sweep and ``plan`` share one object per request; options that cannot be
+    hashed are built every time. A ``ScheduleError`` is not cached (it is raised again)."""
+    key = tuple(sorted(options.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return fam.build(devices=devices, microbatches=microbatches, **options)
+    return build_cached(fam, devices, microbatches, key)
 
 
 def units_per_sample(schedule: Schedule) -> int:
