@@ -892,3 +892,22 @@ def test_calibrate_command_writes_the_machine_file_and_reports(tmp_path, capsys)
     assert got == pytest.approx(split.predict(zb, mode="torch-runtime"), rel=1e-6)
     assert cli.main(["calibrate", str(tmp_path / "missing.json"), "--out", str(tmp_path / "n.toml")]) == 2
     assert "missing.json" in capsys.readouterr().err and not (tmp_path / "n.toml").exists()
+
+
+def test_run_ranks_names_each_failing_rank_with_its_own_output(tmp_path):
+    """A failed multi-process run reports every failing rank's exit code and the tail of its own
+    output: one rank's long log (the other rank's traceback of a dropped connection) must not
+    push the first failure out of the message, as one joined tail did."""
+    from diffpipe.calibrate._ranks import run_ranks
+
+    script = tmp_path / "worker.py"
+    script.write_text("import sys\nrank = int(sys.argv[2])\n"
+                      "if rank == 0:\n    print('rank 0 failed first'); sys.exit(3)\n"
+                      "print('x' * 10000); sys.exit(1)\n")
+    message = run_ranks(script, [], ranks=2, timeout_s=60)
+    assert "worker 0 exited with 3" in message and "rank 0 failed first" in message
+    assert "worker 1 exited with 1" in message
+    assert run_ranks(tmp_path / "missing.py", [], ranks=1, timeout_s=60) is not None
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('fine')\n")
+    assert run_ranks(ok, [], ranks=2, timeout_s=60) is None

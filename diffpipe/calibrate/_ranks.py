@@ -16,7 +16,8 @@ def run_ranks(script: str | os.PathLike, args: Sequence[str], *, ranks: int, tim
               env: Mapping[str, str] | None = None) -> str | None:
     """Run ``python script --worker RANK *args`` for every rank at once, with ``MASTER_ADDR`` on
     loopback (and gloo bound to ``lo`` where it exists); every process is killed once one times
-    out. Returns None when all exit 0, else the tail of their joined output."""
+    out. Returns None when all exit 0, else, for each rank that did not, its exit code and the tail
+    of its output."""
     full = {**os.environ, "MASTER_ADDR": "127.0.0.1", "PYTHONUNBUFFERED": "1", **(env or {})}
     if Path("/sys/class/net/lo").exists():
         full["GLOO_SOCKET_IFNAME"] = "lo"
@@ -33,13 +34,16 @@ def run_ranks(script: str | os.PathLike, args: Sequence[str], *, ranks: int, tim
             except subprocess.TimeoutExpired:
                 for other in procs:
                     other.kill()
-                logs.append(proc.communicate()[0])
-                logs.append(f"worker {rank} timed out after {timeout_s} s")
+                logs.append(proc.communicate()[0] + f"\nworker {rank} timed out after {timeout_s} s")
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    if any(p.returncode != 0 for p in procs):
-        return "\n".join(logs)[-4000:]
-    return None
+    failed = [rank for rank, p in enumerate(procs) if p.returncode != 0]
+    if not failed:
+        return None
+    # each failing rank's exit code and the tail of its own output (one rank's long log, or the
+    # other rank's traceback of a dropped connection, must not hide the first failure)
+    return "\n".join(f"worker {rank} exited with {procs[rank].returncode}:\n{logs[rank][-2000:]}"
+                     for rank in failed)
