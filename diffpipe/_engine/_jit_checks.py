@@ -26,6 +26,13 @@ from .._caches import bounded
 from .._checks import is_number
 from .._errors import ConfigError
 
+try:  # equinox's traced check; its public ``error_if`` adds a trace-time walk of the Python stack
+    from equinox._errors import _error as _eqx_error
+    from equinox._filters import combine, is_array, partition
+    from equinox._unvmap import unvmap_any
+except ImportError:  # another equinox: ``eqx.error_if`` itself
+    _eqx_error = None
+
 
 def _numbers(value: Any) -> bool:
     """A number, or a (nested) list or tuple of numbers: never a bool, a string or None."""
@@ -130,14 +137,6 @@ def error_if(x: Array, pred: Array, message: str) -> Array:
     if on_error == "nan" and _eqx_error is not None:
         return _nan_if(x, pred, 0, (message,))
     return eqx.error_if(x, pred, message, on_error=on_error)
-
-
-try:  # equinox's traced check; its public ``error_if`` adds a trace-time walk of the Python stack
-    from equinox._errors import _error as _eqx_error
-    from equinox._filters import combine, is_array, partition
-    from equinox._unvmap import unvmap_any
-except ImportError:  # another equinox: ``eqx.error_if`` itself
-    _eqx_error = None
 
 
 def branched_error_if_impl(x: Any, pred: Any, index: int, msgs: tuple[str, ...]) -> Any:
