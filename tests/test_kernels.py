@@ -60,21 +60,46 @@ def _stream(file):
         return max(float(r["gb_per_s"]) for r in csv.DictReader(f) if r["file"] == file and r["kernel"] == "scale")
 
 
-@pytest.mark.parametrize("preset, file", [("A100", "a100_80"), ("A100-40GB", "a100_40"), ("H200", "h200")])
-def test_memory_bound_kernels_run_at_the_stream_bandwidth(preset, file):
-    d = dp.presets.device(preset)
+def test_a100_40gb_memory_bound_kernels_run_at_the_stream_bandwidth():
+    # Azure measured no 40 GB part: gpu-benches' a100_40 file
+    d = dp.presets.device("A100-40GB")
     achieved = float(d.memory_bandwidth * d.kernels.memory_efficiency)
-    assert achieved == pytest.approx(_stream(file) * 1e9, rel=2e-3)
+    assert achieved == pytest.approx(_stream("a100_40") * 1e9, rel=2e-3)
 
 
-def test_h100_memory_bound_kernels_run_at_babelstreams_sxm_bandwidth():
-    # the H100 SXM's fraction is Azure's ND H100 v5 BabelStream Mul (gpu-benches has only an H100 PCIe file)
+def _babelstream_mul(system):
     with open(KE / "azure_babelstream.csv") as f:
-        mul = next(float(r["tb_per_s"]) for r in csv.DictReader(f)
-                   if r["system"] == "ND H100 v5" and r["kernel"] == "Mul")
-    for preset in ("H100", "H800"):
-        d = dp.presets.device(preset)
-        assert float(d.memory_bandwidth * d.kernels.memory_efficiency) == pytest.approx(mul * 1e12, rel=2e-3)
+        return next(float(r["tb_per_s"]) for r in csv.DictReader(f) if r["system"] == system and r["kernel"] == "Mul")
+
+
+@pytest.mark.parametrize("preset, system", [("H100", "ND H100 v5"), ("H800", "ND H100 v5"), ("H200", "ND H200 v5"),
+                                            ("A100", "ND A100 v4")])
+def test_memory_bound_kernels_run_at_babelstreams_bandwidth_on_the_presets_part(preset, system):
+    # one kernel (Mul: one array read, one written) and one harness for every part Azure measured (A100 SXM4 80GB,
+    # H100 SXM, H200); the H800 has the H100 SXM's memory
+    d = dp.presets.device(preset)
+    assert float(d.memory_bandwidth * d.kernels.memory_efficiency) == pytest.approx(_babelstream_mul(system) * 1e12,
+                                                                                    rel=2e-3)
+
+
+def test_b200_takes_the_h200s_measured_memory_fraction():
+    b200, h200 = dp.presets.device("B200"), dp.presets.device("H200")
+    assert float(b200.kernels.memory_efficiency) == pytest.approx(float(h200.kernels.memory_efficiency), abs=1e-4)
+
+
+def _occupancy_rise(file):
+    # the STREAM scale kernel's bandwidth at 100% occupancy over its bandwidth at 75%
+    with open(KE / "gpu_benches_stream.csv") as f:
+        rows = {float(r["occupancy_pct"]): float(r["gb_per_s"]) for r in csv.DictReader(f)
+                if r["file"] == file and r["kernel"] == "scale"}
+    return rows[100.0] / rows[75.0] - 1
+
+
+def test_gpu_benches_h200_file_has_not_reached_its_bandwidth_plateau():
+    # why the H200 does not take gpu-benches' 0.659: its scale kernel still rises 11% over the last quarter of
+    # occupancy, where the A100 and H100 PCIe files rise at most 3.2%
+    assert _occupancy_rise("h200") > 0.10
+    assert max(_occupancy_rise(f) for f in ("a100_80", "a100_40", "h100_pcie")) < 0.035
 
 
 def test_flat_override_drops_the_kernel_model():
@@ -98,6 +123,29 @@ def test_gemm_model_fits_every_measured_shape(key, preset, bound):
     flops = 2 * m * n * k
     old_pred = np.asarray(old.seconds(flops, 2 * (m * k + k * n + m * n), m), np.float64)
     assert float(np.sqrt(np.mean(np.log(old_pred / seconds) ** 2))) > 5 * rms
+
+
+def _azure_rows(system):
+    with open(KE / "azure_cublaslt_gemm.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["system"] == system]
+    m, n, k, tflops = (np.asarray([float(r[c]) for r in rows]) for c in ("m", "n", "k", "tflops"))
+    return m, n, k, 2 * m * n * k / (tflops * 1e12)
+
+
+def test_a100_gemm_model_fits_azures_cublaslt_shapes():
+    m, n, k, seconds = _azure_rows("ND A100 v4")
+    d = dp.presets.device("A100")  # the benchmark curve: the preset's ceiling less the training factor
+    d = eqx.tree_at(lambda x: x.kernels.gemm_efficiency, d, d.kernels.gemm_efficiency / _presets.CEILINGS["A100"])
+    pred = np.asarray(d.kernels.gemm_seconds(d.peak_flops, d.memory_bandwidth, m, n, k), np.float64)
+    rms = float(np.sqrt(np.mean(np.log(pred / seconds) ** 2)))
+    assert rms == pytest.approx(FITS["A100"]["gemm"]["rms_log_error"], abs=2e-3) and rms < 0.06
+    # the shape the A100 took before (the H100's k_half 139.8, overhead 5.45 us) misses the narrow-K shape
+    # (802816 x 192 x 768) by 30%, whatever its ceiling
+    old = eqx.tree_at(lambda x: (x.kernels.k_half, x.kernels.overhead), d, (139.8, 5.45e-6))
+    old_pred = np.asarray(old.kernels.gemm_seconds(old.peak_flops, old.memory_bandwidth, m, n, k), np.float64)
+    skinny = int(np.argmax(n == 192))
+    ratio = (old_pred / pred)[skinny] / np.exp(np.mean(np.log(old_pred / pred)))
+    assert ratio < 0.8
 
 
 def test_h100_fit_predicts_the_mamf_shape_it_was_not_fitted_to():
@@ -127,9 +175,11 @@ def test_attention_curve_passes_the_flashattention2_point(preset, fit):
     assert float(d.kernels.attention_rate(d.peak_flops, 512)) < rate
 
 
-def test_a100_ceiling_reproduces_korthikanti_table4_layer_times():
+def test_a100_benchmark_curve_against_korthikanti_table4_layer_times():
+    # a check, not a fit: the Azure-fitted curve (before the training ceiling) against the 22B layer's five
+    # variants, forward and backward (Korthikanti et al. 2022, Table 4; the FIT set)
     errors = FITS["A100"]["gemm"]["table4_errors"]
-    assert len(errors) == 10 and max(abs(e) for e in errors) < 0.05
+    assert len(errors) == 10 and FITS["A100"]["gemm"]["rms_log_error_table4"] < 0.1
 
 
 # -- the decomposition ---------------------------------------------------------------------------------

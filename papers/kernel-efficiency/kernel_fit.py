@@ -5,7 +5,8 @@ roofline with the tile/wave-quantised efficiency, ``diffpipe._machine._kernels``
 ``(m, n, k)`` row of a table, for each discrete (tile_m, tile_n, split_k_min) in a small grid; the
 continuous ``gemm_efficiency``, ``k_half`` and ``overhead`` by ``scipy.optimize.least_squares``.
 ``stream_fraction``: the sustained fraction of the datasheet bandwidth of a STREAM-like kernel (gpu-benches);
-``babelstream_fraction``: the same from Azure's BabelStream tables (``azure_babelstream.csv``).
+``babelstream_fraction``: the same from Azure's BabelStream tables (``azure_babelstream.csv``);
+``azure_gemm_rows``: Azure's cuBLASLt GEMM table (``azure_cublaslt_gemm.csv``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def gemm_rows(key: str) -> tuple[np.ndarray, ...]:
     return m, n, k, 2 * m * n * k / rate
 
 
+def azure_gemm_rows(system: str) -> tuple[np.ndarray, ...]:
+    """``(m, n, k, seconds)`` of every row of ``azure_cublaslt_gemm.csv`` for Azure VM ``system``."""
+    with open(HERE / "azure_cublaslt_gemm.csv") as f:
+        data = [r for r in csv.DictReader(f) if r["system"] == system]
+    if not data:
+        raise KeyError(system)
+    m, n, k, tflops = (np.asarray([float(r[c]) for r in data]) for c in ("m", "n", "k", "tflops"))
+    return m, n, k, 2 * m * n * k / (tflops * 1e12)
+
+
 def stream_fraction(file: str, preset: str) -> float:
     """The highest ``STREAM_KERNEL`` bandwidth of ``gpu_benches_stream.csv``'s ``file`` over any occupancy,
     over the preset's datasheet bandwidth."""
@@ -71,11 +82,14 @@ def gemm_seconds(km: KernelModel, preset: str, m, n, k) -> np.ndarray:
     return np.asarray(km.gemm_seconds(spec.peak_flops, spec.memory_bandwidth, m, n, k), np.float64)
 
 
-def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float) -> dict:
-    """The best GEMM fit over the discrete grid (module docstring), with its rms log error."""
-    m, n, k, seconds = gemm_rows(key)
+def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float,
+             rows: tuple[np.ndarray, ...] | None = None, split_k: tuple[int, ...] = SPLIT_K_MIN) -> dict:
+    """The best GEMM fit over the discrete grid (module docstring), with its rms log error, to the rows of
+    table key ``key`` of ``xla_matmul_bf16.csv``, or to ``rows`` (``(m, n, k, seconds)``) when given;
+    ``split_k``: the ``split_k_min`` values tried."""
+    m, n, k, seconds = gemm_rows(key) if rows is None else rows
     best = None
-    for tm, tn, split in itertools.product(TILES, TILES, SPLIT_K_MIN):
+    for tm, tn, split in itertools.product(TILES, TILES, split_k):
         def residual(p, tm=tm, tn=tn, split=split):
             km = model(preset, sms, memory_efficiency, tm, tn, split, p)
             return np.log(gemm_seconds(km, preset, m, n, k) / seconds)
