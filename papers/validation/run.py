@@ -308,7 +308,7 @@ def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: boo
     store = work / "store"
     store.unlink(missing_ok=True)
     spec.write_text(json.dumps({"jobs": jobs, "out": str(work), "store": str(store), "pin": pin}))
-    from diffpipe.calibrate._ranks import run_ranks  # here: the workers run this file without diffpipe
+    from diffpipe.calibrate import run_ranks  # here: the workers run this file without diffpipe
 
     return run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=timeout_s,
                      env={"OMP_NUM_THREADS": "1", **(env or {})})
