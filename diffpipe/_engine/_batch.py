@@ -55,6 +55,8 @@ def batch_metrics(graph: Graph, hws: Any, *, busy: str | tuple[Array, Array] | N
     total = batched_makespan(graph, tables)
     work = None
     if isinstance(busy, str):
+        if busy != "devices":
+            raise ValueError(f"batch_metrics: busy must be None, 'devices' or (rows, sizes), got {busy!r}")
         work = jax.vmap(lambda h: jnp.sum(device_busy(graph, op_durations(graph, h)[0])))(hws)
     elif busy is not None:
         rows, sizes = busy
