@@ -785,6 +785,20 @@ def test_the_study_measures_a_case_from_all_its_steps_not_the_stalled_quiet_ones
     assert got["measured_s"] == pytest.approx(0.1155) and got["measured_from"] == "all steps"
 
 
+def test_the_study_separates_two_cases_by_the_standard_error_of_their_medians():
+    # 1.2533 sigma / sqrt(rounds), sigma = IQR / 1.349: an IQR of 10 ms over 6 rounds is 3.79 ms
+    run = _runner()
+    assert run.median_standard_error(0.010, 6) == pytest.approx(1.2533 * 0.010 / 1.349 / 6 ** 0.5)
+
+    def case(ms, iqr_ms):
+        return {"measured_s": ms / 1e3, "median_se_s": run.median_standard_error(iqr_ms / 1e3, 6)}
+
+    # twice the difference's standard error is 2 x 3.79 x sqrt(2) = 10.7 ms
+    assert run.separated_beyond_noise(case(100, 10), case(111, 10))
+    assert not run.separated_beyond_noise(case(100, 10), case(110, 10))
+    assert run.separated_beyond_noise(case(111, 10), case(100, 10))  # symmetric
+
+
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
                                              ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
                                              ("looped", ("LoopedBFS", "looped-bfs")),
