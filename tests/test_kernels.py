@@ -271,13 +271,17 @@ def test_recompute_early_stop_leaves_out_the_mlp_output_projection_and_its_resid
                   for m in (model, dataclasses.replace(model, recompute_early_stop=True)))
     T, h, F = 2.0 * 256, 512.0, float(model.ffn)
 
-    def table_sum(table, col, weight):
+    def table_sum(table, weight):
         out = np.zeros((3, model.layers + 2))
-        np.add.at(out, (table[:, 1].astype(int), table[:, 0].astype(int)), weight(table))
+        np.add.at(out, (table[:, 1].astype(int), table[:, 0].astype(int)), weight)
         return out
 
-    flops = lambda k: table_sum(k.gemm, 0, lambda g: 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
-    memory = lambda k: table_sum(k.memory, 0, lambda m: m[:, 2] * m[:, 3])
+    def flops(k):
+        g = k.gemm
+        return table_sum(g, 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
+
+    def memory(k):
+        return table_sum(k.memory, k.memory[:, 2] * k.memory[:, 3])
     want = np.zeros((3, model.layers + 2))
     want[1, 1:-1] = 2 * T * (F / tensor) * h
     np.testing.assert_allclose(flops(full) - flops(stop), want, rtol=1e-12)
