@@ -189,6 +189,23 @@ def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_pat
     assert cal.overhead_by_kind["F"] == pytest.approx(30 * US)  # 0F1 after 20 us, 1F1 after 40 us
 
 
+def test_the_transfer_delay_is_a_plain_mean_that_keeps_its_slow_tail(tmp_path):
+    # Eight steps of 0F0 -> 1F0 (then 1B0); rank 1 posts its receive first and waits. The data arrives
+    # 40 us after 0F0 ends in seven steps and 2,040 us after in one (gloo's slow transfers, when both
+    # ranks send at once, are real time the step pays): the delay is their plain mean, 290 us; the
+    # fenced mean (robust_mean, as for op times) would drop the slow one and give 40 us.
+    r0, r1 = [], []
+    for k, delay in enumerate((40, 40, 40, 2040, 40, 40, 40, 40)):
+        t = 10_000.0 * k
+        r0 += [_x("PP:0F0", t, t + 100), *_send("PP:0SEND_F0", t + 110)]
+        r1 += [*_recv("PP:1RECV_F0", t, t + 100 + delay), _x("PP:1F0", t + 20, t + 300 + delay),
+               _x("PP:1B0", t + 330 + delay, t + 630 + delay)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.forward == pytest.approx((100 * US, 200 * US))
+    assert cal.transfer == pytest.approx(290 * US)
+
+
 def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
     from diffpipe.calibrate._calibration import robust_mean
 
