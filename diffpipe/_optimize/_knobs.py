@@ -293,23 +293,20 @@ class PaddedStageBalance(AbstractKnob):
     masked out of the softmax (no gradient reaches them); value: boundaries ``[stages + 1]``, those
     past ``real`` equal to ``layers``; every per-stage field of a padded stage is 0, as
     ``pad_hardware`` pads it, and every real stage's field is ``StageBalance(real)``'s (elementwise in
-    the boundaries). Plans are the real knob's (``real`` entries): ``optimize`` runs the host side
-    (baselines, rounding, moves) with ``StageBalance(real)`` and only the programs with this knob.
+    the boundaries). Plans are the real knob's (``real`` entries): ``optimize`` checks, baselines
+    and moves with ``StageBalance(real)``, and runs every program (descent, exact search, starts,
+    rounding) with this knob. Made by ``of``.
     """
 
     stages: int = eqx.field(static=True)
     real: Array
-    name: ClassVar[str] = "layers_per_stage"
-    label: ClassVar[str] = "layers per stage"
-    sets: ClassVar[tuple[str, ...]] = STAGE_FIELDS
-
-    def __check_init__(self) -> None:
-        if not is_positive_int(self.stages):
-            raise ConfigError(f"PaddedStageBalance: stages must be a positive int, got {self.stages!r}")
+    name: ClassVar[str] = StageBalance.name
+    label: ClassVar[str] = StageBalance.label
+    sets: ClassVar[tuple[str, ...]] = StageBalance.sets
 
     @classmethod
     def of(cls, knob: StageBalance, stages: int) -> PaddedStageBalance:
-        if stages < knob.stages:
+        if not is_positive_int(stages) or stages < knob.stages:
             raise ConfigError(f"PaddedStageBalance: {stages} stages cannot hold {knob.stages}")
         return cls(stages, np.asarray(knob.stages, np.int32))
 

@@ -369,9 +369,10 @@ def optimize(
         pad_to: sizes to pad the graph to (``pad_graph``'s keyword arguments, each at least the
             graph's own; ``common_sizes`` of several graphs), so that calls on graphs of one padded
             size with the same knobs and workloads of one shape share one compiled descent and
-            exact evaluator (the data-parallel size is then traced too). Every exact figure is the
-            unpadded graph's (``pad_graph``); the descent's loss is the unpadded one up to float
-            rounding.
+            exact evaluator (the data-parallel size is then traced too); a ``StageBalance`` then
+            runs padded to the padded stage count (``PaddedStageBalance``), so that graphs of
+            different stage counts share them too. Every exact figure is the unpadded graph's
+            (``pad_graph``); the descent's loss is the unpadded one up to float rounding.
 
     Returns:
         An ``OptimizeResult``: the best plan found (never worse than the best combination of the
