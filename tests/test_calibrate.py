@@ -770,6 +770,35 @@ def test_the_study_reads_page_faults_per_round_where_they_were_counted(tmp_path)
     assert run._faults({"minor_faults": None}) == "n/a" and run._traced_ratio({"calibration": None}) == "n/a"
 
 
+def test_the_study_measures_a_case_from_all_its_steps_not_the_stalled_quiet_ones(tmp_path):
+    # the 23:52 run's 2_stages.m16.diffpipe_1f1b__CSV in miniature: most steps ~115 ms with the
+    # rank's own gloo threads waiting 6-13% of them; three steps stalled to 160-240 ms with the
+    # same few ms of wait, so under 5%: the old rule took their median (217.6 ms) as the case's
+    run = _runner()
+    steps = [0.115, 0.113, 0.116, 0.114, 0.115, 0.2176, 0.2391, 0.1603, 0.112, 0.117]
+    waits = [0.012, 0.010, 0.009, 0.014, 0.008, 0.0073, 0.0058, 0.0067, 0.011, 0.015]
+    for k in range(2):
+        (tmp_path / f"c.r0.rank{k}.meta.json").write_text(json.dumps(
+            {"step_s": steps, "runqueue_wait_s": waits if k else [0.0] * len(steps)}))
+    got = run._measured(tmp_path, "c", 1)
+    assert got["quiet_steps"] == 3 and got["samples"] == 10  # still counted: a diagnostic of the load
+    assert got["measured_s"] == pytest.approx(0.1155) and got["measured_from"] == "all steps"
+
+
+def test_the_study_separates_two_cases_by_the_standard_error_of_their_medians():
+    # 1.2533 sigma / sqrt(rounds), sigma = IQR / 1.349: an IQR of 10 ms over 6 rounds is 3.79 ms
+    run = _runner()
+    assert run.median_standard_error(0.010, 6) == pytest.approx(1.2533 * 0.010 / 1.349 / 6 ** 0.5)
+
+    def case(ms, iqr_ms):
+        return {"measured_s": ms / 1e3, "median_se_s": run.median_standard_error(iqr_ms / 1e3, 6)}
+
+    # twice the difference's standard error is 2 x 3.79 x sqrt(2) = 10.7 ms
+    assert run.separated_beyond_noise(case(100, 10), case(111, 10))
+    assert not run.separated_beyond_noise(case(100, 10), case(110, 10))
+    assert run.separated_beyond_noise(case(111, 10), case(100, 10))  # symmetric
+
+
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),
                                              ("interleaved", ("Interleaved1F1B", "interleaved-1f1b")),
                                              ("looped", ("LoopedBFS", "looped-bfs")),
