@@ -73,8 +73,10 @@ if TYPE_CHECKING:
     from ._optimize._optimize import OptimizeResult as OptimizeResult
     from ._optimize._optimize import optimize as optimize
     from ._partition import uniform_partition as uniform_partition
+    from ._plan._configuration import HEADROOM as HEADROOM
     from ._plan._configuration import ConfigResult as ConfigResult
     from ._plan._configuration import Configuration as Configuration
+    from ._plan._configuration import fits_memory as fits_memory
     from ._plan._export import TORCHTITAN_BASES as TORCHTITAN_BASES
     from ._plan._export import Launch as Launch
     from ._plan._export import megatron_args as megatron_args

@@ -279,7 +279,9 @@ class Result(eqx.Module):
         busy: per device, seconds of compute (collectives count on every participant).
         bubble_ratio: idle fraction of ``devices x makespan``.
         peak_memory: per device, bytes; ``peak_activations``: stored stage-microbatch activations.
-        fits: per device, whether ``peak_memory <= capacity``.
+        fits: per device, whether ``peak_memory <= capacity``: the hardware's whole capacity, no headroom
+            (the planning layers, ``Configuration.evaluate``, ``plan``, ``compare`` and the CLI, keep
+            ``HEADROOM`` of it free: ``diffpipe.fits_memory``).
         communication_bytes: bytes sent between devices (transfers; collectives not included).
         step_finish: per optimizer step, when its last op finishes; ``period``: the differences
             (constant in steady state for asynchronous schedules).
