@@ -5,7 +5,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from _cli import run
+from _helpers import run
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
