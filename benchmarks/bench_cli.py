@@ -146,7 +146,7 @@ def main() -> None:
         record["jax"] = jax.__version__
     except ImportError:
         pass
-    from diffpipe._io import write_atomic  # the package's one atomic writer
+    from diffpipe import write_atomic  # the package's one atomic writer
     write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(f"\nwrote {args.out}")
 

@@ -29,8 +29,7 @@ import jax
 import numpy as np
 
 import diffpipe as dp
-from diffpipe import compositions, evaluate_plans
-from diffpipe._io import write_atomic
+from diffpipe import compositions, evaluate_plans, write_atomic
 from diffpipe.schedules import evaluate
 
 DEVICES, MICROBATCHES = 8, 16

@@ -86,7 +86,7 @@ def main() -> None:
         print("Megatron-LM:", error)
     out = args.out or Path(__file__).parent / "results" / (
         f"plan{'-wide' if args.wide else ''}-{jax.default_backend()}.json")
-    from diffpipe._io import write_atomic  # the package's one atomic writer
+    from diffpipe import write_atomic  # the package's one atomic writer
     write_atomic(out, json.dumps(results, indent=2, default=str) + "\n")
     print(f"wrote {out}")
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import diffpipe as dp
-from diffpipe._io import write_atomic
+from diffpipe import write_atomic
 from diffpipe.schedules import evaluate
 
 try:

@@ -45,12 +45,15 @@ if TYPE_CHECKING:
     from ._engine._jitter import Jitter as Jitter
     from ._engine._jitter import expected_makespan as expected_makespan
     from ._engine._jitter import sample_makespans as sample_makespans
+    from ._engine._jitter import step_time_summary as step_time_summary
     from ._engine._simulate import Result as Result
     from ._engine._simulate import makespan as makespan
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
     from ._io import write_atomic as write_atomic
+    from ._levels import formula_level as formula_level
     from ._levels import kendall_tau as kendall_tau
+    from ._levels import table_level as table_level
     from ._machine._cluster import Cluster as Cluster
     from ._machine._device import Device as Device
     from ._machine._kernels import KernelModel as KernelModel
@@ -70,8 +73,10 @@ if TYPE_CHECKING:
     from ._optimize._optimize import OptimizeResult as OptimizeResult
     from ._optimize._optimize import optimize as optimize
     from ._partition import uniform_partition as uniform_partition
+    from ._plan._configuration import HEADROOM as HEADROOM
     from ._plan._configuration import ConfigResult as ConfigResult
     from ._plan._configuration import Configuration as Configuration
+    from ._plan._configuration import fits_memory as fits_memory
     from ._plan._export import TORCHTITAN_BASES as TORCHTITAN_BASES
     from ._plan._export import Launch as Launch
     from ._plan._export import megatron_args as megatron_args

@@ -71,11 +71,11 @@ from ._levels import (
     LEVELS,
     RANKED_BY,
     _check_level,
-    _formula_level,
     _order,
-    _table_level,
+    formula_level,
     kendall_tau,
     ranks,
+    table_level,
 )
 from ._machine._presets import device
 from ._machine._specs import NETWORKS
@@ -606,11 +606,11 @@ def compare(
     simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom)
     entries = []
     for (name, schedule), level in zip(schedules, simulation):
-        formula, missing = _formula_level(schedule, merged)
+        formula, missing = formula_level(schedule, merged)
         entries.append(Entry(
             name=name, family=schedule.family, options=schedule.options, stages=schedule.stages,
             pipelines=schedule.pipelines, formula=formula, formula_missing=missing,
-            table=_table_level(schedule, merged), simulation=level,
+            table=table_level(schedule, merged), simulation=level,
             units_per_sample=units_per_sample(schedule),
         ))
     values = {

@@ -93,7 +93,11 @@ def _per_unit(durations: Mapping[str, float], units: int) -> dict[str, float]:
     return {kind: value / units if kind in _COMPUTE else value for kind, value in durations.items()}
 
 
-def _formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[dict | None, str | None]:
+def formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[dict | None, str | None]:
+    """The formula level of ``schedule`` under per-sample ``durations`` (``{"F": ..., "B": ...}``,
+    split evenly over its units): the registry's closed form as ``{"bubble_ratio", "makespan",
+    "peak_activations", "assumption"}`` (``makespan`` None where the form holds only under ``t_F =
+    t_B``), or ``(None, why)`` where there is none."""
     if schedule.family not in family_names():
         return None, f"custom schedule, family {schedule.family!r} is not registered"
     units = units_per_sample(schedule)
@@ -118,7 +122,10 @@ def _formula_level(schedule: Schedule, durations: Mapping[str, float]) -> tuple[
     }, None
 
 
-def _table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
+def table_level(schedule: Schedule, durations: Mapping[str, float]) -> dict:
+    """The table level of ``schedule`` under per-sample ``durations``: its tabular view's
+    ``{"makespan", "bubble_ratio", "peak_activations"}`` (compute ops at a device's share of the
+    model, no communication)."""
     units = units_per_sample(schedule)
     durations = _per_unit(durations, units)
     share = _share(schedule)

@@ -189,6 +189,23 @@ def test_a_receive_done_before_its_wait_is_no_wait_and_times_no_transfer(tmp_pat
     assert cal.overhead_by_kind["F"] == pytest.approx(30 * US)  # 0F1 after 20 us, 1F1 after 40 us
 
 
+def test_the_transfer_delay_is_a_plain_mean_that_keeps_its_slow_tail(tmp_path):
+    # Eight steps of 0F0 -> 1F0 (then 1B0); rank 1 posts its receive first and waits. The data arrives
+    # 40 us after 0F0 ends in seven steps and 2,040 us after in one (gloo's slow transfers, when both
+    # ranks send at once, are real time the step pays): the delay is their plain mean, 290 us; the
+    # fenced mean (robust_mean, as for op times) would drop the slow one and give 40 us.
+    r0, r1 = [], []
+    for k, delay in enumerate((40, 40, 40, 2040, 40, 40, 40, 40)):
+        t = 10_000.0 * k
+        r0 += [_x("PP:0F0", t, t + 100), *_send("PP:0SEND_F0", t + 110)]
+        r1 += [*_recv("PP:1RECV_F0", t, t + 100 + delay), _x("PP:1F0", t + 20, t + 300 + delay),
+               _x("PP:1B0", t + 330 + delay, t + 630 + delay)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    cal = calibrate.from_torch_trace(files)
+    assert cal.forward == pytest.approx((100 * US, 200 * US))
+    assert cal.transfer == pytest.approx(290 * US)
+
+
 def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
     from diffpipe.calibrate._calibration import robust_mean
 
@@ -768,6 +785,35 @@ def test_the_study_reads_page_faults_per_round_where_they_were_counted(tmp_path)
         (tmp_path / f"c.r0.rank{k}.meta.json").write_text(json.dumps({"step_s": [0.01], "runqueue_wait_s": [0.0]}))
     assert run._measured(tmp_path, "c", 1)["minor_faults"] is None
     assert run._faults({"minor_faults": None}) == "n/a" and run._traced_ratio({"calibration": None}) == "n/a"
+
+
+def test_the_study_measures_a_case_from_all_its_steps_not_the_stalled_quiet_ones(tmp_path):
+    # the 23:52 run's 2_stages.m16.diffpipe_1f1b__CSV in miniature: most steps ~115 ms with the
+    # rank's own gloo threads waiting 6-13% of them; three steps stalled to 160-240 ms with the
+    # same few ms of wait, so under 5%: the old rule took their median (217.6 ms) as the case's
+    run = _runner()
+    steps = [0.115, 0.113, 0.116, 0.114, 0.115, 0.2176, 0.2391, 0.1603, 0.112, 0.117]
+    waits = [0.012, 0.010, 0.009, 0.014, 0.008, 0.0073, 0.0058, 0.0067, 0.011, 0.015]
+    for k in range(2):
+        (tmp_path / f"c.r0.rank{k}.meta.json").write_text(json.dumps(
+            {"step_s": steps, "runqueue_wait_s": waits if k else [0.0] * len(steps)}))
+    got = run._measured(tmp_path, "c", 1)
+    assert got["quiet_steps"] == 3 and got["samples"] == 10  # still counted: a diagnostic of the load
+    assert got["measured_s"] == pytest.approx(0.1155) and got["measured_from"] == "all steps"
+
+
+def test_the_study_separates_two_cases_by_the_standard_error_of_their_medians():
+    # 1.2533 sigma / sqrt(rounds), sigma = IQR / 1.349: an IQR of 10 ms over 6 rounds is 3.79 ms
+    run = _runner()
+    assert run.median_standard_error(0.010, 6) == pytest.approx(1.2533 * 0.010 / 1.349 / 6 ** 0.5)
+
+    def case(ms, iqr_ms):
+        return {"measured_s": ms / 1e3, "median_se_s": run.median_standard_error(iqr_ms / 1e3, 6)}
+
+    # twice the difference's standard error is 2 x 3.79 x sqrt(2) = 10.7 ms
+    assert run.separated_beyond_noise(case(100, 10), case(111, 10))
+    assert not run.separated_beyond_noise(case(100, 10), case(110, 10))
+    assert run.separated_beyond_noise(case(111, 10), case(100, 10))  # symmetric
 
 
 @pytest.mark.parametrize("name, schedules", [("zbv", ("ZBVZeroBubble", "zb-v")),

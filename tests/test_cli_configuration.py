@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _cli import hf_config, run
+from _helpers import hf_config, run
 
 import diffpipe as dp
 from diffpipe.cli._outputs import UNIT_KEYS

@@ -8,7 +8,7 @@ import io
 import json
 
 import pytest
-from _cli import hf_config, run
+from _helpers import hf_config, run
 
 from diffpipe.cli import _inputs, _main
 

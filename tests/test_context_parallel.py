@@ -10,7 +10,7 @@ import json
 import chex
 import numpy as np
 import pytest
-from _cli import hf_config, run
+from _helpers import hf_config, run
 
 import diffpipe as dp
 from diffpipe._model._kernels import layer_kernels

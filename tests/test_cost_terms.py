@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import SIZES, schedules
+from _helpers import SIZES, schedules
 from test_simulator import MODES, build
 
 import diffpipe as dp

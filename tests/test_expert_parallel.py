@@ -23,7 +23,7 @@ import tomllib
 import chex
 import numpy as np
 import pytest
-from _cli import run
+from _helpers import run
 from test_export import MEGATRON_LIST, megatron_parser
 
 import diffpipe as dp

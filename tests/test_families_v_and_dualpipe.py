@@ -4,7 +4,7 @@ DualPipe (DeepSeek-V3 report).
 
 Memory is read off the orders (``peak_activations``, exact for any timing); bubbles come from
 ``table`` at the paper's equal pass times. Their simulation in every communication mode, against
-the pure-Python oracle, comes from the registry-driven matrix of ``tests/_cases.py``.
+the pure-Python oracle, comes from the registry-driven matrix of ``tests/_helpers.py``.
 """
 
 import itertools

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import SIZES, covering
+from _helpers import SIZES, covering
 from test_simulator import MODES, build
 
 import diffpipe as dp
@@ -74,7 +74,7 @@ def node_finishes(graph, hw):
 
 
 #: Every family under one of the two lane-structure extremes, every mode on a one-pipeline and a
-#: replicated schedule (``_cases.covering``; the full cross product takes minutes more of CI).
+#: replicated schedule (``_helpers.covering``; the full cross product takes minutes more of CI).
 REFERENCE_CASES = covering([(f,) for f in FAMILIES], ("overlap", "contention")) + [
     (f, m) for f in ("1f1b", "chimera") for m in ("none", "blocking", "rendezvous")]
 

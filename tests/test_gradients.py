@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import FULL_MATRIX, covering, schedules
+from _helpers import FULL_MATRIX, covering, schedules
 from test_simulator import build
 
 import diffpipe as dp
 
 SCHEDULES = schedules()
 #: Every other family (the ones ``FD_MATRIX`` leaves out), each in one mode, every mode on a quarter
-#: of them (``_cases.covering``): with ``FD_MATRIX`` every family's gradients are checked against an
+#: of them (``_helpers.covering``): with ``FD_MATRIX`` every family's gradients are checked against an
 #: independent reference, and each case here compiles three gradient programmes (float32 reverse and
 #: forward, float64 reverse), the file's largest cost on the small machine running CI.
 #: ``DIFFPIPE_FULL_MATRIX=1`` runs every family in every mode.

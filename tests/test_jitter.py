@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import diffpipe as dp
-from diffpipe._engine._jitter import summary
+from diffpipe import step_time_summary as summary
 
 #: E[max of n independent standard normals] (closed forms for n <= 3; n = 5 by quadrature, e.g.
 #: Harter 1961, "Expected values of normal order statistics", Biometrika 48, Table: 1.16296).

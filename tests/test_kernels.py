@@ -310,6 +310,49 @@ def test_flat_gradients_replace_the_fp32_accumulation_by_fsdps_passes(reduce_byt
     np.testing.assert_array_equal(plain.gemm, flat.gemm)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_recompute_early_stop_leaves_out_the_mlp_output_projection_and_its_residual_add(activation):
+    # PyTorch's non-reentrant checkpoint stops at the last saved tensor: the MLP output projection's input
+    # (packed before its GEMM runs), so that GEMM (T x F @ F x h on each device of a tensor group of t: F / t)
+    # and the residual add after it (3 d h T) are not recomputed in I; F and W, and every other kernel, stay
+    model = dp.Transformer(layers=2, hidden=512, heads=8, sequence=256, vocabulary=1000, microbatch_size=2,
+                           recompute="full", activation=activation, dropout=False, flash_attention=True)
+    tensor = 2
+    full, stop = (layer_kernels(m, tensor=tensor)
+                  for m in (model, dataclasses.replace(model, recompute_early_stop=True)))
+    T, h, F = 2.0 * 256, 512.0, float(model.ffn)
+
+    def table_sum(table, weight):
+        out = np.zeros((3, model.layers + 2))
+        np.add.at(out, (table[:, 1].astype(int), table[:, 0].astype(int)), weight)
+        return out
+
+    def flops(k):
+        g = k.gemm
+        return table_sum(g, 2 * g[:, 2] * g[:, 3] * g[:, 4] * g[:, 5] * g[:, 6])
+
+    def memory(k):
+        return table_sum(k.memory, k.memory[:, 2] * k.memory[:, 3])
+    want = np.zeros((3, model.layers + 2))
+    want[1, 1:-1] = 2 * T * (F / tensor) * h
+    np.testing.assert_allclose(flops(full) - flops(stop), want, rtol=1e-12)
+    want[1, 1:-1] = 3 * 2.0 * h * T
+    np.testing.assert_allclose(memory(full) - memory(stop), want, rtol=1e-12)
+    np.testing.assert_array_equal(full.attention, stop.attention)
+    # layer_costs' FLOPs say the same (unsharded)
+    costs = [dp.layer_costs(m) for m in (model, dataclasses.replace(model, recompute_early_stop=True))]
+    np.testing.assert_allclose(costs[0].input_grad[1:-1] - costs[1].input_grad[1:-1], 2 * T * F * h, rtol=1e-12)
+    np.testing.assert_array_equal(costs[0].forward, costs[1].forward)
+    # nothing to stop early without full recomputation, or where dropout saves its mask after the projection
+    for other in (dict(recompute="selective"), dict(recompute="none"), dict(dropout=True)):
+        base = dataclasses.replace(model, **other)
+        a, b = (layer_kernels(m, tensor=tensor) for m in (base, dataclasses.replace(base, recompute_early_stop=True)))
+        np.testing.assert_array_equal(a.gemm, b.gemm)
+        np.testing.assert_array_equal(a.memory, b.memory)
+    with pytest.raises(dp.ConfigError, match="recompute_early_stop must be a bool"):
+        dataclasses.replace(model, recompute_early_stop=1)
+
+
 def test_sequence_parallel_shards_the_norm_and_dropout_kernels():
     model = dp.Transformer(layers=2, hidden=1024, heads=8, sequence=512, vocabulary=1000)
     plain = layer_kernels(model, tensor=8).memory

@@ -4,7 +4,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import schedules
+from _helpers import schedules
 
 import diffpipe as dp
 from diffpipe._engine._graph import bucketed

@@ -403,6 +403,57 @@ def test_padded_descent_shares_one_program_and_balances_alike(graph):
         dp.optimize(graph, workload, knob, pad_to={"levels": 0})
 
 
+def test_a_padded_stage_split_is_inert(graph):
+    """``PaddedStageBalance`` (a stage split run in more stages, for sharing programs across stage
+    counts): the hardware of a plan is ``pad_hardware``'s of the real knob's, bit for bit, so every
+    makespan and memory is the unpadded graph's; the relaxed boundaries are the real knob's up to
+    float rounding (padded ones at ``layers``), and no gradient reaches a padded logit."""
+    from diffpipe._engine._graph import pad_graph
+    from diffpipe._engine._hardware import pad_hardware
+    from diffpipe._optimize._knobs import PaddedStageBalance, value_hardware
+
+    eight = dp.compile(dp.schedules.get("interleaved-1f1b", devices=STAGES, microbatches=MICROBATCHES, chunks=2))
+    assert eight.stages == 2 * STAGES
+    padded_graph = pad_graph(graph, **common_sizes([graph, eight]))
+    knob = dp.StageBalance(STAGES)
+    padded = PaddedStageBalance.of(knob, eight.stages)
+    workload = random_workload(np.random.default_rng(5))
+    for plan in (np.array([3, 3, 3, 3]), np.array([1, 5, 2, 4])):
+        real = pad_hardware(value_hardware((knob,), (knob.encode(plan, workload),), workload, STAGES), padded_graph)
+        wide = value_hardware((padded,), (padded.encode(plan, workload),), workload, eight.stages)
+        chex.assert_trees_all_equal(wide, real)
+        assert float(dp.makespan(padded_graph, wide)) == float(dp.makespan(graph, workload.hardware(
+            workload.boundaries(plan))))
+    params = jnp.asarray(np.random.default_rng(6).normal(size=STAGES), workload.forward.dtype)
+    bounds = np.asarray(padded.relax(padded.pad_params(params), workload))
+    chex.assert_trees_all_close(bounds[:STAGES + 1], np.asarray(knob.relax(params, workload)), rtol=1e-6, atol=1e-5)
+    assert np.all(bounds[STAGES:] == LAYERS)
+    assert np.array_equal(padded.round(params, workload), knob.round(params, workload))
+    grad = jax.grad(lambda p: jnp.sum(padded.relax(p, workload) ** 2))(padded.pad_params(params))
+    assert np.all(np.asarray(grad)[STAGES:] == 0) and np.all(np.isfinite(np.asarray(grad)))
+
+
+@pytest.mark.slow
+def test_one_descent_serves_two_stage_counts(graph):
+    """Graphs of 4 and 8 stages padded to their common sizes run one compiled descent and one exact
+    evaluator per batch shape, and each gives the unpadded call's plan (every exact figure bit for
+    bit; the continuous optimum up to float rounding)."""
+    eight = dp.compile(dp.schedules.get("interleaved-1f1b", devices=STAGES, microbatches=MICROBATCHES, chunks=2))
+    sizes = common_sizes([graph, eight])
+    _optimize._descend._cached.clear_cache()
+    for g, seed in ((graph, 11), (eight, 12)):
+        workload = random_workload(np.random.default_rng(seed), capacity=math.inf)
+        knob = dp.StageBalance(g.stages)
+        alone = dp.optimize(g, workload, knob)
+        shared = dp.optimize(g, workload, knob, pad_to=sizes)
+        chex.assert_trees_all_equal((shared.plan, shared.rounded, shared.baseline_plan, shared.evaluations),
+                                    (alone.plan, alone.rounded, alone.baseline_plan, alone.evaluations))
+        chex.assert_trees_all_close(shared.continuous, alone.continuous, rtol=1e-4, atol=1e-4)
+        chex.assert_trees_all_close(shared.loss, alone.loss, rtol=1e-5)
+        chex.assert_trees_all_close(shared.params, alone.params, rtol=1e-4, atol=1e-4)
+    assert _optimize._descend._cached._cache_size() == 3  # one per unpadded graph, one for both padded
+
+
 def test_a_stored_result_needs_every_input_equal(graph, monkeypatch):
     """A repeated call returns the stored result without running anything; a change of any input
     (one float's last bit, the graph, a keyword, the padding) runs afresh."""

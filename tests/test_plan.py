@@ -127,8 +127,9 @@ def test_a_plan_from_kept_results_is_the_computed_plan(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
-    """The balanced rows of one stage count share one descent padded to their common sizes; the
-    table is the one each row's own descent gives, number for number."""
+    """The balanced rows share one descent padded to their common sizes, stage counts included (4
+    and 8 stages: a padded stage split); the table is the one each row's own descent gives, number
+    for number."""
     heavy = dataclasses.replace(TINY, vocabulary=65536)  # a heavy head: the uniform split is unbalanced
     # the best three: zb-h1 (4 stages), zb-h1 at 2 virtual stages (8) and 1f1b (4, fewer levels)
     request = dict(pipeline=4, tensor=1, families=("1f1b", "zb-h1"), microbatch_sizes=(2,), recompute=("none",),
@@ -137,7 +138,8 @@ def test_shared_descents_leave_the_plan_unchanged(monkeypatch):
     real = _search._shared_sizes
     monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: shared.append(real(graphs)) or shared[-1])
     table = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)
-    assert len(shared) == 1 and len(shared[0]) == 2  # the two graphs of four stages, padded to one size
+    assert len(shared) == 1 and len(shared[0]) == 3  # the three graphs (4, 8, 4 stages), padded to one size
+    assert len({tuple(sorted(s.items())) for s in shared[0].values()}) == 1
     assert any(r["balanced"] for r in table.rows)
     monkeypatch.setattr(_search, "_shared_sizes", lambda graphs: {})
     alone = dp.plan(heavy, cluster(dp.presets.device("H100")), 64, **request)

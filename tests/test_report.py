@@ -12,7 +12,7 @@ import subprocess
 from html.parser import HTMLParser
 
 import pytest
-from _cli import hf_config, run
+from _helpers import hf_config, run
 
 #: A small Llama-style model; on 4 H100s with TP 2 its step has tensor-parallel collectives.
 TINY = dict(model_type="llama", num_hidden_layers=8, hidden_size=512, num_attention_heads=8, num_key_value_heads=4,

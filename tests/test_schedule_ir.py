@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from _cases import schedules
+from _helpers import schedules
 
 import diffpipe as dp
 from diffpipe.schedules import Op, Placement, Schedule, orders_from_strings

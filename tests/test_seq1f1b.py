@@ -5,7 +5,7 @@ The order is checked against the authors' Megatron-LM fork (warm-up counts, reve
 segments), the closed form against ``table``, per-segment costs against the transformer model run at
 the segments' end positions and against a brute-force count of causal query-key pairs, and the
 balanced split against the authors' split-solver equations. Simulation in every communication mode,
-against the pure-Python oracle, comes from the registry matrix (``tests/_cases.py``).
+against the pure-Python oracle, comes from the registry matrix (``tests/_helpers.py``).
 """
 
 import csv

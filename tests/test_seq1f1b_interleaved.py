@@ -4,7 +4,7 @@ The order is checked against a literal replay of the authors' Megatron-LM fork (
 ``get_model_chunk_id`` and one two-level ``sp_queue`` per model chunk, popped by each device on its
 own) at every size, and the sizes the family refuses are exactly those where that replay breaks the
 causal order or deadlocks; ``segments=1`` is ``interleaved-1f1b``; the derived closed form and memory
-against ``table``. Simulation in every mode comes from the registry matrix (``tests/_cases.py``).
+against ``table``. Simulation in every mode comes from the registry matrix (``tests/_helpers.py``).
 """
 
 import csv

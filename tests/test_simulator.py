@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _cases import covering, schedules
+from _helpers import covering, schedules
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,7 +74,7 @@ def build(s, rng, mode, devices_per_node=None, scale=1.0):
     return hw, duration, transfer, dp.communication(mode)
 
 
-#: Every family in two modes, every mode on half the families (``_cases.covering``).
+#: Every family in two modes, every mode on half the families (``_helpers.covering``).
 REFERENCE_MATRIX = covering(SCHEDULES, MODES, per_case=2)
 
 

@@ -1,7 +1,11 @@
-"""The batched exact evaluators: makespan, peak memory and fit of many ``Hardware`` built from
-inputs (``evaluate_batched``), and makespan, bubble and peak memory of given ``Hardware`` on a graph
-padded to its size bucket or to given sizes (``simulate_members``: ``plan``'s candidates, ``compare``'s
-schedules).
+"""The batched exact evaluator, one for every caller: ``batch_metrics`` gives makespan, total busy
+time and per-device peak memory of a batch of hardware on one graph, batch last inside (the
+makespan is ``batched_makespan``, the peak memory ``peak_bytes``: the simulator's own formulas, so
+every member equals ``simulate``'s numbers bit for bit). Its callers: ``evaluate_batched``
+(hardware built from inputs: the optimizer's and the baselines' candidates), ``simulate_members``
+(given hardware on a graph padded to its size bucket or to given sizes: ``plan``'s candidates,
+``compare``'s schedules) and the sweep (``_sweep.evaluate``: chunks of stacked graphs, busy time
+from ``busy_coefficients``).
 
 Batches are padded to a few bucket sizes so that new batch counts rarely compile anything new.
 """
@@ -10,18 +14,86 @@ Batches are padded to a few bucket sizes so that new batch counts rarely compile
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jaxtyping import Array
 
 from .._arrays import power_of_two
-from ._graph import Graph, bucketed, pad_graph
+from ._evaluate import batched_makespan
+from ._graph import KIND_CODES, Graph, bucketed, pad_graph
 from ._hardware import pad_hardware
 from ._jit_checks import nan_checked
-from ._simulate import makespan, peak_memory, simulate_graph
+from ._simulate import device_busy, op_durations, peak_bytes
+
+
+class Metrics(NamedTuple):
+    """What ``batch_metrics`` computes for a batch of ``B`` hardware."""
+
+    makespan: Array  # [B]
+    busy: Array | None  # [B] seconds of work summed over the devices (None where not asked)
+    peak_memory: Array  # [devices, B] bytes (0 where not asked)
+
+
+def batch_metrics(graph: Graph, hws: Any, *, busy: str | tuple[Array, Array] | None = None,
+                  memory: bool | Array = True) -> Metrics:
+    """The exact makespan, total busy time and per-device peak memory of ``hws`` (a cost model whose
+    leaves carry a leading batch axis ``[B]``) on ``graph``, traced (the caller jits it).
+
+    ``busy``: None (not computed); ``"devices"``, ``simulate``'s per-device sums (``device_busy``)
+    then their total, so a bubble from it is ``simulate``'s bit for bit; or the ``(rows, sizes)``
+    of ``busy_coefficients``: the same total as two small products on the cost tables, no
+    ``[nodes, batch]`` expansion (the sweep, where that expansion would dominate; rounded
+    differently). ``memory``: compute the peak memory (a traced flag runs it under ``lax.cond``).
+    """
+    type(hws).check(hws, graph)  # static: the batch changes nothing
+    tables = jax.vmap(lambda h: h.tables(graph))(hws).batch_last(batched=True)
+    total = batched_makespan(graph, tables)
+    work = None
+    if isinstance(busy, str):
+        if busy != "devices":
+            raise ValueError(f"batch_metrics: busy must be None, 'devices' or (rows, sizes), got {busy!r}")
+        work = jax.vmap(lambda h: jnp.sum(device_busy(graph, op_durations(graph, h)[0])))(hws)
+    elif busy is not None:
+        rows, sizes = busy
+        exact = lax.Precision.HIGHEST  # float32 products also on accelerators (no TF32/bf16 passes)
+        work = (jnp.matmul(rows, tables.base, precision=exact)
+                + jnp.sum(tables.per_size * jnp.matmul(sizes, tables.size, precision=exact), axis=0))
+        if getattr(hws, "setup", None) is not None or getattr(hws, "wind_down", None) is not None:
+            lead, tail = jax.vmap(lambda h: h._step_terms(graph.node_cost[:, 6]))(hws)  # the step's, no op's
+            work = work - jnp.matmul(lead + tail, rows, precision=exact)
+
+    def peak():
+        static, act, size = jax.vmap(lambda h: (h.per_stage("static_bytes", graph), h.per_stage(
+            "activation_bytes", graph), h.per_microbatch(graph)))(hws)
+        return peak_bytes(graph, *(jnp.moveaxis(x, 0, -1) for x in (static, act, size)))
+
+    if memory is True:
+        bytes_ = peak()
+    else:
+        bytes_ = lax.cond(memory, peak, lambda: jnp.zeros((graph.devices, total.shape[0]), total.dtype))
+    return Metrics(total, work, bytes_)
+
+
+def busy_coefficients(graph: Graph, costs: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cost row, the busy weight of its nodes ``[costs]`` and per (cost row, microbatch)
+    ``[costs, microbatches]`` of a concrete ``graph``, so that the total busy time ``sum_i weight_i *
+    dur_i`` (``dur_i = base[row_i] + size[mb_i] * per_size[row_i]``) is ``rows @ base + sum(per_size *
+    (sizes @ size))`` (``batch_metrics(..., busy=(rows, sizes))``)."""
+    kind = np.asarray(graph.kind)
+    weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
+    weights += graph.communication.busy_weight * (kind == KIND_CODES["T"])
+    row, mb = np.asarray(graph.node_row), np.asarray(graph.microbatch)
+    rows = np.zeros(costs, np.float32)
+    np.add.at(rows, row, weights)
+    sizes = np.zeros((costs, microbatches), np.float32)
+    np.add.at(sizes, (row, mb), weights)
+    return rows, sizes
+
 
 #: Plans per call of the batched exact simulator; memory is about ``nodes x k x chunk`` floats.
 EVALUATION_CHUNK = 4096
@@ -33,10 +105,8 @@ _BUCKETS = (64, 512)
 @eqx.filter_jit
 @nan_checked
 def _exact(graph: Graph, build: Any, inputs: Any):
-    hws = jax.vmap(build)(inputs)
-    times = makespan(graph, hws, batched=True)
-    memory = jax.vmap(lambda hw: peak_memory(graph, hw)[0])(hws)
-    return times, memory
+    out = batch_metrics(graph, jax.vmap(build)(inputs))
+    return out.makespan, out.peak_memory.T
 
 
 def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype: Any, *,
@@ -69,14 +139,11 @@ def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype
 @nan_checked
 def batched_simulation(graph, hws, devices):
     """Exact makespan, bubble ratio and per-device peak memory of a batch of hardware on one padded
-    graph (``simulate``'s own terms, vmapped: the evaluator folds the batch into its batch-last
-    layout). ``devices``: the real graph's device count (a traced value, so that every graph of a
-    bucket shares the program); the padded devices are idle and hold nothing."""
-    def one(hw):
-        out = simulate_graph(graph, hw)
-        return out.makespan, 1.0 - jnp.sum(out.busy) / (devices * out.makespan), out.peak_memory
-
-    return jax.vmap(one)(hws)
+    graph (``batch_metrics`` with ``simulate``'s busy sums: every member's numbers are
+    ``simulate``'s). ``devices``: the real graph's device count (a traced value, so that every graph
+    of a bucket shares the program); the padded devices are idle and hold nothing."""
+    out = batch_metrics(graph, hws, busy="devices")
+    return out.makespan, 1.0 - out.busy / (devices * out.makespan), out.peak_memory.T
 
 
 #: Batches of ``batched_simulation`` are padded to powers of two (copies of the first member), at least this.

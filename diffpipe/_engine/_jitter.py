@@ -174,7 +174,7 @@ def expected_makespan(graph: Graph, hw: Hardware, jitter: Jitter, *, key: PRNGKe
                                      temperature=temperature))
 
 
-def summary(times: Any) -> dict[str, float]:
+def step_time_summary(times: Any) -> dict[str, float]:
     """Mean, standard deviation, median and 95th percentile of sampled step times (seconds), and
     the standard error of the mean."""
     t = np.asarray(times, dtype=np.float64)

@@ -20,6 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jaxtyping import Array, Float
 
 from .._caches import BoundedDict
@@ -188,16 +189,60 @@ def peak_memory(graph: Graph, hw: AbstractCostModel) -> tuple[Float[Array, " dev
 
 
 def _peak_memory(graph: Graph, hw: AbstractCostModel) -> tuple[Float[Array, " devices"], Float[Array, " devices"]]:
-    act = hw.per_stage("activation_bytes", graph)
-    size = hw.per_microbatch(graph)
+    static, act, size = (hw.per_stage("static_bytes", graph), hw.per_stage("activation_bytes", graph),
+                         hw.per_microbatch(graph))
+    return peak_bytes(graph, static, act, size), _segment_peak(graph, _release(graph, act.dtype))
+
+
+def peak_bytes(graph: Graph, static: Array, act: Array, size: Array) -> Array:
+    """The peak-memory formula, the one home of it: per device, the static bytes of the stages it
+    holds (times their weight versions) plus the largest running sum of activation bytes stored
+    (``+`` at ``F``) and freed (``-`` at ``B``, or ``W`` when split) along its order (at least 0).
+    ``static``, ``act`` ``[pipelines, stages, *batch]``, ``size`` ``[microbatches, *batch]``; returns
+    ``[devices, *batch]``: a batch rides along as trailing axes (the batched evaluator's layout,
+    ``_batch``), and each member's bytes are those of the same call without a batch, bit for bit."""
+    batch = act.shape[2:]
+    dtype = act.dtype
     nodes = graph.lane_nodes  # collectives have release 0: they neither store nor free
     compute = graph.kind[nodes] <= KIND_CODES["W"]
     m = jnp.where(compute, graph.microbatch[nodes], 0)
-    sign = graph.release[nodes].astype(act.dtype)
-    delta = sign * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
-    peak_bytes = _segment_prefix_max(delta, graph.lane_device, graph.devices)
-    peak_count = _segment_prefix_max(sign, graph.lane_device, graph.devices)
-    return static_memory(graph, hw) + peak_bytes, peak_count
+    delta = _trailing(_release(graph, dtype), batch) * act[graph.pipeline[nodes], graph.stage[nodes]] * size[m]
+    return _held(graph, static) + _segment_peak(graph, delta)
+
+
+def _held(graph: Graph, static: Array) -> Array:
+    """Per device ``[devices, *batch]``, the static bytes of the stages it holds times their weight
+    versions (``static`` ``[pipelines, stages, *batch]``)."""
+    batch = static.shape[2:]
+    flat = (static * _trailing(graph.versions.astype(static.dtype), batch)).reshape((-1, *batch))
+    return jax.ops.segment_sum(flat, graph.holder.ravel(), graph.devices)
+
+
+def _trailing(x: Array, batch: tuple[int, ...]) -> Array:
+    return x.reshape(x.shape + (1,) * len(batch))
+
+
+def _release(graph: Graph, dtype) -> Array:
+    """Per lane entry, +1 where its op stores an activation, -1 where it frees one, else 0."""
+    return graph.release[graph.lane_nodes].astype(dtype)
+
+
+def _segment_peak(graph: Graph, values: Array) -> Array:
+    """Per device (its lane entries are contiguous), the largest running sum of ``values`` along its
+    order, at least 0: ``[devices, *batch]``. The running sum restarts at each device's first entry
+    (a scan over the entries, each a vector over the batch: no cancellation against earlier
+    devices' sums, and on CPU ~7x faster than XLA's ``cumsum`` of ``[lanes, batch]``, which reduces a
+    window per output; benchmarks in the commit that made it the one formula)."""
+    segment = graph.lane_device
+    start = jnp.concatenate([jnp.ones((1,), bool), segment[1:] != segment[:-1]])
+
+    def step(total, row):
+        value, first = row
+        total = jnp.where(first, value, total + value)
+        return total, total
+
+    running = lax.scan(step, jnp.zeros_like(values[0]), (values, start))[1]
+    return jnp.maximum(jax.ops.segment_max(running, segment, graph.devices), 0.0)
 
 
 def peak_in_flight(graph: Graph) -> np.ndarray:
@@ -216,22 +261,12 @@ def peak_in_flight(graph: Graph) -> np.ndarray:
 
 def static_memory(graph: Graph, hw: AbstractCostModel) -> Float[Array, " devices"]:
     """Per device, the bytes held for the whole step: each stage's ``static_bytes`` times the
-    weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds."""
-    static = hw.per_stage("static_bytes", graph)
-    static = static * graph.versions.astype(static.dtype)
-    return jax.ops.segment_sum(static.ravel(), graph.holder.ravel(), graph.devices)
+    weight versions it keeps (PipeDream's stashed weights), summed over the stages it holds
+    (``peak_bytes`` without activations)."""
+    return _held(graph, hw.per_stage("static_bytes", graph))
 
 
 _peak_memory_compiled = eqx.filter_jit(_peak_memory)
-
-
-def _segment_prefix_max(values: Array, segment: Array, segments: int) -> Array:
-    """Per segment (contiguous, sorted), the max over prefixes of the running sum (>= 0)."""
-    total = jnp.cumsum(values)
-    before = jax.ops.segment_sum(values, segment, segments)
-    base = jnp.cumsum(before) - before  # running sum before each segment starts
-    prefix = total - base[segment]
-    return jnp.maximum(jax.ops.segment_max(prefix, segment, segments), 0.0)
 
 
 class Result(eqx.Module):
@@ -244,7 +279,9 @@ class Result(eqx.Module):
         busy: per device, seconds of compute (collectives count on every participant).
         bubble_ratio: idle fraction of ``devices x makespan``.
         peak_memory: per device, bytes; ``peak_activations``: stored stage-microbatch activations.
-        fits: per device, whether ``peak_memory <= capacity``.
+        fits: per device, whether ``peak_memory <= capacity``: the hardware's whole capacity, no headroom
+            (the planning layers, ``Configuration.evaluate``, ``plan``, ``compare`` and the CLI, keep
+            ``HEADROOM`` of it free: ``diffpipe.fits_memory``).
         communication_bytes: bytes sent between devices (transfers; collectives not included).
         step_finish: per optimizer step, when its last op finishes; ``period``: the differences
             (constant in steady state for asynchronous schedules).
@@ -322,19 +359,13 @@ def _simulate_graph(graph: Graph, hw: AbstractCostModel, temperature: Array | No
 
 def _simulate_graph_checked(graph: Graph, hw: AbstractCostModel, temperature: Array | None) -> GraphTimes:
     tables = _tables(graph, hw, False)
-    dur, _ = tables.expand(graph)
     finish = finish_times(graph, tables, temperature)[:, 0]
     total = sink_max(graph, finish[:, None], temperature)[0]
-    lead, tail = hw.step_terms(graph)  # the step's setup and wind-down, not the ops' own work
-    dur = dur[:, 0] - lead - tail
+    dur, tail = op_durations(graph, hw, tables)
     step_finish = finish[graph.step_last]  # a step ends after its wind-down
     finish = finish - tail
     real = graph.kind != PAD
-    busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
-    if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
-        xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
-        busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
-        busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)
+    busy = device_busy(graph, dur)
     bubble = 1.0 - jnp.sum(busy) / (graph.devices * total)
     memory, count = peak_memory(graph, hw)
     msg = hw.per_stage("message_bytes", graph)
@@ -347,6 +378,25 @@ def _simulate_graph_checked(graph: Graph, hw: AbstractCostModel, temperature: Ar
     volume = jnp.sum(jnp.where(is_xfer_edge & real[:, None], edge_bytes, 0.0)) + jnp.sum(
         jnp.where(graph.kind == KIND_CODES["T"], node_bytes, 0.0))
     return GraphTimes(finish - dur, finish, total, busy, bubble, memory, count, volume, step_finish)
+
+
+def op_durations(graph: Graph, hw: AbstractCostModel, tables: CostTables | None = None) -> tuple[Array, Array]:
+    """Per node, its own work's seconds (its duration less the step's setup and wind-down, which
+    are no op's work) and the wind-down it carries (``tables``: ``hw``'s, batch of one)."""
+    dur, _ = (_tables(graph, hw, False) if tables is None else tables).expand(graph)
+    lead, tail = hw.step_terms(graph)
+    return dur[:, 0] - lead - tail, tail
+
+
+def device_busy(graph: Graph, dur: Array) -> Float[Array, " devices"]:
+    """Per device, seconds of work: its lane's ops (collectives on every participant) and, where the
+    mode makes a transfer occupy both ends (``busy_weight``), its transfers."""
+    busy = jax.ops.segment_sum(dur[graph.lane_nodes], graph.lane_device, graph.devices)
+    if graph.communication.busy_weight:  # e.g. a blocking transfer occupies both ends
+        xfer = jnp.where(graph.kind == KIND_CODES["T"], dur, 0.0)
+        busy = busy + jax.ops.segment_sum(xfer, graph.device, graph.devices)
+        busy = busy + jax.ops.segment_sum(xfer, graph.dst, graph.devices)
+    return busy
 
 
 def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: float | None = None,

@@ -44,7 +44,9 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
   times the device's ``KernelModel.attention_native``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
-  attention core's (Korthikanti et al. 2022, §4.2).
+  attention core's (Korthikanti et al. 2022, §4.2). With ``Transformer.recompute_early_stop`` (PyTorch's
+  non-reentrant checkpoint) a dense block without dropout leaves out its MLP output projection's GEMM
+  and the residual add after it (``early_stop_skips``).
 
 A kernel's time (``KernelModel``): a fixed overhead each plus the roofline with a shape-dependent
 efficiency. ``kernel_times`` returns it per class, so ``Configuration.evaluate`` can report where a
@@ -64,7 +66,7 @@ from .._caches import memoized
 from .._errors import ConfigError
 from .._machine._device import Device
 from .._machine._kernels import KERNEL_CLASSES
-from ._transformer import _LOGIT_BYTES, CACHED, Transformer, _block_matmuls
+from ._transformer import _LOGIT_BYTES, CACHED, Transformer, _block_matmuls, early_stop_skips
 
 _F, _I, _W = range(3)
 #: fp32 gradient accumulation: read and write 4 bytes per weight per microbatch.
@@ -212,11 +214,11 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         out.mm(row, _I, s, dh, s, batch=heads)  # dQ = dS K
         out.mm(row, _I, s, dh, s, batch=heads)  # dK = dS^T Q
 
-    def elementwise(row: int, kind: int, is_moe: bool, backward: bool) -> None:
+    def elementwise(row: int, kind: int, is_moe: bool, backward: bool, adds: int = 2) -> None:
         norm = (3 if backward else 2) * d * h * T * rep
         out.mem(row, kind, norm, 2)
         add = ((2 * d + mask) if backward else (3 * d + mask)) * h * T * rep
-        out.mem(row, kind, add, 2)
+        out.mem(row, kind, add, adds)
         if model.positions == "rotary":
             out.mem(row, kind, 2 * d * (a + kv) * dh * T / t)
         if is_moe:
@@ -235,7 +237,9 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         is_moe = i in moe
         weights = 0.0
         fwd_kinds = (_F,) + ((-1,) if model.recompute == "full" else ())
-        for rows_per_sample, k, n, count in _block_matmuls(model, is_moe):
+        stop = early_stop_skips(model, is_moe)  # the recompute ends before the MLP's output projection
+        matmuls = _block_matmuls(model, is_moe)
+        for j, (rows_per_sample, k, n, count) in enumerate(matmuls):
             m = rows_per_sample * b
             column = k == h
             shard = t
@@ -244,11 +248,12 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
                 # expert tensor group's gather of the t-sharded tokens), the matrices split by e_t
                 m, count, shard = (m * e if et == t else m * e * et / t), count / e, et
             n_, k_ = (n / shard, k) if column else (n, k / shard)
-            out.weight(row, m, n_, k_, count, (*fwd_kinds, _I, _W))
+            kinds = (_F,) if stop and j == len(matmuls) - 1 else fwd_kinds
+            out.weight(row, m, n_, k_, count, (*kinds, _I, _W))
             weights += n_ * k_ * count
         elementwise(row, _F, is_moe, False)
         if model.recompute == "full":
-            elementwise(row, _I, is_moe, False)
+            elementwise(row, _I, is_moe, False, adds=1 if stop else 2)
         elementwise(row, _I, is_moe, True)
         if model.eager_blocks:
             _eager_backward(out, row, model, tensor=t, rep=rep, norms=2)

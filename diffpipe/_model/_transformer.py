@@ -217,6 +217,13 @@ class Transformer:
             gradient pre-divide factor before the reduce-scatter (``_post_backward_hook`` and ``_reduce_grad`` in
             ``torch/distributed/fsdp/_runtime_utils.py``; the factor is above 1 on 2 or more ranks); the sharded
             result accumulates on the shard. Timing only (kernel models).
+        recompute_early_stop: with ``recompute="full"``, the recomputation stops at the last tensor the
+            block's backward saved, as PyTorch's non-reentrant checkpoint does by default
+            (``torch.utils.checkpoint``'s early stop, the default since pytorch/pytorch#96866, 2023, first
+            in PyTorch 2.1; a saved input is packed before its op runs): a dense block without dropout saves
+            nothing after the MLP's output projection takes its input, so that projection's GEMM and the
+            residual add after it are not recomputed. MoE blocks, and blocks with dropout (its mask is saved
+            after the projection), recompute their whole forward. Timing (kernels and FLOPs of ``I``).
     """
 
     layers: int
@@ -255,6 +262,7 @@ class Transformer:
     reduce_bytes: int | None = None
     eager_blocks: bool = False
     flat_gradients: bool = False
+    recompute_early_stop: bool = False
 
     @property
     def reduction_bytes(self) -> int:
@@ -273,7 +281,8 @@ class Transformer:
         positions="learned", bias=True, qkv_bias=None, qk_norm=False, dropout=True, experts=1,
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
         q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=None,
-        reduce_bytes=None, eager_blocks=False, flat_gradients=False)
+        reduce_bytes=None, eager_blocks=False, flat_gradients=False,
+        recompute_early_stop=False)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
@@ -316,7 +325,7 @@ class Transformer:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
             fail("ffn_multiplier", "a positive number")
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention", "eager_blocks",
-                     "flat_gradients"):
+                     "flat_gradients", "recompute_early_stop"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
         if self.flash_version is not None and (self.flash_version not in FLASH_VERSIONS
@@ -617,6 +626,12 @@ def _block_matmuls(model: Transformer, moe: bool) -> list[tuple[float, float, fl
     return out + mlp(k * c * s / e, model.expert_ffn, e)
 
 
+def early_stop_skips(model: Transformer, moe: bool) -> bool:
+    """Whether the recomputation of a block (MoE or not) stops before its MLP's output projection
+    (``Transformer.recompute_early_stop``): full recomputation, early stop, a dense block, no dropout."""
+    return model.recompute == "full" and model.recompute_early_stop and not moe and not model.dropout
+
+
 def memory_traffic(model: Transformer) -> dict[str, np.ndarray]:
     """Bytes each op's kernels move through device memory, and the rows of its matmuls, for each
     row of ``layer_costs(model)``: ``{"forward", "input_grad", "weight", "tokens"}`` (``[l + 2]``).
@@ -658,7 +673,9 @@ def memory_traffic(model: Transformer) -> dict[str, np.ndarray]:
         f = gemm + core
         forward.append(f)
         weight.append(gemm)
-        input_grad.append(gemm + 2 * core + {"none": 0.0, "selective": core, "full": f}[model.recompute])
+        r, k, n, c = matmuls[-1]  # the MLP's output projection, not recomputed after an early stop
+        redo = f - (c * d * (b * r * k + k * n + b * r * n) if early_stop_skips(model, i in moe) else 0.0)
+        input_grad.append(gemm + 2 * core + {"none": 0.0, "selective": core, "full": redo}[model.recompute])
         inverse = sum(x / (b * r) for x, (r, _, _, _) in zip(flops, matmuls)) + core_flops / tokens
         rows.append((sum(flops) + core_flops) / inverse)
     gather = (3.0 if model.positions == "learned" else 2.0) * d * tokens * h
@@ -697,7 +714,9 @@ def layer_costs(model: Transformer) -> LayerCosts:
     rows = [_block(model, i in moe) for i in range(model.layers)]
     matmul = np.asarray([2 * b * s * r["weights"] for r in rows])
     forward = matmul + core
-    input_grad = matmul + 2 * core + flash + (forward if extra is None else extra)
+    skipped = np.asarray([2 * b * r * k * n * c if early_stop_skips(model, i in moe) else 0.0
+                          for i in range(model.layers) for r, k, n, c in _block_matmuls(model, i in moe)[-1:]])
+    input_grad = matmul + 2 * core + flash + (forward - skipped if extra is None else extra)
     logits = 2 * b * s * h * V
     embedding = (V + (s if model.positions == "learned" else 0.0)) * h
 

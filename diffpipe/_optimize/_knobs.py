@@ -236,14 +236,8 @@ class StageBalance(AbstractKnob):
 
     @staticmethod
     def _boundaries(params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages+1"]:
-        w = _curve_weights(workload)
-        cumulative = jnp.concatenate([jnp.zeros((1,), w.dtype), jnp.cumsum(w)])
-        targets = cumulative[-1] * jnp.cumsum(jax.nn.softmax(params.astype(w.dtype)))[:-1]
-        k = jnp.clip(jnp.searchsorted(cumulative, targets, side="right") - 1, 0, workload.layers - 1)
-        inner = k.astype(w.dtype) + (targets - cumulative[k]) / w[k]
-        inner = jnp.clip(inner, 0.0, float(workload.layers))
-        ends = jnp.zeros((1,), w.dtype), jnp.full((1,), workload.layers, w.dtype)
-        return jnp.concatenate([ends[0], inner, ends[1]])
+        return _boundaries_on(params, _curve_weights(workload), workload.layers)
+
 
     def layers(self, params: Float[Array, " stages"], workload: Workload) -> Float[Array, " stages"]:
         """Continuous layers per stage (sums to ``workload.layers``)."""
@@ -278,12 +272,126 @@ class StageBalance(AbstractKnob):
     def fractional(self, params: Array, workload: Workload) -> np.ndarray:
         return np.diff(np.asarray(self.boundaries(params, workload)))  # ``layers``, without an eager jnp.diff
 
+def _boundaries_on(params: Float[Array, " stages"], w: Float[Array, " layers"], layers: int
+               ) -> Float[Array, " stages+1"]:
+    """``StageBalance``'s boundaries of ``params`` on the curve weights ``w`` (``_curve_weights``)."""
+    cumulative = jnp.concatenate([jnp.zeros((1,), w.dtype), jnp.cumsum(w)])
+    targets = cumulative[-1] * jnp.cumsum(jax.nn.softmax(params.astype(w.dtype)))[:-1]
+    k = jnp.clip(jnp.searchsorted(cumulative, targets, side="right") - 1, 0, layers - 1)
+    inner = k.astype(w.dtype) + (targets - cumulative[k]) / w[k]
+    inner = jnp.clip(inner, 0.0, float(layers))
+    ends = jnp.zeros((1,), w.dtype), jnp.full((1,), layers, w.dtype)
+    return jnp.concatenate([ends[0], inner, ends[1]])
+
+
+class PaddedStageBalance(AbstractKnob):
+    """``StageBalance`` of ``real`` stages run in ``stages`` (padded) entries, so that one compiled
+    descent and exact evaluator serve every stage count up to ``stages`` (``optimize(...,
+    pad_to=)`` with a larger ``stages``; ``docs/architecture.md``, "Compilation").
+
+    ``real`` is an array leaf (traced, not static). Params: ``[stages]`` logits, the padded ones
+    masked out of the softmax (no gradient reaches them); value: boundaries ``[stages + 1]``, those
+    past ``real`` equal to ``layers``; every per-stage field of a padded stage is 0, as
+    ``pad_hardware`` pads it, and every real stage's field is ``StageBalance(real)``'s (elementwise in
+    the boundaries). Plans are the real knob's (``real`` entries): ``optimize`` checks, baselines
+    and moves with ``StageBalance(real)``, and runs every program (descent, exact search, starts,
+    rounding) with this knob. Made by ``of``.
+    """
+
+    stages: int = eqx.field(static=True)
+    real: Array
+    name: ClassVar[str] = StageBalance.name
+    label: ClassVar[str] = StageBalance.label
+    sets: ClassVar[tuple[str, ...]] = StageBalance.sets
+
+    @classmethod
+    def of(cls, knob: StageBalance, stages: int) -> PaddedStageBalance:
+        if not is_positive_int(stages) or stages < knob.stages:
+            raise ConfigError(f"PaddedStageBalance: {stages} stages cannot hold {knob.stages}")
+        return cls(stages, np.asarray(knob.stages, np.int32))
+
+    def unpadded(self) -> StageBalance:
+        return StageBalance(int(np.asarray(self.real)))
+
+    def pad_params(self, params: Any) -> Any:
+        """Real logits ``[..., real]`` padded with zeros to ``[..., stages]`` (NumPy when concrete)."""
+        width = self.stages - params.shape[-1]
+        pads = [(0, 0)] * (params.ndim - 1) + [(0, width)]
+        if isinstance(params, jax.core.Tracer):
+            return jnp.pad(params, pads)
+        return jax.device_put(np.pad(np.asarray(params), pads))
+
+    def check(self, problem: Problem) -> None:
+        self.unpadded().check(problem)
+
+    def init(self, workload: Workload | None = None, layers_per_stage: Sequence[int] | None = None) -> Array:
+        """``StageBalance.init`` padded with zeros (one program for every real stage count)."""
+        if layers_per_stage is None or workload is None:
+            return self.pad_params(self.unpadded().init(workload, layers_per_stage))
+        counts = _counts(layers_per_stage, "layers_per_stage")
+        if len(counts) != int(np.asarray(self.real)) or any(c < 1 for c in counts) or sum(counts) != workload.layers:
+            raise ConfigError(f"PaddedStageBalance.init: layers_per_stage {list(counts)} needs "
+                              f"{int(np.asarray(self.real))} positive entries summing to {workload.layers}")
+        bounds = self.encode(np.asarray(counts), workload).astype(workload.forward.dtype)
+        # on the cost curve alone: one program for every workload of this layer count
+        logits = np.asarray(compiled_unless_traced(_init_logits_on, workload.compute, jax.device_put(bounds)))
+        return jax.device_put(np.where(np.arange(self.stages) < len(counts), logits, 0).astype(logits.dtype))
+
+    def relax(self, params: Array, workload: Workload) -> Array:
+        # concrete: on the cost curve alone, one program for every workload of this layer count
+        return compiled_unless_traced(PaddedStageBalance._relax, self, params, workload.compute)
+
+    def _relax(self, params: Array, compute: Float[Array, " layers"]) -> Array:
+        layers = compute.shape[0]
+        masked = jnp.where(jnp.arange(self.stages) < self.real, params, -jnp.inf)
+        bounds = _boundaries_on(masked, _weights(compute), layers)
+        return jnp.where(jnp.arange(self.stages + 1) >= self.real, float(layers), bounds)
+
+    def encode(self, plan: np.ndarray, workload: Workload) -> np.ndarray:
+        bounds = self.unpadded().encode(plan, workload)
+        return np.concatenate([bounds, np.full(self.stages + 1 - bounds.shape[0], bounds[-1])])
+
+    def apply(self, value: Array, workload: Workload, fields: dict[str, Any]) -> dict[str, Any]:
+        real = jnp.arange(self.stages) < self.real
+        stage = {name: jnp.where(real, v, jnp.zeros((), v.dtype)) for name, v in workload.stage_fields(value).items()}
+        return {**fields, **stage}
+
+    def _real_bounds(self, params: Array, workload: Workload) -> np.ndarray:
+        """The real boundaries of real (or padded) logits, by the padded program."""
+        real = int(np.asarray(self.real))
+        return np.asarray(self.relax(self.pad_params(np.asarray(params)[..., :real]), workload))[..., :real + 1]
+
+    def round(self, params: Array, workload: Workload) -> np.ndarray:
+        return _round_boundaries(self._real_bounds(params, workload), workload.layers)
+
+    def neighbours(self, plan: np.ndarray) -> np.ndarray:
+        return self.unpadded().neighbours(plan)
+
+    def baselines(self, problem: Problem) -> dict[str, np.ndarray]:
+        return self.unpadded().baselines(problem)
+
+    def starts(self, problem: Problem) -> list[tuple[np.ndarray, bool]]:
+        return self.unpadded().starts(problem)
+
+    def fractional(self, params: Array, workload: Workload) -> np.ndarray:
+        return np.diff(self._real_bounds(params, workload))
+
+
 def _init_logits(workload: Workload, boundaries: Array) -> Array:
     return jnp.log(jnp.diff(_cumulative_at(_curve_weights(workload), boundaries)))
 
 
+def _init_logits_on(compute: Float[Array, " layers"], boundaries: Array) -> Array:
+    """``_init_logits`` on the per-layer compute curve alone."""
+    return jnp.log(jnp.diff(_cumulative_at(_weights(compute), boundaries)))
+
+
 def _curve_weights(workload: Workload) -> Float[Array, " layers"]:
-    compute = workload.compute
+    return _weights(workload.compute)
+
+
+def _weights(compute: Float[Array, " layers"]) -> Float[Array, " layers"]:
+    """The cost curve stage boundaries are placed on (``compute`` plus a flat share per layer)."""
     mean = jnp.mean(compute)
     return compute + FLAT_LAYER_WEIGHT * jnp.where(mean > 0, mean, 1.0)
 

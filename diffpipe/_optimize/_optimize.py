@@ -38,6 +38,7 @@ import optax
 from jax import lax
 
 from .._caches import BoundedDict, result_cache_dir
+from .._checks import is_positive_int
 from .._engine._batch import evaluate_batched
 from .._engine._communication import node_size, topology
 from .._engine._graph import Graph, common_sizes, compile, pad_graph
@@ -54,7 +55,7 @@ from .._workload._workload import Workload, check_static_memory
 from ..schedules import Schedule
 from ..schedules._analysis import peak_activations, weight_versions
 from ._baselines import StagePlan, make_plan
-from ._knobs import AbstractKnob, Problem, as_knobs, knob_hardware, value_hardware
+from ._knobs import AbstractKnob, PaddedStageBalance, Problem, StageBalance, as_knobs, knob_hardware, value_hardware
 
 #: Default optimizer: Adam (Kingma and Ba, ICLR 2015) on the knobs' logits. One module-level object,
 #: so repeated calls reuse the compiled loop.
@@ -273,10 +274,11 @@ class _Search:
     programs; ``capacity`` per device of ``evaluated`` (``inf`` on the padded ones)."""
 
     def __init__(self, graph: Graph, workload: Workload, knobs: tuple[AbstractKnob, ...], stages: int,
-                 evaluated: Graph, evaluated_workload: Workload, capacity: np.ndarray):
-        self.graph, self.workload, self.knobs = graph, workload, knobs
+                 evaluated: Graph, evaluated_workload: Workload, capacity: np.ndarray,
+                 programs: tuple[AbstractKnob, ...]):
+        self.graph, self.workload, self.knobs, self.programs = graph, workload, knobs, programs
         self.evaluated, self.evaluated_capacity = evaluated, capacity
-        self.build = _Build(knobs, evaluated_workload, stages, None if evaluated is graph else evaluated)
+        self.build = _Build(programs, evaluated_workload, stages, None if evaluated is graph else evaluated)
         self.capacity = np.broadcast_to(np.asarray(workload.capacity, np.float64), (graph.devices,))
         self.cache: dict[tuple, tuple[float, np.ndarray]] = {}
         self.evaluations = 0
@@ -295,7 +297,7 @@ class _Search:
                 todo[key] = plan
         if todo:
             values = tuple(np.stack([k.encode(plan[i], self.workload) for plan in todo.values()])
-                           for i, k in enumerate(self.knobs))
+                           for i, k in enumerate(self.programs))
             times, memory, _ = self.exact(values)
             self.evaluations += len(todo)
             for key, t, m in zip(todo, times, memory):
@@ -367,9 +369,10 @@ def optimize(
         pad_to: sizes to pad the graph to (``pad_graph``'s keyword arguments, each at least the
             graph's own; ``common_sizes`` of several graphs), so that calls on graphs of one padded
             size with the same knobs and workloads of one shape share one compiled descent and
-            exact evaluator (the data-parallel size is then traced too). Every exact figure is the
-            unpadded graph's (``pad_graph``); the descent's loss is the unpadded one up to float
-            rounding.
+            exact evaluator (the data-parallel size is then traced too); a ``StageBalance`` then
+            runs padded to the padded stage count (``PaddedStageBalance``), so that graphs of
+            different stage counts share them too. Every exact figure is the unpadded graph's
+            (``pad_graph``); the descent's loss is the unpadded one up to float rounding.
 
     Returns:
         An ``OptimizeResult``: the best plan found (never worse than the best combination of the
@@ -431,7 +434,17 @@ def optimize(
     dtype = workload.forward.dtype
     baselines = _baselines(knobs, problem)
     starts = [k.starts(problem) for k in knobs]
-    params0 = _starts(knobs, workload, init, baselines, starts, restarts, key, dtype)
+    # The knobs the programs run: with pad_to, a stage split padded to the padded stage count, so
+    # that its programs (descent, exact search, starts, rounding) serve every stage count.
+    program_stages = stages
+    if isinstance(pad_to, Mapping) and is_positive_int(pad_to.get("stages")):
+        program_stages = max(stages, pad_to["stages"])
+    programs = tuple(PaddedStageBalance.of(k, program_stages)
+                     if pad_to is not None and type(k) is StageBalance and k.stages >= 2 else k for k in knobs)
+    params0 = _starts(knobs if init is not None else programs, workload, init, baselines, starts, restarts, key,
+                      dtype)
+    params0 = tuple(p.pad_params(x) if init is not None and isinstance(p, PaddedStageBalance) else x
+                    for p, x in zip(programs, params0))
     if isinstance(graph, Schedule):
         graph = compile(graph, communication=workload.network.mode,
                         devices_per_node=workload.network.devices_per_node)
@@ -462,22 +475,27 @@ def optimize(
     # Baselines, exactly evaluated.
     capacity = np.full(evaluated.devices, np.inf, dtype)  # a padded device holds nothing: no penalty
     capacity[:devices] = np.broadcast_to(np.asarray(workload.capacity, dtype), (devices,))
-    search = _Search(graph, workload, knobs, stages, evaluated, evaluated_workload, capacity)
+    padded_split = any(isinstance(p, PaddedStageBalance) for p in programs)
+    search = _Search(graph, workload, knobs, program_stages if padded_split else stages, evaluated,
+                     evaluated_workload, capacity, programs)
     keys = {name: search.key(plan) for name, plan in baselines.items()}
     baseline = min(keys, key=lambda n: keys[n])
     scale = keys[baseline][2] if keys[baseline][2] > 0 else 1.0
 
     # The continuous phase, from every start at once.
-    params, losses, xs = _descend(evaluated, evaluated_workload, knobs, params0, optimizer,
+    params, losses, xs = _descend(evaluated, evaluated_workload, programs, params0, optimizer,
                                   *(jax.device_put(np.asarray(x, dtype)) for x in (taus * scale, memory_penalty,
                                                                                    scale)),
-                                  jax.device_put(capacity), stages, sizes is not None)
+                                  jax.device_put(capacity), search.build.stages, sizes is not None)
     losses = np.asarray(losses)
     if not np.all(np.isfinite(losses)):
         bad = int(np.argmin(np.all(np.isfinite(losses), axis=0)))
         raise ConfigError(f"optimize: the loss became non-finite at step {bad}; lower the learning rate or raise "
                           "the temperature")
     best = int(np.argmin(losses[:, -1]))
+    # the real knobs' params (a padded stage split's real logits)
+    params = tuple(np.asarray(x)[:, :k.stages] if isinstance(p, PaddedStageBalance) else x
+                   for k, p, x in zip(knobs, programs, params))
     chosen = tuple(jax.device_put(np.asarray(p)[best]) for p in params)
     continuous_makespan = float(search.exact(tuple(np.asarray(x)[best:best + 1] for x in xs))[0][0])
 
@@ -486,7 +504,8 @@ def optimize(
     candidates = []
     rows = [np.asarray(p) for p in params]  # NumPy rows: indexing a device array compiles eager programs
     for r in range(losses.shape[0]):
-        candidates += list(itertools.product(*(k.round(jax.device_put(p[r]), workload) for k, p in zip(knobs, rows))))
+        candidates += list(itertools.product(*(k.round(jax.device_put(p[r]), workload)
+                                               for k, p in zip(programs, rows))))
     rounded, _ = search.best(candidates)
     origins = [rounded, baselines[baseline]]
     for i, knob_starts in enumerate(starts):
@@ -496,7 +515,7 @@ def optimize(
     plan_values, _ = min(found, key=lambda f: f[1])
 
     # Final check: the chosen plan evaluated afresh (not from the search's cache).
-    time, memory, _ = search.exact(tuple(k.encode(v, workload)[None] for k, v in zip(knobs, plan_values)))
+    time, memory, _ = search.exact(tuple(k.encode(v, workload)[None] for k, v in zip(programs, plan_values)))
     plan = _make_plan(graph, workload, knobs, plan_values, float(time[0]), memory[0])
     base_plan = _make_plan(graph, workload, knobs, baselines[baseline], *search.evaluate([baselines[baseline]])[0])
     rounded_plan = _make_plan(graph, workload, knobs, rounded, *search.evaluate([rounded])[0])
@@ -504,7 +523,7 @@ def optimize(
     result = OptimizeResult(
         plan=plan, fits=plan.fits, message=message, baseline=baseline, baseline_plan=base_plan,
         rounded=rounded_plan, params=chosen,
-        continuous={k.name: _read_only(k.fractional(p, workload)) for k, p in zip(knobs, chosen)},
+        continuous={k.name: _read_only(k.fractional(p, workload)) for k, p in zip(programs, chosen)},
         continuous_makespan=continuous_makespan, loss=_read_only(losses[best]),
         temperatures=_read_only(taus * scale), evaluations=search.evaluations,
     )

@@ -52,7 +52,7 @@ from .._checks import check_int, check_number
 from .._engine._communication import AbstractCommunication
 from .._engine._graph import Graph, compile
 from .._engine._hardware import Hardware, Network
-from .._engine._jitter import Jitter, sample_makespans, summary
+from .._engine._jitter import Jitter, sample_makespans, step_time_summary
 from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
@@ -528,8 +528,8 @@ class Configuration:
                               weight=jitter.cv[3], slow_fraction=jitter.slow_fraction,
                               slow_factor=jitter.slow_factor,
                               group=jitter.group * self.parallelism.tensor * self.parallelism.context)
-            times = summary(sample_makespans(graph, hardware, lockstep, key=jax.random.key(seed), samples=samples,
-                                             replicas=self.parallelism.data))
+            times = step_time_summary(sample_makespans(graph, hardware, lockstep, key=jax.random.key(seed),
+                                                       samples=samples, replicas=self.parallelism.data))
             figures |= dict(expected_step_time=times["mean"], p95_step_time=times["p95"])
             figures["breakdown"]["jitter"] = times["mean"] - step
         return ConfigResult(**figures, result=result, headroom=headroom)

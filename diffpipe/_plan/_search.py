@@ -679,12 +679,12 @@ def _balance_problem(row: dict, model: Transformer, cluster: Cluster, global_bat
 
 def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
     """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
-    graphs with its stage count and communication setting, so that one compiled descent and exact
-    evaluator serve them all (``docs/architecture.md``, "Compilation"). A graph alone in its group
-    is not padded."""
+    graphs with its communication setting, stage counts included (a smaller one runs as a padded
+    stage split, ``PaddedStageBalance``), so that one compiled descent and exact evaluator serve
+    them all (``docs/architecture.md``, "Compilation"). A graph alone in its group is not padded."""
     groups: dict[tuple, list[Graph]] = {}
     for g in graphs:
-        groups.setdefault((g.stages, g.communication), []).append(g)
+        groups.setdefault((g.communication,), []).append(g)
     return {id(g): common_sizes(members) for members in groups.values() if len(members) > 1 for g in members}
 
 

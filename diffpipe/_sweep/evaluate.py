@@ -3,9 +3,9 @@ device JAX sees (``jax.shard_map`` on a 1-D mesh; no communication between devic
 
 Per point it returns the exact makespan, the total busy time, the microbatch work, the largest
 per-device peak memory and whether it fits. A chunk's graphs are evaluated one after the other
-(``lax.map`` over indices into the stack), each on all of the chunk's hardware with the batch last:
-the makespan is ``batched_makespan`` (the simulator's chunked batch-last evaluator), busy time two
-small products on the cost tables, peak memory batch-last running sums, so no metric expands
+(``lax.map`` over indices into the stack), each on all of the chunk's hardware by the engine's
+batched evaluator (``_engine._batch.batch_metrics``, batch last: the simulator's makespan and peak
+memory formulas, busy time two small products on the cost tables), so no metric expands
 ``[nodes, batch]`` arrays or runs batched scatters. A stack (its padded graphs and busy-time
 coefficients) is built and sent to the devices once, and cached across sweeps (``stack``).
 """
@@ -27,8 +27,8 @@ from jaxtyping import Array
 
 from .. import _progress
 from .._caches import BoundedDict
-from .._engine._evaluate import batched_makespan
-from .._engine._graph import KIND_CODES, Graph, stack_graphs
+from .._engine._batch import batch_metrics, busy_coefficients
+from .._engine._graph import Graph, stack_graphs
 from .._engine._hardware import Hardware
 from .._engine._jit_checks import nan_checked
 from .plan import Entry, Sizes, bytes_per_graph, bytes_per_point, chunking
@@ -50,22 +50,6 @@ STACK_CACHE = 16
 _STACKS: BoundedDict = BoundedDict(STACK_CACHE)
 
 
-def _busy_coefficients(graph: Graph, costs: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per cost row, the busy weight of its nodes ``[costs]`` and per (cost row, microbatch)
-    ``[costs, microbatches]``, so that the total busy time ``sum_i weight_i * dur_i`` (``dur_i =
-    base[row_i] + size[mb_i] * per_size[row_i]``) is ``rows @ base + sum(per_size * (sizes @ size))``:
-    two small products on the cost tables instead of a ``[nodes, batch]`` expansion."""
-    kind = np.asarray(graph.kind)
-    weights = np.bincount(np.asarray(graph.lane_nodes), minlength=kind.shape[-1]).astype(np.float32)
-    weights += graph.communication.busy_weight * (kind == KIND_CODES["T"])
-    row, mb = np.asarray(graph.node_row), np.asarray(graph.microbatch)
-    rows = np.zeros(costs, np.float32)
-    np.add.at(rows, row, weights)
-    sizes = np.zeros((costs, microbatches), np.float32)
-    np.add.at(sizes, (row, mb), weights)
-    return rows, sizes
-
-
 def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
     """The cached ``Stack`` of ``graphs`` (built and sent to the devices once)."""
     key = (tuple(id(g) for g in graphs), mesh)
@@ -75,7 +59,7 @@ def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
         return entry
     stacked = jax.tree.map(np.asarray, stack_graphs(graphs))
     costs, microbatches = stacked.node_cost.shape[-2], stacked.microbatches
-    parts = [_busy_coefficients(jax.tree.map(lambda x, i=i: x[i], stacked), costs, microbatches)
+    parts = [busy_coefficients(jax.tree.map(lambda x, i=i: x[i], stacked), costs, microbatches)
              for i in range(len(graphs))]
     host = (stacked, np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]))
     whole = NamedSharding(mesh, P())
@@ -86,58 +70,14 @@ def stack(graphs: Sequence[Graph], mesh: Mesh) -> Stack:
 
 def point_metrics(graph: Graph, rows: Array, sizes: Array, hw: Hardware, memory: Array | bool = True):
     """Exact makespan, total busy time, microbatch work, largest peak memory and fit of one graph
-    on a hardware batch (leading axis; batch last inside: the chunked batched evaluator). Peak
-    memory and fit are computed only where ``memory`` (else 0 and False: another entry of the same
-    schedule supplies them)."""
-    tables = jax.vmap(lambda h: h.tables(graph))(hw).batch_last(batched=True)
-    total = batched_makespan(graph, tables)
-    exact = lax.Precision.HIGHEST  # float32 products also on accelerators (no TF32/bf16 passes)
-    busy = (jnp.matmul(rows, tables.base, precision=exact)
-            + jnp.sum(tables.per_size * jnp.matmul(sizes, tables.size, precision=exact), axis=0))
-    if hw.setup is not None or hw.wind_down is not None:  # part of the step, not of any op (as simulate)
-        lead, tail = jax.vmap(lambda h: h._step_terms(graph.node_cost[:, 6]))(hw)
-        busy = busy - jnp.matmul(lead + tail, rows, precision=exact)
+    on a hardware batch (leading axis): the engine's batched evaluator (``batch_metrics``, busy time
+    from the stack's coefficients). Peak memory and fit are computed only where ``memory`` (else 0
+    and False: another entry of the same schedule supplies them)."""
+    out = batch_metrics(graph, hw, busy=(rows, sizes), memory=memory)
     capacity = jnp.moveaxis(hw.capacity, 0, -1)
-    peak = lax.cond(memory, lambda: _peak_memory(graph, hw), lambda: jnp.zeros_like(capacity))
     work = jnp.sum(hw.size, axis=-1)
-    return total, busy, work, jnp.max(peak, axis=0), jnp.all(peak <= capacity, axis=0) & memory
-
-
-def _peak_memory(graph: Graph, hw: Hardware) -> Array:
-    """``diffpipe.peak_memory``'s bytes ``[devices, batch]`` for a batch of normalised hardware
-    (per-stage leaves ``[B, P, S]``, size ``[B, M]``), batch last: the same terms, no batched scatters."""
-    def per_stage(x):  # [B, P, S] -> [P * S, B]
-        return jnp.moveaxis(x, 0, -1).reshape(-1, x.shape[0])
-
-    dtype = hw.static_bytes.dtype
-    flat_holder = graph.holder.ravel()
-    static = per_stage(hw.static_bytes) * graph.versions.ravel().astype(dtype)[:, None]
-    static_per_device = jax.ops.segment_sum(static, flat_holder, graph.devices)
-    act = per_stage(hw.activation_bytes)
-    size = jnp.moveaxis(hw.size, 0, -1)
-    nodes = graph.lane_nodes
-    compute = graph.kind[nodes] <= KIND_CODES["W"]
-    m = jnp.where(compute, graph.microbatch[nodes], 0)
-    sign = graph.release[nodes].astype(dtype)
-    delta = sign[:, None] * act[graph.pipeline[nodes] * graph.stages + graph.stage[nodes]] * size[m]
-    segment = graph.lane_device
-    prefix = _segment_running_sum(delta, segment)
-    return static_per_device + jnp.maximum(jax.ops.segment_max(prefix, segment, graph.devices), 0.0)
-
-
-def _segment_running_sum(x: Array, segment: Array) -> Array:
-    """Running sum over axis 0 restarted where ``segment`` (sorted) changes: a scan over the rows,
-    each a vector over the batch (XLA's ``cumsum`` on CPU reduces a window per output, ~15x slower
-    on ``[lanes, batch]``). ``peak_memory`` subtracts a global ``cumsum`` at segment starts: the
-    same terms, rounded differently (equal when the sums are exact)."""
-    start = jnp.concatenate([jnp.ones((1,), bool), segment[1:] != segment[:-1]])
-
-    def step(total, row):
-        value, first = row
-        total = jnp.where(first, value, total + value)
-        return total, total
-
-    return lax.scan(step, jnp.zeros_like(x[0]), (x, start))[1]
+    peak = out.peak_memory
+    return out.makespan, out.busy, work, jnp.max(peak, axis=0), jnp.all(peak <= capacity, axis=0) & memory
 
 
 def chunk_metrics(stacked: tuple[Graph, Array, Array], index: Array, which: Array, memory: Array, hw: Hardware):

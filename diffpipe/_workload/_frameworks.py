@@ -92,6 +92,8 @@ class Framework:
             model that says so keeps it either way).
         flat_gradients: the weight gradients take PyTorch FSDP's flat-parameter path
             (``Transformer.flat_gradients``; likewise).
+        recompute_early_stop: full recomputation by PyTorch's non-reentrant checkpoint, which stops at the
+            last saved tensor (``Transformer.recompute_early_stop``; likewise).
         source: where the preset comes from.
     """
 
@@ -105,6 +107,7 @@ class Framework:
     flash_version: int | None = None
     eager_blocks: bool = False
     flat_gradients: bool = False
+    recompute_early_stop: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -114,7 +117,7 @@ class Framework:
             raise ConfigError(f"framework {self.name!r}: buckets must be one of {', '.join(BUCKETS)}, "
                               f"got {self.buckets!r}")
         for field in ("prefetch", "param_gather", "tensor_overlap", "every_microbatch", "eager_blocks",
-                      "flat_gradients"):
+                      "flat_gradients", "recompute_early_stop"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"framework {self.name!r}: {field} must be a bool, got {getattr(self, field)!r}")
         r = self.reduce_bytes
@@ -128,7 +131,7 @@ class Framework:
         """``model`` reducing its gradients in this framework's precision, running its attention
         kernel (each unless the model states its own) and its eager blocks (``eager_blocks``)."""
         fields: dict[str, int | bool] = {}
-        for flag in ("eager_blocks", "flat_gradients"):
+        for flag in ("eager_blocks", "flat_gradients", "recompute_early_stop"):
             if getattr(self, flag) and not getattr(model, flag):
                 fields[flag] = True
         if self.reduce_bytes is not None and model.reduce_bytes is None:

@@ -13,18 +13,22 @@ full-backward runs predicts split (zero-bubble, V) schedules once it has the I/W
 where torch posts each receive); ``predict(..., mode="torch-runtime")`` uses it.
 ``combine`` joins the calibrations of several runs (other schedules or sizes), each term with its
 spread across them. ``fit_kernel_efficiency`` fits a ``Device``'s kernel-efficiency curve to measured op times.
+``run_ranks`` runs a script as the ranks of a local gloo group (each failing rank's exit code and
+output reported); ``communication_mode`` turns the name ``"torch-runtime"`` into ``TorchRuntime()``.
 """
 
 from ._calibration import Calibration as Calibration
 from ._calibration import combine as combine
+from ._calibration import communication_mode as communication_mode
 from ._calibration import from_measurements as from_measurements
 from ._cli import cli_calibrate as cli_calibrate
 from ._efficiency import fit_kernel_efficiency as fit_kernel_efficiency
 from ._measure import profile_stages as profile_stages
+from ._ranks import run_ranks as run_ranks
 from ._runtime import TorchRuntime as TorchRuntime
 from ._runtime import receive_posts as receive_posts
 from ._trace import from_torch_trace as from_torch_trace
 from ._trace import traced_schedule as traced_schedule
 
-__all__ = ["Calibration", "TorchRuntime", "cli_calibrate", "combine", "fit_kernel_efficiency", "from_measurements",
-           "from_torch_trace", "profile_stages", "receive_posts", "traced_schedule"]
+__all__ = ["Calibration", "TorchRuntime", "cli_calibrate", "combine", "communication_mode", "fit_kernel_efficiency",
+           "from_measurements", "from_torch_trace", "profile_stages", "receive_posts", "run_ranks", "traced_schedule"]

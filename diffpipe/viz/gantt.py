@@ -200,6 +200,7 @@ def _boxes(ax: Any, tl: Timeline, scale: float, span: tuple[float, float], axis_
     lo, hi = span
     rows, device_row, comm_row, sync_row, lane_row = _rows(tl)
     char = (hi - lo) * scale * fontsize * 0.62 / axis_points  # text fits when the box is wider (0.6 em a char)
+    thinnest = (hi - lo) * scale * 0.8 / axis_points  # a box narrower than 0.8 pt is drawn 0.8 pt wide, unedged
     seen: set[str] = set()
 
     def box(t0: float, t1: float, row: int, color: str, text: str | None, height: float = 0.8,
@@ -207,8 +208,10 @@ def _boxes(ax: Any, tl: Timeline, scale: float, span: tuple[float, float], axis_
         if t1 < lo or t0 > hi:
             return
         x0, x1 = t0 * scale, t1 * scale
-        ax.add_patch(Rectangle((x0, row - height / 2), max(x1 - x0, 0.0), height, facecolor=color,
-                               edgecolor="white", linewidth=0.4, hatch=hatch))
+        wide = x1 - x0 > 3 * thinnest  # a white edge would hide a thin box
+        ax.add_patch(Rectangle((x0, row - height / 2), max(x1 - x0, thinnest), height, facecolor=color,
+                               edgecolor="white" if wide else "none", linewidth=0.4 if wide else 0.0,
+                               hatch=hatch))
         inside = t0 >= lo - 1e-9 * hi and t1 <= hi * (1 + 1e-9)  # a box cut by a window's edge goes unlabelled
         if text and inside and (t1 - t0) * scale > char * (len(text) + 0.6):
             ax.text((t0 + t1) / 2 * scale, row, text, ha="center", va="center", fontsize=size, color="white",

@@ -277,7 +277,7 @@ def memory_table(runs: list[dict]) -> str:
                 f"{max(m['activation_bytes']) / GB:.1f}",
                 f"{max(m['total_bytes']) / GB:.1f} (device {worst})",
                 f"{min(m['total_bytes']) / GB:.1f}",
-                "yes" if max(m["total_bytes"]) <= m["capacity_bytes"] else "no",
+                "yes" if dp.fits_memory(max(m["total_bytes"]), m["capacity_bytes"]) else "no",
             ]
         )
     header = [
@@ -291,7 +291,8 @@ def memory_table(runs: list[dict]) -> str:
         "activations GB (max)",
         "total GB (max)",
         "total GB (min device)",
-        f"fits {runs[0]['memory']['capacity_bytes'] / GB:.1f} GB" if runs else "fits",
+        f"fits: at most {runs[0]['memory']['capacity_bytes'] * (1 - dp.HEADROOM) / GB:.1f} of "
+        f"{runs[0]['memory']['capacity_bytes'] / GB:.1f} GB ({dp.HEADROOM:.0%} kept free, as plan)" if runs else "fits",
     ]
     return _table(header, rows)
 

@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import diffpipe as dp
+
+# Inside by design: each ablation undoes one change by patching the module that holds it (a preset
+# table, a kernel rule, a framework term), which no public API may change.
 from diffpipe._machine import _presets
 from diffpipe._model import _kernels
 from diffpipe._workload import _frameworks

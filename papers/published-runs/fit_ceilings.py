@@ -29,6 +29,9 @@ import equinox as eqx
 import numpy as np
 
 import diffpipe as dp
+
+# Inside by design: the fit swaps the presets' own kernel models (``_presets.KERNELS``) for scaled ones
+# while it searches, which no public API may change.
 from diffpipe._machine import _presets
 
 HERE = Path(__file__).resolve().parent

@@ -29,7 +29,7 @@ from pathlib import Path
 import jax
 
 import diffpipe as dp
-from diffpipe._engine._jitter import summary
+from diffpipe import step_time_summary as summary
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("published_runs_run", HERE / "run.py")

@@ -252,7 +252,7 @@ def claim_not_invariant(results: dict, sweep: dict[str, list[float]] | None = No
     """
     from itertools import combinations
 
-    from diffpipe._levels import _formula_level, _table_level, kendall_tau
+    from diffpipe import formula_level, kendall_tau, table_level
     from diffpipe.schedules import DEFAULT_DURATIONS
 
     def order(a: float, b: float) -> int:
@@ -269,19 +269,19 @@ def claim_not_invariant(results: dict, sweep: dict[str, list[float]] | None = No
                 flips.append(dict(where=f"{system}, D={d}, N={n}", levels=list(p.levels), pair=[a, b]))
     if sweep is not None:
         d = n = sweep_devices
-        table_level = {f: _table_level(get(f, devices=d, microbatches=n), DEFAULT_DURATIONS)["makespan"]
+        table_order = {f: table_level(get(f, devices=d, microbatches=n), DEFAULT_DURATIONS)["makespan"]
                        for f in sweep}
         for i, bw in enumerate(bandwidths):
             sim = {f: ms[i] for f, ms in sweep.items()}
-            taus[f"sweep/{bw / 1e9:.3g}GB/s/table-simulation"] = kendall_tau(list(table_level.values()),
+            taus[f"sweep/{bw / 1e9:.3g}GB/s/table-simulation"] = kendall_tau(list(table_order.values()),
                                                                                list(sim.values()))
             flips += [dict(where=f"sweep {bw / 1e9:.3g} GB/s, D=N={d}", levels=["table", "simulation"], pair=p)
-                      for p in flipped(table_level, sim)]
+                      for p in flipped(table_order, sim)]
     for d in sorted({d for _, d, _ in results}):
         for k in table_microbatches:
             schedules = {f: get(f, devices=d, microbatches=k * d) for f in ("gpipe", "1f1b", "chimera")}
-            formula = {f: _formula_level(s, DEFAULT_DURATIONS)[0]["bubble_ratio"] for f, s in schedules.items()}
-            tab = {f: _table_level(s, DEFAULT_DURATIONS)["makespan"] for f, s in schedules.items()}
+            formula = {f: formula_level(s, DEFAULT_DURATIONS)[0]["bubble_ratio"] for f, s in schedules.items()}
+            tab = {f: table_level(s, DEFAULT_DURATIONS)["makespan"] for f, s in schedules.items()}
             flips += [dict(where=f"D={d}, N={k * d} (no simulation)", levels=["formula", "table"], pair=p)
                       for p in flipped(formula, tab)]
     kinds = {tuple(f["levels"]) for f in flips}

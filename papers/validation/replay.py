@@ -34,9 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from diffpipe._engine._communication import transfers  # noqa: E402
-from diffpipe.calibrate import _trace  # noqa: E402
-from diffpipe.calibrate._calibration import communication_mode  # noqa: E402
+# The replay reads the trace parser's per-step records (``_trace.parse``), which have no public form.
+from diffpipe.calibrate import (
+    _trace,  # noqa: E402
+    communication_mode,  # noqa: E402
+)
 from diffpipe.schedules import Op, evaluate_network  # noqa: E402
 
 MODES = ("torch-runtime", "overlap", "rendezvous")
@@ -68,7 +70,8 @@ def replayed_steps(paths: list[Path], modes=MODES, *, host: bool = True) -> dict
         per_stage[("B", s)] = full[s] if full else times["input_grad"][s] + times["weight"][s]
     sends: dict[Op, int] = {}
     receives: dict[Op, int] = {}
-    for producer, consumer, _ in transfers(schedule):
+    for producer, consumer in ((dep.op, op) for op in schedule.ops for dep in schedule.dependencies[op]
+                               if dep.is_transfer):
         sends[producer] = sends.get(producer, 0) + 1
         receives[consumer] = receives.get(consumer, 0) + 1
     send_cost, recv_cost = (cal.send_cost, cal.recv_cost) if host else (0.0, 0.0)

@@ -22,6 +22,7 @@ worker process; the workers meet through a ``FileStore`` in the work directory.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -33,10 +34,14 @@ STEP_LABEL = "diffpipe.step"
 #: Seconds one gloo operation may wait before the step fails.
 GLOO_TIMEOUT_S = 30
 
-#: A step is quiet when no rank's threads waited for a CPU for more than this fraction of it; the
-#: measured step time is the median of the quiet steps when there are at least MIN_QUIET_STEPS.
+#: A step is quiet when no rank's threads waited for a CPU for more than this fraction of it. The
+#: count of quiet steps is reported per case (a diagnostic of the machine's load), but the measured
+#: step time is the median of *all* steps: choosing the quiet ones chose the stalled ones, since a
+#: step that stalls for a reason other than a CPU wait (page faults, a slow transfer) has the same
+#: wait spread over a longer step, so a smaller fraction (the 2026-12-02 23:52 run: the 3 "quiet"
+#: steps of 25 of ``2_stages.m16.diffpipe_1f1b__CSV`` were its 160-239 ms steps, the median of all
+#: 25 is 115.7 ms; README, "Diagnosis of the 2-stage regression").
 QUIET_WAIT_FRACTION = 0.05
-MIN_QUIET_STEPS = 3
 #: Untimed rounds before the measured ones (every job once, no trace): each worker process reaches
 #: its peak memory in them. Memory a process touches for the first time costs a page fault per
 #: 4 KiB page, and where the machine's hypervisor has taken back free guest memory (a Firecracker
@@ -308,7 +313,7 @@ def run_jobs(jobs: list[dict], work: Path, *, timeout_s: float = 100.0, pin: boo
     store = work / "store"
     store.unlink(missing_ok=True)
     spec.write_text(json.dumps({"jobs": jobs, "out": str(work), "store": str(store), "pin": pin}))
-    from diffpipe.calibrate._ranks import run_ranks  # here: the workers run this file without diffpipe
+    from diffpipe.calibrate import run_ranks  # here: the workers run this file without diffpipe
 
     return run_ranks(__file__, [str(spec)], ranks=RANKS, timeout_s=timeout_s,
                      env={"OMP_NUM_THREADS": "1", **(env or {})})
@@ -467,9 +472,16 @@ def _cases(groups: dict, work: Path, *, width: int, rows: int) -> dict:
     return meta
 
 
+def median_standard_error(iqr: float, rounds: int) -> float:
+    """The standard error of a case's median step: ``1.2533 sigma / sqrt(n)`` (the median of ``n``
+    normal samples), ``sigma = IQR / 1.349``, and ``n`` the rounds, not the steps: the steps of one
+    round share its process and its neighbours' load, so only rounds count as independent."""
+    return 1.2533 * (iqr / 1.349) / math.sqrt(rounds)
+
+
 def _measured(work: Path, key: str, rounds: int) -> dict:
-    """A case's step times over rounds and steps: the median (of the quiet steps when there are
-    enough), the interquartile range, and the CPU waits."""
+    """A case's step times over rounds and steps: the median and interquartile range of all of
+    them (``QUIET_WAIT_FRACTION``: not of the quiet ones), and the CPU waits."""
     import statistics
 
     samples, fractions, faults = [], [], []
@@ -481,11 +493,11 @@ def _measured(work: Path, key: str, rounds: int) -> dict:
             fractions.append(max(ws) / max(ts))
         if all("minor_faults" in m for m in metas):  # traces before the count have none
             faults.append([max(fs) for fs in zip(*[m["minor_faults"] for m in metas], strict=True)])
-    quiet = [t for t, f in zip(samples, fractions, strict=True) if f <= QUIET_WAIT_FRACTION]
-    kept = quiet if len(quiet) >= MIN_QUIET_STEPS else samples
-    q = statistics.quantiles(kept, n=4) if len(kept) > 1 else [kept[0]] * 3
-    return {"measured_s": statistics.median(kept), "iqr_s": q[2] - q[0], "samples": len(samples),
-            "quiet_steps": len(quiet), "measured_from": "quiet steps" if kept is quiet else "all steps",
+    quiet = sum(f <= QUIET_WAIT_FRACTION for f in fractions)
+    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    return {"measured_s": statistics.median(samples), "iqr_s": q[2] - q[0], "samples": len(samples),
+            "rounds": rounds, "median_se_s": median_standard_error(q[2] - q[0], rounds), "quiet_steps": quiet,
+            "measured_from": "all steps",
             "runqueue_wait_fraction": statistics.median(fractions),
             "runqueue_wait_fractions": fractions,
             # per round, per step: the page faults of the rank that took more (round 0 is traced)
@@ -664,11 +676,17 @@ def _spec_json(spec: dict) -> dict:
 LOADED = 0.5
 
 
+def separated_beyond_noise(a: dict, b: dict) -> bool:
+    """Whether two cases' measured medians differ by more than twice the standard error of their
+    difference (``median_standard_error``): about 95% confidence that the faster one is faster."""
+    return abs(a["measured_s"] - b["measured_s"]) > 2 * math.hypot(a["median_se_s"], b["median_se_s"])
+
+
 def summarize_rows(cases: dict, predictions: list[dict], modes, split: str | None = None) -> list[dict]:
     """Per calibration source, mode and microbatch count of the targets: MAPE over the other
-    cases, Kendall's tau, and the clearly separated pairs (measured times further apart than the
-    sum of their IQRs) and how many of them the prediction orders correctly. ``split``: with that
-    way's split-from-full predictions too (``_usable``); each row says which (``split``)."""
+    cases, Kendall's tau, and the clearly separated pairs (``separated_beyond_noise``) and how many
+    of them the prediction orders correctly. ``split``: with that way's split-from-full predictions
+    too (``_usable``); each row says which (``split``)."""
     import statistics
 
     rows = []
@@ -686,7 +704,7 @@ def summarize_rows(cases: dict, predictions: list[dict], modes, split: str | Non
                 for i in range(len(sub)):
                     for j in range(i + 1, len(sub)):
                         a, b = cases[sub[i]["target"]], cases[sub[j]["target"]]
-                        if abs(a["measured_s"] - b["measured_s"]) > a["iqr_s"] + b["iqr_s"]:
+                        if separated_beyond_noise(a, b):
                             separated += 1
                             if (pred[i] - pred[j]) * (meas[i] - meas[j]) <= 0:
                                 wrong.append([sub[i]["target"], sub[j]["target"]])

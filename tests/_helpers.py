@@ -1,14 +1,19 @@
-"""Schedules shared by the simulator tests: every registered family at one size.
+"""The tests' shared helpers: the schedule matrix (every registered family at one size) and the
+command line run in-process (``run``, ``hf_config``).
 
 The matrix is the registry: a family registered anywhere gets a case. ``SIZES`` pins the built-ins'
 sizes; any other family takes the first size of ``SEARCH`` that its ``accepts`` allows. A family that
 fails to build fails here, loudly: a broken family must not lose its tests.
 """
 
+import contextlib
+import io
 import itertools
+import json
 import os
 
 import diffpipe as dp
+from diffpipe import cli
 
 #: ``DIFFPIPE_FULL_MATRIX=1`` makes ``covering`` return the full product (all families x all modes).
 FULL_MATRIX = os.environ.get("DIFFPIPE_FULL_MATRIX") == "1"
@@ -43,7 +48,7 @@ def size(name):
     for d, n in SEARCH:
         if fam.accepts is None or fam.accepts(devices=d, microbatches=n, **defaults) is None:
             return d, n, {}
-    raise AssertionError(f"{name}: accepts none of the test sizes {SEARCH}; add it to tests/_cases.py SIZES")
+    raise AssertionError(f"{name}: accepts none of the test sizes {SEARCH}; add it to tests/_helpers.py SIZES")
 
 
 def schedules():
@@ -67,3 +72,21 @@ def covering(cases, modes, per_case=1):
     if FULL_MATRIX:
         per_case = len(modes)
     return [(*case, modes[(i + k) % len(modes)]) for i, case in enumerate(cases) for k in range(per_case)]
+
+
+# -- the command line, in-process ---------------------------------------------------------------------
+
+
+def run(argv):
+    """``(exit code, stdout, stderr)`` of ``diffpipe ARGV`` run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def hf_config(tmp_path, config):
+    """``config`` written as ``tmp_path/config.json`` (a Hugging Face config), its path."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
