@@ -11,10 +11,12 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 
 #: ``KernelModel`` of each measured device, copied from ``papers/kernel-efficiency/kernels_<device>.json``
 #: (``fit_h100.py``, ``fit_a100.py``, ``fit_b200.py``; ``tests/test_kernels.py`` checks the copy): GEMMs fitted
-#: to OpenXLA's measured table by shape (H100, B200) and to Azure's ND A100 v4 cuBLASLt table (A100),
-#: memory-bound kernels at BabelStream ``Mul`` on Azure's ND v4/v5 VMs (A100 SXM4 80GB, H100 SXM, H200; one array
-#: read, one written; B200: the H200's, assumed) or gpu-benches' STREAM ``scale``, the same kernel, where Azure
-#: measured no such part (A100 40 GB), fused attention through the
+#: to OpenXLA's measured table by shape (H100, B200; the A100 takes the H100's shape parameters, its
+#: ceiling fitted to Korthikanti et al.'s Table 4 layer times, a FIT source; the A100's own fit to Azure's
+#: ND A100 v4 cuBLASLt sweep, ``fit_a100_azure.py``, made FIT and TEST worse and is not used), memory-bound kernels
+#: at gpu-benches' STREAM ``scale`` bandwidth (the H100 SXM and the H200: BabelStream ``Mul`` on Azure's ND H100 v5
+#: and ND H200 v5, the same one-read-one-write kernel; gpu-benches has only an H100 PCIe file, and its H200 file is
+#: not at its plateau; B200: the H200's, assumed), fused attention through the
 #: FlashAttention-2 paper's stated throughputs (the kernel generation of the runs compared), the H100's own
 #: fused attention (cuDNN's; ``Transformer(flash_version=3)``) at PyTorch 2.5.0's "up to 75% speed-up over
 #: FlashAttentionV2".
@@ -22,8 +24,8 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: ``CEILINGS[fit]``, the one parameter per device fitted to whole runs, on the FIT set only
 #: (``papers/published-runs/fit_ceilings.py``, ``fit_ceilings.json``): the mean log error of the device's FIT rows
 #: is zero. A training step runs for seconds at the power limit, beside its framework's host work, where the H100
-#: benchmarks (OpenXLA's table, Azure's cuBLASLt sweep) ran for milliseconds.
-CEILINGS = {"H100": 0.8119, "A100": 0.9831}
+#: benchmarks ran for milliseconds and the A100 fit saw one layer's kernels (Korthikanti et al.'s Table 4).
+CEILINGS = {"H100": 0.8119, "A100": 0.9581}
 KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
                            sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json")
@@ -34,12 +36,11 @@ KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0
 KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8333, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
                            sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json; memory: azure_babelstream.csv ND H200 v5")
-KERNELS_A100 = KernelModel(0.8583 * CEILINGS["A100"], 507.2, 0.7896, 2.66e-06, 0.76 * CEILINGS["A100"], 507.2, 1.0,
+KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8, 1.0,
                            sms=108, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_a100.json")
-#: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s;
-#: Azure measured no 40 GB part).
-KERNELS_A100_40GB = KernelModel(0.8583 * CEILINGS["A100"], 507.2, 0.8881, 2.66e-06, 0.76 * CEILINGS["A100"], 507.2,
+#: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s).
+KERNELS_A100_40GB = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.8881, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8,
                                 1.0, sms=108, tile_m=64, tile_n=64, split_k_min=1 << 30,
                                 source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
 KERNELS_B200 = KernelModel(0.7652, 294.6, 0.8333, 5.08e-06, 0.7652, 294.6, 1.0, sms=148, tile_m=64, tile_n=128,

@@ -117,9 +117,9 @@ def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float,
               for a, b, c, f, s, p in zip(m, n, k, flops, seconds, predicted)])
 
 
-def write(preset: str, out: dict) -> None:
-    """Write ``kernels_<preset>.json`` and print its summary."""
-    path = HERE / f"kernels_{preset.lower()}.json"
+def write(preset: str, out: dict, name: str | None = None) -> None:
+    """Write ``name`` (default ``kernels_<preset>.json``) and print its summary."""
+    path = HERE / (name or f"kernels_{preset.lower()}.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     g = out["gemm"]
     print(f"{preset}: GEMM efficiency {g['gemm_efficiency']}, k_half {g['k_half']}, overhead {g['overhead']:.3g} s, "

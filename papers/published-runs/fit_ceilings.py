@@ -2,7 +2,8 @@
 attention ceiling in training of the H100 and of the A100.
 
 The kernel curves of ``papers/kernel-efficiency`` are short measurements (OpenXLA's H100 table and
-FlashAttention-3's Table 2 at a fixed clock; for the A100, Azure's ND A100 v4 cuBLASLt sweep); a training step runs for seconds at the power limit, beside its framework's host work. So each
+FlashAttention-3's Table 2 at a fixed clock; for the A100, one 22B layer's kernels, Korthikanti et al.'s
+Table 4); a training step runs for seconds at the power limit, beside its framework's host work. So each
 preset's ``gemm_efficiency`` and ``attention_efficiency`` are scaled by one factor ``alpha`` fitted here: the
 mean log error (of throughput) of the device's FIT rows is zero, interpolated log-linearly between two
 evaluations of every row.
