@@ -35,7 +35,7 @@ KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0
 #: two blocks per SM keep in flight, not the bandwidth a full-occupancy elementwise kernel gets.
 KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8333, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
                            sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
-                           source="papers/kernel-efficiency/kernels_h100.json; memory: azure_babelstream.csv ND H200 v5")
+                           source="papers/kernel-efficiency/kernels_h100.json; memory: azure_babelstream ND H200 v5")
 KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8, 1.0,
                            sms=108, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_a100.json")

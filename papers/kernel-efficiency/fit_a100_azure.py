@@ -23,8 +23,17 @@ import importlib.util
 import sys
 
 import numpy as np
-from kernel_fit import (HERE, attention, attention_point, azure_gemm_rows, babelstream_fraction, fit_gemm, kernel_model,
-                        mamf_check, write)
+from kernel_fit import (
+    HERE,
+    attention,
+    attention_point,
+    azure_gemm_rows,
+    babelstream_fraction,
+    fit_gemm,
+    kernel_model,
+    mamf_check,
+    write,
+)
 
 import diffpipe as dp
 

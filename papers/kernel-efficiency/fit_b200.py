@@ -1,6 +1,7 @@
 """B200 kernel model: GEMMs fitted to OpenXLA's measured ``sm_100_B200`` table (``xla_matmul_bf16.csv``);
 memory-bound kernels at the H200's fraction, BabelStream ``Mul`` on Azure's ND H200 v5 (HBM3e, the
-H200 preset's source; no Blackwell measurement in text: an assumption); 148 SMs (NVIDIA Blackwell architecture technical brief, B200).
+H200 preset's source; no Blackwell measurement in text: an assumption); 148 SMs (NVIDIA Blackwell architecture
+technical brief, B200).
 
     PYTHONPATH=. python papers/kernel-efficiency/fit_b200.py     # writes kernels_b200.json
 """
