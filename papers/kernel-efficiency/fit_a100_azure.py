@@ -19,12 +19,9 @@ tiles for 108 SMs), so split-K is not identified by it: none is taken, as the H1
     PYTHONPATH=. python papers/kernel-efficiency/fit_a100_azure.py     # writes kernels_a100_azure.json (~1-3 min)
 """
 
-import importlib.util
-import sys
-
 import numpy as np
+from fit_a100 import FA2_LONGEST, table4_errors  # the Table 4 check and FA2's longest sequence, as the preset's fit
 from kernel_fit import (
-    HERE,
     attention,
     attention_point,
     azure_gemm_rows,
@@ -34,41 +31,6 @@ from kernel_fit import (
     mamf_check,
     write,
 )
-
-import diffpipe as dp
-
-#: FlashAttention-2's benchmark sweep runs sequences 512 ... 16k (Dao 2023, Figs. 4-6).
-FA2_LONGEST = 16384
-
-
-def _published_runs():
-    spec = importlib.util.spec_from_file_location("published_runs_run", HERE.parent / "published-runs" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def table4_errors(km) -> list[float]:
-    """Relative errors of the first block's forward and backward (ms, with its tensor collectives) of
-    Korthikanti Table 4's five variants on an A100 with kernel model ``km``."""
-    rp = _published_runs()
-    r = next(r for r in rp.DATA["korthikanti"]["table5"] if r["name"] == "22B")
-    base = dp.presets.DEVICES["A100"]
-    device = dp.Device(base.peak_flops, base.memory, memory_bandwidth=base.memory_bandwidth, name="A100", kernels=km)
-    errors = []
-    for t in rp.DATA["korthikanti"]["table4"]:
-        model = rp._korthikanti_model(r, t["recompute"])
-        cfg = dp.Configuration(model, dp.Parallelism(tensor=8, sequence_parallel=t["sequence_parallel"]),
-                               dp.Cluster(device=device, gpus=8, **{k: v for k, v in rp.SELENE.items()
-                                                                     if k != "device"}), r["batch"])
-        c = np.asarray(sum(cfg.compute_seconds().values()), np.float64)
-        comm = np.asarray(cfg.collective_seconds(), np.float64)
-        f = 1e3 * (c[0, 1] + comm[0, 1])
-        b = 1e3 * (c[1, 1] + c[2, 1] + comm[1, 1] + comm[2, 1])
-        errors += [round(f / t["forward_ms"] - 1, 4), round(b / t["backward_ms"] - 1, 4)]
-    return errors
-
 
 if __name__ == "__main__":
     memory = babelstream_fraction("ND A100 v4", "A100")
