@@ -215,6 +215,19 @@ def test_robust_mean_keeps_the_skew_and_drops_gross_outliers():
     assert robust_mean([2.0, 4.0]) == pytest.approx(3.0) and robust_mean([]) is None
 
 
+def test_torch_runtime_lowers_a_family_its_csv_and_torchs_class_alike(tmp_path):
+    # DualPipe-V's overlapped F;B pairs are one torch action wherever the schedule came from: the
+    # diffpipe family, its exported CSV (compound cells) or torch's own DualPipeV class
+    pytest.importorskip("torch.distributed.pipelining")
+    from diffpipe.schedules import from_torch_csv, get, to_torch_csv
+
+    family = get("dualpipe-v", devices=2, microbatches=4)
+    to_torch_csv(family, tmp_path / "dpv.csv")
+    posts = [calibrate.receive_posts(s) for s in (family, from_torch_csv(tmp_path / "dpv.csv"),
+                                                  from_torch("DualPipeV", 2, 4, 2))]
+    assert posts[0] == posts[1] == posts[2]
+
+
 def test_torch_runtime_mode_sits_between_overlap_and_rendezvous():
     pytest.importorskip("torch.distributed.pipelining")
     cal = calibrate.from_measurements([1.0, 1.2, 0.9, 1.1], input_grad=[1.0, 1.3, 1.0, 1.2],

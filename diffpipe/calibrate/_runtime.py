@@ -15,8 +15,8 @@ So a transfer starts when its producer has finished and the receiver has finishe
 after which torch posted the receive (at once when it was posted before the rank's first op);
 the consumer waits for it to end. ``receive_posts`` runs torch's own lowering (``_add_unshard_reshard``,
 ``_add_reduce_grad``, ``_add_send_recv``, as ``_PipelineScheduleRuntime`` does) on the
-schedule's orders; it needs torch. A schedule ``schedules.from_torch`` built is lowered from
-torch's own actions (DualPipe-V's overlapped ``F;B`` pairs included); any other one op per action.
+schedule's orders, read as torch reads its CSV (an overlapped ``F;B`` pair, DualPipe-V's, is one
+compound action; every other compute op one action); it needs torch.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .._choices import TORCH_RUNTIME
 from .._engine._communication import BLOCK, AbstractCommunication, transfers
 from .._errors import ConfigError
 from ..schedules import Op, Schedule
-from ..schedules._torch import _torch_actions
+from ..schedules._torch import torch_cells
 
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -70,21 +70,12 @@ def receive_posts(schedule: Schedule) -> dict[Op, Op | None]:
 
 
 def _torch_compute_actions(schedule: Schedule) -> list[list[Any]]:
-    """Per rank, torch ``_Action``s of the schedule's compute ops: torch's own (with DualPipe-V's
-    overlapped pairs) for a schedule ``from_torch`` built, else one action per op."""
+    """Per rank, the torch ``_Action``s its runtime runs for the schedule's compute ops: its CSV
+    cells (``torch_cells``: an overlapped ``F;B`` pair one compound action), so a schedule
+    ``from_torch`` built, its CSV and the diffpipe family it came from are lowered alike."""
     from torch.distributed.pipelining.schedules import _Action
 
-    mine = [[op for op in order if op.kind in _COMPUTE] for order in schedule.orders]
-    name = dict(schedule.options).get("torch")
-    if name is not None:
-        theirs = [[a for a in rank if a is not None and (a.sub_actions or a.computation_type.value in _COMPUTE)]
-                  for rank in _torch_actions(
-            name, schedule.devices, schedule.microbatches, schedule.stages // schedule.devices)]
-        flat = [[Op(sub.computation_type.value, sub.stage_index, sub.microbatch_index)
-                 for a in rank for sub in (a.sub_actions or (a,))] for rank in theirs]
-        if flat == mine:
-            return theirs
-    return [[_Action.from_str(str(op)) for op in order] for order in mine]
+    return [[_Action.from_str(cell) for cell in row] for row in torch_cells(schedule)]
 
 
 class TorchRuntime(AbstractCommunication):

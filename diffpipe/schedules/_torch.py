@@ -250,6 +250,25 @@ def _torch_style(placement: Placement) -> str | None:
     return None
 
 
+def torch_cells(schedule: Schedule) -> list[list[str]]:
+    """Per device, the cells torch's runtime reads for ``schedule``'s compute ops: one op per cell,
+    an overlapped pair (``Schedule.overlapped``) one compound cell ``(aFb;cBd)OVERLAP_F_B``; ``U`` and
+    ``R`` ops, which torch's compute-only form lacks, left out."""
+    rows = []
+    for d, order in enumerate(schedule.orders):
+        row, i = [], 0
+        while i < len(order):
+            if (d, i) in schedule.overlapped:
+                row.append(f"({order[i]};{order[i + 1]})OVERLAP_F_B")
+                i += 2
+                continue
+            if order[i].kind not in ("U", "R"):
+                row.append(str(order[i]))
+            i += 1
+        rows.append(row)
+    return rows
+
+
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str] | None = None) -> str:
     """``schedule`` as torch's compute-only CSV: one row per device, one op per cell (no idle cells);
     an overlapped pair (``Schedule.overlapped``) is one compound cell ``(aFb;cBd)OVERLAP_F_B``.
@@ -282,17 +301,7 @@ def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str] | None = None)
                     "compute-only CSV has only F, I, W and B"
                 )
     buffer = io.StringIO(newline="")
-    writer = csv.writer(buffer)
-    for d, order in enumerate(schedule.orders):
-        row, i = [], 0
-        while i < len(order):
-            if (d, i) in schedule.overlapped:
-                row.append(f"({order[i]};{order[i + 1]})OVERLAP_F_B")
-                i += 2
-            else:
-                row.append(str(order[i]))
-                i += 1
-        writer.writerow(row)
+    csv.writer(buffer).writerows(torch_cells(schedule))
     text = buffer.getvalue()
     if path is not None:
         write_atomic(path, text, "to_torch_csv")
