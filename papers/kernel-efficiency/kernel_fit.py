@@ -120,7 +120,7 @@ def fit_gemm(key: str, preset: str, sms: int, memory_efficiency: float,
 def write(preset: str, out: dict, name: str | None = None) -> None:
     """Write ``name`` (default ``kernels_<preset>.json``) and print its summary."""
     path = HERE / (name or f"kernels_{preset.lower()}.json")
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    dp.write_atomic(path, json.dumps(out, indent=1) + "\n", path.name)
     g = out["gemm"]
     print(f"{preset}: GEMM efficiency {g['gemm_efficiency']}, k_half {g['k_half']}, overhead {g['overhead']:.3g} s, "
           f"tiles {g['tile_m']}x{g['tile_n']}, split_k_min {g['split_k_min']}: rms log error {g['rms_log_error']} over "
