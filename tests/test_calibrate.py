@@ -483,7 +483,8 @@ def test_load_machine_reads_what_to_toml_writes(tmp_path):
     machine = dp.load_machine(path)
     for name in ("gpipe", "zb-h1"):
         schedule = get(name, devices=2, microbatches=4)
-        got = float(dp.simulate(schedule, machine.hardware(schedule)).makespan)
+        assert machine.communication == "rendezvous"
+        got = float(dp.simulate(schedule, machine.hardware(schedule), communication=machine.communication).makespan)
         assert got == pytest.approx(cal.predict(schedule, mode="rendezvous"), rel=1e-6)
     assert got != pytest.approx(cal.predict(schedule), rel=1e-6)  # the mode was read, not defaulted
     bad = tmp_path / "bad.toml"
@@ -861,16 +862,17 @@ def test_the_workload_of_a_real_run_predicts_as_the_calibration(real_run, name, 
     for schedule in others:
         assert schedule.stages == stages
         for mode in ("overlap", "torch-runtime"):
-            workload = cal.workload(schedule, layers=layers, mode=mode)
+            workload = cal.workload(schedule, layers=layers)
             assert workload.setup is not None and workload.wind_down is not None
             boundaries = workload.default_boundaries(stages)
             expected = cal.predict(schedule, mode=mode)
-            got = float(dp.simulate(schedule, workload.hardware(boundaries)).makespan)
+            graph = workload.compile_schedule(schedule, communication=calibrate.communication_mode(mode))
+            got = float(dp.simulate(graph, workload.hardware(boundaries)).makespan)
             assert got == pytest.approx(expected, rel=1e-6), (str(schedule), mode)
             knob = dp.StageBalance(stages)
             params = knob.init(workload, workload.layers_per_stage)
             balanced = knob(params, workload.with_split(None))
-            assert float(dp.simulate(schedule, balanced).makespan) == pytest.approx(expected, rel=1e-5)
+            assert float(dp.simulate(graph, balanced).makespan) == pytest.approx(expected, rel=1e-5)
 
 
 def _traced_receive_posts(path: Path) -> dict:
