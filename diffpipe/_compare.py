@@ -16,8 +16,9 @@ one level to the next.
    stages per pipeline on ``D`` devices runs each stage in ``D/S`` of the time (Hanayo's chunks,
    interleaved virtual stages), so every schedule does the same work. Ranked by makespan.
 3. **simulation**: ``simulate`` on the given hardware: per-stage costs, communication in the
-   hardware's mode, memory. Ranked by makespan. A schedule ``fits`` when every device's peak is at
-   most its capacity less ``headroom`` (``HEADROOM``, 10%: the fit rule of ``plan`` and ``simulate``,
+   comparison's mode (``communication=``, else the ``Machine``'s), memory. Ranked by makespan. A
+   schedule ``fits`` when every device's peak is at most its capacity less ``headroom``
+   (``HEADROOM``, 10%: the fit rule of ``plan`` and ``simulate``,
    ``diffpipe._plan._configuration.fits_memory``).
 
 Peak activation memory is reported at every level: in *activation units* (one microbatch's

@@ -473,6 +473,26 @@ def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
             cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
 
 
+def test_a_machine_file_s_mode_goes_to_compile(tmp_path, capsys):
+    """``[network] mode`` is the mode schedules compile under (``FileMachine.communication``; a
+    ``Hardware`` holds none): the given one, else ``contention`` on the default machine's links and
+    ``overlap`` on links the file names; the CLI simulates under it."""
+    files = {"blocking": '[network]\nmode = "blocking"\n', "contention": '[device]\npreset = "A100"\n',
+             "overlap": '[network]\nintra = "nvlink4"\n'}
+    for mode, text in files.items():
+        path = tmp_path / f"{mode}.toml"
+        path.write_text(text)
+        machine = dp.load_machine(path)
+        assert machine.communication == mode and not hasattr(machine.network, "mode")
+        schedule = get("1f1b", devices=4, microbatches=4)
+        want = dp.simulate(schedule, machine.hardware(schedule), communication=mode)
+        assert cli.main(["simulate", "1f1b", "--devices", "4", "--microbatches", "4", "--json",
+                         "--config", str(path)]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan_s"] == float(want.makespan), mode
+        assert float(want.makespan) != float(dp.simulate(schedule, machine.hardware(schedule),
+                                                         communication="none").makespan)
+
+
 def test_load_machine_reads_what_to_toml_writes(tmp_path):
     """``dp.load_machine``, the library's reader of the format ``to_toml`` writes: its machine
     prices every schedule as the calibration does, the mode included; errors name the file's key."""
