@@ -16,8 +16,9 @@ one level to the next.
    stages per pipeline on ``D`` devices runs each stage in ``D/S`` of the time (Hanayo's chunks,
    interleaved virtual stages), so every schedule does the same work. Ranked by makespan.
 3. **simulation**: ``simulate`` on the given hardware: per-stage costs, communication in the
-   hardware's mode, memory. Ranked by makespan. A schedule ``fits`` when every device's peak is at
-   most its capacity less ``headroom`` (``HEADROOM``, 10%: the fit rule of ``plan`` and ``simulate``,
+   comparison's mode (``communication=``, else the ``Machine``'s), memory. Ranked by makespan. A
+   schedule ``fits`` when every device's peak is at most its capacity less ``headroom``
+   (``HEADROOM``, 10%: the fit rule of ``plan`` and ``simulate``,
    ``diffpipe._plan._configuration.fits_memory``).
 
 Peak activation memory is reported at every level: in *activation units* (one microbatch's
@@ -58,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._engine._batch import simulate_members
+from ._engine._communication import communication as get_communication
 from ._engine._graph import Graph, common_sizes
 from ._engine._hardware import Hardware, Network
 from ._engine._simulate import simulate
@@ -100,6 +102,8 @@ class Machine:
     Each schedule gets its own ``Hardware`` (``hardware_from_model``) with the model's layers
     split evenly into *that schedule's* stages, so Hanayo's ``2D`` chunks and a ``D``-stage 1F1B
     share the same model and devices. Call it with a schedule to get that hardware.
+    ``communication`` is the mode its schedules are compiled under (a name or an
+    ``AbstractCommunication``; the graph holds it, the hardware holds floats only).
     """
 
     model: Any  # diffpipe.Transformer
@@ -107,6 +111,7 @@ class Machine:
     network: Any  # diffpipe.Network
     name: str = "custom"
     uniform_stages: bool = False
+    communication: Any = "overlap"
 
     @classmethod
     def default(cls, mode: str = "contention") -> Machine:
@@ -146,10 +151,11 @@ def default_machine(mode: str = "contention") -> Machine:
     """
     link = NETWORKS["nvlink4"]
     latency, bandwidth = jnp.asarray(link.latency), jnp.asarray(link.bandwidth)
-    network = Network(latency, bandwidth, latency, bandwidth, mode=mode, devices_per_node=1)
+    network = Network(latency, bandwidth, latency, bandwidth, devices_per_node=1)
     model = Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
     return Machine(model, device("H100"), network,
-                   name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4")
+                   name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4",
+                   communication=mode)
 
 
 # -- results ------------------------------------------------------------------------------------------
@@ -394,11 +400,12 @@ def _level_pair(a: str, b: str, names: Sequence[str], values: Mapping[str, Seque
     return LevelPair((a, b), tuple(names[i] for i in shared), kendall_tau(xa, xb, rtol), tuple(flips), tuple(ties))
 
 
-def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple | None = None) -> dict:
-    """The simulation level of ``schedule`` on ``hw``: ``found`` (makespan, bubble ratio, per-device
-    peak memory: ``_simulation_levels``), else ``simulate``'s."""
+def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple | None = None,
+                      communication: Any = "overlap") -> dict:
+    """The simulation level of ``schedule`` on ``hw`` under ``communication``: ``found`` (makespan,
+    bubble ratio, per-device peak memory: ``_simulation_levels``), else ``simulate``'s."""
     if found is None:
-        result = simulate(schedule, hw)
+        result = simulate(schedule, hw, communication=communication)
         found = (result.makespan, result.bubble_ratio, result.peak_memory)
     step, bubble, peaks = found
     peaks = np.asarray(peaks)  # numpy, not jnp: an eager jnp op compiles
@@ -413,17 +420,18 @@ def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple
     }
 
 
-def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float) -> list[dict]:
-    """``_simulation_level`` of each (schedule, hardware). The graphs of one communication setting
-    pad to their common sizes and run one compiled program (``simulate_members``): one compilation
-    and one trace for the comparison, not one per graph structure, with ``simulate``'s numbers bit
-    for bit (``tests/test_compare.py``). A cost model other than ``Hardware``, or a check failing
-    inside the program (a NaN makespan), goes through ``simulate`` itself, which names the culprit."""
+def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float, communication: Any) -> list[dict]:
+    """``_simulation_level`` of each (schedule, hardware), compiled under ``communication``. The
+    graphs of one topology pad to their common sizes and run one compiled program
+    (``simulate_members``): one compilation and one trace for the comparison, not one per graph
+    structure, with ``simulate``'s numbers bit for bit (``tests/test_compare.py``). A cost model
+    other than ``Hardware``, or a check failing inside the program (a NaN makespan), goes through
+    ``simulate`` itself, which names the culprit."""
     found: list[tuple | None] = [None] * len(pairs)
     groups: dict[tuple, list[tuple[int, Graph]]] = {}
     for i, (schedule, hw) in enumerate(pairs):
         if isinstance(hw, Hardware) and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
-            graph = hw.compile_schedule(schedule)
+            graph = hw.compile_schedule(schedule, communication=communication)
             hw.check(graph)  # simulate's eager check
             groups.setdefault((graph.communication, graph.devices_per_node), []).append((i, graph))
     for members in groups.values():
@@ -435,7 +443,7 @@ def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float) -
                 continue
             if np.isfinite(steps[0]):
                 found[i] = (steps[0], bubbles[0], memory[0])
-    return [_simulation_level(schedule, hw, headroom, f) for (schedule, hw), f in zip(pairs, found)]
+    return [_simulation_level(schedule, hw, headroom, f, communication) for (schedule, hw), f in zip(pairs, found)]
 
 
 # -- inputs -----------------------------------------------------------------------------------------
@@ -508,8 +516,9 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
     return labelled
 
 
-def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, str]:
-    """A ``schedule -> Hardware`` function, a description of the machine and its communication mode."""
+def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, Any]:
+    """A ``schedule -> Hardware`` function, a description of the machine and its communication mode
+    (a ``Machine``'s; None for a ``Hardware`` or a function, which hold none)."""
     if hardware is None:
         hardware = default_machine()
     if isinstance(hardware, Hardware):
@@ -521,11 +530,11 @@ def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> t
                 f"compare: {b} has {sb.stages} stages per pipeline and {a} {sa.stages}; one Hardware would give "
                 "each stage the same cost: pass a Machine or a callable schedule -> Hardware"
             )
-        return (lambda s: hardware), "the given Hardware", hardware.network.mode
+        return (lambda s: hardware), "the given Hardware", None
     if isinstance(hardware, Machine):
-        return hardware, hardware.name, hardware.network.mode
+        return hardware, hardware.name, hardware.communication
     if callable(hardware):
-        return hardware, getattr(hardware, "__name__", "the given hardware function"), ""
+        return hardware, getattr(hardware, "__name__", "the given hardware function"), None
     raise ConfigError(f"compare: hardware must be a Hardware, a Machine or a callable schedule -> Hardware, "
                       f"got {type(hardware).__name__}")
 
@@ -540,6 +549,7 @@ def compare(
     rtol: float = DEFAULT_RTOL,
     segment_split: str = "balanced",
     headroom: float = HEADROOM,
+    communication: Any = None,
 ) -> Comparison:
     """Rank schedules at the formula, table and simulation levels and show where rankings flip.
 
@@ -565,6 +575,9 @@ def compare(
             lengths, the model's attention share making later segments costlier; needs a ``Machine``).
         headroom: the share of each device's memory a schedule must leave free to "fit" (``HEADROOM``,
             0.1, as ``plan`` and ``simulate``).
+        communication: the mode the simulation level compiles every schedule under (a name or an
+            ``AbstractCommunication``); default the ``Machine``'s (``contention`` for the default
+            machine), else ``overlap``.
 
     Returns:
         A ``Comparison`` (see its ``to_markdown``, ``to_json`` and ``str``).
@@ -588,6 +601,7 @@ def compare(
         raise ConfigError(f"compare: segment_split must be one of {', '.join(SPLITS)}, got {segment_split!r}")
     schedules = _resolve(schedules_or_names, devices, microbatches)
     hw_of, machine, mode = _hardware_for(hardware, schedules)
+    mode = get_communication(communication if communication is not None else mode or "overlap")
     share = None
     if segment_split == "equal" and any(units_per_sample(s) > 1 for _, s in schedules):
         if hardware is not None and not isinstance(hardware, Machine):
@@ -601,9 +615,8 @@ def compare(
         if not isinstance(hw, Hardware):
             raise ConfigError(f"compare: the hardware function returned {type(hw).__name__} for {name}, "
                               "expected a Hardware")
-        mode = mode or hw.network.mode
         hws.append(per_unit_hardware(hw, schedule, segment_split, share))
-    simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom)
+    simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom, mode)
     entries = []
     for (name, schedule), level in zip(schedules, simulation):
         formula, missing = formula_level(schedule, merged)

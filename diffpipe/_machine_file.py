@@ -43,7 +43,10 @@ NAMES = {"model": "[model]", "times": "[times]", "intra": "[network] intra", "in
 class FileMachine:
     """The machine of a machine file: ``hardware(schedule) -> Hardware`` and a name for reports;
     the model, device and network where it has them (not for per-stage ``[times]``). ``given``:
-    whether any machine input was given (else it is ``default_machine()``)."""
+    whether any machine input was given (else it is ``default_machine()``). ``communication``: the
+    mode its schedules are compiled under (``[network] mode``; else ``overlap``, or ``contention``
+    where the links are the default machine's): the graph's, as ``compile(communication=...)``
+    takes it, never a field of the hardware."""
 
     name: str
     hardware: Callable[[Any], Any]
@@ -51,6 +54,7 @@ class FileMachine:
     device: Any = None
     network: Any = None
     given: bool = True
+    communication: Any = "overlap"
 
 
 def check_float32(values: Given) -> None:
@@ -80,6 +84,7 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
     mode = communication_mode(net.pop("mode", (None, ""))[0])
     check_float32({**times, **{f"n.{k}": v for k, v in net.items()}, **{f"d.{k}": v for k, v in dev.items()}})
     modes = {} if mode is None else {"mode": mode}
+    chosen = "overlap" if mode is None else mode  # links of a preset or of given values: overlap by default
     if times:
         if net:
             key, (_, origin) = next(iter(net.items()))
@@ -98,7 +103,7 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
 
         def from_times(schedule: Any) -> Any:
             return Hardware.from_times(t["forward"], t["backward"], t.get("weight"), t.get("p2p", 0.0),
-                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0), **modes,
+                                       update=t.get("update", 0.0), overhead=t.get("overhead", 0.0),
                                        kind_overhead=by_kind or None, full_backward=t.get("full_backward"),
                                        setup=t.get("setup", 0.0), wind_down=t.get("wind_down", 0.0),
                                        pair_overlap=t.get("pair_overlap"), split_known=t.get("split_known", True),
@@ -106,10 +111,11 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
 
         label = (f"times F={t['forward']} I={t['backward']} W={t.get('weight', 0)} p2p={t.get('p2p', 0)} "
                  + (f"pair_overlap={t['pair_overlap']} " if "pair_overlap" in t else "") + f"({mode or 'overlap'})")
-        return FileMachine(label, from_times)
+        return FileMachine(label, from_times, communication=chosen)
     if not model and not dev and not net:
         m = default_machine(**modes)
-        return FileMachine(m.name, m, m.model, m.device, m.network, given=mode is not None)
+        return FileMachine(m.name, m, m.model, m.device, m.network, given=mode is not None,
+                           communication=m.communication)
     base = default_machine(**modes)
     transformer = dataclasses.replace(base.model, **model) if model else base.model
     d = {k: v for k, (v, _) in dev.items()}
@@ -136,29 +142,28 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
                           "network preset)")
     n = {k: v for k, (v, _) in net.items()}
     if "intra" in net:
-        links = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8),
-                                 **modes)
+        links = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8))
         if "inter" not in n and "devices_per_node" in n:
             raise ConfigError(f"{net['devices_per_node'][1]} needs {names['inter']} (the link between nodes)")
     elif explicit:
         lat = jnp.asarray(float(n.get("latency", 0.0)))
         bw = jnp.asarray(float(n.get("bandwidth", math.inf)))
         links = Network(lat, bw, jnp.asarray(float(n.get("inter_latency", lat))),
-                        jnp.asarray(float(n.get("inter_bandwidth", bw))), **modes,
+                        jnp.asarray(float(n.get("inter_bandwidth", bw))),
                         devices_per_node=n.get("devices_per_node"))
     else:
-        links = base.network
+        links, chosen = base.network, base.communication
     label = f"{transformer.layers}-layer model (h={transformer.hidden}) on {getattr(chip, 'name', 'a custom device')}"
-    m = Machine(transformer, chip, links, name=label)
-    return FileMachine(m.name, m, transformer, chip, links)
+    m = Machine(transformer, chip, links, name=label, communication=chosen)
+    return FileMachine(m.name, m, transformer, chip, links, communication=chosen)
 
 
 def load_machine(path: str | os.PathLike) -> FileMachine:
     """The machine of a machine file (``Calibration.to_toml``'s, or one written by hand as
     ``examples/machine.toml``): its ``[times]``, or its ``[model]``, ``[device]`` and ``[network]``
     over ``default_machine()`` (``machine``); a ``[schedule]`` section is allowed and not read.
-    ``load_machine(path).hardware(schedule)`` is the ``Hardware`` that ``diffpipe simulate --config
-    path`` simulates. Errors name the file, the section and the key.
+    ``m = load_machine(path)``: ``simulate(schedule, m.hardware(schedule), communication=m.communication)``
+    is what ``diffpipe simulate --config path`` simulates. Errors name the file, the section and the key.
     """
     file = read_machine_file(path, ("schedule", *MACHINE_SECTIONS), user="load_machine")
     return machine(file.given("times"), file.get("model"), file.given("device"), file.given("network"),

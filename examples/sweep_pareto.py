@@ -27,7 +27,7 @@ MACHINES = ("A100", "H100")
 
 def machine(model: dp.Transformer):
     """``schedule -> [Hardware per machine]``: stage costs follow each schedule's stage count."""
-    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4, mode="overlap")
+    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4)
 
     def hardware(schedule):
         return [dp.hardware_from_model(model, dp.presets.device(name), network, stages=schedule.stages)

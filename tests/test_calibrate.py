@@ -486,6 +486,26 @@ def test_the_machine_file_keeps_the_mode_and_the_split(tmp_path, capsys):
             cal.predict(schedule, mode="torch-runtime", weight_fraction=0.4), rel=1e-6)
 
 
+def test_a_machine_file_s_mode_goes_to_compile(tmp_path, capsys):
+    """``[network] mode`` is the mode schedules compile under (``FileMachine.communication``; a
+    ``Hardware`` holds none): the given one, else ``contention`` on the default machine's links and
+    ``overlap`` on links the file names; the CLI simulates under it."""
+    files = {"blocking": '[network]\nmode = "blocking"\n', "contention": '[device]\npreset = "A100"\n',
+             "overlap": '[network]\nintra = "nvlink4"\n'}
+    for mode, text in files.items():
+        path = tmp_path / f"{mode}.toml"
+        path.write_text(text)
+        machine = dp.load_machine(path)
+        assert machine.communication == mode and not hasattr(machine.network, "mode")
+        schedule = get("1f1b", devices=4, microbatches=4)
+        want = dp.simulate(schedule, machine.hardware(schedule), communication=mode)
+        assert cli.main(["simulate", "1f1b", "--devices", "4", "--microbatches", "4", "--json",
+                         "--config", str(path)]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan_s"] == float(want.makespan), mode
+        assert float(want.makespan) != float(dp.simulate(schedule, machine.hardware(schedule),
+                                                         communication="none").makespan)
+
+
 def test_load_machine_reads_what_to_toml_writes(tmp_path):
     """``dp.load_machine``, the library's reader of the format ``to_toml`` writes: its machine
     prices every schedule as the calibration does, the mode included; errors name the file's key."""
@@ -496,7 +516,8 @@ def test_load_machine_reads_what_to_toml_writes(tmp_path):
     machine = dp.load_machine(path)
     for name in ("gpipe", "zb-h1"):
         schedule = get(name, devices=2, microbatches=4)
-        got = float(dp.simulate(schedule, machine.hardware(schedule)).makespan)
+        assert machine.communication == "rendezvous"
+        got = float(dp.simulate(schedule, machine.hardware(schedule), communication=machine.communication).makespan)
         assert got == pytest.approx(cal.predict(schedule, mode="rendezvous"), rel=1e-6)
     assert got != pytest.approx(cal.predict(schedule), rel=1e-6)  # the mode was read, not defaulted
     bad = tmp_path / "bad.toml"
@@ -874,16 +895,17 @@ def test_the_workload_of_a_real_run_predicts_as_the_calibration(real_run, name, 
     for schedule in others:
         assert schedule.stages == stages
         for mode in ("overlap", "torch-runtime"):
-            workload = cal.workload(schedule, layers=layers, mode=mode)
+            workload = cal.workload(schedule, layers=layers)
             assert workload.setup is not None and workload.wind_down is not None
             boundaries = workload.default_boundaries(stages)
             expected = cal.predict(schedule, mode=mode)
-            got = float(dp.simulate(schedule, workload.hardware(boundaries)).makespan)
+            graph = workload.compile_schedule(schedule, communication=calibrate.communication_mode(mode))
+            got = float(dp.simulate(graph, workload.hardware(boundaries)).makespan)
             assert got == pytest.approx(expected, rel=1e-6), (str(schedule), mode)
             knob = dp.StageBalance(stages)
             params = knob.init(workload, workload.layers_per_stage)
             balanced = knob(params, workload.with_split(None))
-            assert float(dp.simulate(schedule, balanced).makespan) == pytest.approx(expected, rel=1e-5)
+            assert float(dp.simulate(graph, balanced).makespan) == pytest.approx(expected, rel=1e-5)
 
 
 def _traced_receive_posts(path: Path) -> dict:

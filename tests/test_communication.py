@@ -41,8 +41,9 @@ CASES = [("1f1b", 4, 6, {}), ("zb-h1", 3, 4, {}), ("interleaved-1f1b", 2, 4, {"c
 LAT, BW = 0.05, 2.0
 
 
-def machine(s, mode, seed):
-    """Random per-stage hardware on uniform links, and the reference's duration/transfer functions."""
+def machine(s, seed):
+    """Random per-stage hardware on uniform links, and the reference's duration/transfer functions
+    (the mode is the graph's: each test compiles or simulates under its own)."""
     rng = np.random.default_rng(seed)
     P, S, M = s.pipelines, s.stages, s.microbatches
     f, b, w, msg = (rng.uniform(0.5, 2.0, (P, S)) for _ in range(4))
@@ -52,7 +53,7 @@ def machine(s, mode, seed):
         weight=jnp.asarray(w, jnp.float32), update=jnp.zeros(()), overhead=jnp.zeros(()),
         size=jnp.asarray(size, jnp.float32), message_bytes=jnp.asarray(msg, jnp.float32),
         gradient_bytes=jnp.zeros(()), static_bytes=jnp.zeros(()), activation_bytes=jnp.zeros(()),
-        capacity=jnp.asarray(np.inf), network=dp.Network.uniform(LAT, BW, mode=mode),
+        capacity=jnp.asarray(np.inf), network=dp.Network.uniform(LAT, BW),
     )
     times = {"F": f, "I": b, "W": w, "B": b + w}
 
@@ -73,8 +74,8 @@ def schedule(name, devices, microbatches, options):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_outside_mode_simulates_like_its_reference(case, mode):
     s = schedule(*case)
-    hw, duration, transfer = machine(s, mode, zlib.crc32(f"{case[0]}/{mode}".encode()))
-    result = dp.simulate(s, hw)
+    hw, duration, transfer = machine(s, zlib.crc32(f"{case[0]}/{mode}".encode()))
+    result = dp.simulate(s, hw, communication=mode)
     start, finish, _ = evaluate_network(s, duration, transfer, mode)
     np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
     np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=2e-5, atol=1e-4)
@@ -89,17 +90,17 @@ def with_network(hw, network):
 def test_half_duplex_only_adds_waits_to_contention(case):
     # Each half-duplex lane merges the two directed lanes of a pair: more waits, never earlier.
     s = schedule(*case)
-    hw, *_ = machine(s, "contention", 7)
-    contention = dp.simulate(s, hw)
-    half = dp.simulate(s, with_network(hw, dp.Network.uniform(LAT, BW, mode=HalfDuplex())))
+    hw, *_ = machine(s, 7)
+    contention = dp.simulate(s, hw, communication="contention")
+    half = dp.simulate(s, hw, communication=HalfDuplex())
     assert np.all(np.asarray(half.finish) >= np.asarray(contention.finish) - 1e-5)
 
 
 def test_half_duplex_is_slower_when_both_directions_share_a_link():
     s = schedule("1f1b", 2, 4, {})  # activations 0 -> 1 and gradients 1 -> 0 on one pair
-    hw, *_ = machine(s, "contention", 3)
-    contention = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05, mode="contention")))
-    half = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05, mode=HalfDuplex())))
+    hw, *_ = machine(s, 3)
+    contention = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05)), communication="contention")
+    half = dp.simulate(s, with_network(hw, dp.Network.uniform(0.0, 0.05)), communication=HalfDuplex())
     assert float(half.makespan) > float(contention.makespan) + 1e-3
 
 
@@ -109,8 +110,8 @@ def test_strings_map_to_objects_in_one_place():
         mode = dp.communication(name)
         assert type(mode) is cls and mode == name and str(mode) == name and mode == cls()
         assert hash(mode) == hash(cls()) and dp.communication(mode) is mode
-        assert dp.Network.uniform(mode=name).mode == cls()
-        assert dp.Hardware.from_times(1.0, 2.0, mode=name).network.mode == cls()
+        graph = dp.Hardware.from_times(1.0, 2.0).compile_schedule(schedule("gpipe", 2, 2, {}), communication=name)
+        assert graph.communication == cls()
         assert dp.compile(schedule("gpipe", 2, 2, {}), communication=name).communication == cls()
     assert dp.Overlap() != dp.Contention() and Delayed(0.1) != Delayed(0.2) and Delayed(0.1) == Delayed(0.1)
     with pytest.raises(dp.ConfigError, match="communication 'fast' is not one of"):
@@ -123,22 +124,24 @@ def test_strings_map_to_objects_in_one_place():
         dp.Overlap().name = "other"
 
 
-def test_a_graph_runs_only_under_a_mode_that_compiles_to_it():
+def test_one_hardware_prices_each_graph_under_the_graph_s_mode():
+    """The graph owns the mode (``Network`` has none): one hardware, graphs compiled under different
+    modes, each priced as its mode charges a transfer."""
     s = schedule("1f1b", 4, 4, {})
-    edges = dp.compile(s, communication="none")
-    for mode in ("overlap", Delayed(0.5)):  # edge modes share one graph
-        dp.makespan(edges, dp.Hardware.from_times(1.0, 2.0, mode=mode))
-    lanes = dp.compile(s, communication="contention")
-    with pytest.raises(dp.ConfigError, match="communication='half-duplex'"):
-        dp.makespan(lanes, dp.Hardware.from_times(1.0, 2.0, mode=HalfDuplex()))
-    with pytest.raises(dp.ConfigError, match="compiled for 'contention'"):
-        dp.makespan(lanes, dp.Hardware.from_times(1.0, 2.0, mode="blocking"))
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5)
+    assert not hasattr(hw.network, "mode")
+    steps = {str(mode): float(dp.makespan(dp.compile(s, communication=mode), hw))
+             for mode in ("none", "overlap", Delayed(0.5), "contention", HalfDuplex())}
+    assert steps["none"] < steps["overlap"] < steps["delayed"]  # free transfers, 0.5 s, 0.5 + 0.5 s
+    for mode in ("none", "overlap", "contention"):
+        assert float(dp.simulate(s, hw, communication=mode).makespan) == pytest.approx(steps[mode])
+    assert steps["half-duplex"] >= steps["contention"] - 1e-6
 
 
 def test_blocking_busy_weight_counts_both_ends():
     s = schedule("1f1b", 2, 2, {})
-    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5, mode="blocking")
-    r = dp.simulate(s, hw)
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5)
+    r = dp.simulate(s, hw, communication="blocking")
     transfers = sum(1 for op in s.ops for dep in s.dependencies[op] if dep.is_transfer)
     compute = float(np.sum(np.asarray(r.finish) - np.asarray(r.start)))
     busy = compute + dp.Blocking.busy_weight * 0.5 * transfers
@@ -150,10 +153,10 @@ def test_topology_rule_one_node_by_default():
     assert topology(None, 8) is None and topology(8, 8) is None and topology(16, 8) is None and topology(4, 8) == 4
     s = schedule("1f1b", 4, 4, {})
     graph = dp.compile(s, communication="contention")  # default: one node
-    one = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), mode="contention", devices_per_node=8)
-    two = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), mode="contention", devices_per_node=2)
+    one = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), devices_per_node=8)
+    two = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), devices_per_node=2)
     hw = dp.Hardware.from_times(1.0, 2.0)
-    want = dp.simulate(s, with_network(hw, one)).makespan
+    want = dp.simulate(s, with_network(hw, one), communication="contention").makespan
     assert float(dp.makespan(graph, with_network(hw, one))) == pytest.approx(float(want))
     with pytest.raises(dp.ConfigError, match="devices per node"):
         dp.makespan(graph, with_network(hw, two))
@@ -166,15 +169,15 @@ def test_topology_rule_one_node_by_default():
 def test_rendezvous_simulates_like_its_reference(case):
     s = schedule(*case)
     mode = dp.communication("rendezvous")
-    hw, duration, transfer = machine(s, mode, zlib.crc32(f"{case[0]}/rendezvous".encode()))
-    result = dp.simulate(s, hw)
+    hw, duration, transfer = machine(s, zlib.crc32(f"{case[0]}/rendezvous".encode()))
+    result = dp.simulate(s, hw, communication=mode)
     start, finish, xfer = evaluate_network(s, duration, transfer, mode)
     np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
     np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=2e-5, atol=1e-4)
     assert float(result.makespan) == pytest.approx(max([*finish.values(), *(e for _, e in xfer.values())]),
                                                    rel=2e-5)
     # A transfer never starts before the receiver reached its receive, nor earlier than under overlap.
-    overlap = dp.simulate(s, with_network(hw, dp.Network.uniform(LAT, BW, mode="overlap")))
+    overlap = dp.simulate(s, hw, communication="overlap")
     assert np.all(np.asarray(result.start) >= np.asarray(overlap.start) - 1e-5)
 
 
@@ -187,8 +190,8 @@ def test_rendezvous_hand_computed():
     0's B1 runs 8.5-10.5: the step takes 10.5 s (overlap: 10 s).
     """
     s = schedule("1f1b", 2, 2, {})
-    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5, mode="rendezvous")
-    r = dp.simulate(s, hw)
+    hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5)
+    r = dp.simulate(s, hw, communication="rendezvous")
     assert r.time_of(dp.schedules.Op("F", 1, 1)) == pytest.approx((5.0, 6.0))
     assert r.time_of(dp.schedules.Op("B", 0, 1)) == pytest.approx((8.5, 10.5))
     assert float(r.makespan) == pytest.approx(10.5)
@@ -204,6 +207,6 @@ def test_rendezvous_never_deadlocks_where_blocking_does():
         except dp.ScheduleError:
             deadlocked.append(name)
         graph = dp.compile(s, communication="rendezvous")
-        hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.1, mode="rendezvous")
+        hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.1)
         assert float(dp.makespan(graph, hw)) > 0
     assert deadlocked  # the motivating case: blocking deadlocks on some 4-stage schedules

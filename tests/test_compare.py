@@ -30,8 +30,9 @@ def machine(bandwidth=math.inf, latency=0.0):
     (the structure papers/tabular-abstraction uses too, so compiled simulators are shared)."""
     base = default_machine()
     lat, bw = jnp.asarray(latency), jnp.asarray(bandwidth)
-    network = dp.Network(lat, bw, lat, bw, mode="contention", devices_per_node=1)
-    return Machine(base.model, base.device, network, name="test machine", uniform_stages=True)
+    network = dp.Network(lat, bw, lat, bw, devices_per_node=1)
+    return Machine(base.model, base.device, network, name="test machine", uniform_stages=True,
+                   communication="contention")
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +156,11 @@ def test_default_machine_is_a_gpt_on_h100_nvlink():
     machine = default_machine()
     assert dp.Machine.default() == machine
     assert "H100" in machine.name and "NVLink" in machine.name
-    assert machine.network.mode == "contention" and machine.network.devices_per_node == 1
+    assert machine.communication == "contention" and machine.network.devices_per_node == 1
     hw = machine(dp.schedules.get("hanayo", devices=4, microbatches=4))
     assert hw.forward.shape == (8,)  # the model split into Hanayo's 2D stages
-    uniform = Machine(machine.model, machine.device, machine.network, uniform_stages=True)
+    uniform = Machine(machine.model, machine.device, machine.network, uniform_stages=True,
+                      communication=machine.communication)
     hw = uniform(dp.schedules.get("1f1b", devices=4, microbatches=4))
     assert float(hw.forward.max()) == pytest.approx(float(hw.forward.min()))
 
@@ -250,7 +252,7 @@ def test_peak_activation_bytes_match_the_simulator():
     hw = eqx.tree_at(lambda h: (h.static_bytes, h.activation_bytes), hw,
                      (jnp.zeros_like(hw.static_bytes), jnp.asarray([1.0, 2.0, 3.0, 4.0])))
     peaks = activation_bytes_peaks(s, hw.activation_bytes, hw.size)
-    assert peaks == pytest.approx(tuple(float(x) for x in dp.simulate(s, hw).peak_memory))
+    assert peaks == pytest.approx(tuple(float(x) for x in dp.simulate(s, hw, communication="contention").peak_memory))
 
 
 def test_the_simulation_level_is_simulate_s_bit_for_bit_from_one_program():
@@ -264,7 +266,7 @@ def test_the_simulation_level_is_simulate_s_bit_for_bit_from_one_program():
     assert batched_simulation._cached._cache_size() == 1
     for name, e in zip(names, c.entries):
         s = dp.schedules.get(name, devices=D, microbatches=2 * N)
-        result = dp.simulate(s, hardware(s))
+        result = dp.simulate(s, hardware(s), communication=hardware.communication)
         assert e.simulation["makespan_s"] == float(result.makespan), name
         assert e.simulation["bubble_ratio"] == float(result.bubble_ratio), name
         assert e.simulation["peak_memory_bytes"] == float(result.peak_memory.max()), name

@@ -27,7 +27,7 @@ def schedule(family):
 def with_data_parallel(hw, data_parallel, link):
     net = hw.network
     return eqx.tree_at(lambda h: h.network, hw, dp.Network(
-        net.latency, net.bandwidth, net.inter_latency, net.inter_bandwidth, mode=net.mode,
+        net.latency, net.bandwidth, net.inter_latency, net.inter_bandwidth,
         devices_per_node=net.devices_per_node, data_parallel=data_parallel, data_parallel_link=link))
 
 
@@ -106,19 +106,19 @@ def test_matches_reference(family, mode):
     want = max([*finish.values(), *(e for _, e in xfer.values()), *(e for _, e in ref_syncs.values()),
                 *(e for _, e in ref_updates.values())])
     assert float(dp.makespan(graph, hw)) == pytest.approx(want, rel=2e-5)
-    result = dp.simulate(s, hw, gradient_sync=True)
+    result = dp.simulate(s, hw, gradient_sync=True, communication=mode)
     assert float(result.makespan) == pytest.approx(want, rel=2e-5)
     np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
     # Peak memory is that of the plain graph: syncs and updates neither store nor free.
-    plain = dp.simulate(s, hw)
+    plain = dp.simulate(s, hw, communication=mode)
     np.testing.assert_allclose(np.asarray(result.peak_memory), np.asarray(plain.peak_memory), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(result.peak_activations), np.asarray(plain.peak_activations))
 
 
-def hand_hardware(data_parallel=4, gradient_bytes=1.0e9, bandwidth=2.0e9, mode="overlap"):
+def hand_hardware(data_parallel=4, gradient_bytes=1.0e9, bandwidth=2.0e9):
     hw = dp.Hardware.from_times(1.0, 2.0)
     net = dp.Network(jnp.asarray(0.0), jnp.asarray(bandwidth), jnp.asarray(0.0), jnp.asarray(bandwidth),
-                     mode=mode, data_parallel=data_parallel)
+                     data_parallel=data_parallel)
     return eqx.tree_at(lambda h: (h.network, h.gradient_bytes, h.update), hw,
                        (net, jnp.asarray(gradient_bytes), jnp.asarray(0.25)))
 
@@ -239,7 +239,7 @@ def test_gradients_match_finite_differences(mode):
         def step(grad_bytes, bandwidth):
             hw = dp.Hardware.from_times(jnp.asarray(1.0, jnp.float64), jnp.asarray(2.0, jnp.float64))
             net = dp.Network(jnp.asarray(0.0, jnp.float64), bandwidth, jnp.asarray(1e-3, jnp.float64), bandwidth,
-                             mode=mode, data_parallel=4)
+                             data_parallel=4)
             hw = eqx.tree_at(lambda h: (h.network, h.gradient_bytes), hw, (net, grad_bytes))
             return dp.makespan(graph, hw)
 

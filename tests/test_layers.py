@@ -7,8 +7,9 @@ a module is placed by its longest listed prefix. Module-level imports form the i
 module must sit in a layer, and a module imports only its own layer or the layers above it. Imports
 inside functions hide cycles: none of a diffpipe module, except in the CLI shell (``LAZY_PACKAGES``,
 which defers the library to the command that needs it), whose module-level imports in exchange load
-none of ``HEAVY``. A module over 500 lines says in its docstring why
-it stays one module.
+none of ``HEAVY``; the graph with those function-local imports added has no cycle either. A
+module over 500 lines says in its docstring why it stays one module. No tracked file cites a
+document the repository does not hold.
 """
 
 from __future__ import annotations
@@ -113,24 +114,39 @@ def test_every_module_has_a_layer():
     assert not missing, f"modules missing from the layers block of docs/architecture.md: {missing}"
 
 
-def test_no_import_cycles():
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (module -> the modules it imports), or None."""
     state: dict[str, int] = {}
     path: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> list[str] | None:
         state[m] = 1
         path.append(m)
-        for n in sorted(GRAPH[m][0]):
+        for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
-            if n not in state:
-                visit(n)
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
         path.pop()
         state[m] = 2
+        return None
 
-    for m in MODULES:
-        if m not in state:
-            visit(m)
+    for m in graph:
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    found = _cycle({m: top for m, (top, _) in GRAPH.items()})
+    assert found is None, "import cycle: " + " -> ".join(found or ())
+
+
+def test_no_import_cycles_counting_function_local_imports():
+    """The CLI's deferred imports (and any other import inside a function) must not close a cycle
+    either: a cycle through a function-local import is a cycle that only shows at run time."""
+    found = _cycle({m: top | local for m, (top, local) in GRAPH.items()})
+    assert found is None, "import cycle through a function-local import: " + " -> ".join(found or ())
 
 
 def _violations() -> dict[str, set[str]]:
@@ -261,6 +277,13 @@ def test_the_checker_sees_cycles_and_local_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "GRAPH", graph)
     with pytest.raises(AssertionError, match="import cycle"):
         test_no_import_cycles()
+    # A cycle closed only by a function-local import: invisible to the module-level scan.
+    (pkg / "_errors.py").write_text("def f():\n    from . import _checks\n")
+    graph = {m: _imports(m) for m in modules}
+    monkeypatch.setattr(sys.modules[__name__], "GRAPH", graph)
+    test_no_import_cycles()
+    with pytest.raises(AssertionError, match="through a function-local import"):
+        test_no_import_cycles_counting_function_local_imports()
 
 
 def test_every_module_imports_in_dependency_order_in_a_fresh_interpreter():
@@ -296,3 +319,59 @@ def test_every_base_dependency_is_imported_by_the_package():
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 imported.add(node.module.split(".")[0])
     assert declared - imported == {"jaxlib"}, f"base dependencies the package never imports: {declared - imported}"
+
+
+#: Documents earlier versions cited that were never in this repository: nothing may cite them.
+ABSENT_DOCUMENTS = ("DESIGN.md", "API.md", "REFERENCE.md")
+_CITED = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.md)\b")
+
+
+def _tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                           timeout=60).stdout.decode().split("\0")
+    return [ROOT / n for n in names if n.endswith((".py", ".md", ".toml", ".txt", ".cfg", ".yaml", ".yml"))
+            and (ROOT / n).is_file()]
+
+
+def _uncited(files: list[Path], root: Path) -> dict[str, list[str]]:
+    """File -> the documents it cites that this repository does not hold: one of
+    ``ABSENT_DOCUMENTS``, anything under ``../shared/``, or (outside ``papers/``) a ``dir/name.md``
+    whose folder is in the repository (relative to the repository or to the citing file) and whose
+    file is not. A path whose folder the repository lacks (``docs/user-guide/...``) names another
+    project's file; the papers cite other projects' ``docs/*.md`` by the hundred (torchtitan's
+    ``docs/performance.md``), so there only the first two rules apply."""
+    out: dict[str, list[str]] = {}
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        bad = [d for d in ABSENT_DOCUMENTS if re.search(rf"(?<![\w-]){re.escape(d)}", text)]
+        bad += ["../shared/"] if "../shared/" in text else []
+        for cited in set(_CITED.findall(text)):
+            if "/" not in cited or path.relative_to(root).parts[0] == "papers":
+                continue
+            for base in (root, path.parent):
+                if (base / cited).parent.is_dir() and not (base / cited).is_file():
+                    bad.append(cited)
+                    break
+        if bad:
+            out[str(path.relative_to(root))] = sorted(set(bad))
+    return out
+
+
+def test_no_file_cites_a_document_outside_the_repository():
+    files = [p for p in _tracked_text_files() if p.resolve() != Path(__file__).resolve()]
+    found = _uncited(files, ROOT)
+    assert not found, f"files citing documents this repository does not hold: {found}"
+
+
+def test_the_citation_check_sees_a_missing_document(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "real.md").write_text("# real\n")
+    good = tmp_path / "good.py"
+    good.write_text('"""See docs/real.md and Megatron-LM\'s docs/user-guide/features/x.md."""\n')
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""See DESIGN.md, docs/gone.md and ../shared/notes.txt."""\n')
+    (tmp_path / "papers").mkdir()
+    paper = tmp_path / "papers" / "run.py"
+    paper.write_text('"""torchtitan\'s docs/performance.md; our REFERENCE.md."""\n')
+    assert _uncited([good, bad, paper], tmp_path) == {
+        "bad.py": ["../shared/", "DESIGN.md", "docs/gone.md"], "papers/run.py": ["REFERENCE.md"]}

@@ -79,7 +79,7 @@ def test_families_without_pairs_are_unchanged():
     np.testing.assert_array_equal(costs(plain), costs(with_overlap))
 
 
-def _machine(s, mode, overlap, seed):
+def _machine(s, overlap, seed):
     """Random per-stage times, unequal microbatch sizes, uniform links; the reference's functions."""
     rng = np.random.default_rng(seed)
     P, S, M = s.pipelines, s.stages, s.microbatches
@@ -90,7 +90,7 @@ def _machine(s, mode, overlap, seed):
         forward=jnp.asarray(f), input_grad=jnp.asarray(b), weight=jnp.asarray(w), update=jnp.zeros(()),
         overhead=jnp.asarray(0.01), size=jnp.asarray(size), message_bytes=jnp.asarray(msg),
         gradient_bytes=jnp.zeros(()), static_bytes=jnp.zeros(()), activation_bytes=jnp.zeros(()),
-        capacity=jnp.asarray(np.inf), network=dp.Network.uniform(LAT, BW, mode=mode),
+        capacity=jnp.asarray(np.inf), network=dp.Network.uniform(LAT, BW),
         pair_overlap=jnp.asarray(ov),
     )
     times = {"F": f, "I": b, "W": w, "B": b + w}
@@ -119,13 +119,13 @@ def test_simulator_agrees_with_the_reference_in_every_mode(case, mode):
         name, d, n = case
         s = get(name, devices=d, microbatches=n)
         comm = dp.communication(mode)
-        hw, duration, transfer, pair = _machine(s, mode, "per-stage", zlib.crc32(f"{case}/{mode}".encode()))
+        hw, duration, transfer, pair = _machine(s, "per-stage", zlib.crc32(f"{case}/{mode}".encode()))
         try:
             dp.compile(s, communication=comm)
         except dp.ScheduleError as error:
             assert mode == "blocking" and "deadlocks" in str(error)
             pytest.skip(f"{name} deadlocks under blocking sends, with or without its pairs")
-        result = dp.simulate(s, hw)
+        result = dp.simulate(s, hw, communication=comm)
         start, finish, _ = evaluate_network(s, duration, transfer, comm, pair=pair)
         np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(np.asarray(result.start), [start[op] for op in s.ops], rtol=1e-9, atol=1e-9)
@@ -155,8 +155,9 @@ def test_pair_time_and_its_gradient_against_finite_differences():
                                                       rel=1e-6, abs=1e-9)
         # at unit times the pair lasts 3 - overlap: the table's F&B
         for ov in (0.0, 0.5, 1.0):
-            hw = dp.Hardware.from_times(1.0, 1.0, 1.0, pair_overlap=ov, mode="none")
-            assert float(dp.simulate(s, hw).makespan) == table(s, {**UNIT, "F&B": 3 - ov}).makespan
+            hw = dp.Hardware.from_times(1.0, 1.0, 1.0, pair_overlap=ov)
+            step = float(dp.simulate(s, hw, communication="none").makespan)
+            assert step == table(s, {**UNIT, "F&B": 3 - ov}).makespan
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, True, float("nan"), [0.5, 2.0]])

@@ -275,9 +275,9 @@ def test_simulates_with_segment_sizes(family, mode):
     seq1f1b-i, like interleaved-1f1b, deadlocks under blocking sends)."""
     d, m, k = 4, 4, 2
     s = get(family, devices=d, microbatches=m * k, segments=k)
-    hw = dp.Hardware.from_times(1.0, 2.0, size=jnp.full((m * k,), 1.0 / k), mode=mode)
+    hw = dp.Hardware.from_times(1.0, 2.0, size=jnp.full((m * k,), 1.0 / k))
     closed = formula(family, devices=d, microbatches=m * k, segments=k, durations={"F": 0.5, "B": 1.0})
-    assert float(dp.simulate(s, hw).makespan) == pytest.approx(closed.makespan, rel=1e-6)
+    assert float(dp.simulate(s, hw, communication=mode).makespan) == pytest.approx(closed.makespan, rel=1e-6)
 
 
 def test_torch_csv_round_trip_and_torch_accepts_it(tmp_path):
@@ -344,7 +344,9 @@ def test_compare_equal_split_prices_later_segments_higher():
     """With equal lengths the model's attention share makes later segments costlier: compare's
     simulation uses those sizes (peak activation bytes read them too), the table keeps 1/k."""
     model = dp.Transformer(layers=8, hidden=256, heads=4, sequence=8192, vocabulary=1000)
-    machine = dp.Machine(model, dp.presets.device("H100"), dp.Machine.default().network, uniform_stages=True)
+    default = dp.Machine.default()
+    machine = dp.Machine(model, dp.presets.device("H100"), default.network, uniform_stages=True,
+                         communication=default.communication)
     runs = {split: dp.compare([("seq1f1b", {"segments": 2})], machine, devices=2, microbatches=2,
                               segment_split=split).entries[0] for split in ("balanced", "equal")}
     assert runs["equal"].table == runs["balanced"].table

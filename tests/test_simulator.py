@@ -39,7 +39,7 @@ def build(s, rng, mode, devices_per_node=None, scale=1.0):
         message_bytes=jnp.asarray(msg, jnp.float32), gradient_bytes=jnp.asarray(grad, jnp.float32),
         static_bytes=jnp.zeros(()), activation_bytes=jnp.ones(()), capacity=jnp.asarray(math.inf),
         network=dp.Network(jnp.asarray(lat), jnp.asarray(bw), jnp.asarray(ilat), jnp.asarray(ibw),
-                           mode=mode, devices_per_node=devices_per_node),
+                           devices_per_node=devices_per_node),
     )
 
     def link(src, dst):
@@ -84,7 +84,7 @@ def test_matches_reference_every_family_and_mode(case, s, mode):
     per_node = 2 if s.devices >= 4 else None
     hw, duration, transfer, comm = build(s, rng, mode, per_node)
     try:
-        result = dp.simulate(s, hw)
+        result = dp.simulate(s, hw, communication=mode)
     except dp.ScheduleError as error:  # blocking send/recv orders may deadlock: the reference agrees
         assert mode == "blocking" and "deadlocks under blocking" in str(error)
         return
@@ -287,7 +287,8 @@ def test_memory_matches_schedule_counts_and_bytes():
         (lambda: dp.Hardware.from_times(1.0, float("nan")), "input_grad"),
         (lambda: dp.Hardware.from_times(1.0, 2.0, p2p_time=float("inf")), "latency"),
         (lambda: dp.Network.uniform(0.0, 0.0), "bandwidth must be positive"),
-        (lambda: dp.Network.uniform(0.0, 1.0, mode="fast"), "mode 'fast'"),
+        (lambda: dp.simulate(dp.schedules.get("1f1b", devices=2, microbatches=2), dp.Hardware.from_times(1.0, 2.0),
+                             communication="fast"), "communication 'fast'"),
     ],
 )
 def test_bad_hardware_is_rejected_eagerly(make, message):
@@ -304,8 +305,8 @@ def test_bad_inputs_at_evaluation():
         dp.makespan(g, dp.Hardware.from_times(1.0, 2.0), temperature=0.0)
     with pytest.raises(dp.ConfigError, match="compile"):
         dp.makespan(s, dp.Hardware.from_times(1.0, 2.0))
-    with pytest.raises(dp.ConfigError, match="communication='contention'"):
-        dp.makespan(g, dp.Hardware.from_times(1.0, 2.0, mode="contention"))
+    with pytest.raises(dp.ConfigError, match="communication='contention' applies to a Schedule"):
+        dp.simulate(g, dp.Hardware.from_times(1.0, 2.0), communication="contention")
     with pytest.raises(Exception, match="non-negative and finite"):  # inside jit: eqx.error_if
         jax.jit(lambda f: dp.makespan(g, dp.Hardware.from_times(f, 2.0)))(jnp.asarray(-1.0))
 
@@ -358,11 +359,11 @@ def test_hardware_topology_decides_inter_node_links_in_every_mode():
     s = dp.schedules.get("1f1b", devices=4, microbatches=4)
     for mode in ("overlap", "blocking"):
         net = dp.Network(jnp.asarray(1e-5), jnp.asarray(4e11), jnp.asarray(1e-5), jnp.asarray(1e10),
-                         mode=mode, devices_per_node=2)
+                         devices_per_node=2)
         hw = eqx.tree_at(lambda h: (h.network, h.message_bytes),
                          dp.Hardware.from_times(1e-3, 2e-3), (net, jnp.asarray(1e8)))
         direct = dp.makespan(dp.compile(s, communication=mode), hw)
-        assert float(direct) == pytest.approx(float(dp.simulate(s, hw).makespan), rel=1e-6)
+        assert float(direct) == pytest.approx(float(dp.simulate(s, hw, communication=mode).makespan), rel=1e-6)
 
 
 def test_autodiff_adjoint_temperature_gradient_is_finite_and_agrees():

@@ -26,8 +26,8 @@ VARIANTS = [(1.0, 2.0, 0.0, 0.1, 1e6, 1e7, 1.3e7), (1.5, 2.5, 0.5, 0.4, 2e6, 1e7
             (0.7, 1.1, 0.3, 1.3, 3e6, 2e7, 2.5e7)]
 
 
-def hardware(mode="overlap"):
-    return [dp.Hardware.from_times(f, b, w, p2p_time=c, activation_bytes=a, static_bytes=s, capacity=cap, mode=mode)
+def hardware():
+    return [dp.Hardware.from_times(f, b, w, p2p_time=c, activation_bytes=a, static_bytes=s, capacity=cap)
             for f, b, w, c, a, s, cap in VARIANTS]
 
 
@@ -69,7 +69,7 @@ def test_every_point_equals_makespan_and_peak_memory(result):
             return dp.makespan(graph, hw), jnp.max(dp.peak_memory(graph, hw)[0])
 
         stacked = dp.stack_graphs(graphs)  # padding never changes a result (test_simulator)
-        for h, hw in enumerate(hardware(mode)):
+        for h, hw in enumerate(hardware()):
             want_time, want_memory = jax.vmap(reference, in_axes=(0, None))(stacked, hw)
             for e, (family, options, n) in enumerate(entries):
                 (row,) = [r for r in mine if r["hardware"] == h and r["family"] == family and r["microbatches"] == n
@@ -83,7 +83,7 @@ def test_points_equal_simulate(result, family, mode):
     rows = result.filter(family=family, communication=mode).rows()
     assert len(rows) == len(VARIANTS)
     for row in rows:
-        sim = dp.simulate(schedule_of(row), hardware(mode)[row["hardware"]])
+        sim = dp.simulate(schedule_of(row), hardware()[row["hardware"]], communication=mode)
         assert row["makespan"] == float(sim.makespan)
         assert row["peak_memory"] == float(jnp.max(sim.peak_memory))
         assert row["fits"] == bool(jnp.all(sim.fits))
@@ -240,9 +240,6 @@ def test_bad_hardware_raises():
         dp.sweep(None, families="1f1b")
     with pytest.raises(dp.ConfigError, match="empty"):
         dp.sweep([], families="1f1b")
-    with pytest.raises(dp.ConfigError, match="modes"):
-        dp.sweep([dp.Hardware.from_times(1.0, 2.0), dp.Hardware.from_times(1.0, 2.0, mode="contention")],
-                 families="1f1b")
 
 
 @pytest.mark.parametrize("devices", [1, 4, 8])
@@ -386,8 +383,7 @@ def test_optional_hardware_terms_are_carried_not_dropped():
     a full-backward time, setup and wind-down (a sweep used to rebuild Hardware field by field)."""
     base = dp.Hardware.from_times([1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2], weight=0.5, p2p_time=0.05,
                                   kind_overhead={"F": 0.01, "B": 0.03, "I": 0.02, "W": 0.04},
-                                  full_backward=[2.3, 2.5, 2.2, 2.6], setup=0.2, wind_down=0.1,
-                                  mode="overlap")
+                                  full_backward=[2.3, 2.5, 2.2, 2.6], setup=0.2, wind_down=0.1)
     hw = eqx.tree_at(lambda h: h.network, base, dp.Network(
         base.network.latency, jnp.asarray(1e9), base.network.inter_latency, jnp.asarray(1e8),
         data_parallel=4, data_parallel_link="intra"))

@@ -144,9 +144,9 @@ def test_presets():
     assert float(h200.memory) == pytest.approx(143_771 * 2**20) and h200.name == "H200"  # nvidia-smi's MiB
     assert float(h200.efficiency) == pytest.approx(0.4)
     assert float(dp.presets.device("A100").peak_flops) == pytest.approx(312e12)
-    two = dp.presets.network("NVLink4", "InfiniBand NDR", devices_per_node=4, mode="contention")
+    two = dp.presets.network("NVLink4", "InfiniBand NDR", devices_per_node=4)
     assert float(two.bandwidth) == pytest.approx(450e9) and float(two.inter_bandwidth) == pytest.approx(50e9)
-    assert two.devices_per_node == 4 and two.mode == "contention"
+    assert two.devices_per_node == 4 and not hasattr(two, "mode")  # the mode is the graph's
     assert dp.presets.network("nvlink3").devices_per_node is None
 
 
@@ -160,7 +160,6 @@ def test_import_stays_light():
 @pytest.mark.parametrize(("call", "culprit"), [
     (lambda: dp.presets.device("V100"), "known: A100, H100, H200"),
     (lambda: dp.presets.network("nvlink4", "carrier-pigeon"), "carrier-pigeon"),
-    (lambda: dp.presets.network("nvlink4", mode="psychic"), "mode"),
     (lambda: dp.presets.device("H100", efficiency=1.5), "efficiency"),
     (lambda: dp.Device(-1.0, 80e9), "peak_flops"),
     (lambda: dp.Transformer(layers=0, hidden=8, heads=2, sequence=4, vocabulary=16), "layers"),

@@ -27,8 +27,8 @@ def ethernet():
     structure of papers/tabular-abstraction, so compiled simulators are shared)."""
     base = default_machine()
     lat, bw = jnp.asarray(1e-5), jnp.asarray(12.5e9)
-    network = dp.Network(lat, bw, lat, bw, mode="contention", devices_per_node=1)
-    return Machine(base.model, base.device, network, uniform_stages=True)
+    network = dp.Network(lat, bw, lat, bw, devices_per_node=1)
+    return Machine(base.model, base.device, network, uniform_stages=True, communication="contention")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def chimera_sync(ethernet):
     """Chimera with its stage all-reduces (collectives on two devices), simulated under contention."""
     s = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
     hw = ethernet(s)
-    return s, hw, dp.simulate(s, hw)
+    return s, hw, dp.simulate(s, hw, communication="contention")
 
 
 def transfer_time(hw):
@@ -54,7 +54,7 @@ def files(tmp_path):
 
 # -- Gantt ----------------------------------------------------------------------------------------------
 def test_gantt_writes_png_and_svg(tmp_path, one_f_one_b, contended):
-    written = gantt(one_f_one_b, contended, path=[tmp_path / "g.png", tmp_path / "g.svg"])
+    written = gantt(one_f_one_b, contended, communication="contention", path=[tmp_path / "g.png", tmp_path / "g.svg"])
     assert [p.name for p in written] == ["g.png", "g.svg"]
     png, svg = (tmp_path / "g.png").read_bytes(), (tmp_path / "g.svg").read_text()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
@@ -67,7 +67,7 @@ def test_gantt_writes_png_and_svg(tmp_path, one_f_one_b, contended):
 
 def test_gantt_of_a_result_with_link_lanes(tmp_path, chimera_sync):
     s, hw, result = chimera_sync
-    fig = gantt(result, hw, schedule=s, title="chimera")
+    fig = gantt(result, hw, schedule=s, title="chimera", communication="contention")
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels[:D] == [f"d{d}" for d in range(D)] and labels[D:] == [f"egress d{d}" for d in range(D)]
@@ -90,7 +90,7 @@ def test_gantt_bad_path_writes_nothing(tmp_path, one_f_one_b, path, message):
 
 
 def test_bad_sources(one_f_one_b, contended):
-    result = dp.simulate(one_f_one_b, contended)
+    result = dp.simulate(one_f_one_b, contended, communication="contention")
     with pytest.raises(dp.ConfigError, match="pass schedule="):
         gantt(result)
     with pytest.raises(dp.ConfigError, match="not simulated from this schedule"):
@@ -119,8 +119,8 @@ def test_write_atomic_leaves_nothing_on_error(tmp_path):
 
 # -- the timeline behind both -------------------------------------------------------------------------
 def test_timeline_transfers_and_memory(one_f_one_b, contended):
-    tl = timeline(one_f_one_b, contended)
-    result = dp.simulate(one_f_one_b, contended)
+    tl = timeline(one_f_one_b, contended, communication="contention")
+    result = dp.simulate(one_f_one_b, contended, communication="contention")
     np.testing.assert_allclose(tl.start, np.asarray(result.start), rtol=1e-6)
     index = {op: i for i, op in enumerate(tl.ops)}
     assert len(tl.transfers) == 2 * (D - 1) * N  # an activation and a gradient per boundary and microbatch
@@ -144,7 +144,7 @@ def test_timeline_transfers_and_memory(one_f_one_b, contended):
 
 
 def test_timeline_of_a_result_without_hardware_counts_activations(one_f_one_b, contended):
-    tl = timeline(dp.simulate(one_f_one_b, contended), schedule=one_f_one_b)
+    tl = timeline(dp.simulate(one_f_one_b, contended, communication="contention"), schedule=one_f_one_b)
     assert tl.memory_unit == "activations" and tl.lanes == ()
     assert [int(v.max()) for _, v in tl.memory] == list(dp.schedules.peak_activations(one_f_one_b))
     assert all(t.start is None for t in tl.transfers) and len(tl.transfers) == 2 * (D - 1) * N
@@ -165,7 +165,7 @@ def table_makespan(s):
 
 # -- trace ----------------------------------------------------------------------------------------------
 def test_trace_json(tmp_path, one_f_one_b, contended):
-    data = trace(one_f_one_b, contended, path=tmp_path / "t.json")
+    data = trace(one_f_one_b, contended, communication="contention", path=tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text()) == data
     assert files(tmp_path) == ["t.json"]
     events = data["traceEvents"]
@@ -197,12 +197,13 @@ def test_trace_json(tmp_path, one_f_one_b, contended):
         spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                        if e["ph"] == "X" and (e["pid"], e["tid"]) == track)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-    assert data["otherData"]["makespan_us"] == pytest.approx(float(dp.simulate(one_f_one_b, contended).makespan) * 1e6)
+    step = float(dp.simulate(one_f_one_b, contended, communication="contention").makespan)
+    assert data["otherData"]["makespan_us"] == pytest.approx(step * 1e6)
 
 
 def test_trace_of_a_collective_spans_its_devices(tmp_path, chimera_sync):
     s, hw, result = chimera_sync
-    data = trace(result, hw, schedule=s)
+    data = trace(result, hw, schedule=s, communication="contention")
     reduces = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] == "R"]
     # One all-reduce per stage, on both devices holding a replica of it (d and D-1-d).
     assert sorted(e["tid"] for e in reduces) == sorted(2 * list(range(D)))

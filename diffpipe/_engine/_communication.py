@@ -18,13 +18,14 @@ A mode is an ``AbstractCommunication``. It declares, once, everything the rest o
 
 A mode is an equinox abstract module (as diffrax's solvers): ``name`` is an abstract class
 variable, ``AbstractLaneCommunication.lane`` an abstract method, and a parametrised mode declares
-its parameters as fields (hashable values: a mode is a static field of ``Graph`` and ``Network``).
-Strings stay accepted where users type them (``compile(communication="contention")``,
-``Network(mode=...)``, ``Hardware.from_times(mode=...)``, the CLI); ``communication(x)`` is the one
-place they become objects. A mode compares equal to its name (and hashes as it) and prints as it:
-results carry the mode object where users select by name (``SweepResult``'s ``communication``
-column, ``Comparison.communication``, ``Graph.communication``). A new mode is one subclass (see
-``tests/test_communication.py`` for one defined outside the package).
+its parameters as fields (hashable values: a mode is a static field of ``Graph``, the one holder
+of a mode: a cost model reads it from the graph it prices). Strings stay accepted where users type
+them (``compile(communication="contention")``, ``simulate(..., communication=...)``, the CLI);
+``communication(x)`` is the one place they become objects. A mode compares equal to its name
+(and hashes as it) and prints as it: results carry the mode object where users select by name
+(``SweepResult``'s ``communication`` column, ``Comparison.communication``, ``Graph.communication``).
+A new mode is one subclass (see ``tests/test_communication.py`` for one defined outside the
+package).
 
 No ``from __future__ import annotations`` here: equinox reads the ``AbstractClassVar`` annotation
 of ``name`` when the class is created (stringified, ``eqx.AbstractClassVar[str]`` became a field).
@@ -89,8 +90,8 @@ class AbstractCommunication(eqx.Module):
 
     Subclasses set ``name`` and the class variables that differ from these defaults, and override
     what differs from the default methods (a delay on each data edge at the link's cost, no
-    waits). Parameters are fields, of hashable values: a mode is a static field of ``Graph`` and
-    ``Network``; modes that compile to the same graph share a ``graph_key``.
+    waits). Parameters are fields, of hashable values: a mode is a static field of ``Graph``;
+    modes that compile to the same graph share a ``graph_key``.
     """
 
     name: eqx.AbstractClassVar[str]
@@ -270,7 +271,3 @@ def communication(mode: str | AbstractCommunication, *, what: str = "communicati
         return MODES[mode]()
     raise ConfigError(f"{what} {mode!r} is not one of {', '.join(MODES)} (or an AbstractCommunication)")
 
-
-def network_mode(mode: str | AbstractCommunication) -> AbstractCommunication:
-    """``communication`` for ``Network(mode=...)`` (its errors name the network's mode)."""
-    return communication(mode, what="network: mode")

@@ -1,7 +1,9 @@
 """``Hardware``: a differentiable model of the machine a schedule runs on.
 
-Every float leaf is a JAX array (differentiable, vmap-able); configuration (communication mode,
-topology sizes) is static. Per-stage leaves may be scalars (every stage alike), ``[stages]``
+Every float leaf is a JAX array (differentiable, vmap-able); configuration (topology sizes) is
+static. The communication mode is the graph's (``compile(communication=...)``,
+``Graph.communication``): the cost rows read it there, so one hardware prices a schedule under
+whichever mode it was compiled for. Per-stage leaves may be scalars (every stage alike), ``[stages]``
 (pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
 ``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
 
@@ -48,7 +50,7 @@ from jaxtyping import Array, Float, Int
 from .._arrays import concrete
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
-from ._communication import AbstractCommunication, network_mode, topology
+from ._communication import AbstractCommunication, topology
 from ._cost_model import AbstractCostModel, CostTables
 from ._graph import (
     COST_F,
@@ -101,9 +103,9 @@ class Network(eqx.Module):
     """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
 
     ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
-    node-based values for each directed pair. ``mode`` is an ``AbstractCommunication`` or its
-    name (``none``, ``overlap``, ``contention``, ``blocking``, ``rendezvous``); ``devices_per_node``
-    None means one node (``_communication.node_size``).
+    node-based values for each directed pair. The communication mode is not the network's but the
+    graph's (``compile(communication=...)``): it decides how a transfer is charged on these links.
+    ``devices_per_node`` None means one node (``_communication.node_size``).
     ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
     ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
     other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
@@ -115,7 +117,6 @@ class Network(eqx.Module):
     inter_bandwidth: Float[Array, ""]
     pair_latency: Float[Array, "devices devices"] | None = None
     pair_bandwidth: Float[Array, "devices devices"] | None = None
-    mode: AbstractCommunication = eqx.field(static=True, default="overlap", converter=network_mode)
     devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
     data_parallel_link: str = eqx.field(static=True, default="inter")
@@ -142,11 +143,10 @@ class Network(eqx.Module):
             check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
 
     @classmethod
-    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, *,
-                mode: str | AbstractCommunication = "overlap") -> Network:
+    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf) -> Network:
         """Every link alike (one node)."""
         return cls(checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"),
-                   checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"), mode=mode)
+                   checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"))
 
     def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
         """``[devices, devices]`` latency and bandwidth of every directed pair."""
@@ -162,9 +162,10 @@ class Network(eqx.Module):
         bandwidth = traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
 
-    def compiled(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
-        """``compile(schedule)`` for this network's communication mode and topology."""
-        return compile(schedule, communication=self.mode, devices_per_node=self.devices_per_node,
+    def compiled(self, schedule: Any, *, communication: str | AbstractCommunication = "overlap",
+                 gradient_sync: bool = False) -> Graph:
+        """``compile(schedule)`` under ``communication`` for this network's topology."""
+        return compile(schedule, communication=communication, devices_per_node=self.devices_per_node,
                        gradient_sync=gradient_sync)
 
     def with_traced_data_parallel(self) -> Network:
@@ -174,16 +175,16 @@ class Network(eqx.Module):
         if self.replicas is not None:
             return self
         return Network(self.latency, self.bandwidth, self.inter_latency, self.inter_bandwidth, self.pair_latency,
-                       self.pair_bandwidth, mode=self.mode, devices_per_node=self.devices_per_node,
+                       self.pair_bandwidth, devices_per_node=self.devices_per_node,
                        data_parallel=1, data_parallel_link=self.data_parallel_link,
                        replicas=np.asarray(self.data_parallel, np.int32))
 
-    def data_parallel_links(self) -> tuple[Array, Array]:
+    def data_parallel_links(self, mode: AbstractCommunication) -> tuple[Array, Array]:
         """Latency and bandwidth of the data-parallel link (``data_parallel_link``), as the
-        communication mode charges them."""
+        communication mode ``mode`` (the graph's) charges them."""
         if self.data_parallel_link == "intra":
-            return self.mode.links(self.latency, self.bandwidth)
-        return self.mode.links(self.inter_latency, self.inter_bandwidth)
+            return mode.links(self.latency, self.bandwidth)
+        return mode.links(self.inter_latency, self.inter_bandwidth)
 
     @staticmethod
     def _pairs(matrix: Array, devices: int, name: str) -> Array:
@@ -301,7 +302,6 @@ class Hardware(AbstractCostModel):
         activation_bytes: Any = 0.0,
         static_bytes: Any = 0.0,
         capacity: Any = math.inf,
-        mode: str | AbstractCommunication = "overlap",
         kind_overhead: Any = None,
         full_backward: Any = None,
         setup: Any = None,
@@ -315,7 +315,8 @@ class Hardware(AbstractCostModel):
 
         ``input_grad`` is the input-gradient time ``I`` and ``weight`` the ``W`` time (default 0),
         so a full ``B`` takes ``input_grad + weight``. ``p2p_time`` delays every cross-device
-        transfer (mode ``overlap``: no contention, overlapping compute). Only array operations,
+        transfer (as the graph's communication mode charges it: under ``overlap``, no contention,
+        overlapping compute). Only array operations,
         so ``jax.vmap(Hardware.from_times)(f, b)`` builds a batch. ``full_backward`` is the time of a
         full ``B`` when it is not ``input_grad + weight``. ``kind_overhead``: per-op overheads by kind
         replacing ``overhead``, a mapping ``{"F": s, "B": s, "I": s, "W": s}`` (missing kinds take ``overhead``) or four
@@ -335,7 +336,7 @@ class Hardware(AbstractCostModel):
             activation_bytes=checked_float(activation_bytes, "activation_bytes"),
             capacity=checked_float(capacity, "capacity"),
             network=Network(checked_float(p2p_time, "p2p_time"), checked_float(math.inf),
-                            checked_float(p2p_time, "p2p_time"), checked_float(math.inf), mode=mode),
+                            checked_float(p2p_time, "p2p_time"), checked_float(math.inf)),
             kind_overhead=_kind_overhead(kind_overhead, overhead),
             full_backward=_optional(full_backward, "full_backward"),
             setup=setup, wind_down=wind_down, pair_overlap=pair_overlap, split_known=bool(split_known),
@@ -384,24 +385,20 @@ class Hardware(AbstractCostModel):
         """The float type of ``forward`` (read on every ``makespan`` call: no tree walk)."""
         return self.forward.dtype
 
-    def compile_schedule(self, schedule: Any, *, gradient_sync: bool = False) -> Graph:
-        """``schedule`` compiled for this network's communication mode and topology."""
-        return self.network.compiled(schedule, gradient_sync=gradient_sync)
+    def compile_schedule(self, schedule: Any, *, communication: str | AbstractCommunication = "overlap",
+                         gradient_sync: bool = False) -> Graph:
+        """``schedule`` compiled under ``communication`` for this network's topology."""
+        return self.network.compiled(schedule, communication=communication, gradient_sync=gradient_sync)
 
     def check(self, graph: Graph) -> None:
         """The eager form of ``tables``' split check (``check_split_known``)."""
         check_split_known(self.split_known, graph)
 
     def check_graph(self, graph: Graph) -> None:
-        """The graph's structure must have been compiled for this network's communication mode."""
-        mode, compiled = self.network.mode, graph.communication
-        if mode.graph_key != compiled.graph_key:
-            raise ConfigError(
-                f"hardware communication '{mode}' needs a graph compiled with communication='{mode}' "
-                f"(this one was compiled for '{compiled}')"
-            )
+        """A mode whose waits depend on the topology (``uses_topology``) needs the graph compiled
+        for this network's devices per node."""
         ours, theirs = self.network.devices_per_node, graph.devices_per_node
-        if mode.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
+        if graph.communication.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
             raise ConfigError(
                 f"hardware has {ours} devices per node but the graph was compiled for {theirs}"
             )
@@ -427,7 +424,8 @@ class Hardware(AbstractCostModel):
         # The hardware's topology decides which links are inter-node; under contention the graph's
         # lanes were built for it too (check_graph above).
         per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
-        latency, bandwidth = self.network.mode.links(*self.network.links(graph.devices, per_node))
+        mode = graph.communication
+        latency, bandwidth = mode.links(*self.network.links(graph.devices, per_node))
 
         def transfer(src, dst, pipe, boundary):
             base = jnp.where(src != dst, latency[src, dst], 0.0)
@@ -445,11 +443,11 @@ class Hardware(AbstractCostModel):
         ring_lat = jnp.where(several, latency[a2, a3], 0.0)
         ring_bw = jnp.where(several, bandwidth[a2, a3], jnp.inf)
         if replicas is not None:  # the same values as the static branch below, selected at run time
-            dp_lat, dp_bw = self.network.data_parallel_links()
+            dp_lat, dp_bw = self.network.data_parallel_links(mode)
             ring_lat = jnp.where(replicas > 1, jnp.maximum(ring_lat, dp_lat), ring_lat)
             ring_bw = jnp.where(replicas > 1, jnp.minimum(ring_bw, dp_bw), ring_bw)
         elif self.network.data_parallel > 1:
-            dp_lat, dp_bw = self.network.data_parallel_links()
+            dp_lat, dp_bw = self.network.data_parallel_links(mode)
             ring_lat = jnp.maximum(ring_lat, dp_lat)
             ring_bw = jnp.minimum(ring_bw, dp_bw)
         nf = n.astype(ring_bw.dtype)

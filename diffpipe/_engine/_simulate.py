@@ -28,6 +28,7 @@ from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+from ._communication import communication as get_communication
 from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
 from ._evaluate import AbstractAdjoint, as_adjoint, batched_makespan, finish_times, sink_max
@@ -400,20 +401,25 @@ def device_busy(graph: Graph, dur: Array) -> Float[Array, " devices"]:
 
 
 def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: float | None = None,
-             gradient_sync: bool = False) -> Result:
-    """Simulate one step of ``schedule`` (compiled for ``hw``'s communication mode) on ``hw``;
-    ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and updates; the
-    per-op arrays stay those of the schedule's ops)."""
+             gradient_sync: bool = False, communication: Any = None) -> Result:
+    """Simulate one step of ``schedule`` on ``hw``. A ``Schedule`` is compiled for ``hw``'s
+    topology under ``communication`` (a mode name or an ``AbstractCommunication``; default
+    ``overlap``) and ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and
+    updates; the per-op arrays stay those of the schedule's ops); a ``Graph`` carries its own mode."""
     if not isinstance(hw, AbstractCostModel):
         raise ConfigError(f"simulate expects a Hardware (or another AbstractCostModel), got {type(hw).__name__}")
     ops = stale = None
     if isinstance(schedule, Schedule):
-        graph = hw.compile_schedule(schedule, gradient_sync=gradient_sync)
+        graph = hw.compile_schedule(schedule, communication="overlap" if communication is None else communication,
+                                    gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
         if gradient_sync:
             raise ConfigError("simulate: gradient_sync=True applies to a Schedule; a Graph has its own "
                               "(compile(schedule, gradient_sync=True))")
+        if communication is not None and get_communication(communication) != schedule.communication:
+            raise ConfigError(f"simulate: communication={str(communication)!r} applies to a Schedule; this graph "
+                              f"was compiled for {str(schedule.communication)!r}")
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")

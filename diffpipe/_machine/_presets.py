@@ -67,8 +67,7 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key, kernels=kernels)
 
 
-def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None,
-            mode: str = "overlap") -> Network:
+def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None) -> Network:
     """A ``Network`` from link presets (see ``NETWORKS``).
 
     Args:
@@ -77,11 +76,12 @@ def network(intra: str, inter: str | None = None, *, devices_per_node: int | Non
             (``devices_per_node`` is then ignored).
         devices_per_node: devices sharing a node when ``inter`` is given (default: the ``intra``
             link's switch domain, e.g. 72 for ``nvl72``, else 8).
-        mode: communication mode (``none``, ``overlap``, ``contention``, ``blocking``).
+
+    The communication mode is the graph's (``compile(communication=...)``), not the network's.
     """
     a = NETWORKS[network_key(intra)]
     b = a if inter is None else NETWORKS[network_key(inter)]
     if devices_per_node is None:
         devices_per_node = a.domain or 8
-    return Network(as_float(a.latency), as_float(a.bandwidth), as_float(b.latency), as_float(b.bandwidth), mode=mode,
+    return Network(as_float(a.latency), as_float(a.bandwidth), as_float(b.latency), as_float(b.bandwidth),
                    devices_per_node=None if inter is None else devices_per_node)

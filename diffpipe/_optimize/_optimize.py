@@ -345,12 +345,13 @@ def optimize(
     local_search: bool = True,
     throw: bool = False,
     pad_to: Mapping[str, int] | None = None,
+    communication: Any = "overlap",
 ) -> OptimizeResult:
     """Optimize the knobs' choices (stage boundaries, microbatch sizes, ...) of ``graph`` for ``workload``.
 
     Args:
-        graph: a ``Graph``, or a ``Schedule`` (compiled for the workload's communication mode after
-            every argument has been checked).
+        graph: a ``Graph``, or a ``Schedule`` (compiled under ``communication`` for the workload
+            network's topology after every argument has been checked).
         workload: the per-layer table and machine terms (``Workload``).
         knob: an ``AbstractKnob`` (``StageBalance``, ``MicrobatchSplit``, or one of your own), or a
             tuple of knobs setting different ``Hardware`` fields. Without a knob setting the stages'
@@ -373,6 +374,8 @@ def optimize(
             runs padded to the padded stage count (``PaddedStageBalance``), so that graphs of
             different stage counts share them too. Every exact figure is the unpadded graph's
             (``pad_graph``); the descent's loss is the unpadded one up to float rounding.
+        communication: the mode a ``Schedule`` is compiled under (a name or an
+            ``AbstractCommunication``; a ``Graph`` carries its own).
 
     Returns:
         An ``OptimizeResult``: the best plan found (never worse than the best combination of the
@@ -446,8 +449,7 @@ def optimize(
     params0 = tuple(p.pad_params(x) if init is not None and isinstance(p, PaddedStageBalance) else x
                     for p, x in zip(programs, params0))
     if isinstance(graph, Schedule):
-        graph = compile(graph, communication=workload.network.mode,
-                        devices_per_node=workload.network.devices_per_node)
+        graph = compile(graph, communication=communication, devices_per_node=workload.network.devices_per_node)
     _check_mode(graph, workload)
     # The graph and workload the descent and the exact search run: padded ones share compiled programs.
     sizes = None if pad_to is None else _padded_sizes(graph, pad_to)
@@ -705,7 +707,7 @@ def _starts(knobs, workload, init, baselines, starts, restarts, key, dtype) -> t
 
 
 def _check_mode(graph: Graph, workload: Workload) -> None:
-    """The graph must have been compiled for the workload network's communication mode."""
+    """A graph whose mode reads the topology must have been compiled for the workload network's."""
     probe = Hardware.from_times(0.0, 0.0)
     eqx.tree_at(lambda hw: hw.network, probe, workload.network).check_graph(graph)
 

@@ -430,7 +430,7 @@ class Configuration:
         ranks: Megatron-LM reduces over the data and context groups together) over that group's link."""
         c = self.cluster
         return Network(c.intra_latency, c.intra_bandwidth, c.inter_latency, c.inter_bandwidth,
-                       mode=self.communication, devices_per_node=self.placement.stages_per_node,
+                       devices_per_node=self.placement.stages_per_node,
                        data_parallel=self.parallelism.shards, data_parallel_link=self.placement.links["data"])
 
     def compute_seconds(self, costs: ParallelCosts | None = None) -> dict[str, Array]:

@@ -106,6 +106,9 @@ from .result import COLUMNS as COLUMNS
 from .result import SweepResult as SweepResult
 from .variants import HardwareSource, ShapeMismatch, SplitUnknown, Variants
 
+#: The mode a sweep compiles under when given none (``communication=None``).
+DEFAULT_MODE = as_communication("overlap")
+
 
 @bounded(CACHE_SIZE)
 def graph_of(schedule: Schedule, mode: str, devices_per_node: int | None):
@@ -171,8 +174,9 @@ def sweep(
             (``waves``, default 2), ``"mirrored"``; crossed with ``priorities`` (``"zero-bubble"``
             splits the backward into I and W).
         schedules: extra ready-made ``Schedule`` objects (evaluated as given).
-        communication: mode(s) to evaluate (``none``, ``overlap``, ``contention``, ``blocking``),
-            overriding the hardware's own; default: the hardware's mode.
+        communication: mode(s) to compile every schedule under (``none``, ``overlap``,
+            ``contention``, ``blocking``, ... or ``AbstractCommunication`` objects); default
+            ``overlap``. The mode is the graph's: the hardware holds none.
         max_bytes: bound on the estimated evaluator working memory per device, per chunk
             (default 32 MiB on CPU, 1 GiB on accelerators).
         stacking: ``"auto"`` (pad and stack different structures when the cost model says it is
@@ -219,7 +223,7 @@ def sweep(
         except (ShapeMismatch, SplitUnknown) as error:
             skip(c, None, error)
             continue
-        for mode in modes or [variants.mode]:
+        for mode in modes or [DEFAULT_MODE]:
             try:
                 graph = graph_of(schedule, mode, variants.devices_per_node)
             except ScheduleError as error:

@@ -37,7 +37,6 @@ class Variants:
     leaves: Mapping[str, np.ndarray]
     data_parallel: int
     devices_per_node: int | None
-    mode: str
     data_parallel_link: str = "inter"
 
     @property
@@ -129,7 +128,7 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
                 raise ShapeMismatch(f"hardware: network {name} has shape {x.shape[1:]}, but the "
                                      f"{schedule.family} schedule has {d} devices")
             leaves[name] = x
-    return Variants(leaves, net.data_parallel, net.devices_per_node, net.mode, net.data_parallel_link)
+    return Variants(leaves, net.data_parallel, net.devices_per_node, net.data_parallel_link)
 
 
 def _concatenate(variants: Sequence[Variants]) -> Variants:
@@ -145,15 +144,10 @@ def _concatenate(variants: Sequence[Variants]) -> Variants:
                 f"hardware variants differ in network data_parallel/devices_per_node/data_parallel_link: "
                 f"{theirs} vs {ours}"
             )
-        if v.mode != first.mode:
-            raise ConfigError(
-                f"hardware variants have different communication modes ({first.mode!r}, {v.mode!r}): "
-                "pass sweep(communication=...) to choose the modes"
-            )
     if len(variants) == 1:
         return first
     leaves = {k: np.concatenate([v.leaves[k] for v in variants]) for k in first.leaves}
-    return Variants(leaves, first.data_parallel, first.devices_per_node, first.mode, first.data_parallel_link)
+    return Variants(leaves, first.data_parallel, first.devices_per_node, first.data_parallel_link)
 
 
 class HardwareSource:
@@ -233,11 +227,11 @@ def pad_variants(v: Variants, index: np.ndarray, p: int, s: int, m: int, d: int)
     return out
 
 
-def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, mode: str, devices_per_node: int) -> Hardware:
+def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, devices_per_node: int) -> Hardware:
     """A Hardware over numpy leaves (cheap value checks on the host; sharded afterwards), for a
     stacked graph compiled with ``devices_per_node`` (the variants' own, or all on one node)."""
     network = Network(leaves["latency"], leaves["bandwidth"], leaves["inter_latency"], leaves["inter_bandwidth"],
-                      leaves.get("pair_latency"), leaves.get("pair_bandwidth"), mode=mode,
+                      leaves.get("pair_latency"), leaves.get("pair_bandwidth"),
                       devices_per_node=devices_per_node, data_parallel=v.data_parallel,
                       data_parallel_link=v.data_parallel_link)
     names = (*STAGE_FIELDS, "overhead", "size", "capacity", "kind_overhead", *OPTIONAL_PER_STAGE, *OPTIONAL_SCALARS)

@@ -244,11 +244,10 @@ class Calibration:
                 "wind_down": self.wind_down, "send_cost": self.send_cost, "recv_cost": self.recv_cost,
                 "split": split}
 
-    def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None,
-                 mode: Any = "overlap") -> Any:
+    def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None) -> Any:
         """A ``diffpipe.Hardware`` for ``schedule`` (any schedule of the calibration's stage count
-        when None); transfers in ``mode`` (a communication mode or its name; ``"torch-runtime"`` is
-        ``TorchRuntime``, the mode of torch's pipelining runtime over gloo).
+        when None). The communication mode is the graph's: ``predict(mode=...)`` compiles under it
+        (``"torch-runtime"`` is ``TorchRuntime``, the mode of torch's pipelining runtime over gloo).
 
         Where every stage has an ``I``/``W`` split (``split_known``), the hardware prices every
         kind: ``I``, ``W`` and, as ``full_backward``, the full ``B``; so one hardware serves
@@ -263,7 +262,7 @@ class Calibration:
             self.times(schedule, weight_fraction=weight_fraction)  # a split schedule: the error names the stage
         t = _explicit(self.times(None, weight_fraction=weight_fraction))
         return Hardware.from_times(t["forward"], t["input_grad"], t["weight"], t["p2p"],
-                                   overhead=t["overhead"], mode=communication_mode(mode),
+                                   overhead=t["overhead"],
                                    kind_overhead=t["kind_overhead"], full_backward=t["full_backward"],
                                    setup=t["setup"], wind_down=t["wind_down"], split_known=known,
                                    send_cost=t["send_cost"], recv_cost=t["recv_cost"])
@@ -313,8 +312,9 @@ class Calibration:
         return replace(self, backward_split=tuple(split), split_source=source)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
-                 weight_fraction: float | None = None, mode: Any = "overlap") -> Any:
-        """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize``.
+                 weight_fraction: float | None = None) -> Any:
+        """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize`` (whose
+        ``communication=`` is the mode).
 
         ``layers[s]`` is the number of layers the measured stage ``s`` holds (default 1 each); each
         stage's times are spread evenly over its layers (the calibration cannot see inside a stage),
@@ -337,7 +337,7 @@ class Calibration:
         def spread(values: Sequence[float]) -> list[float]:
             return [v / n for v, n in zip(values, counts, strict=True) for _ in range(n)]
 
-        network = Network.uniform(t["p2p"], mode=communication_mode(mode))
+        network = Network.uniform(t["p2p"])
         return Workload.from_table(spread(t["forward"]), spread(t["input_grad"]), spread(t["weight"]),
                                    overhead=t["overhead"], network=network, layers_per_stage=counts,
                                    split_known=t["split"], full_backward=spread(t["full_backward"]),
@@ -345,10 +345,12 @@ class Calibration:
                                    send_cost=t["send_cost"], recv_cost=t["recv_cost"])
 
     def predict(self, schedule: Any, *, weight_fraction: float | None = None, mode: Any = "overlap") -> float:
-        """Predicted step time of ``schedule``: the simulated makespan (``setup`` and ``wind_down``
+        """Predicted step time of ``schedule`` compiled under ``mode`` (a communication mode or its
+        name, ``"torch-runtime"`` included): the simulated makespan (``setup`` and ``wind_down``
         included: they are ``hardware``'s terms)."""
 
-        result = simulate(schedule, self.hardware(schedule, weight_fraction=weight_fraction, mode=mode))
+        result = simulate(schedule, self.hardware(schedule, weight_fraction=weight_fraction),
+                          communication=communication_mode(mode))
         return float(result.makespan)
 
     # -- files -----------------------------------------------------------------------------------------
@@ -455,7 +457,7 @@ def robust_spread(values: Sequence[float]) -> float | None:
 
 
 def communication_mode(mode: Any) -> Any:
-    """``mode`` as ``Hardware.from_times`` takes it: ``"torch-runtime"`` becomes ``TorchRuntime()``
+    """``mode`` as ``compile(communication=...)`` takes it: ``"torch-runtime"`` becomes ``TorchRuntime()``
     (a mode of this package, not a built-in name); anything else passes through."""
     return TorchRuntime() if mode == TorchRuntime.name else mode
 

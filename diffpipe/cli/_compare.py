@@ -43,7 +43,7 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     hardware.__name__ = training.label  # compare names the machine by it
     with Progress("compare") as bar:
         bar.stage("comparing at three levels (compiling and simulating)")
-        comparison = compare(list(configs), hardware)
+        comparison = compare(list(configs), hardware, communication=training.communication)
         bar.stage("simulating each whole step", len(configs))
         results = {}
         for entry, s in zip(comparison.entries, configs):
@@ -111,7 +111,8 @@ def _cmd_compare(args: argparse.Namespace) -> None:
     with Progress("compare") as bar:
         bar.stage("comparing at three levels (compiling and simulating)")
         comparison = compare(items, machine.hardware if machine.given else None,
-                             devices=devices, microbatches=microbatches)
+                             devices=devices, microbatches=microbatches,
+                             communication=machine.communication if machine.given else None)
     if args.json:
         sys.stdout.write(_strict(comparison.to_json()))
     elif args.markdown:

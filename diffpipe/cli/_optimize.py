@@ -36,7 +36,8 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
     steps = {} if args.steps is None else {"steps": args.steps}
     with Progress("optimize") as bar:
         bar.stage("optimizing (compiling, gradient descent, exact verification)")
-        result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps)
+        result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps,
+                          communication=machine.communication)
     plan, base = result.plan, result.baseline_plan
     out = {
         "family": schedule.family, "devices": schedule.devices, "stages": schedule.stages,

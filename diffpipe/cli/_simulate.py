@@ -112,11 +112,11 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating")
         hw = machine.hardware(schedule)
-        result = simulate(schedule, hw)
+        result = simulate(schedule, hw, communication=machine.communication)
         summary = _simulation_summary(schedule, result, machine, hw, headroom)
         if outputs:
             bar.stage("drawing")
-            _write_all(_pictures(args, result, hw, schedule=schedule))
+            _write_all(_pictures(args, result, hw, schedule=schedule, communication=machine.communication))
     if args.json:
         _print_json(summary)
         return

@@ -57,7 +57,8 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     machine = _machine(args, config)
     from .._sweep import sweep
 
-    result = sweep(machine.hardware, families=families, options=options or None, communication=modes,
+    result = sweep(machine.hardware, families=families, options=options or None,
+                   communication=modes or [machine.communication],
                    progress=None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),

@@ -24,6 +24,8 @@ import numpy as np
 
 from .. import _io
 from .._caches import bounded
+from .._engine._communication import AbstractCommunication
+from .._engine._communication import communication as get_communication
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
 from .._engine._hardware import Hardware
@@ -153,7 +155,8 @@ def _lane_key(lane: str) -> tuple:
 
 
 def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
-             gradient_sync: bool = False, collectives: Mapping[str, Any] | None = None) -> Timeline:
+             gradient_sync: bool = False, collectives: Mapping[str, Any] | None = None,
+             communication: Any = None) -> Timeline:
     """Lay out ``source`` (a ``Schedule``, simulated on ``hw``, or a ``Result`` of ``schedule``).
 
     ``hw`` defaults, for a schedule, to unit times (``Hardware.from_times(1.0, 2.0)``: F = 1 s,
@@ -162,8 +165,11 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     ``Result``, expect) the step with the data-parallel gradient sync, as ``simulate``'s flag, and
     lay out its ``R`` and ``U`` nodes (``Timeline.syncs``); a ``Result`` then needs its ``hw``.
     ``collectives``: ``{kind: seconds per op}`` of the collectives inside the ops
-    (``op_collectives(configuration)``), each at most its op's duration.
+    (``op_collectives(configuration)``), each at most its op's duration. ``communication``: the
+    mode the schedule is compiled under (a name or an ``AbstractCommunication``, default
+    ``overlap``; for a ``Result``, the mode it was simulated under), which decides its link lanes.
     """
+    mode = get_communication("overlap" if communication is None else communication)
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
     if not isinstance(gradient_sync, bool):
@@ -174,7 +180,7 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
         schedule = source
         if hw is None:
             hw = Hardware.from_times(1.0, 2.0)
-        result = simulate(schedule, hw, gradient_sync=gradient_sync)
+        result = simulate(schedule, hw, gradient_sync=gradient_sync, communication=mode)
     elif isinstance(source, Result):
         if schedule is None:
             raise ConfigError("a Result does not know its devices: pass schedule= (the simulated Schedule)")
@@ -199,13 +205,13 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
             for op in schedule.ops for dep in schedule.dependencies[op] if dep.is_transfer
         ]
         lanes: list[str] = []
-        mode = "unknown"
+        label = "unknown"
     else:
-        transfers, mode = _timed_transfers(schedule, hw, start, finish)
+        transfers, label = _timed_transfers(schedule, hw, mode, start, finish)
         transfers, lanes = _spread(transfers)
     memory, unit = _memory(schedule, hw, start, finish)
-    syncs = _syncs(schedule, hw, float(result.makespan)) if gradient_sync else ()
-    return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, mode,
+    syncs = _syncs(schedule, hw, mode, float(result.makespan)) if gradient_sync else ()
+    return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, label,
                     float(result.makespan), syncs, _checked_collectives(collectives, schedule, finish - start))
 
 
@@ -275,10 +281,10 @@ def configuration_step(configuration: Configuration, evaluation: ConfigResult | 
     return evaluation, configuration.schedule(), configuration.hardware()
 
 
-def _syncs(schedule: Schedule, hw: Any, step: float) -> tuple[SyncOp, ...]:
-    """The gradient-sync nodes of ``schedule`` on ``hw``, timed by the simulator; ``step`` (the
-    simulated step being drawn) must be the one they belong to."""
-    graph = compile_graph(schedule, communication=hw.network.mode, devices_per_node=hw.network.devices_per_node,
+def _syncs(schedule: Schedule, hw: Any, mode: AbstractCommunication, step: float) -> tuple[SyncOp, ...]:
+    """The gradient-sync nodes of ``schedule`` on ``hw`` under ``mode``, timed by the simulator;
+    ``step`` (the simulated step being drawn) must be the one they belong to."""
+    graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node,
                           gradient_sync=True)
     times = simulate_graph(graph, hw)
     if not np.isclose(float(times.makespan), step, rtol=1e-5, atol=0.0):
@@ -310,8 +316,8 @@ def _costs(graph: Any, hw: Any):
     return _jitted_costs()(graph, hw)
 
 
-def _timed_transfers(schedule: Schedule, hw: Any, start: np.ndarray, finish: np.ndarray):
-    mode = hw.network.mode
+def _timed_transfers(schedule: Schedule, hw: Any, mode: AbstractCommunication, start: np.ndarray,
+                     finish: np.ndarray) -> tuple[list[Transfer], str]:
     graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node)
     per_node = graph.devices_per_node
     dur, delay = (np.asarray(x, dtype=np.float64) for x in _costs(graph, hw))

@@ -399,6 +399,7 @@ def gantt(
     collectives: Mapping[str, Any] | None = None,
     zoom: bool | None = None,
     evaluation: ConfigResult | None = None,
+    communication: Any = None,
 ):
     """Draw a Gantt chart of one simulated step.
 
@@ -407,7 +408,7 @@ def gantt(
             ``schedule=``) or a ``Configuration``: its step (``Configuration.evaluate()``) on its own
             schedule and hardware, with its gradient sync, its breakdown bar and its collectives per
             op (``op_collectives``); then give none of ``hw``, ``schedule``, ``gradient_sync``,
-            ``breakdown``, ``collectives``.
+            ``breakdown``, ``collectives``, ``communication``.
         hw: the ``Hardware``; default for a schedule: unit times (F = 1 s, B = 2 s, free
             communication). Link lanes appear when it times transfers (``overlap``: a lane per
             directed link, ``contention``: the contended links and NICs).
@@ -429,6 +430,9 @@ def gantt(
             than ``LONG_OPS`` ops, where one view of the whole step would be a solid wall.
         evaluation: with a ``Configuration``, its ``ConfigResult`` already evaluated (drawn as it is,
             a jitter's breakdown entry included); default: ``configuration.evaluate()``.
+        communication: the mode the schedule is compiled under (the graph's; a name or an
+            ``AbstractCommunication``, default ``overlap``; for a ``Result``, the one it was
+            simulated under); a ``Configuration`` brings its own.
 
     Returns:
         The written ``Path``s (a list), or the matplotlib ``Figure`` when ``path`` is None.
@@ -438,12 +442,14 @@ def gantt(
         cfg = result_or_schedule
         evaluation, schedule, hw = configuration_step(cfg, evaluation, "gantt", hw=hw, schedule=schedule,
                                                       gradient_sync=gradient_sync, breakdown=breakdown,
-                                                      collectives=collectives)
+                                                      collectives=collectives, communication=communication)
         result_or_schedule, gradient_sync, breakdown = evaluation.result, evaluation.gradient_sync, evaluation.breakdown
+        communication = cfg.communication
         collectives = op_collectives(cfg, schedule, hw)
     elif evaluation is not None:
         raise ConfigError("gantt: evaluation= goes with a Configuration (its ConfigResult)")
-    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync, collectives=collectives)
+    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync, collectives=collectives,
+                  communication=communication)
     fig = draw(tl, title=title, memory=memory, arrows=arrows, breakdown=breakdown, zoom=zoom)
     if paths is None:
         return fig

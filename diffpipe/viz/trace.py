@@ -111,13 +111,15 @@ def trace(
     schedule: Any = None,
     gradient_sync: bool = False,
     evaluation: ConfigResult | None = None,
+    communication: Any = None,
 ) -> dict[str, Any]:
     """A Chrome/Perfetto trace of one simulated step.
 
     Args:
         result_or_schedule: a ``Schedule`` (simulated on ``hw``), a ``Result`` (pass ``schedule=``) or
             a ``Configuration``: its step (``Configuration.evaluate()``) on its own schedule and
-            hardware, with its gradient sync; then give none of ``hw``, ``schedule``, ``gradient_sync``.
+            hardware, with its gradient sync; then give none of ``hw``, ``schedule``, ``gradient_sync``,
+            ``communication``.
         hw: the ``Hardware`` (default for a schedule: unit times, F = 1 s, B = 2 s). Link tracks
             appear when it times transfers.
         path: where to write the JSON (``.json``); written to a temporary file and renamed, so an
@@ -127,18 +129,22 @@ def trace(
             per device and its ``U`` on the device tracks.
         evaluation: with a ``Configuration``, its ``ConfigResult`` already evaluated; default:
             ``configuration.evaluate()``.
+        communication: the mode the schedule is compiled under (as ``gantt``'s).
 
     Returns:
         The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
     """
     paths = None if path is None else check_paths(path, (".json",), "trace")
     if isinstance(result_or_schedule, Configuration):
-        evaluation, schedule, hw = configuration_step(result_or_schedule, evaluation, "trace", hw=hw,
-                                                      schedule=schedule, gradient_sync=gradient_sync)
+        cfg = result_or_schedule
+        evaluation, schedule, hw = configuration_step(cfg, evaluation, "trace", hw=hw, schedule=schedule,
+                                                      gradient_sync=gradient_sync, communication=communication)
         result_or_schedule, gradient_sync = evaluation.result, evaluation.gradient_sync
+        communication = cfg.communication
     elif evaluation is not None:
         raise ConfigError("trace: evaluation= goes with a Configuration (its ConfigResult)")
-    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync)
+    tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync,
+                  communication=communication)
     s = tl.schedule
     data = {
         "traceEvents": events(tl),
