@@ -986,6 +986,7 @@ def test_the_study_splits_arrivals_by_whether_they_met_a_send_the_other_way(tmp_
     assert [x["delay"] for x in got] == pytest.approx([40 * US, 500 * US] * 2)
     assert [x["own_send"] for x in got] == pytest.approx([10 * US] * 4)
     assert [x["after_send"] for x in got] == pytest.approx([20 * US, 480 * US] * 2)
+    assert [x["other_left"] for x in got] == [None, pytest.approx(5 * US)] * 2  # SEND_B0 runs to 665 us
     pair_link = _validation_script("pair_link")
     cal = dataclasses.replace(calibrate.from_measurements([1e-4, 1e-4], [2e-4, 2e-4]), transfer=1e-3)
     lone = pair_link.lone_priced(cal, files)  # the delay of the arrivals that met nothing: 40 us

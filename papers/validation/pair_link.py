@@ -81,8 +81,13 @@ def lone_priced(cal, paths):
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: pair_link.py WORK_DIR")
+        print("usage: pair_link.py WORK_DIR", file=sys.stderr)
+        raise SystemExit(2)
     work = Path(args[0])
+    if not (work / "conditions.json").is_file() or not (work / "probes.json").is_file():
+        print(f"pair_link.py: {work}: no conditions.json and probes.json (not a run.py --work directory)",
+              file=sys.stderr)
+        raise SystemExit(2)
     conditions = json.loads((work / "conditions.json").read_text())
     conditions["probes"] = json.loads((work / "probes.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:  # the CSVs rebuilt outside the run's directory
@@ -92,6 +97,9 @@ def main(argv: list[str] | None = None) -> None:
                 ("transfer delay from the arrivals that met no send the other way",
                  (TorchRuntime(), TorchRuntimeHalfDuplex()), functools.partial(run._calibrate, each=lone_priced))):
             results = run.analyze(meta, work, {**conditions, "modes": list(modes)}, modes, calibrate=calibrate)
+            for row in (*results["predictions"], *results["summary"]):  # the tables print modes by name
+                row["mode"] = str(row["mode"])
+            results["conditions"]["modes"] = [str(m) for m in modes]
             print(f"## {variant}\n\n{run.summary_table(results)}")
 
 

@@ -65,30 +65,38 @@ def _next_idle(spans: list[tuple[float, float]], t: float) -> float:
     return next(max(a, t) for a, b in spans if b >= t)
 
 
-def arrivals(paths: list[Path]) -> list[dict]:
-    """One record per visible cross-rank arrival (see the module docstring) of every traced step."""
+def _receives(paths: list[Path]):
+    """Every cross-rank receive of every traced step whose producer ran outside an overlapped pair:
+    ``(steps, rank, recv, end, sender, consumers)``, with ``end`` the producer's end and
+    ``consumers`` the receiving rank's ops that may consume it (``F``; or ``B``/``I``)."""
     ranks, _ = _trace.parse(paths)
     rank_of = {c.stage: r for r, steps in ranks.items() for c in steps[0].computes}
-    out = []
     for k in range(len(next(iter(ranks.values())))):
         steps = {r: s[k] for r, s in ranks.items()}
         produced = {(c.kind, c.stage, c.mb): c.end for s in steps.values() for c in s.computes if not c.overlapped}
-        idle = {r: _idle(s) for r, s in steps.items()}
         for r, step in steps.items():
-            consumers = {(c.kind, c.stage, c.mb): c for c in step.computes}
+            ops = {(c.kind, c.stage, c.mb): c for c in step.computes}
             for (direction, stage, mb), recv in step.recvs.items():
                 source = stage - 1 if direction == "F" else stage + 1
                 kinds = ("F",) if direction == "F" else ("B", "I")
                 end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
-                consumer = next((consumers[(kind, stage, mb)] for kind in kinds if (kind, stage, mb) in consumers),
-                                None)
                 sender = rank_of.get(source)
-                if end is None or consumer is None or not consumer.waited or consumer.overlapped or sender in (None, r):
-                    continue
-                ready = max(end, recv.post)
-                computing = any(c.begin <= recv.end <= c.end for c in steps[sender].computes)
-                out.append({"ready": ready, "arrival": recv.end, "idle": _next_idle(idle[sender], ready),
-                            "sender_computing": computing, "late_post": recv.post > end})
+                if end is not None and sender not in (None, r):
+                    consumers = [ops[(kind, stage, mb)] for kind in kinds if (kind, stage, mb) in ops]
+                    yield steps, r, recv, end, sender, consumers
+
+
+def arrivals(paths: list[Path]) -> list[dict]:
+    """One record per visible cross-rank arrival (see the module docstring) of every traced step."""
+    out = []
+    for steps, _, recv, end, sender, consumers in _receives(paths):
+        consumer = consumers[0] if consumers else None
+        if consumer is None or not consumer.waited or consumer.overlapped:
+            continue
+        ready = max(end, recv.post)
+        computing = any(c.begin <= recv.end <= c.end for c in steps[sender].computes)
+        out.append({"ready": ready, "arrival": recv.end, "idle": _next_idle(_idle(steps[sender]), ready),
+                    "sender_computing": computing, "late_post": recv.post > end})
     return out
 
 
@@ -107,29 +115,19 @@ def sends(paths: list[Path]) -> list[tuple[float, bool]]:
 def collisions(paths: list[Path]) -> list[dict]:
     """One record per arrival the calibration times (see the module docstring): its delay after the
     producer's end, whether it met a send the other way, and the sender's own send label
-    (``own_send``: its duration, ``after_send``: the arrival less its end; None where none was found)."""
-    ranks, _ = _trace.parse(paths)
-    rank_of = {c.stage: r for r, steps in ranks.items() for c in steps[0].computes}
+    (``own_send``: its duration, ``after_send``: the arrival less its end; None where none was found);
+    ``other_left``: what the met send labels had left to run after the producer's end."""
     out = []
-    for k in range(len(next(iter(ranks.values())))):
-        steps = {r: s[k] for r, s in ranks.items()}
-        produced = {(c.kind, c.stage, c.mb): c.end for s in steps.values() for c in s.computes if not c.overlapped}
-        labels = {r: sorted((a, b) for side, a, b in s.host if side == "send") for r, s in steps.items()}
-        for r, step in steps.items():
-            waited = {(c.kind, c.stage, c.mb) for c in step.computes if c.waited}
-            for (direction, stage, mb), recv in step.recvs.items():
-                source = stage - 1 if direction == "F" else stage + 1
-                kinds = ("F",) if direction == "F" else ("B", "I")
-                end = next((produced[(kind, source, mb)] for kind in kinds if (kind, source, mb) in produced), None)
-                sender = rank_of.get(source)
-                if (end is None or recv.post > end or sender in (None, r)
-                        or not any((kind, stage, mb) in waited for kind in kinds)):
-                    continue
-                own = next(((a, b) for a, b in labels[sender] if end - 1e-5 <= a <= end + OWN_SEND_S), None)
-                out.append({"delay": recv.end - end,
-                            "meets": any(a <= end + MEET_S and b >= end for a, b in labels[r]),
-                            "own_send": None if own is None else own[1] - own[0],
-                            "after_send": None if own is None else recv.end - own[1]})
+    for steps, r, recv, end, sender, consumers in _receives(paths):
+        if recv.post > end or not any(c.waited for c in consumers):
+            continue
+        labels = {q: sorted((a, b) for side, a, b in s.host if side == "send") for q, s in steps.items()}
+        own = next(((a, b) for a, b in labels[sender] if end - 1e-5 <= a <= end + OWN_SEND_S), None)
+        met = [(a, b) for a, b in labels[r] if a <= end + MEET_S and b >= end]
+        out.append({"delay": recv.end - end, "meets": bool(met),
+                    "other_left": sum(b - max(a, end) for a, b in met) if met else None,
+                    "own_send": None if own is None else own[1] - own[0],
+                    "after_send": None if own is None else recv.end - own[1]})
     return out
 
 
@@ -190,15 +188,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{100 * sum(long) / both if both else 0:.0f}% | "
               f"{100 * (len(long) - sum(long)) / alone if alone else 0:.1f}% |")
     print()
-    print("| group | transfers | meets a send the other way | delay (ms, mean / median / p90): alone | met | "
-          "sender's own send label (ms): alone | met | slow (> 1 ms) ones: own send label, alone | met | "
-          "their arrival less that label's end, alone | met |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| group | transfers | meets a send the other way | the met send's time left (ms, mean / median / p90) | "
+          "delay: alone | met | sender's own send label: alone | met | slow (> 1 ms) ones: alone | met | "
+          "their own send label: alone | met | their arrival less that label's end: alone | met |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for group, rows in sorted(met.items()):
-        cells = []
+        cells = [_ms([x["other_left"] for x in rows if x["meets"]])]
         for name in ("delay", "own_send"):
             for meets in (False, True):
                 cells.append(_ms([x[name] for x in rows if x["meets"] == meets and x[name] is not None]))
+        cells += [str(sum(x["meets"] == meets and x["delay"] > LONG_SEND_S for x in rows)) for meets in (False, True)]
         for name in ("own_send", "after_send"):
             for meets in (False, True):
                 cells.append(_ms([x[name] for x in rows if x["meets"] == meets and x[name] is not None
