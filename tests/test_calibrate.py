@@ -24,6 +24,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe import calibrate, cli
+from diffpipe._engine._communication import transfers
 from diffpipe._engine._simulate import simulate_graph
 from diffpipe.schedules import from_torch, get, to_torch_csv
 from diffpipe.schedules._reference import evaluate_network
@@ -992,3 +993,87 @@ def test_run_ranks_names_each_failing_rank_with_its_own_output(tmp_path):
     ok = tmp_path / "ok.py"
     ok.write_text("print('fine')\n")
     assert run_ranks(ok, [], ranks=2, timeout_s=60) is None
+
+
+def _validation_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"validation_{name}", _RUN.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_study_splits_arrivals_by_whether_they_met_a_send_the_other_way(tmp_path):
+    # 0F0 -> 1F0 arrives 40 us after 0F0 ends, nothing sent the other way; 0F1 ends while rank 1's
+    # 50 us SEND_B0 label runs (it met a send the other way) and arrives 500 us later, 480 us after
+    # its own sender's SEND_F1 label ended. Two steps alike.
+    script = _validation_script("transfers")
+    r0, r1 = [], []
+    for k in range(2):
+        t = 10_000.0 * k
+        r0 += [_x("PP:0F0", t, t + 100), *_send("PP:0SEND_F0", t + 110),
+               _x("PP:0F1", t + 560, t + 660), *_send("PP:0SEND_F1", t + 670)]
+        r1 += [*_recv("PP:1RECV_F0", t, t + 140), _x("PP:1F0", t + 20, t + 340),
+               *_recv("PP:1RECV_F1", t + 341, t + 1160), _x("PP:1B0", t + 355, t + 655),
+               _x("PP:1SEND_B0", t + 655, t + 705), _x("c10d::send", t + 657, t + 703, "cpu_op"),
+               _x("gloo:send", t + 660, t + 1055), _x("PP:1F1", t + 710, t + 1310)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    got = script.collisions(files)
+    assert [x["meets"] for x in got] == [False, True] * 2
+    assert [x["delay"] for x in got] == pytest.approx([40 * US, 500 * US] * 2)
+    assert [x["own_send"] for x in got] == pytest.approx([10 * US] * 4)
+    assert [x["after_send"] for x in got] == pytest.approx([20 * US, 480 * US] * 2)
+    assert [x["other_left"] for x in got] == [None, pytest.approx(45 * US)] * 2  # SEND_B0 runs to 705 us
+    pair_link = _validation_script("pair_link")
+    cal = dataclasses.replace(calibrate.from_measurements([1e-4, 1e-4], [2e-4, 2e-4]), transfer=1e-3)
+    lone = pair_link.lone_priced(cal, files)  # the delay of the arrivals that met nothing: 40 us
+    assert lone.transfer == pytest.approx(40 * US) and lone.p2p == pytest.approx(40 * US)
+    # SEND_B0 (50 us) starts 15 us before SEND_F1 (10 us), which starts while SEND_B0 runs: both met,
+    # 30 us on average against the 10 us of SEND_F0, which met nothing
+    terms = pair_link.held_terms([files])
+    assert terms == pytest.approx({"send_alone": 10 * US, "held": 20 * US, "transfer": 40 * US})
+
+
+def test_the_half_duplex_pair_link_serialises_both_directions_on_the_reference_and_the_simulator():
+    pytest.importorskip("torch.distributed.pipelining")
+    pair_link = _validation_script("pair_link")
+    cal = calibrate.from_measurements([1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2], p2p=0.4)
+    half, runtime = pair_link.TorchRuntimeHalfDuplex(), calibrate.TorchRuntime()
+    for name in ("Interleaved1F1B", "ZBVZeroBubble"):
+        schedule = from_torch(name, 2, 4, 2)
+        if name == "ZBVZeroBubble":
+            cal = calibrate.from_measurements([1.0, 1.2, 0.9, 1.1], input_grad=[1.0, 1.1, 0.9, 1.2],
+                                              weight=[1.0, 1.0, 1.0, 1.0], p2p=0.4)
+        waits = half.waits(schedule, None)
+        assert set(runtime.waits(schedule, None)) <= set(waits)  # torch-runtime's meetings, and
+        lanes = [(a, b) for a, b in waits if isinstance(b, tuple) and isinstance(a, tuple)]
+        # one lane for the one pair of devices: every transfer but the first waits for one other,
+        # in both directions
+        crossing = [pair for pair in lanes
+                    if schedule.placement.device(0, pair[0][0].stage) != schedule.placement.device(0, pair[1][0].stage)]
+        assert len(lanes) == len(transfers(schedule)) - 1 and crossing
+        hw = cal.times(schedule)
+        op_time = {"F": hw["forward"], "I": hw["input_grad"], "W": hw["weight"],
+                   "B": [i + w for i, w in zip(hw["input_grad"], hw["weight"], strict=True)]}
+        spans = {}
+        for mode in (runtime, half):
+            _, finish, _ = evaluate_network(schedule, lambda op, t=op_time: t[op.kind][op.stage],
+                                            lambda op, dep: 0.4, mode)
+            spans[mode.name] = max(finish.values())
+            assert cal.predict(schedule, mode=mode) == pytest.approx(spans[mode.name], rel=1e-6), (name, mode)
+        assert spans[half.name] >= spans[runtime.name], name
+
+
+def test_the_held_send_term_prices_what_predict_does_and_holds_the_senders_that_meet():
+    pytest.importorskip("torch.distributed.pipelining")
+    pair_link = _validation_script("pair_link")
+    cal = calibrate.from_measurements([1e-3, 1.2e-3, 0.9e-3, 1.1e-3], [2e-3, 2.1e-3, 1.9e-3, 2.2e-3], p2p=2e-4,
+                                      overhead=5e-5, send_cost=2e-4, recv_cost=1e-4)
+    met_somewhere = False
+    for name in ("Interleaved1F1B", "LoopedBFS"):
+        schedule = from_torch(name, 2, 4, 2)
+        base, _ = pair_link.reference_step(cal, schedule, send_cost=cal.send_cost, p2p=cal.p2p)
+        assert base == pytest.approx(cal.predict(schedule, mode="torch-runtime"), rel=1e-6), name  # jax (float32)
+        held, met = pair_link.reference_step(cal, schedule, send_cost=cal.send_cost, p2p=cal.p2p, held=3e-3)
+        assert held >= base and (held > base) == (met > 0), name
+        met_somewhere |= met > 0
+    assert met_somewhere  # interleaved 1F1B sends both ways at once

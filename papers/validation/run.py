@@ -571,10 +571,12 @@ def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows:
     return analyze(meta, work, conditions, modes)
 
 
-def _calibrate(work: Path, key: str, rounds: int, schedule):
+def _calibrate(work: Path, key: str, rounds: int, schedule, each=None):
     """A case's calibration from its traced rounds: round 0's, or where more rounds were traced
     (``--trace-all-rounds``), all of them combined (``calibrate.combine``: the same steps the case's
-    measured time comes from), with the median of the rounds' step times and round 0's orders."""
+    measured time comes from), with the median of the rounds' step times and round 0's orders.
+    ``each(calibration, paths)``, when given, replaces each round's calibration before they combine
+    (``pair_link.py``: the transfer delay from a subset of the arrivals)."""
     import dataclasses
     import statistics
 
@@ -582,24 +584,30 @@ def _calibrate(work: Path, key: str, rounds: int, schedule):
 
     traced = [r for r in range(rounds) if r == 0 or all((work / f"{key}.r{r}.rank{k}.json").exists()
                                                         for k in range(RANKS))]
-    runs = [calibrate.from_torch_trace([work / f"{key}.r{r}.rank{k}.json" for k in range(RANKS)], schedule)
-            for r in traced]
+    runs = []
+    for r in traced:
+        paths = [work / f"{key}.r{r}.rank{k}.json" for k in range(RANKS)]
+        cal = calibrate.from_torch_trace(paths, schedule)
+        runs.append(cal if each is None else each(cal, paths))
     if len(runs) == 1:
         return runs[0]
     return dataclasses.replace(calibrate.combine(runs), orders=runs[0].orders,
                                step_time=statistics.median(c.step_time for c in runs))
 
 
-def analyze(meta: dict, work: Path, conditions: dict, modes: tuple[str, ...]) -> dict:
-    """Calibrate from each case's traces in ``work``, predict every case of its group in each mode."""
+def analyze(meta: dict, work: Path, conditions: dict, modes: tuple, calibrate=None) -> dict:
+    """Calibrate from each case's traces in ``work``, predict every case of its group in each mode
+    (a name or a communication mode object). ``calibrate(work, key, rounds, schedule)``: a case's
+    calibration (default ``_calibrate``; ``pair_link.py`` passes one that reprices the transfers)."""
     from diffpipe.schedules import peak_activations
 
+    calibrate = _calibrate if calibrate is None else calibrate
     rounds = conditions["rounds"]
     cases = {}
     for key, info in meta.items():
         schedule = _diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
         try:
-            cal = _calibrate(work, key, rounds, schedule)
+            cal = calibrate(work, key, rounds, schedule)
         except Exception as error:  # noqa: BLE001  (Schedule1F1B has no labels: recorded, not fatal)
             cal, note = None, str(error).split(".json: ", 1)[-1]
         else:
