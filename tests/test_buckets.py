@@ -94,3 +94,18 @@ def test_plan_shapes_share_a_larger_bucket_within_the_ratio_and_change_no_result
     want = simulate_graph(gs, hw)
     chex.assert_trees_all_equal((shared[0][0], shared[1][0], shared[2][0]), tuple(
         np.asarray(x) for x in (want.makespan, want.bubble_ratio, want.peak_memory)))
+
+
+def test_stage_balancing_shares_a_descent_only_within_the_ratio():
+    # plan's balanced rows share one padded descent per communication setting, but a graph more than
+    # SHAPE_RATIO times smaller than the group's largest gets its own (or its own group)
+    from diffpipe._plan._search import SHAPE_RATIO, _shared_sizes
+
+    tiny, small, large = (config("gpipe", 2, 16).graph(), config("1f1b", 2, 4).graph(),
+                          config("interleaved-1f1b", 4, 2, virtual=2).graph())
+    nodes = {id(g): common_sizes([g])["nodes"] for g in (tiny, small, large)}
+    assert nodes[id(large)] > SHAPE_RATIO * nodes[id(tiny)] and nodes[id(large)] <= SHAPE_RATIO * nodes[id(small)]
+    shared = _shared_sizes([tiny, large, small])
+    assert id(tiny) not in shared  # alone in its group: not padded
+    assert shared[id(small)] == shared[id(large)] == common_sizes([small, large])
+    assert _shared_sizes([tiny, small])[id(tiny)] == common_sizes([tiny, small])  # within the ratio

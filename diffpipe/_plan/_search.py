@@ -96,7 +96,8 @@ _BOUND_SLACK = 1e-4
 #: ``_Shapes``: a graph's exact evaluation runs on a shape the call already uses when that shape
 #: has at most this many times the rows of the graph's own size bucket (one compiled program for
 #: several buckets; a padded evaluation costs about its rows: a few milliseconds here, against about
-#: one second to compile a program).
+#: one second to compile a program). ``_shared_sizes``: stage balancing shares one descent among
+#: graphs within this ratio of nodes.
 SHAPE_RATIO = 8
 #: ``_Shapes``: the graphs of the first this many groups (in bound order, the ones the search
 #: simulates first) choose the call's first shape, so that the larger of them do not each compile one.
@@ -749,11 +750,25 @@ def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
     """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
     graphs with its communication setting, stage counts included (a smaller one runs as a padded
     stage split, ``PaddedStageBalance``), so that one compiled descent and exact evaluator serve
-    them all (``docs/architecture.md``, "Compilation"). A graph alone in its group is not padded."""
-    groups: dict[tuple, list[Graph]] = {}
+    them all (``docs/architecture.md``, "Compilation"). A graph shares only with graphs whose common
+    sizes have at most ``SHAPE_RATIO`` times its nodes (from the largest down: the descent and the
+    local search cost about the padded graph's rows, so a 2-stage row is not run on a 32-stage
+    row's graph); a graph alone in its group is not padded."""
+    settings: dict[tuple, list[Graph]] = {}
     for g in graphs:
-        groups.setdefault((g.communication,), []).append(g)
-    return {id(g): common_sizes(members) for members in groups.values() if len(members) > 1 for g in members}
+        settings.setdefault((g.communication,), []).append(g)
+    groups: list[list[Graph]] = []
+    for members in settings.values():
+        members = sorted(members, key=_nodes, reverse=True)
+        while members:
+            group = [g for g in members if _nodes(members[0]) <= SHAPE_RATIO * _nodes(g)]
+            groups.append(group)
+            members = [g for g in members if all(g is not h for h in group)]
+    return {id(g): common_sizes(group) for group in groups if len(group) > 1 for g in group}
+
+
+def _nodes(graph: Graph) -> int:
+    return common_sizes([graph])["nodes"]
 
 
 def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None,
