@@ -64,3 +64,48 @@ def test_graphs_of_one_bucket_share_one_compiled_program():
     assert bucket_sizes(c.graph()) != bucket_sizes(ga)
     _simulate_members(c.graph(), [c.hardware()])
     assert _batched._cached._cache_size() == 2
+
+
+def test_plan_shapes_share_a_larger_bucket_within_the_ratio_and_change_no_result():
+    # plan's exact evaluation: a graph runs on a shape already in use when it holds the graph's bucket
+    # within SHAPE_RATIO of its rows; the figures are those of the graph's own bucket bit for bit
+    from diffpipe._plan._search import SHAPE_RATIO, _Shapes
+
+    small, large, huge = config("1f1b", 2, 4), config("interleaved-1f1b", 4, 2, virtual=2), config("1f1b", 4, 2,
+                                                                                                 global_batch=512)
+    tiny = config("gpipe", 2, 16)
+    gs, gl, gh, gt = small.graph(), large.graph(), huge.graph(), tiny.graph()
+    bs, bl, bh, bt = bucket_sizes(gs), bucket_sizes(gl), bucket_sizes(gh), bucket_sizes(gt)
+    assert bt["nodes"] * SHAPE_RATIO < bl["nodes"] <= SHAPE_RATIO * bs["nodes"] < bh["nodes"]
+    shapes = _Shapes()
+    assert shapes.pad_to(gl) == bl  # the first graph: its own bucket
+    assert shapes.pad_to(gs) == bl  # the larger shape in use holds it within the ratio
+    assert shapes.pad_to(gt) == bt  # past the ratio of every shape in use: its own bucket
+    assert shapes.pad_to(gh) == bh  # larger than any shape in use: its own
+    assert shapes.pad_to(gs) == bl  # the smallest shape in use that holds it
+    seeded = _Shapes()
+    seeded.seed([gs, gh, gl])  # one shape for the large and huge graphs; the small one is past the ratio of it
+    assert seeded.used[(gs.communication, gs.devices_per_node)] == [
+        {name: max(bh[name], bl[name]) for name in bh}]
+    hw = small.hardware()
+    own = _simulate_members(gs, [hw])
+    shared = _simulate_members(gs, [hw], shapes.pad_to(gs))
+    chex.assert_trees_all_equal(shared, own)
+    want = simulate_graph(gs, hw)
+    chex.assert_trees_all_equal((shared[0][0], shared[1][0], shared[2][0]), tuple(
+        np.asarray(x) for x in (want.makespan, want.bubble_ratio, want.peak_memory)))
+
+
+def test_stage_balancing_shares_a_descent_only_within_the_ratio():
+    # plan's balanced rows share one padded descent per communication setting, but a graph more than
+    # SHAPE_RATIO times smaller than the group's largest gets its own (or its own group)
+    from diffpipe._plan._search import SHAPE_RATIO, _shared_sizes
+
+    tiny, small, large = (config("gpipe", 2, 16).graph(), config("1f1b", 2, 4).graph(),
+                          config("interleaved-1f1b", 4, 2, virtual=2).graph())
+    nodes = {id(g): common_sizes([g])["nodes"] for g in (tiny, small, large)}
+    assert nodes[id(large)] > SHAPE_RATIO * nodes[id(tiny)] and nodes[id(large)] <= SHAPE_RATIO * nodes[id(small)]
+    shared = _shared_sizes([tiny, large, small])
+    assert id(tiny) not in shared  # alone in its group: not padded
+    assert shared[id(small)] == shared[id(large)] == common_sizes([small, large])
+    assert _shared_sizes([tiny, small])[id(tiny)] == common_sizes([tiny, small])  # within the ratio

@@ -221,6 +221,32 @@ def test_search_batches_share_two_programs_and_split_nothing(graph):
     assert _batch._exact._cached._cache_size() == 2  # the chunk and the single-plan bucket
 
 
+
+def test_the_optimizer_s_search_runs_one_batch_shape(graph):
+    """``optimize``'s exact search (``buckets=()``) runs every call, a single plan included, as one
+    chunk: one program per graph, and each plan's figures are those of the bucketed calls bit for bit."""
+    from diffpipe._optimize._baselines import _hardware_at
+
+    workload = random_workload(np.random.default_rng(6))
+    plans = compositions(LAYERS, STAGES)
+    chunk = _optimize.SEARCH_CHUNK
+    many = np.concatenate([plans] * (chunk // len(plans) + 2))
+    build = jax.tree_util.Partial(_hardware_at, workload)
+
+    def run(counts, **kw):
+        bounds = np.concatenate([np.zeros((len(counts), 1)), np.cumsum(counts, axis=1)], axis=1)
+        sizes = np.broadcast_to(np.asarray(workload.size, np.float64), (len(counts), graph.microbatches))
+        return _batch.evaluate_batched(graph, build, (bounds, sizes), workload.capacity, workload.forward.dtype,
+                                       chunk=chunk, **kw)
+
+    _batch._exact._cached.clear_cache()
+    outs = [run(x, buckets=()) for x in (many, plans[:1], plans[:3])]
+    assert _batch._exact._cached._cache_size() == 1  # one shape: the chunk
+    chex.assert_trees_all_equal(outs[0], run(many))
+    chex.assert_trees_all_equal(outs[1], run(plans[:1]))  # the single-plan bucket's figures
+    chex.assert_trees_all_equal(outs[2], run(plans[:3]))
+    assert _batch._exact._cached._cache_size() == 2
+
 # -- optimize against brute force ---------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(12))
 def test_optimizer_within_half_a_percent_of_brute_force(graph, seed):

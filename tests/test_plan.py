@@ -416,3 +416,21 @@ def test_closed_form_time_bound_holds_under_a_framework(framework, zero):
     assert np.max(before + cfg.microbatches * work + update) <= result.step_time * (1 + 1e-5)
     if framework == "megatron":  # the tensor collectives' unhideable share is counted, not all of them
         assert np.all(k.work <= unhidden.work) and np.any(k.work < unhidden.work)
+
+
+def test_shared_evaluation_shapes_compile_fewer_programs_and_leave_the_plan_unchanged(monkeypatch):
+    """The search's exact evaluations run on shapes shared across size buckets (``_search._Shapes``):
+    fewer compiled batched simulations than one per bucket, and the same rows, number for number."""
+    from diffpipe._engine._batch import batched_simulation
+
+    request = dict(tensor=(2, 4), pipeline=(2, 4), families=("1f1b", "interleaved-1f1b"), virtual=(2,),
+                   microbatch_sizes=(1, 2), balance=False, progress=False)
+    batched_simulation._cached.clear_cache()
+    shared = dp.plan(TINY, cluster(), 64, **request)
+    programs = batched_simulation._cached._cache_size()
+    monkeypatch.setattr(_search, "SHAPE_RATIO", 1)  # every graph on its own bucket
+    monkeypatch.setattr(_search, "SHAPE_LOOKAHEAD", 0)
+    batched_simulation._cached.clear_cache()
+    alone = dp.plan(TINY, cluster(), 64, **request)
+    assert programs < batched_simulation._cached._cache_size()
+    assert shared.rows == alone.rows

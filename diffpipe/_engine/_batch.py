@@ -110,13 +110,15 @@ def _exact(graph: Graph, build: Any, inputs: Any):
 
 
 def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype: Any, *,
-                     chunk: int = EVALUATION_CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     chunk: int = EVALUATION_CHUNK,
+                     buckets: Sequence[int] = _BUCKETS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact makespan ``[B]``, peak memory ``[B, devices]`` and fit ``[B]`` of ``jax.vmap(build)(inputs)``.
 
     ``build`` (a hashable callable, e.g. an ``eqx.Partial`` or a Module method) maps one entry of
     ``inputs`` (a pytree of numpy arrays with a leading ``[B]`` axis) to a ``Hardware``. Batches
-    are padded to one of a few sizes (at most ``chunk`` per call), so new plan counts rarely
-    compile anything new.
+    are padded to one of a few sizes (``buckets`` below ``chunk``, else ``chunk``; at most ``chunk``
+    per call), so new plan counts rarely compile anything new; ``buckets=()``: every call runs
+    ``chunk`` plans, one compiled program (each member's figures do not depend on the batch size).
     """
     leaves = jax.tree.leaves(inputs)
     n = leaves[0].shape[0]
@@ -125,7 +127,7 @@ def evaluate_batched(graph: Graph, build: Any, inputs: Any, capacity: Any, dtype
     memory = np.empty((n, graph.devices))
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
-        bucket = next((b for b in _BUCKETS if b >= hi - lo and b < chunk), chunk)
+        bucket = next((b for b in buckets if b >= hi - lo and b < chunk), chunk)
         index = np.minimum(np.arange(lo, lo + bucket), hi - 1)  # pad with copies of the last plan
         batch = jax.tree.map(lambda x, index=index: jax.device_put(np.asarray(np.asarray(x)[index], dtype)), inputs)
         t, m = _exact(graph, build, batch)

@@ -68,9 +68,11 @@ DEFAULT_MEMORY_PENALTY = 100.0
 #: Rounds of steepest descent at most (each round evaluates the whole neighbourhood at once).
 LOCAL_SEARCH_ROUNDS = 200
 #: Plans per call of the exact evaluator in the search: a round's neighbourhood (450 to 2,186 plans
-#: for 8 to 16 stages) runs as calls of this size, so a graph compiles two batch shapes (single
-#: plans, and these chunks) where the evaluator's default buckets compiled three (and padded 2,186
-#: plans to 4,096).
+#: for 8 to 16 stages) runs as calls of this size, and so do the few calls of single plans and
+#: starts (``evaluate_batched(..., buckets=())``), so a graph compiles one batch shape where the
+#: evaluator's default buckets compiled three (and padded 2,186 plans to 4,096): a single plan
+#: costs a 512-plan call (about 10 ms more, 16 such calls in the README plan's balancing) and the
+#: cold process one compilation less (about 2.5 s).
 SEARCH_CHUNK = 512
 
 
@@ -286,7 +288,7 @@ class _Search:
     def exact(self, values: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact makespan, memory and fit of a batch of values (``[B, ...]`` per knob)."""
         times, memory, fits = evaluate_batched(self.evaluated, self.build, values, self.evaluated_capacity,
-                                               self.workload.forward.dtype, chunk=SEARCH_CHUNK)
+                                               self.workload.forward.dtype, chunk=SEARCH_CHUNK, buckets=())
         return times, memory[:, :self.graph.devices], fits
 
     def evaluate(self, plans: list[tuple[np.ndarray, ...]]) -> list[tuple[float, np.ndarray]]:

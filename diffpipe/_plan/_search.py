@@ -60,7 +60,7 @@ from .._choices import RECOMPUTE, ZERO_STAGES
 from .._engine._batch import simulate_members as _simulate_members
 from .._engine._communication import AbstractCommunication
 from .._engine._communication import communication as get_communication
-from .._engine._graph import Graph, common_sizes
+from .._engine._graph import Graph, bucket_sizes, common_sizes
 from .._errors import ConfigError, ScheduleError
 from .._machine._cluster import Cluster
 from .._model._transformer import Transformer
@@ -93,8 +93,54 @@ _BOUND_SLACK = 1e-4
 
 
 # -- evaluation -----------------------------------------------------------------------------------------
+#: ``_Shapes``: a graph's exact evaluation runs on a shape the call already uses when that shape
+#: has at most this many times the rows of the graph's own size bucket (one compiled program for
+#: several buckets; a padded evaluation costs about its rows: a few milliseconds here, against about
+#: one second to compile a program). ``_shared_sizes``: stage balancing shares one descent among
+#: graphs within this ratio of nodes.
+SHAPE_RATIO = 8
+#: ``_Shapes``: the graphs of the first this many groups (in bound order, the ones the search
+#: simulates first) choose the call's first shape, so that the larger of them do not each compile one.
+SHAPE_LOOKAHEAD = 16
 
 
+class _Shapes:
+    """The padded sizes (``pad_graph``'s) of ``plan``'s exact evaluations in one call, per
+    communication setting: a graph runs on the smallest shape already in use that holds its size
+    bucket (``bucket_sizes``) within ``SHAPE_RATIO`` of its rows, else on its bucket, which is then
+    in use. ``seed`` starts a setting with one shape holding several graphs' buckets (the largest,
+    and each other within the ratio of it). Padding never changes a result (``pad_graph``), so this
+    chooses only how many programs the call compiles (docs/architecture.md, "Compilation")."""
+
+    def __init__(self) -> None:
+        self.used: dict[tuple, list[dict[str, int]]] = {}
+
+    def seed(self, graphs: Sequence[Graph]) -> None:
+        by_setting: dict[tuple, list[dict[str, int]]] = {}
+        for g in graphs:
+            by_setting.setdefault(self._setting(g), []).append(bucket_sizes(g))
+        for setting, buckets in by_setting.items():
+            buckets.sort(key=lambda b: b["nodes"], reverse=True)
+            shape = buckets[0]
+            for b in buckets[1:]:
+                merged = {name: max(shape[name], b[name]) for name in shape}
+                if merged["nodes"] <= SHAPE_RATIO * b["nodes"]:
+                    shape = merged
+            self.used.setdefault(setting, []).append(shape)
+
+    def pad_to(self, graph: Graph) -> dict[str, int]:
+        own = bucket_sizes(graph)
+        shapes = self.used.setdefault(self._setting(graph), [])
+        holding = [s for s in shapes if s["nodes"] <= SHAPE_RATIO * own["nodes"] and all(
+            s[name] >= own[name] for name in own)]
+        if holding:
+            return min(holding, key=lambda s: s["nodes"])
+        shapes.append(own)
+        return own
+
+    @staticmethod
+    def _setting(graph: Graph) -> tuple:
+        return (graph.communication, graph.devices_per_node)
 
 
 #: The ``ConfigResult`` figures a plan row reports.
@@ -529,6 +575,10 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
             order.append(key)
         groups[key].append(index)
     bound = dict((i, b) for b, i in lower)
+    shapes = _Shapes()
+    if not _CHECKING.get():  # checking a suggestion stops at its first fit: no look ahead
+        shapes.seed(_first_graphs(order[:SHAPE_LOOKAHEAD], groups, candidates, model, cluster, global_batch,
+                                  communication, framework))
 
     rows_out: list[dict[str, Any]] = []
     best = math.inf
@@ -580,7 +630,7 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                 th = time.perf_counter()
                 hws = [cfg.hardware() for _, cfg in keep]
                 ts = time.perf_counter()
-                steps, bubbles, memory = _simulate_members(graph, hws)
+                steps, bubbles, memory = _simulate_members(graph, hws, shapes.pad_to(graph))
                 t_hardware += ts - th
                 t_simulate += time.perf_counter() - ts
                 simulated += len(keep)
@@ -628,7 +678,8 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                     for row in rows_out[:top_k]]
         shared = _shared_sizes([p.graph for p in problems if p is not None])
         for row, problem in zip(list(rows_out[:top_k]), problems):
-            balanced = None if problem is None else _balance(row, problem, capacity, shared.get(id(problem.graph)))
+            balanced = None if problem is None else _balance(row, problem, capacity, shared.get(id(problem.graph)),
+                                                             shapes)
             if balanced is not None:
                 rows_out.append(balanced)
             bar.update(1)
@@ -638,6 +689,24 @@ def _search(model: Transformer, cluster: Cluster, global_batch: int, *, sequence
                "simulate": t_simulate, "balance": t_balance, "total": time.perf_counter() - t0}
     return PlanTable(tuple(rows_out), dict(rejected), explored, simulated, seconds, model, cluster, global_batch,
                      communication, headroom, framework)
+
+
+def _first_graphs(keys: Sequence[tuple], groups: dict[tuple, list[int]], candidates: Sequence[Candidate],
+                  model: Transformer, cluster: Cluster, global_batch: int, communication: Any,
+                  framework: Framework | None) -> list[Graph]:
+    """The graphs of the groups ``keys`` (each of its first candidate; kept, so the search does not
+    build them again); a group whose family refuses its sizes is left out (the search says why)."""
+    graphs = []
+    for key in keys:
+        c = candidates[groups[key][0]]
+        variant = dataclasses.replace(model, microbatch_size=c.microbatch_size, recompute=c.recompute)
+        try:
+            cfg = Configuration(variant, c.parallelism(), cluster, global_batch, schedule=c.family,
+                                communication=communication, framework=framework)
+            graphs.append(cfg.graph(cfg.schedule()))
+        except (ScheduleError, ConfigError):
+            continue
+    return graphs
 
 
 def _export_problem(framework: str, c: Candidate, global_batch: int, model: Transformer) -> str | None:
@@ -681,16 +750,32 @@ def _shared_sizes(graphs: Sequence[Graph]) -> dict[int, dict[str, int]]:
     """Per graph (by ``id``), the sizes ``optimize`` pads it to (``pad_to``): the common sizes of the
     graphs with its communication setting, stage counts included (a smaller one runs as a padded
     stage split, ``PaddedStageBalance``), so that one compiled descent and exact evaluator serve
-    them all (``docs/architecture.md``, "Compilation"). A graph alone in its group is not padded."""
-    groups: dict[tuple, list[Graph]] = {}
+    them all (``docs/architecture.md``, "Compilation"). A graph shares only with graphs whose common
+    sizes have at most ``SHAPE_RATIO`` times its nodes (from the largest down: the descent and the
+    local search cost about the padded graph's rows, so a 2-stage row is not run on a 32-stage
+    row's graph); a graph alone in its group is not padded."""
+    settings: dict[tuple, list[Graph]] = {}
     for g in graphs:
-        groups.setdefault((g.communication,), []).append(g)
-    return {id(g): common_sizes(members) for members in groups.values() if len(members) > 1 for g in members}
+        settings.setdefault((g.communication,), []).append(g)
+    groups: list[list[Graph]] = []
+    for members in settings.values():
+        members = sorted(members, key=_nodes, reverse=True)
+        while members:
+            group = [g for g in members if _nodes(members[0]) <= SHAPE_RATIO * _nodes(g)]
+            groups.append(group)
+            members = [g for g in members if all(g is not h for h in group)]
+    return {id(g): common_sizes(group) for group in groups if len(group) > 1 for g in group}
 
 
-def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None) -> dict | None:
+def _nodes(graph: Graph) -> int:
+    return common_sizes([graph])["nodes"]
+
+
+def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[str, int] | None,
+             shapes: _Shapes) -> dict | None:
     """``optimize`` the stage split of ``row`` (its graph padded to ``pad_to`` when given); the
-    balanced row when the exact evaluation confirms it is faster and fits, else None."""
+    balanced row when the exact evaluation confirms it is faster and fits (on the search's shapes),
+    else None."""
     c, variant, cfg, graph, workload = problem
     try:
         found = optimize(graph, workload, StageBalance(stages=graph.stages), pad_to=pad_to)
@@ -702,9 +787,9 @@ def _balance(row: dict, problem: _BalanceProblem, capacity: float, pad_to: dict[
     try:
         balanced = Configuration(variant, c.parallelism(), cfg.cluster, cfg.global_batch, schedule=c.family,
                                  communication=cfg.communication, layers_per_stage=counts, framework=cfg.framework)
-        # the search's own batched program of this graph's bucket (compiled already): no program
+        # the search's own batched program of this graph's shape (compiled already): no program
         # per graph structure; the figures are ``evaluate()``'s bit for bit (tests/test_plan.py)
-        steps, bubbles, memory = _simulate_members(graph, [balanced.hardware()])
+        steps, bubbles, memory = _simulate_members(graph, [balanced.hardware()], shapes.pad_to(graph))
         if math.isfinite(float(steps[0])):
             figures = _metrics(balanced, cfg.schedule(), float(steps[0]), float(bubbles[0]), memory[0])
         else:  # a check failed inside the program: evaluate reruns the checks eagerly, naming the culprit
