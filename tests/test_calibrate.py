@@ -837,6 +837,23 @@ def test_the_study_measures_a_case_from_all_its_steps_not_the_stalled_quiet_ones
     assert got["measured_s"] == pytest.approx(0.1155) and got["measured_from"] == "all steps"
 
 
+def test_the_study_states_the_noise_floor_of_a_case_from_its_round_medians(tmp_path):
+    # round medians 100, 104, 96, 101 and a stalled 150 ms: their median is 101, absolute deviations
+    # 1, 3, 5, 0, 49, so the MAD is 3 ms (the stalled round does not set it), sigma 1.4826 x 3 ms
+    run = _runner()
+    for r, ms in enumerate((100, 104, 96, 101, 150)):
+        for k in range(2):
+            (tmp_path / f"c.r{r}.rank{k}.meta.json").write_text(json.dumps(
+                {"step_s": [(ms - 1) / 1e3, ms / 1e3, (ms + 1) / 1e3], "runqueue_wait_s": [0.0] * 3}))
+    got = run._measured(tmp_path, "c", 5)
+    assert got["round_medians_s"] == pytest.approx([0.100, 0.104, 0.096, 0.101, 0.150])
+    sigma = 1.4826 * 0.003
+    expected = (2 / math.pi) ** 0.5 * 1.2533 * sigma / 5 ** 0.5 / got["measured_s"]
+    assert run.noise_floor(got) == pytest.approx(expected)
+    assert run.noise_floor({**got, "round_medians_s": [0.1]}) is None  # one round: no estimate
+    assert run.noise_floor({"measured_s": 0.1}) is None  # results from before the medians were kept
+
+
 def test_the_study_separates_two_cases_by_the_standard_error_of_their_medians():
     # 1.2533 sigma / sqrt(rounds), sigma = IQR / 1.349: an IQR of 10 ms over 6 rounds is 3.79 ms
     run = _runner()

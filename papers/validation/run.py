@@ -484,19 +484,23 @@ def _measured(work: Path, key: str, rounds: int) -> dict:
     them (``QUIET_WAIT_FRACTION``: not of the quiet ones), and the CPU waits."""
     import statistics
 
-    samples, fractions, faults = [], [], []
+    samples, fractions, faults, round_medians = [], [], [], []
     for r in range(rounds):
         metas = [json.loads((work / f"{key}.r{r}.rank{k}.meta.json").read_text()) for k in range(RANKS)]
+        steps = []
         for ts, ws in zip(zip(*[m["step_s"] for m in metas], strict=True),
                           zip(*[m["runqueue_wait_s"] for m in metas], strict=True), strict=True):
-            samples.append(max(ts))
+            steps.append(max(ts))
             fractions.append(max(ws) / max(ts))
+        samples += steps
+        round_medians.append(statistics.median(steps))
         if all("minor_faults" in m for m in metas):  # traces before the count have none
             faults.append([max(fs) for fs in zip(*[m["minor_faults"] for m in metas], strict=True)])
     quiet = sum(f <= QUIET_WAIT_FRACTION for f in fractions)
     q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
     return {"measured_s": statistics.median(samples), "iqr_s": q[2] - q[0], "samples": len(samples),
             "rounds": rounds, "median_se_s": median_standard_error(q[2] - q[0], rounds), "quiet_steps": quiet,
+            "round_medians_s": round_medians,
             "measured_from": "all steps",
             "runqueue_wait_fraction": statistics.median(fractions),
             "runqueue_wait_fractions": fractions,
@@ -684,6 +688,24 @@ def _spec_json(spec: dict) -> dict:
 LOADED = 0.5
 
 
+def noise_floor(case: dict) -> float | None:
+    """The mean absolute relative error a perfect predictor would still show against ``case``'s
+    measured step: ``sqrt(2 / pi)`` (the mean of ``|N(0, 1)|``) times the standard error of a median
+    over its rounds (``1.2533 sigma / sqrt(rounds)``; rounds, not steps, are independent, as in
+    ``median_standard_error``) over its measured step, with ``sigma`` the rounds' spread taken
+    robustly (``1.4826`` times the median absolute deviation of the round medians), as the measured
+    median of all steps is: one stalled round sets neither. None without per-round medians (fewer
+    than two rounds, or results written before they were recorded)."""
+    import statistics
+
+    medians = case.get("round_medians_s") or []
+    if len(medians) < 2:
+        return None
+    centre = statistics.median(medians)
+    sigma = 1.4826 * statistics.median(abs(m - centre) for m in medians)
+    return math.sqrt(2 / math.pi) * 1.2533 * sigma / math.sqrt(len(medians)) / case["measured_s"]
+
+
 def separated_beyond_noise(a: dict, b: dict) -> bool:
     """Whether two cases' measured medians differ by more than twice the standard error of their
     difference (``median_standard_error``): about 95% confidence that the faster one is faster."""
@@ -755,7 +777,10 @@ def _group_line(results: dict, mode: str, group: str, split: str | None) -> str 
                       and cases[p["source"]]["calibration"] and not _ran_full(cases[p["source"]])]
         cells += [f"{len(own)}: {100 * statistics.mean(abs(p['error']) for p in own):.1f}%" if own else "0",
                   f"{100 * statistics.mean(abs(p['error']) for p in from_split):.1f}%" if from_split else "n/a"]
-    cells += [f"{100 * mape:.1f}%", f"{100 * statistics.median(per_source):.1f}% / {100 * max(per_source):.1f}%",
+    floors = [noise_floor(cases[t]) for t in dict.fromkeys(p["target"] for p in preds)]
+    floor = "n/a" if None in floors else f"{100 * statistics.mean(floors):.1f}%"
+    cells += [f"{100 * mape:.1f}%", floor,
+              f"{100 * statistics.median(per_source):.1f}% / {100 * max(per_source):.1f}%",
               "n/a" if tau is None else f"{tau:.2f}", f"{ordered}/{separated}", "yes" if met else "no"]
     return "| " + " | ".join(cells) + " |"
 
@@ -768,7 +793,8 @@ def _ran_full(case: dict) -> bool:
 
 def summary_table(results: dict) -> str:
     """The study's headline as markdown: per mode and group, the cross-schedule MAPE (over every
-    prediction of another case), the median and worst per-source MAPE, the mean Kendall tau (rows
+    prediction of another case), the noise floor (the mean ``noise_floor`` of its targets: what a
+    perfect predictor would still miss by), the median and worst per-source MAPE, the mean Kendall tau (rows
     with at least 3 targets), the separated pairs ordered correctly, and memory; each checked
     against the targets. Then, where the run has them, the same with the split-from-full
     predictions: full-backward sources predicting split schedules with the I/W split of a probe
@@ -776,14 +802,14 @@ def summary_table(results: dict) -> str:
     that ran split. ``python papers/validation/run.py --summary results.json`` prints it."""
     cases = results["cases"]
     c = results["conditions"]
-    head = (f"MAPE (target <= {100 * TARGET_MAPE:.0f}%) | per-source MAPE median / max "
+    head = (f"MAPE (target <= {100 * TARGET_MAPE:.0f}%) | noise floor | per-source MAPE median / max "
             f"| mean Kendall tau (target >= {TARGET_TAU}) | separated pairs ordered (target: all) | met? |")
     lines = [f"Conditions: {c['rounds']} rounds x {c['steps_per_round']} steps, base width {c['width']}, "
              f"{c['rows_per_microbatch']} rows; load average before/after {c['loadavg_before'][0]:.2f} / "
              f"{c['loadavg_after'][0]:.2f} on {c['cpus']} CPUs"
              + (" -- TAKEN UNDER LOAD: not an accuracy claim" if c["under_load"] else "")
              + f"; wall {c['wall_s']:.0f} s.", "",
-             f"| mode | group | predictions | {head}", "|---|---|---|---|---|---|---|---|"]
+             f"| mode | group | predictions | {head}", "|---|---|---|---|---|---|---|---|---|"]
     for mode in c["modes"]:
         for group in c["groups"]:
             line = _group_line(results, mode, group, None)
@@ -794,7 +820,7 @@ def summary_table(results: dict) -> str:
         lines += ["", "Split schedules from full-backward sources (each source predicts every case of its group; "
                   "a full-backward one prices a split target with the I/W split of the probe or the model):", "",
                   f"| mode | group | split from | predictions | split from full: count, MAPE | same targets from "
-                  f"split runs, MAPE | {head}", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"split runs, MAPE | {head}", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for mode in c["modes"]:
             for split in splits:
                 for group in c["groups"]:
