@@ -131,7 +131,7 @@ def bench_per_op(sizes: list[tuple[int, int]], batch: int, rounds: int = 7) -> l
     diffpipe and C alternate for ``rounds`` rounds (the machine is shared: each round's ratio is
     taken from back-to-back calls); reported: the median of the per-round ratios, and per-op costs
     from the fastest round of each (the least disturbed, used for the flatness ratio)."""
-    lib = yardstick.build() if yardstick.available() else None
+    libs = yardstick.build() if yardstick.available() else None
     rows = []
     for devices, microbatches in sizes:
         s = dp.schedules.get("1f1b", devices=devices, microbatches=microbatches)
@@ -144,9 +144,9 @@ def bench_per_op(sizes: list[tuple[int, int]], batch: int, rounds: int = 7) -> l
 
         want = ours()
         c = None
-        if lib is not None:
+        if libs is not None:
             tables = jax.vmap(lambda h, g=g: h.tables(g))(hws).batch_last(batched=True)
-            c = yardstick.Yardstick(lib, g, tables)
+            c = yardstick.Yardstick(libs, g, tables)
             np.testing.assert_allclose(c(), np.asarray(want), rtol=1e-5)  # same numbers; C warm
         t_ours, t_c = [], []
         for _ in range(rounds):
@@ -157,7 +157,7 @@ def bench_per_op(sizes: list[tuple[int, int]], batch: int, rounds: int = 7) -> l
                "diffpipe_ns_per_op_variant": min(t_ours) / (ops * batch) * 1e9,
                "diffpipe_ns_per_op_variant_median": statistics.median(t_ours) / (ops * batch) * 1e9}
         if c is not None:
-            row.update(yardstick_ns_per_op_variant=min(t_c) / (ops * batch) * 1e9,
+            row.update(yardstick_width=c.width, yardstick_ns_per_op_variant=min(t_c) / (ops * batch) * 1e9,
                        yardstick_ns_per_op_variant_median=statistics.median(t_c) / (ops * batch) * 1e9,
                        fraction_of_yardstick=statistics.median(b / a for a, b in zip(t_ours, t_c)),
                        fraction_of_yardstick_fastest=min(t_c) / min(t_ours))
@@ -272,12 +272,12 @@ def main() -> None:
     if "per_op" in only:
         sizes = [(8, 32), (8, 256)] if args.quick else [(8, 32), (8, 256), (8, 2048)]
         results["per_op"] = bench_per_op(sizes, batch)
-        print("\n| cost per op (fastest of the rounds) | ops | diffpipe ns/op/variant | C yardstick ns/op/variant | "
-              "diffpipe speed / C (median of rounds; fastest rounds) |")
+        print("\n| cost per op (fastest of the rounds) | ops | diffpipe ns/op/variant | C yardstick ns/op/variant "
+              "(its chunk width) | diffpipe speed / C (median of rounds; fastest rounds) |")
         print("|---|---|---|---|---|")
         for r in results["per_op"]:
             print(f"| {r['case']}, {r['batch']} variants | {r['ops']} | {r['diffpipe_ns_per_op_variant']:.3f} | "
-                  f"{r.get('yardstick_ns_per_op_variant', math.nan):.3f} | "
+                  f"{r.get('yardstick_ns_per_op_variant', math.nan):.3f} ({r.get('yardstick_width', '-')}) | "
                   f"{r.get('fraction_of_yardstick', math.nan):.2f}; "
                   f"{r.get('fraction_of_yardstick_fastest', math.nan):.2f} |")
         first, last = results["per_op"][0], results["per_op"][-1]

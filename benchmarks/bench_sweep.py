@@ -3,7 +3,11 @@
 Run by hand (nothing in CI depends on a timing):
 
     python benchmarks/bench_sweep.py [--host-devices 2] [--points 1000000] [--sample 200] [--skip-memory]
-                                     [--out PATH]
+                                     [--grid homogeneous|mixed] [--out PATH]
+
+``--grid mixed`` is issue 21's mixed-size grid: gpipe, 1f1b, interleaved-1f1b, zb-h1 x 4 and 8 devices x
+16 and 32 microbatches x both modes (32 graphs of 64-1,024 ops), whose graphs differ in size; the default
+(``homogeneous``) is the repository's grid of 4-device graphs. ``--points 40960`` is the issue's sweep.
 
 ``--host-devices N`` splits the CPU into N JAX devices (``XLA_FLAGS=--xla_force_host_platform_
 device_count``, set before JAX starts), so the sweep's sharding uses N cores; on GPUs/TPUs leave it
@@ -31,6 +35,13 @@ import sys
 import time
 from pathlib import Path
 
+#: The grids: (families, devices, microbatches, modes).
+GRIDS = {
+    "homogeneous": (["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"], [4], [8, 16],
+                    ["overlap", "contention"]),
+    "mixed": (["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"], [4, 8], [16, 32], ["overlap", "contention"]),
+}
+
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +50,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--max-bytes", type=int, default=None, help="per-device chunk bound (default: sweep's)")
     parser.add_argument("--sample", type=int, default=200, help="points timed with the pure-Python evaluator")
     parser.add_argument("--skip-memory", action="store_true", help="skip the XLA memory-analysis check")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/sweep-<backend>.json)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="homogeneous",
+                        help="homogeneous: 7 families x 4 devices (default); mixed: graphs of different sizes")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default benchmarks/results/sweep[-mixed]-<backend>.json)")
     return parser.parse_args()
 
 
@@ -62,10 +76,7 @@ from diffpipe._sweep import plan as sweep_plan  # noqa: E402
 from diffpipe._sweep import variants as sweep_variants  # noqa: E402
 from diffpipe.schedules import evaluate  # noqa: E402
 
-FAMILIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo"]
-DEVICES = [4]
-MICROBATCHES = [8, 16]
-MODES = ["overlap", "contention"]
+FAMILIES, DEVICES, MICROBATCHES, MODES = GRIDS[ARGS.grid]
 #: Warm repetitions (sweep and yardstick alike); the fastest counts: the machine is shared.
 WARM_RUNS = 3
 
@@ -223,7 +234,8 @@ def main() -> None:
     results = {
         "platform": {"backend": backend, "devices": [str(d) for d in jax.devices()], "machine": platform.machine(),
                      "cpus": os.cpu_count(), "jax": jax.__version__, "python": sys.version.split()[0]},
-        "grid": {"families": FAMILIES, "devices": DEVICES, "microbatches": MICROBATCHES, "modes": MODES,
+        "grid": {"name": ARGS.grid, "families": FAMILIES, "devices": DEVICES, "microbatches": MICROBATCHES,
+                 "modes": MODES,
                  "hardware_variants": warm.hardware_variants, "points": points, "skipped": list(warm.skipped)},
         "sweep": {"cold_s": cold_s, "warm_s": warm_s, "warm_runs_s": [t for _, t in warm_runs],
                   "cold_points_per_s": points / cold_s,
@@ -270,7 +282,8 @@ def main() -> None:
         cells = sorted(r["compile_cells"] for r in memory)
         print(f"one compilation in evaluated cells (median; sweep.COMPILE_CELLS = {sweep_plan.COMPILE_CELLS:.1e}): "
               f"{cells[len(cells) // 2]:.2e}")
-    out = Path(ARGS.out or Path(__file__).parent / "results" / f"sweep-{backend}.json")
+    stem = "sweep" if ARGS.grid == "homogeneous" else f"sweep-{ARGS.grid}"
+    out = Path(ARGS.out or Path(__file__).parent / "results" / f"{stem}-{backend}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(results, indent=2, default=str))
     print(f"\nwrote {out}")

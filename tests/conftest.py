@@ -27,6 +27,38 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 os.environ.setdefault("DIFFPIPE_PROGRESS", "0")
 
 
+def _count_compilations(folder: str) -> None:
+    """``DIFFPIPE_COUNT_COMPILES=FOLDER``: each pytest process (the xdist workers too) writes the
+    number of XLA compilations it ran and their seconds to ``FOLDER/<pid>.json`` at exit (JAX's
+    backend-compile event, one per program ``JAX_LOG_COMPILES`` reports; the suite runs without
+    the persistent cache, so each is a real compilation). The commands the tests start in
+    subprocesses are not counted. Issue 21's "the suite's compile count"."""
+    import atexit
+    import json
+
+    from jax import monitoring
+
+    counted = {"compilations": 0, "seconds": 0.0}
+
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            counted["compilations"] += 1
+            counted["seconds"] += seconds
+
+    monitoring.register_event_duration_secs_listener(listen)
+
+    def write():
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+            json.dump(counted, f)
+
+    atexit.register(write)
+
+
+if os.environ.get("DIFFPIPE_COUNT_COMPILES"):
+    _count_compilations(os.environ["DIFFPIPE_COUNT_COMPILES"])
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _strict_jax():
     try:
