@@ -164,12 +164,14 @@ def test_claim_3_one_22b_layer():
 
 # -- claim 4: H100 runs (Llama 3, torchtitan, Megatron-LM README) -------------------------------------------
 def test_claim_4_h100_predictions():
-    """Llama 3 405B too fast by 4-11% (rows 1-2 and the context-parallel row 3); torchtitan's 8B FSDP far too
-    fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps, and Hopper's own fused
-    attention) within 17% (MAPE under 7.5%), the 32B row the slowest (its exposed collectives and bubble),
-    the 1.7B the fastest (+15.5%)."""
+    """Llama 3 405B too fast by 6-10% (rows 1-2), its context-parallel row 3 too slow by 5% (its 131k-token
+    attention at the FlashAttention papers' per-pass rates; its K/V all-gather is not modelled); torchtitan's
+    8B FSDP far too fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps, and Hopper's
+    own fused attention) within 17% (MAPE under 7.5%), the 32B row the slowest (its exposed collectives and
+    bubble), the 1.7B the fastest (+13.7%)."""
     for name, r in rows("llama3_table4").items():
-        assert 0.03 < r["error"] < 0.11, name
+        low = -0.08 if "CP" in name else 0.03
+        assert low < r["error"] < 0.11, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
     s, mh = summary("megatron_h100"), rows("megatron_h100")

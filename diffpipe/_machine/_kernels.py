@@ -22,7 +22,8 @@ Patterson, CACM 2009):
   thread block loops over the ``s`` keys as a GEMM block loops over ``K``, paying the same kind of
   fixed main-loop cost (the forward; the backward at ``attention_backward`` times the forward's
   efficiency). The curve is FlashAttention-2's; a kernel written for the device's architecture
-  (Hopper: FlashAttention-3, cuDNN's fused flash attention) runs ``attention_native`` times faster.
+  (Hopper: FlashAttention-3, cuDNN's fused flash attention) runs ``attention_native`` times faster, one of
+  the generation before (FlashAttention-1 and the Triton kernels of its time) ``attention_older`` times as fast.
   Unfused attention is its GEMMs (batched, timed as GEMMs) plus a memory-bound softmax.
 - Memory-bound kernels (norms, activations, dropout, residual adds, rotary, softmax, the loss,
   gradient accumulation, the optimizer): ``bytes / (memory_bandwidth x memory_efficiency)``, the
@@ -63,6 +64,9 @@ class KernelModel(eqx.Module):
         sms: streaming multiprocessors (thread blocks per wave).
         attention_native: the speed of the device's architecture-specific fused attention
             (``Transformer(flash_version=3)``) relative to that curve; 1 where it has none.
+        attention_older: the speed of the older fused attention (``Transformer(flash_version=1)``:
+            FlashAttention-1) relative to that curve, both passes; 0.5 where it was not measured (the
+            FlashAttention-2 paper's "around 2x").
         tile_m, tile_n: the output tile of one thread block.
         split_k_min: the smallest ``K`` share a split-K block takes.
         source: where the figures come from.
@@ -77,6 +81,7 @@ class KernelModel(eqx.Module):
     attention_backward: Float[Array, ""] = eqx.field(converter=as_float)
     sms: int = eqx.field(static=True)
     attention_native: Float[Array, ""] = eqx.field(converter=as_float, default=1.0)
+    attention_older: Float[Array, ""] = eqx.field(converter=as_float, default=0.5)
     tile_m: int = eqx.field(static=True, default=128)
     tile_n: int = eqx.field(static=True, default=128)
     split_k_min: int = eqx.field(static=True, default=512)
@@ -89,6 +94,7 @@ class KernelModel(eqx.Module):
             ("attention_efficiency", lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
             ("attention_backward", lambda x: (x > 0) & (x <= 2), "in (0, 2]"),
             ("attention_native", lambda x: (x >= 1) & (x <= 4), "in [1, 4]"),
+            ("attention_older", lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
             ("k_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("overhead", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),
             ("attention_half", lambda x: np.isfinite(x) & (x >= 0), ">= 0"),

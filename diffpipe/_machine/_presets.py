@@ -16,8 +16,9 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: ND A100 v4 cuBLASLt sweep, ``fit_a100_azure.py``, made FIT and TEST worse and is not used), memory-bound kernels
 #: at gpu-benches' STREAM ``scale`` bandwidth (the H100 SXM and the H200: BabelStream ``Mul`` on Azure's ND H100 v5
 #: and ND H200 v5, the same one-read-one-write kernel; gpu-benches has only an H100 PCIe file, and its H200 file is
-#: not at its plateau; B200: the H200's, assumed), fused attention through the
-#: FlashAttention-2 paper's stated throughputs (the kernel generation of the runs compared), the H100's own
+#: not at its plateau; B200: the H200's, assumed), fused attention by sequence and per pass fitted to the
+#: FlashAttention papers' figures (``papers/kernel-efficiency/attention_fit.json``: FlashAttention-2's forward curve,
+#: its backward's rate over the forward's, FlashAttention-1's share of it; B200: none measured), the H100's own
 #: fused attention (cuDNN's; ``Transformer(flash_version=3)``) at PyTorch 2.5.0's "up to 75% speed-up over
 #: FlashAttentionV2".
 #: The GEMM and attention ceilings in training of each measured kernel fit: the fitted ceilings scaled by
@@ -25,23 +26,25 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: (``papers/published-runs/fit_ceilings.py``, ``fit_ceilings.json``): the mean log error of the device's FIT rows
 #: is zero. A training step runs for seconds at the power limit, beside its framework's host work, where the H100
 #: benchmarks ran for milliseconds and the A100 fit saw one layer's kernels (Korthikanti et al.'s Table 4).
-CEILINGS = {"H100": 0.8119, "A100": 0.9581}
-KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
-                           sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
+CEILINGS = {"H100": 0.8263, "A100": 0.9581}
+KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3321 * CEILINGS["H100"], 381.2, 0.8533,
+                           sms=132, attention_native=1.75, attention_older=0.5234, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json")
 #: The H200: the H100's compute (same GEMM and attention curves), its own bandwidth fraction: BabelStream ``Mul`` on
 #: Azure's ND H200 v5 (4.00 of 4.8 TB/s). gpu-benches' ``h200`` file (0.659) is not used: its ``scale`` kernel still
 #: rises 11% from 75% to 100% occupancy (at most 3% on its A100 and H100 files), so it measures how many loads its
 #: two blocks per SM keep in flight, not the bandwidth a full-occupancy elementwise kernel gets.
-KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8333, 5.47e-06, 0.3416 * CEILINGS["H100"], 138.9, 1.0,
-                           sms=132, attention_native=1.75, tile_m=64, tile_n=64, split_k_min=1 << 30,
+KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8333, 5.47e-06, 0.3321 * CEILINGS["H100"], 381.2, 0.8533,
+                           sms=132, attention_native=1.75, attention_older=0.5234, tile_m=64, tile_n=64,
+                           split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json; memory: azure_babelstream ND H200 v5")
-KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8, 1.0,
-                           sms=108, tile_m=64, tile_n=64, split_k_min=1 << 30,
+KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.6694 * CEILINGS["A100"], 494.6, 0.843,
+                           sms=108, attention_older=0.5174, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_a100.json")
 #: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s).
-KERNELS_A100_40GB = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.8881, 5.45e-06, 0.7435 * CEILINGS["A100"], 139.8,
-                                1.0, sms=108, tile_m=64, tile_n=64, split_k_min=1 << 30,
+KERNELS_A100_40GB = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.8881, 5.45e-06, 0.6694 * CEILINGS["A100"], 494.6,
+                                0.843, sms=108, attention_older=0.5174, tile_m=64, tile_n=64, split_k_min=1 << 30,
                                 source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
 KERNELS_B200 = KernelModel(0.7652, 294.6, 0.8333, 5.08e-06, 0.7652, 294.6, 1.0, sms=148, tile_m=64, tile_n=128,
                            split_k_min=1 << 30, source="papers/kernel-efficiency/kernels_b200.json")

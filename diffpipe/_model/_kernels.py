@@ -40,9 +40,9 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   the fp32 accumulation: the concatenation into the flat gradient (``2 d``), its cast to the reduce dtype
   (``d + r`` where ``r != d``) and the in-place pre-divide (``2 r``) per weight per microbatch
   (``_gradient_bytes``).
-- Fused attention runs at the device's FlashAttention-2 curve times ``FLASH_RATE[model.flash_generation]``;
-  ``flash_version=3`` (the architecture's own kernels: cuDNN's fused flash attention, FlashAttention-3) also
-  times the device's ``KernelModel.attention_native``.
+- Fused attention runs at the device's FlashAttention-2 curve; ``flash_version=3`` (the architecture's own
+  kernels: cuDNN's fused flash attention, FlashAttention-3) times the device's ``KernelModel.attention_native``,
+  ``flash_version=1`` (FlashAttention-1, the Triton kernels of its time) times its ``attention_older``.
 - Recomputation re-runs kernels in ``I``: full, the block's whole forward list; selective, the
   attention core's (Korthikanti et al. 2022, §4.2). With ``Transformer.recompute_early_stop`` (PyTorch's
   non-reentrant checkpoint) a dense block without dropout leaves out its MLP output projection's GEMM
@@ -97,12 +97,11 @@ def _cross_entropy_passes(d: float) -> tuple[tuple[float, ...], tuple[float, ...
     return (d + L, L, 2 * L, 2 * L, L, 2 * L), (2 * L, L + d)
 
 
-#: Rate of each fused-attention generation relative to the device's (FlashAttention-2) curve:
-#: FlashAttention-2 is "around 2x" FlashAttention-1 (its paper's abstract); ``Transformer.flash_version``.
-#: Generation 3 runs at the curve times the device's ``KernelModel.attention_native`` (``NATIVE``).
-FLASH_RATE = {1: 0.5, 2: 1.0, 3: 1.0}
-#: The generations that run the device's architecture-specific kernel (``attention_native``).
+#: The generations (``Transformer.flash_version``) that run the device's architecture-specific kernel, at its
+#: curve times ``KernelModel.attention_native``.
 NATIVE = {3}
+#: The generations that run the older kernel, at the device's curve times ``KernelModel.attention_older``.
+OLDER = {1}
 
 
 class Kernels(NamedTuple):
@@ -110,9 +109,9 @@ class Kernels(NamedTuple):
 
     Attributes:
         gemm: ``[n, 7]``: row, kind, M, N, K, batch, count (kernels of that shape).
-        attention: ``[n, 7]``: row, kind, executed FLOPs, sequence, backward (0/1), rate (relative to the
-            device's curve: ``FLASH_RATE``), native (0/1: also at the device's ``attention_native``), per
-            kernel; one kernel.
+        attention: ``[n, 7]``: row, kind, executed FLOPs, sequence, backward (0/1), older (0/1: at the
+            device's ``attention_older``), native (0/1: at the device's ``attention_native``), per kernel; one
+            kernel.
         memory: ``[n, 4]``: row, kind, bytes, count.
         rows: rows of the table (``layers + 2``).
     """
@@ -158,9 +157,9 @@ class _Builder:
         if bytes > 0 and count > 0:
             self.memory.append((row, kind, bytes, count))
 
-    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, rate: float,
+    def attn(self, row: int, kind: int, flops: float, sequence: float, backward: bool, older: bool,
              native: bool) -> None:
-        self.attention.append((row, kind, flops, sequence, float(backward), rate, float(native)))
+        self.attention.append((row, kind, flops, sequence, float(backward), float(older), float(native)))
 
     def build(self, rows: int) -> Kernels:
         def table(x: list, width: int) -> np.ndarray:
@@ -187,7 +186,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         kv = a  # MLA decompresses K and V per head
     heads = b * a / t  # attention (batch x heads) per device
     mask = 1.0 if model.dropout else 0.0
-    rate, native = FLASH_RATE[model.flash_generation], model.flash_generation in NATIVE
+    older, native = model.flash_generation in OLDER, model.flash_generation in NATIVE
     moe = set(model.moe_blocks())
     rows = model.layers + 2
     out = _Builder()
@@ -196,7 +195,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
         for kind in kinds_fwd:
             if model.flash_attention:
-                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, rate, native)
+                out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, older, native)
             else:
                 out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
                 out.mem(row, kind, 2 * d * heads * s * s)  # scale-mask-softmax
@@ -205,7 +204,7 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
         if not backward:
             return
         if model.flash_attention:
-            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, rate, native)
+            out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, older, native)
             return
         out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
         out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
@@ -328,7 +327,9 @@ def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> 
         scatter("gemm", g, seconds * xp.asarray(count, dtype))
     at = kernels.attention
     if len(at):
-        seconds = xp.asarray(at[:, 2] / at[:, 5], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        seconds = xp.asarray(at[:, 2], dtype) / km.attention_rate(peak, at[:, 3], at[:, 4] > 0)
+        if np.any(at[:, 5] > 0):  # the older generation's kernel (flash_version 1)
+            seconds = seconds / xp.where(xp.asarray(at[:, 5] > 0), km.attention_older, 1.0)
         if np.any(at[:, 6] > 0):  # the architecture's own kernel (flash_version 3)
             seconds = seconds / xp.where(xp.asarray(at[:, 6] > 0), km.attention_native, 1.0)
         scatter("attention", at, seconds)

@@ -161,7 +161,8 @@ def kernel_model(out: dict) -> KernelModel:
     g, a = out["gemm"], out["attention"]
     return KernelModel(g["gemm_efficiency"], g["k_half"], out["memory_efficiency"], g["overhead"],
                        a["attention_efficiency"], a["attention_half"], a["attention_backward"], sms=g["sms"],
-                       attention_native=out.get("attention_native", 1.0), tile_m=g["tile_m"], tile_n=g["tile_n"],
+                       attention_native=out.get("attention_native", 1.0),
+                       attention_older=a.get("attention_older", 0.5), tile_m=g["tile_m"], tile_n=g["tile_n"],
                        split_k_min=g["split_k_min"])
 
 
@@ -172,3 +173,120 @@ def mamf_check(out: dict, preset: str, accelerator: str) -> dict:
     seconds = float(gemm_seconds(kernel_model(out), preset, m, n, k))
     return dict(m=int(m), n=int(n), k=int(k), measured_tflops=float(r["mamf_tflops"]),
                 predicted_tflops=round(2 * m * n * k / seconds / 1e12, 1))
+
+
+# -- fused attention by sequence, per pass, from the FlashAttention papers' figures (``attention_figures.csv``) --
+#: The FLOPs the FlashAttention benchmarks count (``benchmarks/benchmark_flash_attention.py`` at Dao-AILab/flash-
+#: attention 60499abc, ``flops``): forward ``4 b s^2 h d`` (halved with the causal mask), backward 2.5x that,
+#: forward + backward 3.5x; a rate is those FLOPs over the pass's time.
+BACKWARD_FLOPS, COMBINED_FLOPS = 2.5, 3.5
+#: The head dims of the fit: those of the training rows (64 and 128); every training kernel is causal.
+FIT_HEAD_DIMS = (64, 128)
+
+
+def figure_points(figure: str, kernel: str, causal: bool = True,
+                  head_dims: tuple[int, ...] = FIT_HEAD_DIMS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(seqlen, head_dim, TFLOP/s)`` of ``attention_figures.csv``'s bars of ``kernel`` in ``figure``."""
+    with open(HERE / "attention_figures.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["figure"] == figure and r["kernel"] == kernel
+                and r["causal"] == ("true" if causal else "false") and int(r["head_dim"]) in head_dims]
+    if not rows:
+        raise KeyError((figure, kernel, causal, head_dims))
+    return tuple(np.asarray([float(r[c]) for r in rows]) for c in ("seqlen", "head_dim", "tflops"))
+
+
+def combined_factor(ratio: float) -> float:
+    """A forward + backward rate over the forward rate when the backward runs at ``ratio`` times the forward's
+    rate (3.5 FLOPs in ``1 + 2.5 / ratio`` forward-times)."""
+    return COMBINED_FLOPS * ratio / (ratio + BACKWARD_FLOPS)
+
+
+def ratio_from_factor(k: float) -> float:
+    """The backward's rate over the forward's that gives ``combined_factor`` ``k``."""
+    return BACKWARD_FLOPS * k / (COMBINED_FLOPS - k)
+
+
+def fit_curve(preset: str, s: np.ndarray, tflops: np.ndarray) -> tuple[float, float, float]:
+    """``(e, s_half, rms log error)`` of ``peak e s / (s + s_half)`` fitted to ``tflops`` at sequences ``s`` (least
+    squares on log rate)."""
+    peak = float(dp.presets.DEVICES[preset].peak_flops) / 1e12
+
+    def residual(p):
+        e, half = np.exp(p)
+        return np.log(peak * e * s / (s + half) / tflops)
+
+    res = least_squares(residual, np.log([0.5, 300.0]))
+    e, half = (float(x) for x in np.exp(res.x))
+    return e, half, float(np.sqrt(np.mean(res.fun ** 2)))
+
+
+def older_rate(figure: str) -> float:
+    """FlashAttention-1's forward + backward rate over FlashAttention-2's at the same causal points of ``figure``
+    (geometric mean): the older generation's rate relative to the curve, both passes alike (no figure gives
+    FlashAttention-1's passes apart)."""
+    s1, d1, v1 = figure_points(figure, "FlashAttention")
+    s2, d2, v2 = figure_points(figure, "FlashAttention-2")
+    assert np.array_equal(s1, s2) and np.array_equal(d1, d2)
+    return float(np.exp(np.mean(np.log(v1 / v2))))
+
+
+def _rows(preset: str, km_rate, figure: str, kernel: str, factor: float = 1.0) -> list[dict]:
+    s, d, v = figure_points(figure, kernel)
+    return [dict(seqlen=int(a), head_dim=int(b), measured=float(c), fitted=round(float(km_rate(a) * factor), 1))
+            for a, b, c in zip(s, d, v)]
+
+
+def attention_from_figures(device: str) -> dict:
+    """The fused-attention fit of ``device`` (``"H100"`` or ``"A100"``) to the FlashAttention papers' figures, causal
+    bars of head dims ``FIT_HEAD_DIMS``:
+
+    - H100: the forward curve ``e s / (s + s_half)`` to FlashAttention-2's forward bars of FlashAttention-3's Fig. 5;
+      the backward's ratio to FlashAttention-2's forward + backward bars of its own Fig. 7, given that forward
+      (least squares on log rate of the one factor ``combined_factor``). The two figures are a year apart (2023's
+      FlashAttention-2 in its own paper, 2024's in FlashAttention-3's).
+    - A100: no figure gives a pass apart. The backward's ratio from the two A100 numbers of the FlashAttention-2
+      paper that can be paired: its text's forward "up to 230 TFLOPs/s" (``attention_text_points.csv``) and Fig. 4's
+      largest forward + backward bar, head dim 128 without the mask at 16k (203), taken at the same point (an
+      assumption: the forward sweep's best is where the combined sweep's is); the forward curve then to Fig. 4's
+      forward + backward bars given that ratio.
+    - Both: the older generation's rate (``older_rate``), FlashAttention-1 over FlashAttention-2 in the device's
+      forward + backward figure.
+    """
+    peak = float(dp.presets.DEVICES[device].peak_flops) / 1e12
+    if device == "H100":
+        s, _, fwd = figure_points("fa3_fig5_h100", "FlashAttention-2")
+        e, half, rms = fit_curve(device, s, fwd)
+        sc, _, comb = figure_points("fa2_fig7_h100", "FlashAttention-2")
+        curve = peak * e * sc / (sc + half)
+        k = float(np.exp(np.mean(np.log(comb / curve))))
+        ratio = ratio_from_factor(k)
+        rms_combined = float(np.sqrt(np.mean(np.log(k * curve / comb) ** 2)))
+        source = ("forward: attention_figures.csv fa3_fig5_h100 (FlashAttention-2 bars); backward ratio: "
+                  "fa2_fig7_h100 (FlashAttention-2 forward + backward) given that forward")
+        older_figure, forward_figure = "fa2_fig7_h100", "fa3_fig5_h100"
+    elif device == "A100":
+        text = attention_point("fa2_arxiv_2307.08691", "A100", "FlashAttention-2")
+        s16, d16, v16 = figure_points("fa2_fig4_a100", "FlashAttention-2", causal=False, head_dims=(128,))
+        best = float(v16[s16 == 16384][0])
+        ratio = ratio_from_factor(best / float(text["tflops"]))
+        k = combined_factor(ratio)
+        sc, _, comb = figure_points("fa2_fig4_a100", "FlashAttention-2")
+        e, half, rms_combined = fit_curve(device, sc, comb / k)
+        rms = None
+        source = ("backward ratio: attention_text_points.csv FA2 'up to 230 TFLOPs/s' forward with "
+                  "attention_figures.csv fa2_fig4_a100 head dim 128 non-causal 16k forward + backward (203), same "
+                  "point assumed; forward curve: fa2_fig4_a100 causal forward + backward given that ratio")
+        older_figure, forward_figure = "fa2_fig4_a100", None
+    else:
+        raise KeyError(device)
+
+    def rate(x):
+        return peak * e * x / (x + half)
+
+    out = dict(attention_efficiency=round(e, 4), attention_half=round(half, 1), attention_backward=round(ratio, 4),
+               attention_older=round(older_rate(older_figure), 4), rms_log_error_forward=None if rms is None
+               else round(rms, 4), rms_log_error_combined=round(rms_combined, 4), source=source,
+               combined=_rows(device, rate, older_figure, "FlashAttention-2", combined_factor(ratio)))
+    if forward_figure:
+        out["forward"] = _rows(device, rate, forward_figure, "FlashAttention-2")
+    return out

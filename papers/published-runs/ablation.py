@@ -7,8 +7,8 @@ Changes (each undone by patching the one place it lives, nothing else):
 
 - ``ce``: the cross-entropy as Megatron-LM runs it (six fp32 passes forward, two backward; ``diffpipe._model.
   _kernels._cross_entropy_passes``); undone: the earlier two passes, ``d + 8`` and ``4 + d`` bytes per logit.
-- ``flash1``: llm-foundry's Triton attention at FlashAttention-1's rate (``FLASH_RATE[1] = 0.5``); undone: at
-  FlashAttention-2's rate.
+- ``flash1``: llm-foundry's Triton attention at FlashAttention-1's rate (the device's ``attention_older``);
+  undone: at FlashAttention-2's rate.
 - ``contention``: compute slowed by ``CommunicationOverlap.contention`` of the communication it hides; undone:
   hidden communication free.
 - ``reduce``: gradients reduced in fp32 where the framework does (``Transformer.reduce_bytes``: Megatron-LM,
@@ -87,7 +87,7 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
     if change == "ce":
         return patched(_kernels, _cross_entropy_passes=lambda d: ((d + 8.0,), (4.0 + d,)))
     if change == "flash1":
-        return patched(_kernels, FLASH_RATE={**_kernels.FLASH_RATE, 1: _kernels.FLASH_RATE[2]})
+        return patched(_kernels, OLDER=set())
     if change == "contention":
         free = functools.partial(dp.CommunicationOverlap, contention=0.0)
         stack = contextlib.ExitStack()
