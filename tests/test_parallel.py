@@ -216,3 +216,37 @@ def test_expert_gradients_sync_over_their_own_group():
     np.testing.assert_allclose(c.static_bytes, 16 * (c.parameters - shards) + 16 * shards)
     z = parallel_costs(model, Parallelism(data=8, expert=4, zero=1))
     np.testing.assert_allclose(z.static_bytes, (4 + 12 / 8) * (z.parameters - shards) + (4 + 12 / 2) * shards)
+
+
+# NCCL's tuner (NVIDIA/nccl commit 5067397c2676d5aed50042fc39e5c8ee96eb0027, src/graph/tuning.cc,
+# ncclTopoTuneModel and ncclTunerConstantsDefaults): a Ring/Simple all-gather or reduce-scatter over
+# ``n`` ranks on ``nodes`` nodes costs baseLatencies[Ring][Simple] + (n - 1 - (nodes - 1)) x
+# max(hwLatencies[NVLINK][Ring][Simple], 3 x netOverhead) + (nodes - 1) x hwLatencies[NET][Ring][Simple]
+# microseconds (netOverhead 1 us on x86 Intel hosts, getNetOverhead; the IB plugin's own latency 0,
+# src/transport/net_ib/init.cc).
+NCCL_RING_SIMPLE_BASE_US, NCCL_NVLINK_RING_SIMPLE_US = 8.4, 3.4
+NCCL_NET_RING_SIMPLE_US, NCCL_NET_OVERHEAD_US = 14.0, 1.0
+
+
+def nccl_ring_gather_latency(n: int, nodes: int) -> float:
+    intra = max(NCCL_NVLINK_RING_SIMPLE_US, 3 * NCCL_NET_OVERHEAD_US)
+    inter_steps = nodes - 1
+    return 1e-6 * (NCCL_RING_SIMPLE_BASE_US + (n - 1 - inter_steps) * intra + inter_steps * NCCL_NET_RING_SIMPLE_US)
+
+
+@pytest.mark.parametrize("gpus", [128, 256, 512])
+def test_data_parallel_gather_latency_is_nccl_tuners(gpus):
+    """A ZeRO-3 data-parallel all-gather over every GPU of H100 nodes (the llm-foundry weak-scaling
+    runs' group): its latency hops times the cluster's step latency is NCCL's own ring estimate
+    within 10% (the model has no per-collective base latency, and prices every step at the slower link)."""
+    cluster = Cluster("H100", gpus=gpus)
+    par = Parallelism(data=gpus, zero=3)
+    where = placement(par, cluster)
+    assert where.links["data"] == "inter"
+    model = small()
+    costs = parallel_costs(model, par)
+    hops = costs.collective_hops["data"][0]
+    assert np.all(hops[hops > 0] == gpus - 1)
+    ours = (gpus - 1) * float(cluster.step_latency(where.links["data"]))
+    nccl = nccl_ring_gather_latency(gpus, gpus // cluster.devices_per_node)
+    assert abs(ours / nccl - 1) < 0.10, (ours, nccl)
