@@ -28,6 +28,7 @@ from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+from ._communication import AbstractCommunication
 from ._communication import communication as get_communication
 from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
@@ -287,6 +288,8 @@ class Result(eqx.Module):
         step_finish: per optimizer step, when its last op finishes; ``period``: the differences
             (constant in steady state for asynchronous schedules).
         staleness: per forward op, optimizer steps between it and its backward (from the orders).
+        communication: the mode the step was simulated under (the graph's ``communication``), so
+            that drawing it (``viz.timeline``, ``gantt``, ``trace``) lays out the same link lanes.
     """
 
     start: Float[Array, " ops"]
@@ -302,6 +305,7 @@ class Result(eqx.Module):
     period: Float[Array, " gaps"]
     ops: tuple[Op, ...] | None = eqx.field(static=True, default=None)
     staleness: dict | None = eqx.field(static=True, default=None)
+    communication: AbstractCommunication | None = eqx.field(static=True, default=None)
 
     def time_of(self, op: Op) -> tuple[float, float]:
         """``(start, finish)`` of ``op``."""
@@ -439,5 +443,5 @@ def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: 
         start=start, finish=finish, makespan=total, busy=busy, bubble_ratio=bubble,
         peak_memory=memory, peak_activations=count, fits=fits,
         communication_bytes=volume, step_finish=step_finish, period=period,
-        ops=ops, staleness=stale,
+        ops=ops, staleness=stale, communication=graph.communication,
     )
