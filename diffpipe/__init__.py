@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from ._engine._simulate import makespan as makespan
     from ._engine._simulate import peak_memory as peak_memory
     from ._engine._simulate import simulate as simulate
+    from ._io import Staged as Staged
+    from ._io import dumps_json as dumps_json
     from ._io import write_atomic as write_atomic
     from ._levels import formula_level as formula_level
     from ._levels import kendall_tau as kendall_tau

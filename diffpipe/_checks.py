@@ -71,3 +71,17 @@ def preset_key(table: Mapping[str, object], name: object, what: str, aliases: Ma
         if key in known:
             return known[key]
     raise ConfigError(f"unknown {what} preset {name!r}; known: {', '.join(table)}")
+
+
+#: Where the communication mode went when it left the network (the graph owns it).
+MODE_MOVED = {"mode": "compile(communication=...) (or simulate/compare/optimize(communication=...))"}
+
+
+def check_moved(what: str, given: Mapping[str, Any], moved: Mapping[str, str]) -> None:
+    """Refuse the keyword arguments ``given`` that ``what`` no longer takes: one ``ConfigError``
+    line saying where a moved one went (``moved``: name -> its new home); any other is the
+    ``TypeError`` Python raises for an unexpected keyword."""
+    for name in given:
+        if name in moved:
+            raise ConfigError(f"{what}: {name}= moved to {moved[name]}")
+        raise TypeError(f"{what} got an unexpected keyword argument {name!r}")

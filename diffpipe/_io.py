@@ -98,7 +98,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes | Writer, what: str 
 class Staged:
     """Several outputs, all or none: ``add`` writes each to its temporary file at once, and leaving
     the ``with`` block without an error renames them all over their targets; an error anywhere
-    (in a writer or in the caller's block) removes every temporary file and changes nothing."""
+    (in a writer or in the caller's block) removes every temporary file and changes nothing:
+    ``with Staged() as staged: staged.add("a.json", text); staged.add("b.md", other)``."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[Path, Path, str]] = []

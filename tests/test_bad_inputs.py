@@ -651,6 +651,21 @@ LIBRARY = [
     ("write-atomic-missing-dir", lambda: _io.write_atomic("missing/x.txt", "x"), "does not exist"),
     ("read-text-binary", lambda: (Path("b.bin").write_bytes(b"\xff\xfe"), _io.read_text("b.bin"))[1],
      "b.bin:1: not UTF-8"),
+    # the communication mode left the network for the graph: each old spelling says where it went
+    ("network-mode-moved", lambda: dp.Network(0.0, 1.0, 0.0, 1.0, mode="contention"),
+     "Network: mode= moved to compile(communication=...)"),
+    ("network-uniform-mode-moved", lambda: dp.Network.uniform(1e-6, mode="contention"),
+     "Network.uniform: mode= moved to compile(communication=...)"),
+    ("from-times-mode-moved", lambda: dp.Hardware.from_times(1.0, 2.0, mode="blocking"),
+     "Hardware.from_times: mode= moved to compile(communication=...)"),
+    ("presets-network-mode-moved", lambda: dp.presets.network("nvlink4", "ib-ndr", mode="contention"),
+     "presets.network: mode= moved to compile(communication=...)"),
+    ("calibration-hardware-mode-moved",
+     lambda: dp.calibrate.Calibration(forward=(1.0,), backward=(2.0,)).hardware(mode="torch-runtime"),
+     "Calibration.hardware: mode= moved to predict(mode=...)"),
+    ("calibration-workload-mode-moved",
+     lambda: dp.calibrate.Calibration(forward=(1.0,), backward=(2.0,)).workload(mode="torch-runtime"),
+     "Calibration.workload: mode= moved to predict(mode=...)"),
 ]
 
 

@@ -124,6 +124,19 @@ def test_strings_map_to_objects_in_one_place():
         dp.Overlap().name = "other"
 
 
+def test_a_moved_argument_is_a_config_error_any_other_unknown_one_a_type_error():
+    with pytest.raises(dp.ConfigError, match=r"^Network: mode= moved to compile\(communication=\.\.\.\)"):
+        dp.Network(0.0, 1.0, 0.0, 1.0, mode="contention")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'latencies'"):
+        dp.Network(0.0, 1.0, 0.0, 1.0, latencies=1.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'p2p'"):
+        dp.Hardware.from_times(1.0, 2.0, p2p=1.0)
+    # the written-out __init__ keeps every field, positional order and default of the dataclass one
+    net = dp.Network(1.0, 2.0, 3.0, 4.0, None, None, 2, 3, "intra")
+    assert (net.devices_per_node, net.data_parallel, net.data_parallel_link, net.replicas) == (2, 3, "intra", None)
+    assert dp.Network(1.0, 2.0, 3.0, 4.0).devices_per_node is None and dp.Network(1.0, 2.0, 3.0, 4.0).data_parallel == 1
+
+
 def test_one_hardware_prices_each_graph_under_the_graph_s_mode():
     """The graph owns the mode (``Network`` has none): one hardware, graphs compiled under different
     modes, each priced as its mode charges a transfer."""

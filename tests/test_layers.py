@@ -9,7 +9,8 @@ inside functions hide cycles: none of a diffpipe module, except in the CLI shell
 which defers the library to the command that needs it), whose module-level imports in exchange load
 none of ``HEAVY``; the graph with those function-local imports added has no cycle either. A
 module over 500 lines says in its docstring why it stays one module. No tracked file cites a
-document the repository does not hold.
+document the repository does not hold. The studies, benchmarks and examples use public names only,
+but for the private imports listed in ``PRIVATE_ALLOWED``, each with its reason.
 """
 
 from __future__ import annotations
@@ -377,3 +378,78 @@ def test_the_citation_check_sees_a_missing_document(tmp_path):
     paper.write_text(f'"""torchtitan\'s docs/performance.md; our {reference}."""\n')
     assert _uncited([good, bad, paper], tmp_path) == {
         "bad.py": ["../shared/", design, "docs/gone.md"], "papers/run.py": [reference]}
+
+
+# -- the package's users in the repository import its public names -----------------------------------
+#: The private imports the studies, benchmarks and examples may keep, ``(file, private name)``, each
+#: with its one-line reason in a comment beside it in the file: everything else they use is public,
+#: and a new private import (or a stale entry here) fails ``test_users_import_only_public_names``.
+PRIVATE_ALLOWED = {
+    # an ablation undoes one change by patching the module holding it (a preset table, a kernel
+    # rule, a framework term); the ceiling fit swaps the presets' kernel models while it searches
+    ("papers/published-runs/ablation.py", "diffpipe._machine._presets"),
+    ("papers/published-runs/ablation.py", "diffpipe._model._kernels"),
+    ("papers/published-runs/ablation.py", "diffpipe._workload._frameworks"),
+    ("papers/published-runs/fit_ceilings.py", "diffpipe._machine._presets"),
+    # the trace parser's per-step records (and its op reader) have no public form: research plumbing
+    ("papers/validation/pair_link.py", "diffpipe.calibrate._trace"),
+    ("papers/validation/replay.py", "diffpipe.calibrate._trace"),
+    ("papers/validation/replay.py", "diffpipe.calibrate._trace._ops"),
+    ("papers/validation/transfers.py", "diffpipe.calibrate._trace"),
+    # the sweep benchmark's memory check measures the sweep's evaluator against its chunk estimate
+    ("benchmarks/bench_sweep.py", "diffpipe._sweep.evaluate"),
+    ("benchmarks/bench_sweep.py", "diffpipe._sweep.plan"),
+    ("benchmarks/bench_sweep.py", "diffpipe._sweep.variants"),
+}
+#: The folders whose Python files use the package as its users do.
+USER_FOLDERS = ("papers", "benchmarks", "examples")
+
+
+def _private_uses(path: Path) -> set[str]:
+    """The private diffpipe names ``path`` reaches: a module path or an imported name with a part
+    starting ``_``, and ``alias._name`` on a name bound to something imported from diffpipe."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    private = lambda dotted: any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))  # noqa: E731
+    found, bound = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "diffpipe":
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else "diffpipe"
+                    if private(a.name):
+                        found.add(a.name)
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "diffpipe":
+            for a in node.names:
+                dotted = f"{node.module}.{a.name}"
+                bound[a.asname or a.name] = dotted
+                if private(dotted):
+                    found.add(dotted)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and private(node.attr)):
+            found.add(f"{bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def _private_imports(root: Path) -> set[tuple[str, str]]:
+    return {(str(path.relative_to(root)), name) for folder in USER_FOLDERS
+            for path in sorted((root / folder).rglob("*.py")) for name in _private_uses(path)}
+
+
+def test_users_import_only_public_names():
+    found = _private_imports(ROOT)
+    assert not found - PRIVATE_ALLOWED, f"private diffpipe names used outside the package: {found - PRIVATE_ALLOWED}"
+    assert not PRIVATE_ALLOWED - found, f"allowed private imports no file uses any more: {PRIVATE_ALLOWED - found}"
+
+
+def test_the_private_import_check_sees_each_form(tmp_path):
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "papers" / "study.py").write_text(
+        "import diffpipe as dp\nimport diffpipe._io\nfrom diffpipe import Network, _io as io\n"
+        "from diffpipe._engine._communication import transfer_order\nfrom diffpipe.calibrate import _trace\n"
+        "dp._LAZY, Network._pairs, io.Staged, dp.simulate, dp.__doc__\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "fine.py").write_text("import diffpipe as dp\nfrom diffpipe import viz\ndp.simulate\n")
+    assert _private_imports(tmp_path) == {("papers/study.py", name) for name in (
+        "diffpipe._io", "diffpipe._io", "diffpipe._engine._communication.transfer_order", "diffpipe.calibrate._trace",
+        "diffpipe._LAZY", "diffpipe.Network._pairs")}

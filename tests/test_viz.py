@@ -150,6 +150,20 @@ def test_timeline_of_a_result_without_hardware_counts_activations(one_f_one_b, c
     assert all(t.start is None for t in tl.transfers) and len(tl.transfers) == 2 * (D - 1) * N
 
 
+def test_a_result_brings_the_mode_it_was_simulated_under(one_f_one_b, contended, chimera_sync):
+    result = dp.simulate(one_f_one_b, contended, communication="contention")
+    assert result.communication == "contention"
+    tl = timeline(result, contended, schedule=one_f_one_b)  # no communication=: the Result's own
+    assert tl.communication == "contention" and set(tl.lanes) == {f"egress d{d}" for d in range(D)}
+    assert timeline(result, contended, schedule=one_f_one_b, communication="contention").lanes == tl.lanes
+    for draw in (timeline, gantt, trace):
+        with pytest.raises(dp.ConfigError, match="^communication='overlap': the Result was simulated under "
+                                                 "'contention'"):
+            draw(result, contended, schedule=one_f_one_b, communication="overlap")
+    s, hw, synced = chimera_sync
+    assert trace(synced, hw, schedule=s)["otherData"]["communication"] == "contention"
+
+
 def test_default_hardware_is_unit_times():
     s = dp.schedules.get("gpipe", devices=2, microbatches=2)
     tl = timeline(s)

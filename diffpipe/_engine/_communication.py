@@ -179,8 +179,16 @@ class AbstractLaneCommunication(AbstractCommunication):
 
     def waits(self, schedule, devices_per_node):
         per_node = node_size(devices_per_node, schedule.devices)
+        return self.lane_waits(schedule, lambda s, d: self.lane(s, d, per_node))
+
+    @staticmethod
+    def lane_waits(schedule: Schedule, lane_of: Callable[[int, int], Hashable]) -> list[tuple[Node, Node]]:
+        """``(waiter, waited)`` pairs chaining each lane's transfers in issue order
+        (``transfer_order``): each transfer waits for the one issued before it on its lane
+        (``lane_of(src, dst)`` names the lane). For a mode whose lanes are not per link, e.g. a
+        ``waits`` that adds a shared lane per device pair to another mode's waits."""
         pairs: list[tuple[Node, Node]] = []
-        for queue in transfer_order(schedule, lambda s, d: self.lane(s, d, per_node)).values():
+        for queue in transfer_order(schedule, lane_of).values():
             pairs.extend(zip(queue[1:], queue[:-1]))
         return pairs
 

@@ -48,6 +48,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._arrays import concrete
+from .._checks import MODE_MOVED, check_moved
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
 from ._communication import AbstractCommunication, topology
@@ -124,6 +125,17 @@ class Network(eqx.Module):
     #: compiled program serves every data-parallel size; None: the static ``data_parallel``.
     replicas: Int[Array, ""] | None = None
 
+    def __init__(self, latency: Any, bandwidth: Any, inter_latency: Any, inter_bandwidth: Any,
+                 pair_latency: Any = None, pair_bandwidth: Any = None, devices_per_node: int | None = None,
+                 data_parallel: int = 1, data_parallel_link: str = "inter", replicas: Any = None, **moved: Any):
+        check_moved("Network", moved, MODE_MOVED)  # the mode is the graph's now: say where it went
+        self.latency, self.bandwidth = latency, bandwidth
+        self.inter_latency, self.inter_bandwidth = inter_latency, inter_bandwidth
+        self.pair_latency, self.pair_bandwidth = pair_latency, pair_bandwidth
+        self.devices_per_node, self.data_parallel, self.data_parallel_link = (devices_per_node, data_parallel,
+                                                                              data_parallel_link)
+        self.replicas = replicas
+
     def __check_init__(self) -> None:
         if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
                                                   or self.devices_per_node < 1):
@@ -143,8 +155,9 @@ class Network(eqx.Module):
             check_values("network pair_bandwidth", self.pair_bandwidth, positive=True, allow_inf=True)
 
     @classmethod
-    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf) -> Network:
+    def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, **moved: Any) -> Network:
         """Every link alike (one node)."""
+        check_moved("Network.uniform", moved, MODE_MOVED)
         return cls(checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"),
                    checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"))
 
@@ -310,6 +323,7 @@ class Hardware(AbstractCostModel):
         split_known: bool = True,
         send_cost: Any = None,
         recv_cost: Any = None,
+        **moved: Any,
     ) -> Hardware:
         """The simple path: per-stage times (scalars or sequences), a fixed delay per transfer.
 
@@ -326,6 +340,7 @@ class Hardware(AbstractCostModel):
         ``send_cost``/``recv_cost``: host seconds per cross-device transfer on the sending and the
         receiving device (the class docstring).
         """
+        check_moved("Hardware.from_times", moved, MODE_MOVED)
         input_grad = _required("hardware", "input_grad", input_grad)
         zero = checked_float(0.0)
         return cls(

@@ -28,6 +28,7 @@ from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
 from ..schedules._analysis import staleness as schedule_staleness
+from ._communication import AbstractCommunication
 from ._communication import communication as get_communication
 from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
@@ -233,7 +234,16 @@ def _segment_peak(graph: Graph, values: Array) -> Array:
     order, at least 0: ``[devices, *batch]``. The running sum restarts at each device's first entry
     (a scan over the entries, each a vector over the batch: no cancellation against earlier
     devices' sums, and on CPU ~7x faster than XLA's ``cumsum`` of ``[lanes, batch]``, which reduces a
-    window per output; benchmarks in the commit that made it the one formula)."""
+    window per output; benchmarks in the commit that made it the one formula). A NumPy ``values``
+    (with a concrete graph) is summed in NumPy, the same additions in the same order (a cumulative
+    sum per device's entries): no program compiled per graph (``peak_in_flight``)."""
+    if isinstance(values, np.ndarray):
+        segment = np.asarray(graph.lane_device)
+        first = np.flatnonzero(np.concatenate([[True], segment[1:] != segment[:-1]]))
+        peak = np.full((graph.devices, *values.shape[1:]), -np.inf, values.dtype)
+        for lo, hi in zip(first, [*first[1:], len(values)]):
+            peak[segment[lo]] = np.max(np.cumsum(values[lo:hi], axis=0), axis=0)
+        return np.maximum(peak, 0.0)
     segment = graph.lane_device
     start = jnp.concatenate([jnp.ones((1,), bool), segment[1:] != segment[:-1]])
 
@@ -248,16 +258,11 @@ def _segment_peak(graph: Graph, values: Array) -> Array:
 
 def peak_in_flight(graph: Graph) -> np.ndarray:
     """Per device, the peak number of stored activations of a concrete ``graph`` (``peak_memory``'s
-    second output, timing-free), in NumPy: small integer sums are exact in floats, so it equals
-    ``peak_memory(graph, hw)[1]`` for every ``hw`` without compiling a program per graph."""
-    nodes, device = np.asarray(graph.lane_nodes), np.asarray(graph.lane_device)
-    sign = np.asarray(graph.release)[nodes].astype(np.float64)
-    total = np.cumsum(sign)
-    before = np.bincount(device, weights=sign, minlength=graph.devices)
-    base = np.cumsum(before) - before  # running sum before each device's lane starts
-    peak = np.full(graph.devices, -np.inf)
-    np.maximum.at(peak, device, total - base[device])
-    return np.maximum(peak, 0.0)
+    second output, timing-free): ``peak_bytes``' running sum (``_segment_peak``) of the lane entries'
+    signs, in NumPy: small integer sums are exact in floats, so it equals ``peak_memory(graph, hw)[1]``
+    for every ``hw`` without compiling a program per graph."""
+    sign = np.asarray(graph.release)[np.asarray(graph.lane_nodes)].astype(np.float64)
+    return _segment_peak(graph, sign)
 
 
 def static_memory(graph: Graph, hw: AbstractCostModel) -> Float[Array, " devices"]:
@@ -287,6 +292,8 @@ class Result(eqx.Module):
         step_finish: per optimizer step, when its last op finishes; ``period``: the differences
             (constant in steady state for asynchronous schedules).
         staleness: per forward op, optimizer steps between it and its backward (from the orders).
+        communication: the mode the step was simulated under (the graph's ``communication``), so
+            that drawing it (``viz.timeline``, ``gantt``, ``trace``) lays out the same link lanes.
     """
 
     start: Float[Array, " ops"]
@@ -302,6 +309,7 @@ class Result(eqx.Module):
     period: Float[Array, " gaps"]
     ops: tuple[Op, ...] | None = eqx.field(static=True, default=None)
     staleness: dict | None = eqx.field(static=True, default=None)
+    communication: AbstractCommunication | None = eqx.field(static=True, default=None)
 
     def time_of(self, op: Op) -> tuple[float, float]:
         """``(start, finish)`` of ``op``."""
@@ -439,5 +447,5 @@ def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: 
         start=start, finish=finish, makespan=total, busy=busy, bubble_ratio=bubble,
         peak_memory=memory, peak_activations=count, fits=fits,
         communication_bytes=volume, step_finish=step_finish, period=period,
-        ops=ops, staleness=stale,
+        ops=ops, staleness=stale, communication=graph.communication,
     )

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._arrays import as_float
+from .._checks import MODE_MOVED, check_moved
 from .._engine._hardware import Network
 from ._device import DEFAULT_EFFICIENCY, Device
 from ._kernels import KernelModel
@@ -70,7 +73,7 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key, kernels=kernels)
 
 
-def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None) -> Network:
+def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None, **moved: Any) -> Network:
     """A ``Network`` from link presets (see ``NETWORKS``).
 
     Args:
@@ -82,6 +85,7 @@ def network(intra: str, inter: str | None = None, *, devices_per_node: int | Non
 
     The communication mode is the graph's (``compile(communication=...)``), not the network's.
     """
+    check_moved("presets.network", moved, MODE_MOVED)
     a = NETWORKS[network_key(intra)]
     b = a if inter is None else NETWORKS[network_key(inter)]
     if devices_per_node is None:

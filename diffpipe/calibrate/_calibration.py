@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int, check_number
+from .._checks import check_int, check_moved, check_number
 from .._engine._hardware import Hardware, Network
 from .._engine._simulate import simulate
 from .._errors import ConfigError
@@ -59,6 +59,9 @@ from .._io import dumps_json, toml_value, write_atomic
 from .._model._transformer import Transformer, layer_costs, stage_of_layers
 from .._workload._workload import Workload
 from ._runtime import TorchRuntime
+
+#: Where ``hardware``/``workload``'s ``mode=`` went (the graph owns the communication mode).
+_MODE_MOVED = {"mode": "predict(mode=...) or compile/optimize(communication=...)"}
 
 #: Calibration fields written to a machine file's ``[times]`` (the keys ``diffpipe --config`` reads).
 TOML_TIMES = ("forward", "backward", "weight", "p2p", "overhead", "setup", "wind_down")
@@ -244,7 +247,7 @@ class Calibration:
                 "wind_down": self.wind_down, "send_cost": self.send_cost, "recv_cost": self.recv_cost,
                 "split": split}
 
-    def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None) -> Any:
+    def hardware(self, schedule: Any = None, *, weight_fraction: float | None = None, **moved: Any) -> Any:
         """A ``diffpipe.Hardware`` for ``schedule`` (any schedule of the calibration's stage count
         when None). The communication mode is the graph's: ``predict(mode=...)`` compiles under it
         (``"torch-runtime"`` is ``TorchRuntime``, the mode of torch's pipelining runtime over gloo).
@@ -255,6 +258,7 @@ class Calibration:
         ``split_known=False``: simulating a schedule with ``I``/``W`` ops on it raises, rather
         than pricing ``I`` as the whole backward and ``W`` as free.
         """
+        check_moved("Calibration.hardware", moved, _MODE_MOVED)
         if schedule is not None and schedule.stages != self.stages:
             raise ConfigError(f"calibration: measured {self.stages} stages, the schedule has {schedule.stages}")
         known = self.split_known(weight_fraction)
@@ -312,7 +316,7 @@ class Calibration:
         return replace(self, backward_split=tuple(split), split_source=source)
 
     def workload(self, schedule: Any = None, *, layers: Sequence[int] | None = None,
-                 weight_fraction: float | None = None) -> Any:
+                 weight_fraction: float | None = None, **moved: Any) -> Any:
         """A ``diffpipe.Workload`` (per-layer table) for ``StageBalance`` / ``optimize`` (whose
         ``communication=`` is the mode).
 
@@ -328,7 +332,7 @@ class Calibration:
         of a transfer are the workload's too, so its hardware at the measured split prices a
         schedule as ``predict``.
         """
-
+        check_moved("Calibration.workload", moved, _MODE_MOVED)
         counts = [1] * self.stages if layers is None else [check_int("calibration: layers", n) for n in layers]
         if len(counts) != self.stages:
             raise ConfigError(f"calibration: layers has {len(counts)} entries, the calibration {self.stages} stages")

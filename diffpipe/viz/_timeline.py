@@ -167,9 +167,15 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     ``collectives``: ``{kind: seconds per op}`` of the collectives inside the ops
     (``op_collectives(configuration)``), each at most its op's duration. ``communication``: the
     mode the schedule is compiled under (a name or an ``AbstractCommunication``, default
-    ``overlap``; for a ``Result``, the mode it was simulated under), which decides its link lanes.
+    ``overlap``), which decides its link lanes; a ``Result`` brings the mode it was simulated under
+    (``Result.communication``), and a different one given here is refused.
     """
     mode = get_communication("overlap" if communication is None else communication)
+    if isinstance(source, Result) and source.communication is not None:
+        if communication is not None and mode != source.communication:
+            raise ConfigError(f"communication={str(mode)!r}: the Result was simulated under "
+                              f"{str(source.communication)!r} (give the Result alone: it brings its mode)")
+        mode = source.communication
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
     if not isinstance(gradient_sync, bool):

@@ -48,14 +48,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
 import transfers  # noqa: E402
 
-from diffpipe._engine._communication import transfer_order  # noqa: E402  (the lanes' issue order)
-from diffpipe.calibrate import TorchRuntime, _trace  # noqa: E402  (_trace: the per-step records)
+from diffpipe import AbstractLaneCommunication  # noqa: E402
+from diffpipe.calibrate import (  # noqa: E402
+    TorchRuntime,
+    _trace,  # the trace parser's per-step records (``_trace.parse``) have no public form: research plumbing
+)
 from diffpipe.schedules import evaluate_network  # noqa: E402
 
-
-def _lanes(schedule, lane) -> list:
-    """``(waiter, waited)`` pairs chaining each lane's transfers in issue order."""
-    return [pair for queue in transfer_order(schedule, lane).values() for pair in zip(queue[1:], queue[:-1])]
+#: ``(waiter, waited)`` pairs chaining each lane's transfers in issue order.
+_lanes = AbstractLaneCommunication.lane_waits
 
 
 class TorchRuntimeHalfDuplex(TorchRuntime):

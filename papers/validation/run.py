@@ -903,7 +903,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import tempfile
 
-    from diffpipe._io import Staged, dumps_json
+    from diffpipe import Staged, dumps_json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)

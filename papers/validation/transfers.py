@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+# The per-step records of the trace parser (``_trace.parse``) have no public form: research plumbing.
 from diffpipe.calibrate import _trace  # noqa: E402
 
 EARLY_S = 3e-4  #: an arrival this much before the sender's next idle time contradicts the hypothesis
