@@ -1,4 +1,4 @@
-"""A100 SXM4 80GB kernel model. No A100 GEMM table by shape is published in text (``SOURCES.md``): the
+"""A100 SXM4 80GB kernel model. No A100 GEMM table by shape is published in text (README, "Measurements"): the
 only A100 GEMM benchmark is the best shape of ``mamf_ml_engineering.csv`` (271.2 TFLOP/s at
 1024 x 10240 x 5120, bf16, torch 2.6 / CUDA 12.6). So the A100 takes the *shape* of the H100 fit (tile
 and split-K grid, ``k_half``, per-kernel overhead: the same tensor-core GEMM design one generation
