@@ -230,9 +230,10 @@ def older_rate(figure: str) -> float:
     return float(np.exp(np.mean(np.log(v1 / v2))))
 
 
-def _rows(preset: str, km_rate, figure: str, kernel: str, factor: float = 1.0) -> list[dict]:
+def _measured_vs_fitted(rate, figure: str, kernel: str, factor: float = 1.0) -> list[dict]:
+    """Each bar of ``kernel`` in ``figure``: its measured TFLOP/s beside ``rate(seqlen) x factor``."""
     s, d, v = figure_points(figure, kernel)
-    return [dict(seqlen=int(a), head_dim=int(b), measured=float(c), fitted=round(float(km_rate(a) * factor), 1))
+    return [dict(seqlen=int(a), head_dim=int(b), measured=float(c), fitted=round(float(rate(a) * factor), 1))
             for a, b, c in zip(s, d, v)]
 
 
@@ -286,7 +287,7 @@ def attention_from_figures(device: str) -> dict:
     out = dict(attention_efficiency=round(e, 4), attention_half=round(half, 1), attention_backward=round(ratio, 4),
                attention_older=round(older_rate(older_figure), 4), rms_log_error_forward=None if rms is None
                else round(rms, 4), rms_log_error_combined=round(rms_combined, 4), source=source,
-               combined=_rows(device, rate, older_figure, "FlashAttention-2", combined_factor(ratio)))
+               combined=_measured_vs_fitted(rate, older_figure, "FlashAttention-2", combined_factor(ratio)))
     if forward_figure:
-        out["forward"] = _rows(device, rate, forward_figure, "FlashAttention-2")
+        out["forward"] = _measured_vs_fitted(rate, forward_figure, "FlashAttention-2")
     return out
