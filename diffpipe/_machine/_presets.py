@@ -29,7 +29,7 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: (``papers/published-runs/fit_ceilings.py``, ``fit_ceilings.json``): the mean log error of the device's FIT rows
 #: is zero. A training step runs for seconds at the power limit, beside its framework's host work, where the H100
 #: benchmarks ran for milliseconds and the A100 fit saw one layer's kernels (Korthikanti et al.'s Table 4).
-CEILINGS = {"H100": 0.8263, "A100": 0.9581}
+CEILINGS = {"H100": 0.8263, "A100": 0.9290}
 KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3321 * CEILINGS["H100"], 381.2, 0.8533,
                            sms=132, attention_native=1.75, attention_older=0.5234, tile_m=64, tile_n=64,
                            split_k_min=1 << 30,
@@ -42,11 +42,11 @@ KERNELS_H200 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8333, 5.47e-06, 0
                            sms=132, attention_native=1.75, attention_older=0.5234, tile_m=64, tile_n=64,
                            split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_h100.json; memory: azure_babelstream ND H200 v5")
-KERNELS_A100 = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.849, 5.45e-06, 0.6694 * CEILINGS["A100"], 494.6, 0.843,
+KERNELS_A100 = KernelModel(0.8113 * CEILINGS["A100"], 138.9, 0.849, 5.47e-06, 0.6694 * CEILINGS["A100"], 494.6, 0.843,
                            sms=108, attention_older=0.5174, tile_m=64, tile_n=64, split_k_min=1 << 30,
                            source="papers/kernel-efficiency/kernels_a100.json")
 #: The A100 40 GB: the A100's compute, gpu-benches' ``a100_40`` STREAM ``scale`` fraction (1,381 of 1,555 GB/s).
-KERNELS_A100_40GB = KernelModel(0.7862 * CEILINGS["A100"], 139.8, 0.8881, 5.45e-06, 0.6694 * CEILINGS["A100"], 494.6,
+KERNELS_A100_40GB = KernelModel(0.8113 * CEILINGS["A100"], 138.9, 0.8881, 5.47e-06, 0.6694 * CEILINGS["A100"], 494.6,
                                 0.843, sms=108, attention_older=0.5174, tile_m=64, tile_n=64, split_k_min=1 << 30,
                                 source="papers/kernel-efficiency/kernels_a100.json; memory: a100_40")
 KERNELS_B200 = KernelModel(0.7652, 294.6, 0.8333, 5.08e-06, 0.7652, 294.6, 1.0, sms=148, tile_m=64, tile_n=128,

@@ -88,4 +88,8 @@ if __name__ == "__main__":
     result["gemm"]["table4_errors"] = table4_errors(kernel_model(result))
     result["mamf_ceiling"] = dict(gemm_efficiency=round(mamf, 4), m=int(m), n=int(n), k=int(k),
                                   tflops=float(r["mamf_tflops"]))
+    link = json.loads((HERE / "collectives.json").read_text())["nvlink3"]
+    result["note"] = (f"Table 4's tensor collectives priced by the presets' collective fit (collectives.json nvlink3: "
+                      f"bus efficiency {link['bus_efficiency']}, {1e6 * link['step_latency']:.2f} us per step); "
+                      f"the shape (k_half, overhead) is kernels_h100.json's as it stands")
     write("A100", result)
