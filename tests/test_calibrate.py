@@ -851,6 +851,42 @@ def test_the_study_combines_its_rounds_op_times_by_their_median(tmp_path, monkey
     assert cal.step_time == pytest.approx(23.0) and cal.orders == (("0F0",), ("1F0",))
 
 
+def _rounds_module():
+    spec = importlib.util.spec_from_file_location("validation_rounds", _RUN.parent / "rounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rounds_analysis_tells_a_stalled_round_from_exchangeable_ones():
+    rounds = _rounds_module()
+    # chi-squared tails at table values (0.001 at 18.467 on 4 degrees of freedom, 0.05 at 3.841 on 1)
+    assert rounds.chi2_sf(18.467, 4) == pytest.approx(1e-3, rel=1e-3)
+    assert rounds.chi2_sf(3.841, 1) == pytest.approx(0.05, rel=1e-3)
+    assert rounds.chi2_sf(11.070, 5) == pytest.approx(0.05, rel=1e-3) and rounds.chi2_sf(0.0, 3) == 1.0
+    assert rounds.rounds_p_value([2.0] * 5, [0.1] * 5) == pytest.approx(1.0)
+    steady = [_round((1.0, 2.0), (3.0, 4.0 + 0.01 * r)) for r in range(5)]
+    spread = {f"{k}{s}": 0.1 for k in "FB" for s in range(2)}
+    steady = [dataclasses.replace(c, spread=spread) for c in steady]
+    assert all(p > 0.5 for p in rounds.op_term_p_values(steady)) and len(rounds.op_term_p_values(steady)) == 4
+    stalled = [*steady[:3], dataclasses.replace(steady[3], backward=(3.0, 6.0)), steady[4]]
+    p = rounds.op_term_p_values(stalled)
+    assert sum(x < rounds.ALPHA for x in p) == 1  # stage 1's B alone: 20 samples of 10% spread cannot reach 6.0
+
+
+def test_the_rounds_analysis_puts_a_sources_error_on_the_family_that_differs():
+    rounds = _rounds_module()
+    schedules = {"g.a": get("gpipe", devices=2, microbatches=4), "g.b": get("1f1b", devices=2, microbatches=4)}
+    cals = {"g.a": _round((1.0, 1.0), (2.0, 2.0)), "g.b": _round((1.2, 1.2), (2.4, 2.4))}
+    measured = {k: cals[k].predict(schedules[k], mode="torch-runtime") for k in cals}  # each predicts itself
+    rows = rounds.attribute(cals, schedules, measured, ["g.a", "g.b"])
+    assert len(rows) == 2
+    for row in rows:
+        assert row["self"] == pytest.approx(0.0, abs=1e-9)
+        assert row["ops"] == pytest.approx(row["error"]) and abs(row["error"]) > 0.1  # all of it the op times'
+        assert row["overhead"] == row["communication"] == row["ends"] == pytest.approx(0.0, abs=1e-9)
+
+
 def test_the_study_reads_page_faults_per_round_where_they_were_counted(tmp_path):
     run = _runner()
     for r, faults in enumerate(([900, 20], [30, 10])):
