@@ -308,3 +308,33 @@ def test_test_quick_rows_recompute_the_committed_numbers():
     assert len(fresh["rows"]) == len(tr.QUICK)
     for r in fresh["rows"]:
         assert r["predicted"] == pytest.approx(committed[r["name"]]["predicted"], rel=1e-4), r["name"]
+
+
+# -- decompose.py: a TEST row's step by kernel class and the attention speed-up that would meet it (a diagnosis) --
+@pytest.mark.parametrize("name", ["h100_bf16: MPT-7b seq 65536 8x h100_80gb",
+                                  "a100_80gb: MPT-3b seq 32768 8x a100_80gb"])
+def test_decompose_attention_speedup_meets_the_published_throughput(name):
+    """The speed-up ``decompose.py`` reports, applied to the row's FlashAttention-1 kernels alone (the device's
+    ``attention_older`` times it), gives the published throughput back; its shares are of the predicted step."""
+    import equinox as eqx
+
+    sys.path.insert(0, str(PAPER))
+    try:
+        _dspec = importlib.util.spec_from_file_location("published_runs_decompose", PAPER / "decompose.py")
+        dc = importlib.util.module_from_spec(_dspec)
+        _dspec.loader.exec_module(dc)
+    finally:
+        sys.path.remove(str(PAPER))
+    row = next(r for r in dc.test_runs.rows() if r.name == name)
+    d = dc.decompose(row)
+    assert 0.99 < sum(d["shares"].values()) < 1.01
+    assert d["attention_speedup"] > 1 and d["error"] < 0  # these rows are predicted too slow
+    model, cluster, r, zero = row.build.__defaults__
+    assert model.flash_version == 1
+    device = dp.presets.device(cluster["device"])
+    faster = eqx.tree_at(lambda dv: dv.kernels.attention_older, device,
+                         device.kernels.attention_older * d["attention_speedup"])
+    cfg = dc.test_runs.configuration(model, dict(cluster, device=faster), r["gpus"], r["batch"], zero=zero,
+                                     framework=dc.test_runs.FSDP)
+    assert cfg.evaluate().tokens_per_second_per_gpu == pytest.approx(row.published, rel=0.005)
+    assert d["attention_tflops"] == pytest.approx(d["priced_tflops"] * d["attention_speedup"], rel=1e-6)
