@@ -167,15 +167,16 @@ def test_claim_4_h100_predictions():
     """Llama 3 405B too fast by 6-10% (rows 1-2), its context-parallel row 3 too slow by 5% (its 131k-token
     attention at the FlashAttention papers' per-pass rates; its K/V all-gather is not modelled); torchtitan's
     8B FSDP far too fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps, and Hopper's
-    own fused attention) within 17% (MAPE under 7.5%), the 32B row the slowest (its exposed collectives and
-    bubble), the 1.7B the fastest (+13.7%)."""
+    own fused attention) within 18% (MAPE under 7.5%; 17% until every gradient bucket paid its ring latency, which
+    took the 32B row from -16.1% to -17.3% through the refitted ceiling), the 32B row the slowest (its exposed
+    collectives and bubble), the 1.7B the fastest (+13.9%)."""
     for name, r in rows("llama3_table4").items():
         low = -0.08 if "CP" in name else 0.03
         assert low < r["error"] < 0.11, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
     s, mh = summary("megatron_h100"), rows("megatron_h100")
-    assert s["max_abs_error"] < 0.17 and s["mape"] < 0.075
+    assert s["max_abs_error"] < 0.18 and s["mape"] < 0.075
     assert mh["32B"]["error"] < -0.05 and 0.0 < mh["1.7B"]["error"] < 0.16
 
 
