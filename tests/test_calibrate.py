@@ -560,6 +560,34 @@ def test_several_runs_combine_with_each_terms_spread():
         calibrate.combine([])
 
 
+def _round(forward, backward, *, overhead=0.1, p2p=0.2, samples=20):
+    return calibrate.Calibration(forward=forward, backward=backward, overhead=overhead, p2p=p2p,
+                                 samples={f"{k}{s}": samples for k in "FB" for s in range(len(forward))},
+                                 stage_ranks=(0, 1))
+
+
+def test_combine_by_the_median_of_runs_leaves_a_stalled_run_out_of_the_op_times():
+    # five repetitions of one job; the fourth stalled in its backward throughout (as the validation
+    # study's round 3: every sample slow, so its own fences kept them)
+    runs = [_round((1.0, 2.0), (3.0, 4.0)), _round((1.1, 2.1), (3.1, 4.1)), _round((0.9, 1.9), (2.9, 3.9)),
+            _round((1.0, 2.0), (9.0, 12.0), overhead=0.3, p2p=0.5), _round((1.05, 2.05), (3.05, 4.05))]
+    pooled, median = calibrate.combine(runs), calibrate.combine(runs, op_times="median")
+    assert pooled.backward == pytest.approx((4.21, 5.61))  # the stall lifts every prediction
+    assert median.backward == pytest.approx((3.05, 4.05)) and median.forward == pytest.approx((1.0, 2.0))
+    # the per-op terms stay the plain mean over runs, the spread and samples as pooled
+    assert median.overhead == pytest.approx(pooled.overhead) == pytest.approx(0.14)
+    assert median.p2p == pytest.approx(0.26) and median.spread == pooled.spread and median.samples == pooled.samples
+    schedule = get("1f1b", devices=2, microbatches=4)
+    assert median.predict(schedule) < pooled.predict(schedule)
+    # only the runs that measured a term: a split run's I/W, a full run's B; two runs, their mean
+    split = calibrate.Calibration(forward=(1.2, 2.2), input_grad=(1.0, 2.0), weight=(2.0, 2.0),
+                                  samples={"F0": 12, "F1": 12}, stage_ranks=(0, 1))
+    both = calibrate.combine([runs[0], split], op_times="median")
+    assert both.forward == pytest.approx((1.1, 2.1)) and both.backward == (3.0, 4.0) and both.input_grad == (1.0, 2.0)
+    with pytest.raises(dp.ConfigError, match="op_times='mean': give one of pooled, median"):
+        calibrate.combine(runs, op_times="mean")
+
+
 def test_the_calibrate_command_takes_several_runs(tmp_path, capsys):
     first = _runtime_files(tmp_path)
     (tmp_path / "b").mkdir()
@@ -804,6 +832,59 @@ def test_the_study_calibrates_from_every_traced_round(real_run, tmp_path):
     assert both.samples["F0"] == 2 * once.samples["F0"] and both.forward == pytest.approx(once.forward)
     assert both.step_time == pytest.approx(once.step_time) and both.orders == once.orders
     assert both.predict(schedule, mode="torch-runtime") == pytest.approx(once.predict(schedule, mode="torch-runtime"))
+
+
+def test_the_study_combines_its_rounds_op_times_by_their_median(tmp_path, monkeypatch):
+    # each round's calibration stands in for its traces; round 2 stalled in stage 1's backward
+    run = _runner()
+    stalled = {2}
+    def fake(paths, schedule):
+        r = int(Path(paths[0]).name.split(".r")[1].split(".")[0])
+        cal = _round((1.0, 2.0), (3.0, 12.0) if r in stalled else (3.0, 4.0 + 0.1 * r))
+        return dataclasses.replace(cal, step_time=30.0 if r in stalled else 20.0 + r, orders=(("0F0",), ("1F0",)))
+    monkeypatch.setattr(calibrate, "from_torch_trace", fake)
+    for r in range(5):
+        for k in range(2):
+            (tmp_path / f"c.r{r}.rank{k}.json").write_text("{}")
+    cal = run._calibrate(tmp_path, "c", 5, get("1f1b", devices=2, microbatches=4))
+    assert cal.backward == pytest.approx((3.0, 4.3))  # the median of 4.0, 4.1, 12.0, 4.3, 4.4
+    assert cal.step_time == pytest.approx(23.0) and cal.orders == (("0F0",), ("1F0",))
+
+
+def _rounds_module():
+    spec = importlib.util.spec_from_file_location("validation_rounds", _RUN.parent / "rounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rounds_analysis_tells_a_stalled_round_from_exchangeable_ones():
+    rounds = _rounds_module()
+    # chi-squared tails at table values (0.001 at 18.467 on 4 degrees of freedom, 0.05 at 3.841 on 1)
+    assert rounds.chi2_sf(18.467, 4) == pytest.approx(1e-3, rel=1e-3)
+    assert rounds.chi2_sf(3.841, 1) == pytest.approx(0.05, rel=1e-3)
+    assert rounds.chi2_sf(11.070, 5) == pytest.approx(0.05, rel=1e-3) and rounds.chi2_sf(0.0, 3) == 1.0
+    assert rounds.rounds_p_value([2.0] * 5, [0.1] * 5) == pytest.approx(1.0)
+    steady = [_round((1.0, 2.0), (3.0, 4.0 + 0.01 * r)) for r in range(5)]
+    spread = {f"{k}{s}": 0.1 for k in "FB" for s in range(2)}
+    steady = [dataclasses.replace(c, spread=spread) for c in steady]
+    assert all(p > 0.5 for p in rounds.op_term_p_values(steady)) and len(rounds.op_term_p_values(steady)) == 4
+    stalled = [*steady[:3], dataclasses.replace(steady[3], backward=(3.0, 6.0)), steady[4]]
+    p = rounds.op_term_p_values(stalled)
+    assert sum(x < rounds.ALPHA for x in p) == 1  # stage 1's B alone: 20 samples of 10% spread cannot reach 6.0
+
+
+def test_the_rounds_analysis_puts_a_sources_error_on_the_family_that_differs():
+    rounds = _rounds_module()
+    schedules = {"g.a": get("gpipe", devices=2, microbatches=4), "g.b": get("1f1b", devices=2, microbatches=4)}
+    cals = {"g.a": _round((1.0, 1.0), (2.0, 2.0)), "g.b": _round((1.2, 1.2), (2.4, 2.4))}
+    measured = {k: cals[k].predict(schedules[k], mode="torch-runtime") for k in cals}  # each predicts itself
+    rows = rounds.attribute(cals, schedules, measured, ["g.a", "g.b"])
+    assert len(rows) == 2
+    for row in rows:
+        assert row["self"] == pytest.approx(0.0, abs=1e-9)
+        assert row["ops"] == pytest.approx(row["error"]) and abs(row["error"]) > 0.1  # all of it the op times'
+        assert row["overhead"] == row["communication"] == row["ends"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_study_reads_page_faults_per_round_where_they_were_counted(tmp_path):

@@ -520,7 +520,8 @@ def test_hidden_communication_costs_contention():
     chex.assert_trees_all_close(o.hidden_cost(jnp.array([2.0, 5.0]), jnp.array([4.0, 4.0])),
                                 jnp.array([0.5, 1.0 + 0.25 * 4.0]))
     assert dp.CommunicationOverlap().contention == pytest.approx(0.189)  # arXiv:2507.03114's average
-    free, paid = (_config(zero=3, overlap=dp.CommunicationOverlap(data_bucket=1e6, prefetch=True, contention=k))
+    free, paid = (_config(zero=3, overlap=dp.CommunicationOverlap(data_bucket=1e6, prefetch=True, contention=k,
+                                                                  bucket_latency=False))
                   for k in (0.0, 0.5))
     raw = np.asarray(free.collective_seconds_by_group()["data"])
     compute = np.asarray(sum(free.compute_seconds().values()))
@@ -533,6 +534,46 @@ def test_hidden_communication_costs_contention():
     assert np.all(e < full)
     np.testing.assert_allclose(p, e + 0.5 * (full - e), rtol=1e-5)
     assert paid.evaluate().step_time > free.evaluate().step_time
+
+
+def _dp_config(zero, bucket, latency, contention=0.25, gpus=64):
+    model = dp.Transformer(layers=8, hidden=1024, heads=8, sequence=2048, vocabulary=4096, microbatch_size=4)
+    par = dp.Parallelism(data=gpus, zero=zero)
+    overlap = dp.CommunicationOverlap(data_bucket=bucket, contention=contention, bucket_latency=latency)
+    return dp.Configuration(model, par, dp.Cluster("H100", gpus=gpus), 4 * gpus, overlap=overlap)
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_every_gradient_bucket_pays_its_rings_latency(zero):
+    """``bucket_latency``: each bucket before the last is one collective of ``n - 1`` ring steps (two for an
+    all-reduce, plus ZeRO-1/2's weight all-gather), hidden under the backward at ``contention`` of its time;
+    where the backward cannot hold it, the excess is exposed."""
+    n, k = 64, 0.25
+    for bucket in (4e6, 1.0):  # a few buckets hidden under the backward; a bucket a byte: far past it
+        off, on = (_dp_config(zero, bucket, latency, k) for latency in (False, True))
+        costs, cluster, link = off.costs(), off.cluster, off.placement.links["data"]
+        scale = float(cluster.link(link)[0]) / float(cluster.bus_bandwidth(link, off.placement.ranks_per_node["data"]))
+        r, d = float(off.model.reduction_bytes), float(off.model.dtype_bytes)
+        per_param = {0: r, 2: (r + d) / 2, 3: r / 2}[zero]
+        whole = _bandwidth_part(off)  # one stage: its whole sync's bandwidth term
+        buckets = max(float(costs.gradient_bytes.sum()) * r / per_param / bucket, 1.0)
+        steps = {0: 2 * (n - 1), 2: 2 * (n - 1), 3: n - 1}[zero]
+        latency = (buckets - 1) * steps * float(cluster.step_latency(link))
+        compute = sum(off.compute_seconds(costs).values())
+        backward = float(np.asarray(compute)[1:].sum())
+        left = max(backward - whole, 0.0)  # what the backward leaves after the bandwidth part
+        expected = k * min(latency, left) + max(latency - left, 0.0)
+        added = (np.asarray(on.sync_scale()) - np.asarray(off.sync_scale())) / scale * whole
+        assert expected > 0
+        np.testing.assert_allclose(added, expected, rtol=1e-4)
+        assert on.evaluate().step_time > off.evaluate().step_time
+
+
+def _bandwidth_part(cfg):
+    """Seconds of a one-stage configuration's gradient sync over the data group's bus (its bandwidth term)."""
+    n = cfg.parallelism.shards
+    bus = float(cfg.cluster.bus_bandwidth(cfg.placement.links["data"], cfg.placement.ranks_per_node["data"]))
+    return 2 * (n - 1) / n * float(cfg.costs().gradient_bytes.sum()) / bus
 
 
 @pytest.mark.parametrize("tensor", [2, 4, 8])

@@ -167,15 +167,16 @@ def test_claim_4_h100_predictions():
     """Llama 3 405B too fast by 6-10% (rows 1-2), its context-parallel row 3 too slow by 5% (its 131k-token
     attention at the FlashAttention papers' per-pass rates; its K/V all-gather is not modelled); torchtitan's
     8B FSDP far too fast, outside its bracket; Megatron-LM's H100 table (with its stated overlaps, and Hopper's
-    own fused attention) within 17% (MAPE under 7.5%), the 32B row the slowest (its exposed collectives and
-    bubble), the 1.7B the fastest (+13.7%)."""
+    own fused attention) within 18% (MAPE under 7.5%; 17% until every gradient bucket paid its ring latency, which
+    took the 32B row from -16.1% to -17.3% through the refitted ceiling), the 32B row the slowest (its exposed
+    collectives and bubble), the 1.7B the fastest (+13.9%)."""
     for name, r in rows("llama3_table4").items():
         low = -0.08 if "CP" in name else 0.03
         assert low < r["error"] < 0.11, name
     for case, c in summary("torchtitan")["fsdp_bracket"].items():
         assert c["full"] > c["published"] and not c["inside_bracket"], case
     s, mh = summary("megatron_h100"), rows("megatron_h100")
-    assert s["max_abs_error"] < 0.17 and s["mape"] < 0.075
+    assert s["max_abs_error"] < 0.18 and s["mape"] < 0.075
     assert mh["32B"]["error"] < -0.05 and 0.0 < mh["1.7B"]["error"] < 0.16
 
 
@@ -308,3 +309,33 @@ def test_test_quick_rows_recompute_the_committed_numbers():
     assert len(fresh["rows"]) == len(tr.QUICK)
     for r in fresh["rows"]:
         assert r["predicted"] == pytest.approx(committed[r["name"]]["predicted"], rel=1e-4), r["name"]
+
+
+# -- decompose.py: a TEST row's step by kernel class and the attention speed-up that would meet it (a diagnosis) --
+@pytest.mark.parametrize("name", ["h100_bf16: MPT-7b seq 65536 8x h100_80gb",
+                                  "a100_80gb: MPT-3b seq 32768 8x a100_80gb"])
+def test_decompose_attention_speedup_meets_the_published_throughput(name):
+    """The speed-up ``decompose.py`` reports, applied to the row's FlashAttention-1 kernels alone (the device's
+    ``attention_older`` times it), gives the published throughput back; its shares are of the predicted step."""
+    import equinox as eqx
+
+    sys.path.insert(0, str(PAPER))
+    try:
+        _dspec = importlib.util.spec_from_file_location("published_runs_decompose", PAPER / "decompose.py")
+        dc = importlib.util.module_from_spec(_dspec)
+        _dspec.loader.exec_module(dc)
+    finally:
+        sys.path.remove(str(PAPER))
+    row = next(r for r in dc.test_runs.rows() if r.name == name)
+    d = dc.decompose(row)
+    assert 0.99 < sum(d["shares"].values()) < 1.01
+    assert d["attention_speedup"] > 1 and d["error"] < 0  # these rows are predicted too slow
+    model, cluster, r, zero = row.build.__defaults__
+    assert model.flash_version == 1
+    device = dp.presets.device(cluster["device"])
+    faster = eqx.tree_at(lambda dv: dv.kernels.attention_older, device,
+                         device.kernels.attention_older * d["attention_speedup"])
+    cfg = dc.test_runs.configuration(model, dict(cluster, device=faster), r["gpus"], r["batch"], zero=zero,
+                                     framework=dc.test_runs.FSDP)
+    assert cfg.evaluate().tokens_per_second_per_gpu == pytest.approx(row.published, rel=0.005)
+    assert d["attention_tflops"] == pytest.approx(d["priced_tflops"] * d["attention_speedup"], rel=1e-6)

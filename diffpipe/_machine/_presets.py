@@ -29,7 +29,7 @@ from ._specs import DEVICES, NETWORKS, device_key, network_key
 #: (``papers/published-runs/fit_ceilings.py``, ``fit_ceilings.json``): the mean log error of the device's FIT rows
 #: is zero. A training step runs for seconds at the power limit, beside its framework's host work, where the H100
 #: benchmarks ran for milliseconds and the A100 fit saw one layer's kernels (Korthikanti et al.'s Table 4).
-CEILINGS = {"H100": 0.8263, "A100": 0.9581}
+CEILINGS = {"H100": 0.8356, "A100": 0.9581}
 KERNELS_H100 = KernelModel(0.8549 * CEILINGS["H100"], 138.9, 0.8657, 5.47e-06, 0.3321 * CEILINGS["H100"], 381.2, 0.8533,
                            sms=132, attention_native=1.75, attention_older=0.5234, tile_m=64, tile_n=64,
                            split_k_min=1 << 30,

@@ -421,8 +421,41 @@ class Configuration:
         safe = xp.where(stage_bytes > 0, stage_bytes, 1.0)
         exposed = xp.maximum(tail / safe, xp.maximum(sync - hidden, 0.0) / xp.where(sync > 0, sync, 1.0))
         reduction = exposed + overlap.contention * (1.0 - exposed)
-        share = xp.where(stage_bytes > 0, (1.0 - gather) * reduction + hidden_gather, 1.0)
+        share = (1.0 - gather) * reduction + hidden_gather
+        if overlap.bucket_latency:
+            share = share + self._bucket_latency_share(costs, onehot, sync, hidden, bus, gather > 0)
+        share = xp.where(stage_bytes > 0, share, 1.0)
         return scale * share[rows]  # each layer its stage's share
+
+    def _bucket_latency_share(self, costs: ParallelCosts, onehot: Any, sync: Any, hidden: Any, bus: Any,
+                              param_gather: bool) -> Array:
+        """``[stages]`` share of each stage's sync (``sync_scale``'s unit: the stage's whole all-reduce-
+        equivalent bytes over the bus) that its buckets' ring latencies add (``overlap.bucket_latency``).
+        Each bucket is one collective: a reduce-scatter (ZeRO-1-3; ``n - 1`` ring steps) or an all-reduce
+        (``2 (n - 1)``), plus ZeRO-1/2's weight all-gather (``n - 1``), each step at the data link's
+        ``Cluster.step_latency``. The buckets before the last run under the backward: ``hidden_cost``
+        against what the backward leaves after the sync's bandwidth part; the last bucket's is the sync
+        lane's own ring latency (the engine's). With ``param_gather`` every bucket's weight all-gather
+        runs under the next forward, at ``contention`` of its latency."""
+        overlap, par, model = self.overlap, self.parallelism, self.model
+        cluster = on_host(self.cluster)
+        xp = array_module(cluster, sync)
+        dtype = cluster.device.throughput.dtype
+        n = par.shards
+        r, d = float(model.reduction_bytes), float(model.dtype_bytes)
+        full = _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # all-reduce-equivalent bytes
+        grads = full * (r / sync_bytes_per_parameter(par.zero, r, d))  # parameters x r
+        buckets = xp.maximum(grads / overlap.data_bucket, 1.0)
+        step = cluster.step_latency(self.placement.links["data"])
+        reduce_steps = 2.0 * (n - 1) if par.zero == 0 else float(n - 1)
+        gather_steps = float(n - 1) if par.zero in (1, 2) else 0.0
+        backward_steps = reduce_steps + (0.0 if param_gather else gather_steps)
+        in_backward = (buckets - 1.0) * backward_steps * step
+        seconds = hidden_cost(in_backward, xp.maximum(hidden - sync, 0.0), overlap.contention)
+        if param_gather:
+            seconds = seconds + overlap.contention * buckets * gather_steps * step
+        whole = divide(2.0 * (n - 1) / n * full, bus)
+        return xp.where(whole > 0, seconds / xp.where(whole > 0, whole, 1.0), 0.0)
 
     def network(self) -> Network:
         """Links of the pipeline: neighbours inside a node use the intra link, others the inter link

@@ -48,6 +48,12 @@ class CommunicationOverlap:
         every_microbatch: the data-parallel gradient reduction runs during every microbatch's
             backward, not once a step (PyTorch FSDP outside ``no_sync``, as Composer runs it): each
             microbatch but the last, whose reduction is the step's sync, pays it under its backward.
+        bucket_latency: with ``data_bucket``, every bucket of the step's gradient sync is a collective
+            of its own and pays its ring's step latencies (``n - 1`` a reduce-scatter or all-gather,
+            ``2 (n - 1)`` an all-reduce: NCCL's ring latency model, ``src/graph/tuning.cc``, is per
+            collective), not the stage's sync once: the buckets before the last run under the backward
+            (``contention`` of their latency, and whatever the backward left after the bandwidth part
+            cannot hide), the last one's is the sync lane's own. False: one ring's latency a stage.
     """
 
     tensor: float = 0.0
@@ -56,6 +62,7 @@ class CommunicationOverlap:
     param_gather: bool = False
     contention: float = CONTENTION
     every_microbatch: bool = False
+    bucket_latency: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.tensor, bool) or not isinstance(self.tensor, (int, float)) or not 0 <= self.tensor <= 1:
@@ -63,7 +70,7 @@ class CommunicationOverlap:
         b = self.data_bucket
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
             raise ConfigError(f"overlap: data_bucket must be a positive number of bytes or None, got {b!r}")
-        for name in ("prefetch", "param_gather", "every_microbatch"):
+        for name in ("prefetch", "param_gather", "every_microbatch", "bucket_latency"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"overlap: {name} must be a bool, got {getattr(self, name)!r}")
         k = self.contention

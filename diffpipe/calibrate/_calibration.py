@@ -474,13 +474,21 @@ def _seconds(value: Any) -> Any:
     return "none" if value is None else float(value)
 
 
-def combine(calibrations: Sequence[Calibration]) -> Calibration:
+#: How ``combine`` joins the runs' op times: ``"pooled"`` (weighted by sample counts) or ``"median"``.
+OP_TIMES = ("pooled", "median")
+
+
+def combine(calibrations: Sequence[Calibration], *, op_times: str = "pooled") -> Calibration:
     """One calibration from several runs of the same stages (other schedules, microbatch counts
     or repetitions), each term with its spread across the runs.
 
     Per stage and kind, the runs' means weighted by their sample counts (the mean of all the
     samples, each run's gross outliers already dropped), so a full-backward run's ``B`` and a
-    zero-bubble run's ``I`` and ``W`` combine into one calibration that measured both; the
+    zero-bubble run's ``I`` and ``W`` combine into one calibration that measured both; with
+    ``op_times="median"``, the median of the runs' means instead (of the runs that measured the
+    term): the runs are the independent units, so a run whose ops stalled throughout (a share of
+    its samples that its own fences cannot drop) moves no term, as a stalled repetition does not
+    move the median of a job's step times (``papers/validation/README.md``, "Stalled rounds"); the
     per-op terms (``overhead`` and by kind, ``p2p`` and ``transfer``, ``setup``, ``wind_down``,
     ``send_cost``, ``recv_cost``) the plain mean over the runs that measured them.
     ``spread[key]`` is, for every term two or more runs measured, the relative standard deviation
@@ -494,6 +502,8 @@ def combine(calibrations: Sequence[Calibration]) -> Calibration:
     runs = list(calibrations)
     if not runs or not all(isinstance(c, Calibration) for c in runs):
         raise ConfigError("calibration: combine takes a non-empty list of Calibration")
+    if op_times not in OP_TIMES:
+        raise ConfigError(f"calibration: combine's op_times={op_times!r}: give one of {', '.join(OP_TIMES)}")
     stages = runs[0].stages
     for k, c in enumerate(runs):
         if c.stages != stages:
@@ -512,7 +522,8 @@ def combine(calibrations: Sequence[Calibration]) -> Calibration:
                 values.append(None)
                 continue
             weight = sum(n for _, n in got)
-            values.append(sum(v * n for v, n in got) / weight)
+            values.append(statistics.median(v for v, _ in got) if op_times == "median" else
+                          sum(v * n for v, n in got) / weight)
             samples[key] = sum(c.samples.get(key, 0) for c in runs)
             spread[key] = (_between([v for v, _ in got]) if len(got) > 1 else
                            next(c.spread.get(key) for c in runs if c._measured(name, s) is not None))

@@ -575,12 +575,16 @@ def study(out: Path, *, groups: dict, rounds: int, steps: int, width: int, rows:
     return analyze(meta, work, conditions, modes)
 
 
-def _calibrate(work: Path, key: str, rounds: int, schedule, each=None):
+def _calibrate(work: Path, key: str, rounds: int, schedule, each=None, op_times: str = "median"):
     """A case's calibration from its traced rounds: round 0's, or where more rounds were traced
     (``--trace-all-rounds``), all of them combined (``calibrate.combine``: the same steps the case's
-    measured time comes from), with the median of the rounds' step times and round 0's orders.
+    measured time comes from; op times by the median of the rounds' means, ``op_times="median"``:
+    rounds are the independent unit, as in ``median_standard_error`` and ``noise_floor``, so a
+    stalled round moves an op time no more than it moves the case's measured median), with the
+    median of the rounds' step times and round 0's orders.
     ``each(calibration, paths)``, when given, replaces each round's calibration before they combine
-    (``pair_link.py``: the transfer delay from a subset of the arrivals)."""
+    (``pair_link.py``: the transfer delay from a subset of the arrivals); ``op_times="pooled"``: the
+    rule before (``rounds.py`` compares the two)."""
     import dataclasses
     import statistics
 
@@ -595,7 +599,7 @@ def _calibrate(work: Path, key: str, rounds: int, schedule, each=None):
         runs.append(cal if each is None else each(cal, paths))
     if len(runs) == 1:
         return runs[0]
-    return dataclasses.replace(calibrate.combine(runs), orders=runs[0].orders,
+    return dataclasses.replace(calibrate.combine(runs, op_times=op_times), orders=runs[0].orders,
                                step_time=statistics.median(c.step_time for c in runs))
 
 
