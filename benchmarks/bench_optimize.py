@@ -51,7 +51,7 @@ def random_workload(rng: np.random.Generator, layers: int, *, capacity: float = 
 
 def transformer_workload(blocks: int, capacity: float) -> dp.Workload:
     model = dp.Transformer(layers=blocks, hidden=4096, heads=32, sequence=2048, vocabulary=128_000, microbatch_size=1)
-    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4)
+    network = dp.presets.network("nvlink4", "ib-ndr")  # 4 GPUs per node: the graph's (main)
     return dp.Workload.from_model(model, dp.presets.device("H100"), network, capacity=capacity)
 
 
@@ -151,7 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     count = 2 if args.quick else 6
     schedule = dp.schedules.get("1f1b", devices=DEVICES, microbatches=MICROBATCHES)
-    graph = dp.compile(schedule)
+    graph = dp.compile(schedule, devices_per_node=4)  # the transformer workloads' nodes; uniform links alike
     rng = np.random.default_rng(0)
 
     small = []

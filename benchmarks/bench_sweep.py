@@ -187,7 +187,7 @@ def memory_check(points: int = 2048) -> list[dict]:
         leaves = sweep_variants.pad_variants(variants, np.arange(points), g.pipelines, g.stages, g.microbatches,
                                              g.devices)
         leaves = {k: x[None] for k, x in leaves.items()}  # one normalisation
-        hw = sweep_variants.as_hardware(leaves, variants, g.devices_per_node)
+        hw = sweep_variants.as_hardware(leaves, variants)
         stacked = sweep_evaluate.stack([g], mesh).host
         index = np.zeros(1, np.int32)
         dynamic, static = eqx.partition((stacked, index, index, np.ones(1, bool), hw), eqx.is_array)

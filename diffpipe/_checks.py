@@ -75,6 +75,9 @@ def preset_key(table: Mapping[str, object], name: object, what: str, aliases: Ma
 
 #: Where the communication mode went when it left the network (the graph owns it).
 MODE_MOVED = {"mode": "compile(communication=...) (or simulate/compare/optimize(communication=...))"}
+#: Where ``devices_per_node`` went when it left ``Network`` (the graph owns the topology).
+TOPOLOGY_MOVED = {"devices_per_node": "compile(devices_per_node=...) (or simulate/compare/optimize/sweep/viz"
+                                      "(devices_per_node=...)): the topology is the graph's"}
 
 
 def check_moved(what: str, given: Mapping[str, Any], moved: Mapping[str, str]) -> None:

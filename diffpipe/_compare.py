@@ -103,7 +103,8 @@ class Machine:
     split evenly into *that schedule's* stages, so Hanayo's ``2D`` chunks and a ``D``-stage 1F1B
     share the same model and devices. Call it with a schedule to get that hardware.
     ``communication`` is the mode its schedules are compiled under (a name or an
-    ``AbstractCommunication``; the graph holds it, the hardware holds floats only).
+    ``AbstractCommunication``) and ``devices_per_node`` their topology (devices sharing a node;
+    None: all on one node): the graph holds both, the hardware holds floats only.
     """
 
     model: Any  # diffpipe.Transformer
@@ -112,6 +113,7 @@ class Machine:
     name: str = "custom"
     uniform_stages: bool = False
     communication: Any = "overlap"
+    devices_per_node: int | None = None
 
     @classmethod
     def default(cls, mode: str = "contention") -> Machine:
@@ -151,11 +153,11 @@ def default_machine(mode: str = "contention") -> Machine:
     """
     link = NETWORKS["nvlink4"]
     latency, bandwidth = jnp.asarray(link.latency), jnp.asarray(link.bandwidth)
-    network = Network(latency, bandwidth, latency, bandwidth, devices_per_node=1)
+    network = Network(latency, bandwidth, latency, bandwidth)
     model = Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257)
     return Machine(model, device("H100"), network,
                    name="GPT-3 6.7B (32 layers, h=4096, s=2048, b=1, fp16) on 8x H100 SXM, NVLink4",
-                   communication=mode)
+                   communication=mode, devices_per_node=1)
 
 
 # -- results ------------------------------------------------------------------------------------------
@@ -401,11 +403,12 @@ def _level_pair(a: str, b: str, names: Sequence[str], values: Mapping[str, Seque
 
 
 def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple | None = None,
-                      communication: Any = "overlap") -> dict:
-    """The simulation level of ``schedule`` on ``hw`` under ``communication``: ``found`` (makespan,
-    bubble ratio, per-device peak memory: ``_simulation_levels``), else ``simulate``'s."""
+                      communication: Any = "overlap", devices_per_node: int | None = None) -> dict:
+    """The simulation level of ``schedule`` on ``hw`` under ``communication`` and
+    ``devices_per_node``: ``found`` (makespan, bubble ratio, per-device peak memory:
+    ``_simulation_levels``), else ``simulate``'s."""
     if found is None:
-        result = simulate(schedule, hw, communication=communication)
+        result = simulate(schedule, hw, communication=communication, devices_per_node=devices_per_node)
         found = (result.makespan, result.bubble_ratio, result.peak_memory)
     step, bubble, peaks = found
     peaks = np.asarray(peaks)  # numpy, not jnp: an eager jnp op compiles
@@ -420,8 +423,10 @@ def _simulation_level(schedule: Schedule, hw: Any, headroom: float, found: tuple
     }
 
 
-def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float, communication: Any) -> list[dict]:
-    """``_simulation_level`` of each (schedule, hardware), compiled under ``communication``. The
+def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float, communication: Any,
+                       devices_per_node: int | None) -> list[dict]:
+    """``_simulation_level`` of each (schedule, hardware), compiled under ``communication`` for
+    ``devices_per_node``. The
     graphs of one topology pad to their common sizes and run one compiled program
     (``simulate_members``): one compilation and one trace for the comparison, not one per graph
     structure, with ``simulate``'s numbers bit for bit (``tests/test_compare.py``). A cost model
@@ -431,7 +436,7 @@ def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float, c
     groups: dict[tuple, list[tuple[int, Graph]]] = {}
     for i, (schedule, hw) in enumerate(pairs):
         if isinstance(hw, Hardware) and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(hw)):
-            graph = hw.compile_schedule(schedule, communication=communication)
+            graph = hw.compile_schedule(schedule, communication=communication, devices_per_node=devices_per_node)
             hw.check(graph)  # simulate's eager check
             groups.setdefault((graph.communication, graph.devices_per_node), []).append((i, graph))
     for members in groups.values():
@@ -443,7 +448,8 @@ def _simulation_levels(pairs: Sequence[tuple[Schedule, Any]], headroom: float, c
                 continue
             if np.isfinite(steps[0]):
                 found[i] = (steps[0], bubbles[0], memory[0])
-    return [_simulation_level(schedule, hw, headroom, f, communication) for (schedule, hw), f in zip(pairs, found)]
+    return [_simulation_level(schedule, hw, headroom, f, communication, devices_per_node)
+            for (schedule, hw), f in zip(pairs, found)]
 
 
 # -- inputs -----------------------------------------------------------------------------------------
@@ -516,9 +522,9 @@ def _resolve(items: Any, devices: int | None, microbatches: int | None) -> list[
     return labelled
 
 
-def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, Any]:
-    """A ``schedule -> Hardware`` function, a description of the machine and its communication mode
-    (a ``Machine``'s; None for a ``Hardware`` or a function, which hold none)."""
+def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> tuple[Callable, str, Any, Any]:
+    """A ``schedule -> Hardware`` function, a description of the machine, its communication mode and
+    its devices per node (a ``Machine``'s; None for a ``Hardware`` or a function, which hold none)."""
     if hardware is None:
         hardware = default_machine()
     if isinstance(hardware, Hardware):
@@ -530,11 +536,11 @@ def _hardware_for(hardware: Any, schedules: Sequence[tuple[str, Schedule]]) -> t
                 f"compare: {b} has {sb.stages} stages per pipeline and {a} {sa.stages}; one Hardware would give "
                 "each stage the same cost: pass a Machine or a callable schedule -> Hardware"
             )
-        return (lambda s: hardware), "the given Hardware", None
+        return (lambda s: hardware), "the given Hardware", None, None
     if isinstance(hardware, Machine):
-        return hardware, hardware.name, hardware.communication
+        return hardware, hardware.name, hardware.communication, hardware.devices_per_node
     if callable(hardware):
-        return hardware, getattr(hardware, "__name__", "the given hardware function"), None
+        return hardware, getattr(hardware, "__name__", "the given hardware function"), None, None
     raise ConfigError(f"compare: hardware must be a Hardware, a Machine or a callable schedule -> Hardware, "
                       f"got {type(hardware).__name__}")
 
@@ -550,6 +556,7 @@ def compare(
     segment_split: str = "balanced",
     headroom: float = HEADROOM,
     communication: Any = None,
+    devices_per_node: int | None = None,
 ) -> Comparison:
     """Rank schedules at the formula, table and simulation levels and show where rankings flip.
 
@@ -578,6 +585,9 @@ def compare(
         communication: the mode the simulation level compiles every schedule under (a name or an
             ``AbstractCommunication``); default the ``Machine``'s (``contention`` for the default
             machine), else ``overlap``.
+        devices_per_node: the topology the simulation level compiles every schedule for (devices
+            sharing a node); default the ``Machine``'s (1 for the default machine: every GPU's
+            egress is a lane under ``contention``), else all on one node.
 
     Returns:
         A ``Comparison`` (see its ``to_markdown``, ``to_json`` and ``str``).
@@ -600,8 +610,9 @@ def compare(
     if segment_split not in SPLITS:
         raise ConfigError(f"compare: segment_split must be one of {', '.join(SPLITS)}, got {segment_split!r}")
     schedules = _resolve(schedules_or_names, devices, microbatches)
-    hw_of, machine, mode = _hardware_for(hardware, schedules)
+    hw_of, machine, mode, per_node = _hardware_for(hardware, schedules)
     mode = get_communication(communication if communication is not None else mode or "overlap")
+    per_node = per_node if devices_per_node is None else devices_per_node
     share = None
     if segment_split == "equal" and any(units_per_sample(s) > 1 for _, s in schedules):
         if hardware is not None and not isinstance(hardware, Machine):
@@ -616,7 +627,8 @@ def compare(
             raise ConfigError(f"compare: the hardware function returned {type(hw).__name__} for {name}, "
                               "expected a Hardware")
         hws.append(per_unit_hardware(hw, schedule, segment_split, share))
-    simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom, mode)
+    simulation = _simulation_levels([(schedule, hw) for (_, schedule), hw in zip(schedules, hws)], headroom, mode,
+                                    per_node)
     entries = []
     for (name, schedule), level in zip(schedules, simulation):
         formula, missing = formula_level(schedule, merged)

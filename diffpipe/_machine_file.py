@@ -46,7 +46,9 @@ class FileMachine:
     whether any machine input was given (else it is ``default_machine()``). ``communication``: the
     mode its schedules are compiled under (``[network] mode``; else ``overlap``, or ``contention``
     where the links are the default machine's): the graph's, as ``compile(communication=...)``
-    takes it, never a field of the hardware."""
+    takes it, never a field of the hardware. ``devices_per_node``: likewise the topology its
+    schedules are compiled for (``[network] devices_per_node``, 8 where ``inter`` is given without
+    it; None: all on one node; 1 where the links are the default machine's)."""
 
     name: str
     hardware: Callable[[Any], Any]
@@ -55,6 +57,7 @@ class FileMachine:
     network: Any = None
     given: bool = True
     communication: Any = "overlap"
+    devices_per_node: int | None = None
 
 
 def check_float32(values: Given) -> None:
@@ -115,7 +118,7 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
     if not model and not dev and not net:
         m = default_machine(**modes)
         return FileMachine(m.name, m, m.model, m.device, m.network, given=mode is not None,
-                           communication=m.communication)
+                           communication=m.communication, devices_per_node=m.devices_per_node)
     base = default_machine(**modes)
     transformer = dataclasses.replace(base.model, **model) if model else base.model
     d = {k: v for k, (v, _) in dev.items()}
@@ -142,28 +145,30 @@ def machine(times: Given, model: Mapping[str, Any], device: Given, network: Give
                           "network preset)")
     n = {k: v for k, (v, _) in net.items()}
     if "intra" in net:
-        links = _presets.network(n["intra"], n.get("inter"), devices_per_node=n.get("devices_per_node", 8))
+        links = _presets.network(n["intra"], n.get("inter"))
         if "inter" not in n and "devices_per_node" in n:
             raise ConfigError(f"{net['devices_per_node'][1]} needs {names['inter']} (the link between nodes)")
+        per_node = n.get("devices_per_node", 8) if "inter" in n else None
     elif explicit:
         lat = jnp.asarray(float(n.get("latency", 0.0)))
         bw = jnp.asarray(float(n.get("bandwidth", math.inf)))
         links = Network(lat, bw, jnp.asarray(float(n.get("inter_latency", lat))),
-                        jnp.asarray(float(n.get("inter_bandwidth", bw))),
-                        devices_per_node=n.get("devices_per_node"))
+                        jnp.asarray(float(n.get("inter_bandwidth", bw))))
+        per_node = n.get("devices_per_node")
     else:
-        links, chosen = base.network, base.communication
+        links, chosen, per_node = base.network, base.communication, base.devices_per_node
     label = f"{transformer.layers}-layer model (h={transformer.hidden}) on {getattr(chip, 'name', 'a custom device')}"
-    m = Machine(transformer, chip, links, name=label, communication=chosen)
-    return FileMachine(m.name, m, transformer, chip, links, communication=chosen)
+    m = Machine(transformer, chip, links, name=label, communication=chosen, devices_per_node=per_node)
+    return FileMachine(m.name, m, transformer, chip, links, communication=chosen, devices_per_node=per_node)
 
 
 def load_machine(path: str | os.PathLike) -> FileMachine:
     """The machine of a machine file (``Calibration.to_toml``'s, or one written by hand as
     ``examples/machine.toml``): its ``[times]``, or its ``[model]``, ``[device]`` and ``[network]``
     over ``default_machine()`` (``machine``); a ``[schedule]`` section is allowed and not read.
-    ``m = load_machine(path)``: ``simulate(schedule, m.hardware(schedule), communication=m.communication)``
-    is what ``diffpipe simulate --config path`` simulates. Errors name the file, the section and the key.
+    ``m = load_machine(path)``: ``simulate(schedule, m.hardware(schedule), communication=m.communication,
+    devices_per_node=m.devices_per_node)`` is what ``diffpipe simulate --config path`` simulates. Errors
+    name the file, the section and the key.
     """
     file = read_machine_file(path, ("schedule", *MACHINE_SECTIONS), user="load_machine")
     return machine(file.given("times"), file.get("model"), file.given("device"), file.given("network"),

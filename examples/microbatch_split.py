@@ -30,10 +30,11 @@ OVERHEAD = 2e-3
 def case(blocks: int, stages: int, device: str, batch: int, microbatches: int, steps: int) -> dict:
     model = dp.Transformer(layers=blocks, hidden=2048, heads=16, sequence=2048, vocabulary=50257,
                            microbatch_size=batch // microbatches)
-    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=2)
+    network = dp.presets.network("nvlink4", "ib-ndr")
     workload = dp.Workload.from_model(model, dp.presets.device(device), network, overhead=OVERHEAD)
     workload = workload.with_split(dp.minmax_partition(workload, stages))
-    graph = dp.compile(dp.schedules.get("1f1b", devices=stages, microbatches=microbatches))
+    # two stages per node: neighbours alternate between NVLink and NDR (the topology is the graph's)
+    graph = dp.compile(dp.schedules.get("1f1b", devices=stages, microbatches=microbatches), devices_per_node=2)
     split = dp.MicrobatchSplit(batch, microbatches)
     result = dp.optimize(graph, workload, split, steps=steps)
 

@@ -27,7 +27,7 @@ MACHINES = ("A100", "H100")
 
 def machine(model: dp.Transformer):
     """``schedule -> [Hardware per machine]``: stage costs follow each schedule's stage count."""
-    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4)
+    network = dp.presets.network("nvlink4", "ib-ndr")  # 4 GPUs per node: the sweep's devices_per_node
 
     def hardware(schedule):
         return [dp.hardware_from_model(model, dp.presets.device(name), network, stages=schedule.stages)
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         families = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "hanayo", "chimera"]
         devices, microbatches = [4, 8], [8, 16, 32]
     model = dp.Transformer(layers=32, hidden=4096, heads=32, sequence=2048, vocabulary=50257, microbatch_size=1)
-    result = dp.sweep(machine(model), families=families, devices=devices, microbatches=microbatches)
+    result = dp.sweep(machine(model), families=families, devices=devices, microbatches=microbatches,
+                      devices_per_node=4)
 
     csv_path, png_path = out / "sweep.csv", out / "pareto.png"
     result.to_csv(csv_path)

@@ -666,6 +666,18 @@ LIBRARY = [
     ("calibration-workload-mode-moved",
      lambda: dp.calibrate.Calibration(forward=(1.0,), backward=(2.0,)).workload(mode="torch-runtime"),
      "Calibration.workload: mode= moved to predict(mode=...)"),
+    # so did the topology: devices_per_node is the graph's
+    ("network-devices-per-node-moved", lambda: dp.Network(0.0, 1.0, 0.0, 1.0, devices_per_node=8),
+     "Network: devices_per_node= moved to compile(devices_per_node=...)"),
+    ("network-uniform-devices-per-node-moved", lambda: dp.Network.uniform(1e-6, devices_per_node=8),
+     "Network.uniform: devices_per_node= moved to compile(devices_per_node=...)"),
+    ("presets-network-devices-per-node-moved",
+     lambda: dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4),
+     "presets.network: devices_per_node= moved to compile(devices_per_node=...)"),
+    ("simulate-graph-devices-per-node",
+     lambda: dp.simulate(dp.compile(dp.schedules.get("1f1b", devices=4, microbatches=4), devices_per_node=2),
+                         dp.Hardware.from_times(1.0, 2.0), devices_per_node=1),
+     "simulate: devices_per_node=1 applies to a Schedule; this graph was compiled for 2"),
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import diffpipe as dp
 from diffpipe._engine._communication import Rendezvous, node_size, topology
+from diffpipe._engine._graph import COST_T
 from diffpipe.schedules._reference import evaluate_network
 
 # -- two modes defined outside the package: one class each, no edit to diffpipe ---------------
@@ -132,9 +133,21 @@ def test_a_moved_argument_is_a_config_error_any_other_unknown_one_a_type_error()
     with pytest.raises(TypeError, match="unexpected keyword argument 'p2p'"):
         dp.Hardware.from_times(1.0, 2.0, p2p=1.0)
     # the written-out __init__ keeps every field, positional order and default of the dataclass one
-    net = dp.Network(1.0, 2.0, 3.0, 4.0, None, None, 2, 3, "intra")
-    assert (net.devices_per_node, net.data_parallel, net.data_parallel_link, net.replicas) == (2, 3, "intra", None)
-    assert dp.Network(1.0, 2.0, 3.0, 4.0).devices_per_node is None and dp.Network(1.0, 2.0, 3.0, 4.0).data_parallel == 1
+    net = dp.Network(1.0, 2.0, 3.0, 4.0, None, None, 3, "intra")
+    assert (net.data_parallel, net.data_parallel_link, net.replicas) == (3, "intra", None)
+    assert dp.Network(1.0, 2.0, 3.0, 4.0).data_parallel == 1
+
+
+def test_devices_per_node_moved_to_the_graph_is_one_config_error_line():
+    """The topology left ``Network`` (and ``presets.network``): giving it there says where it went."""
+    moved = r"devices_per_node= moved to compile\(devices_per_node=\.\.\.\)"
+    for call, what in [(lambda: dp.Network(0.0, 1.0, 0.0, 1.0, devices_per_node=8), "Network"),
+                       (lambda: dp.Network.uniform(0.0, 1.0, devices_per_node=8), "Network.uniform"),
+                       (lambda: dp.presets.network("nvlink4", "ib-ndr", devices_per_node=4), "presets.network")]:
+        with pytest.raises(dp.ConfigError, match=rf"^{what}: {moved}") as error:
+            call()
+        assert "\n" not in str(error.value)
+    assert not hasattr(dp.Network(0.0, 1.0, 0.0, 1.0), "devices_per_node")
 
 
 def test_one_hardware_prices_each_graph_under_the_graph_s_mode():
@@ -142,7 +155,7 @@ def test_one_hardware_prices_each_graph_under_the_graph_s_mode():
     modes, each priced as its mode charges a transfer."""
     s = schedule("1f1b", 4, 4, {})
     hw = dp.Hardware.from_times(1.0, 2.0, p2p_time=0.5)
-    assert not hasattr(hw.network, "mode")
+    assert not hasattr(hw.network, "mode") and not hasattr(hw.network, "devices_per_node")
     steps = {str(mode): float(dp.makespan(dp.compile(s, communication=mode), hw))
              for mode in ("none", "overlap", Delayed(0.5), "contention", HalfDuplex())}
     assert steps["none"] < steps["overlap"] < steps["delayed"]  # free transfers, 0.5 s, 0.5 + 0.5 s
@@ -166,13 +179,45 @@ def test_topology_rule_one_node_by_default():
     assert topology(None, 8) is None and topology(8, 8) is None and topology(16, 8) is None and topology(4, 8) == 4
     s = schedule("1f1b", 4, 4, {})
     graph = dp.compile(s, communication="contention")  # default: one node
-    one = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), devices_per_node=8)
-    two = dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0)), devices_per_node=2)
-    hw = dp.Hardware.from_times(1.0, 2.0)
-    want = dp.simulate(s, with_network(hw, one), communication="contention").makespan
-    assert float(dp.makespan(graph, with_network(hw, one))) == pytest.approx(float(want))
-    with pytest.raises(dp.ConfigError, match="devices per node"):
-        dp.makespan(graph, with_network(hw, two))
+    assert graph.devices_per_node == 4 and dp.compile(s, devices_per_node=8).devices_per_node == 8
+    hw = with_network(dp.Hardware.from_times(1.0, 2.0), dp.Network(*(jnp.asarray(x) for x in (0.1, 1.0, 0.1, 1.0))))
+    want = dp.simulate(s, hw, communication="contention").makespan
+    assert float(dp.makespan(graph, hw)) == pytest.approx(float(want))
+
+
+@pytest.mark.parametrize("mode", ["overlap", "contention"])
+def test_the_graph_s_devices_per_node_decides_which_links_are_inter_node(mode):
+    """The topology is the graph's alone: one hardware (intra latency 0.1 s, inter 1.0 s) prices
+    every transfer of a graph compiled for 2 devices per node over the inter link exactly when its
+    ends sit on different nodes, and every transfer of a one-node graph over the intra link."""
+    s = schedule("1f1b", 4, 4, {})
+    hw = with_network(dp.Hardware.from_times(1.0, 2.0),
+                      dp.Network(*(jnp.asarray(x) for x in (0.1, np.inf, 1.0, np.inf))))
+    for per_node in (None, 2, 1):
+        graph = dp.compile(s, communication=mode, devices_per_node=per_node)
+        tables = hw.tables(graph)
+        node = node_size(per_node, s.devices)
+        if mode == "overlap":  # transfers are edges: their cost rows (src, dst, pipeline, boundary)
+            src, dst = (np.asarray(graph.edge_cost[:, i]) for i in (0, 1))
+            base = np.asarray(tables.edge_base)
+        else:  # transfers are nodes: rows of kind T carry (src, dst)
+            rows = np.asarray(graph.node_cost)
+            keep = rows[:, 0] == COST_T
+            src, dst, base = rows[keep, 3], rows[keep, 4], np.asarray(tables.base)[keep]
+        cross = src != dst
+        assert cross.any()
+        want = np.where(src // node == dst // node, 0.1, 1.0)
+        np.testing.assert_allclose(base[cross], want[cross], rtol=1e-6)
+        if per_node == 2:
+            assert np.any(want[cross] == 1.0) and np.any(want[cross] == 0.1)
+    one, two = (dp.simulate(s, hw, communication=mode, devices_per_node=n) for n in (None, 2))
+    assert two.devices_per_node == 2 and one.devices_per_node == 4
+    assert float(two.makespan) > float(one.makespan)
+    graph = dp.compile(s, communication=mode, devices_per_node=2)
+    assert float(dp.simulate(graph, hw).makespan) == float(two.makespan)
+    with pytest.raises(dp.ConfigError, match=r"^simulate: devices_per_node=1 applies to a Schedule; this graph "
+                                             r"was compiled for 2$"):
+        dp.simulate(graph, hw, devices_per_node=1)
 
 
 # -- rendezvous: sender and receiver meet --------------------------------------------------------

@@ -30,9 +30,9 @@ def machine(bandwidth=math.inf, latency=0.0):
     (the structure papers/tabular-abstraction uses too, so compiled simulators are shared)."""
     base = default_machine()
     lat, bw = jnp.asarray(latency), jnp.asarray(bandwidth)
-    network = dp.Network(lat, bw, lat, bw, devices_per_node=1)
+    network = dp.Network(lat, bw, lat, bw)
     return Machine(base.model, base.device, network, name="test machine", uniform_stages=True,
-                   communication="contention")
+                   communication="contention", devices_per_node=1)
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +156,11 @@ def test_default_machine_is_a_gpt_on_h100_nvlink():
     machine = default_machine()
     assert dp.Machine.default() == machine
     assert "H100" in machine.name and "NVLink" in machine.name
-    assert machine.communication == "contention" and machine.network.devices_per_node == 1
+    assert machine.communication == "contention" and machine.devices_per_node == 1
     hw = machine(dp.schedules.get("hanayo", devices=4, microbatches=4))
     assert hw.forward.shape == (8,)  # the model split into Hanayo's 2D stages
     uniform = Machine(machine.model, machine.device, machine.network, uniform_stages=True,
-                      communication=machine.communication)
+                      communication=machine.communication, devices_per_node=machine.devices_per_node)
     hw = uniform(dp.schedules.get("1f1b", devices=4, microbatches=4))
     assert float(hw.forward.max()) == pytest.approx(float(hw.forward.min()))
 
@@ -274,3 +274,29 @@ def test_the_simulation_level_is_simulate_s_bit_for_bit_from_one_program():
     for e in custom.entries:  # a callable's Hardware takes the same path
         s = dp.schedules.get(e.family, devices=D, microbatches=N)
         assert e.simulation["makespan_s"] == float(dp.simulate(s, unit_hardware(p2p_time=0.5)(s)).makespan)
+
+
+def test_a_machine_file_s_devices_per_node_goes_to_compile(tmp_path, capsys):
+    """``[network] devices_per_node`` is the topology schedules compile under (``FileMachine``
+    carries it, the ``Network`` holds none): 8 where ``inter`` is given without it, 1 on the
+    default machine's links, none (one node) for an intra link alone; the CLI simulates under it."""
+    from diffpipe import cli
+
+    files = {2: '[network]\nintra = "nvlink3"\ninter = "ib-ndr"\ndevices_per_node = 2\n',
+             8: '[network]\nintra = "nvlink3"\ninter = "ib-ndr"\n', 1: '[device]\npreset = "A100"\n',
+             None: '[network]\nintra = "nvlink3"\n'}
+    schedule = dp.schedules.get("1f1b", devices=4, microbatches=4)
+    for per_node, text in files.items():
+        path = tmp_path / f"m{per_node}.toml"
+        path.write_text(text)
+        machine = dp.load_machine(path)
+        assert machine.devices_per_node == per_node and not hasattr(machine.network, "devices_per_node")
+        want = dp.simulate(schedule, machine.hardware(schedule), communication=machine.communication,
+                           devices_per_node=machine.devices_per_node)
+        assert want.devices_per_node == (per_node or 4)
+        assert cli.main(["simulate", "1f1b", "--devices", "4", "--microbatches", "4", "--json",
+                         "--config", str(path)]) == 0
+        assert json.loads(capsys.readouterr().out)["makespan_s"] == float(want.makespan), per_node
+        if per_node == 2:  # the stage pair 1 -> 2 crosses nodes: NDR, not NVLink
+            one_node = dp.simulate(schedule, machine.hardware(schedule), communication=machine.communication)
+            assert float(want.makespan) > float(one_node.makespan)

@@ -57,7 +57,7 @@ def test_matches_reference(case, s, mode):
     hw, base, transfer, comm = build(s, rng, mode, per_node)
     hw = with_terms(s, hw, rng, full=zlib.crc32(case.encode()) % 3 != 0)
     try:
-        result = dp.simulate(s, hw, communication=mode)
+        result = dp.simulate(s, hw, communication=mode, devices_per_node=per_node)
     except dp.ScheduleError as error:
         assert mode == "blocking" and "deadlocks under blocking" in str(error)
         return

@@ -28,7 +28,7 @@ def with_data_parallel(hw, data_parallel, link):
     net = hw.network
     return eqx.tree_at(lambda h: h.network, hw, dp.Network(
         net.latency, net.bandwidth, net.inter_latency, net.inter_bandwidth,
-        devices_per_node=net.devices_per_node, data_parallel=data_parallel, data_parallel_link=link))
+        data_parallel=data_parallel, data_parallel_link=link))
 
 
 def reference_sync(s, hw, mode, per_node, data_parallel, link):
@@ -106,7 +106,7 @@ def test_matches_reference(family, mode):
     want = max([*finish.values(), *(e for _, e in xfer.values()), *(e for _, e in ref_syncs.values()),
                 *(e for _, e in ref_updates.values())])
     assert float(dp.makespan(graph, hw)) == pytest.approx(want, rel=2e-5)
-    result = dp.simulate(s, hw, gradient_sync=True, communication=mode)
+    result = dp.simulate(s, hw, gradient_sync=True, communication=mode, devices_per_node=per_node)
     assert float(result.makespan) == pytest.approx(want, rel=2e-5)
     np.testing.assert_allclose(np.asarray(result.finish), [finish[op] for op in s.ops], rtol=2e-5, atol=1e-4)
     # Peak memory is that of the plain graph: syncs and updates neither store nor free.

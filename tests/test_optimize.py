@@ -507,3 +507,17 @@ def test_a_stored_result_needs_every_input_equal(graph, monkeypatch):
         assert dp.optimize(g, w, knob, **kwargs) is again and len(descents) == before + 1
     dp.clear_caches()
     assert dp.optimize(graph, workload, knob) is not first
+
+
+def test_a_schedule_is_optimized_for_the_devices_per_node_it_is_given():
+    """The topology is the graph's: ``optimize(schedule, ..., devices_per_node=2)`` compiles for two
+    stages per node, so its plan's exact makespan is the simulator's on that graph, whose middle
+    boundary pays the (10x slower) inter link, not the one-node graph's."""
+    out = np.full(LAYERS, 1.0)
+    network = dp.Network(jnp.asarray(0.0), jnp.asarray(10.0), jnp.asarray(0.0), jnp.asarray(1.0))
+    workload = dp.Workload.from_table(np.ones(LAYERS), np.full(LAYERS, 2.0), output_bytes=out, network=network)
+    result = dp.optimize(SCHEDULE, workload, dp.StageBalance(STAGES), steps=20, devices_per_node=2)
+    counts = result.plan.layers_per_stage
+    two, _ = exact(dp.compile(SCHEDULE, devices_per_node=2), workload, counts)
+    one, _ = exact(dp.compile(SCHEDULE), workload, counts)
+    assert float(result.makespan) == pytest.approx(two, rel=1e-6) and two > one

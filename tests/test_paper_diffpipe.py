@@ -101,7 +101,7 @@ def test_live_committed_plans_are_exact():
 
     r = SPLIT["gpt6-A100x4-b16"]
     c = next(c for c in rp.SPLIT if c.name == "gpt6-A100x4-b16")
-    workload, graph = rp.split_workload(c), rp.graph_of(c.stages, c.microbatches)
+    workload, graph = rp.split_workload(c), rp.graph_of(c.stages, c.microbatches, rp.SPLIT_DEVICES_PER_NODE)
     samples = np.asarray([r["equal"]["plan"], r["optimize"]["plan"]], np.float64) / (c.batch / c.microbatches)
     counts = np.tile(np.asarray(workload.layers_per_stage), (2, 1))
     times, _, _ = rp.evaluate_plans(graph, workload, counts, samples)

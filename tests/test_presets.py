@@ -100,14 +100,14 @@ def test_device_presets_are_dense_figures():
 def test_link_presets():
     for name, spec in NETWORKS.items():
         net = dp.presets.network(name)
-        assert float(net.bandwidth) == pytest.approx(spec.bandwidth) and spec.source and net.devices_per_node is None
+        assert float(net.bandwidth) == pytest.approx(spec.bandwidth) and spec.source
     per_direction = {"nvlink3": 300e9, "nvlink4": 450e9, "nvlink5": 900e9, "nvl72": 900e9, "nvlink-h800": 200e9,
                      "ib-hdr": 25e9, "ib-ndr": 50e9, "ib-xdr": 100e9, "roce-200": 25e9, "roce-400": 50e9,
                      "100gbe": 12.5e9}
     assert {k: NETWORKS[k].bandwidth for k in per_direction} == per_direction
-    assert dp.presets.network("nvl72", "ib-xdr").devices_per_node == 72  # one NVSwitch domain
-    assert dp.presets.network("nvlink4", "ib-ndr").devices_per_node == 8
-    assert dp.presets.network("nvlink5", "XDR", devices_per_node=4).devices_per_node == 4
+    # which pairs are inter-node is the graph's devices_per_node; a cluster's default is the switch domain
+    assert NETWORKS["nvl72"].domain == 72 and dp.Cluster("GB200", gpus=144, intra="nvl72").devices_per_node == 72
+    assert not hasattr(dp.presets.network("nvlink4", "ib-ndr"), "devices_per_node")
 
 
 def test_listing_needs_no_jax():

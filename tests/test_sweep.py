@@ -398,3 +398,22 @@ def test_optional_hardware_terms_are_carried_not_dropped():
         want = dp.simulate(schedule, hw)
         assert row["makespan"] == pytest.approx(float(want.makespan), rel=1e-6)
         assert row["bubble_ratio"] == pytest.approx(float(want.bubble_ratio), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["overlap", "contention"])
+def test_the_sweep_compiles_for_the_devices_per_node_it_is_given(mode):
+    """The topology is the graph's: ``sweep(devices_per_node=2)`` prices the stage pair that crosses
+    nodes over the (slower) inter link, as ``simulate`` of the same topology does, and one node
+    (the default) over the intra link."""
+    base = dp.Hardware.from_times([1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2], p2p_time=0.05)
+    hw = eqx.tree_at(lambda h: (h.network, h.message_bytes), base, (dp.Network(
+        base.network.latency, jnp.asarray(1e9), jnp.asarray(0.2), jnp.asarray(1e8)), jnp.asarray(5e7)))
+    schedule = dp.schedules.get("1f1b", devices=4, microbatches=8)
+    steps = {}
+    for per_node in (None, 2):
+        (row,) = dp.sweep(hw, families=["1f1b"], devices=4, microbatches=8, communication=mode,
+                          devices_per_node=per_node).rows()
+        want = dp.simulate(schedule, hw, communication=mode, devices_per_node=per_node)
+        assert row["makespan"] == pytest.approx(float(want.makespan), rel=1e-6)
+        steps[per_node] = row["makespan"]
+    assert steps[2] > steps[None]

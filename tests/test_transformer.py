@@ -144,10 +144,11 @@ def test_presets():
     assert float(h200.memory) == pytest.approx(143_771 * 2**20) and h200.name == "H200"  # nvidia-smi's MiB
     assert float(h200.efficiency) == pytest.approx(0.4)
     assert float(dp.presets.device("A100").peak_flops) == pytest.approx(312e12)
-    two = dp.presets.network("NVLink4", "InfiniBand NDR", devices_per_node=4)
+    two = dp.presets.network("NVLink4", "InfiniBand NDR")
     assert float(two.bandwidth) == pytest.approx(450e9) and float(two.inter_bandwidth) == pytest.approx(50e9)
-    assert two.devices_per_node == 4 and not hasattr(two, "mode")  # the mode is the graph's
-    assert dp.presets.network("nvlink3").devices_per_node is None
+    assert not hasattr(two, "mode") and not hasattr(two, "devices_per_node")  # the graph's, both
+    one = dp.presets.network("nvlink3")
+    assert float(one.inter_bandwidth) == float(one.bandwidth)  # no inter link given: intra between nodes too
 
 
 def test_import_stays_light():

@@ -27,8 +27,9 @@ def ethernet():
     structure of papers/tabular-abstraction, so compiled simulators are shared)."""
     base = default_machine()
     lat, bw = jnp.asarray(1e-5), jnp.asarray(12.5e9)
-    network = dp.Network(lat, bw, lat, bw, devices_per_node=1)
-    return Machine(base.model, base.device, network, uniform_stages=True, communication="contention")
+    network = dp.Network(lat, bw, lat, bw)
+    return Machine(base.model, base.device, network, uniform_stages=True, communication="contention",
+                   devices_per_node=1)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def chimera_sync(ethernet):
     """Chimera with its stage all-reduces (collectives on two devices), simulated under contention."""
     s = dp.schedules.get("chimera", devices=D, microbatches=N, sync=True)
     hw = ethernet(s)
-    return s, hw, dp.simulate(s, hw, communication="contention")
+    return s, hw, dp.simulate(s, hw, communication="contention", devices_per_node=1)
 
 
 def transfer_time(hw):
@@ -54,7 +55,8 @@ def files(tmp_path):
 
 # -- Gantt ----------------------------------------------------------------------------------------------
 def test_gantt_writes_png_and_svg(tmp_path, one_f_one_b, contended):
-    written = gantt(one_f_one_b, contended, communication="contention", path=[tmp_path / "g.png", tmp_path / "g.svg"])
+    written = gantt(one_f_one_b, contended, communication="contention", devices_per_node=1,
+                    path=[tmp_path / "g.png", tmp_path / "g.svg"])
     assert [p.name for p in written] == ["g.png", "g.svg"]
     png, svg = (tmp_path / "g.png").read_bytes(), (tmp_path / "g.svg").read_text()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
@@ -90,7 +92,7 @@ def test_gantt_bad_path_writes_nothing(tmp_path, one_f_one_b, path, message):
 
 
 def test_bad_sources(one_f_one_b, contended):
-    result = dp.simulate(one_f_one_b, contended, communication="contention")
+    result = dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1)
     with pytest.raises(dp.ConfigError, match="pass schedule="):
         gantt(result)
     with pytest.raises(dp.ConfigError, match="not simulated from this schedule"):
@@ -119,8 +121,8 @@ def test_write_atomic_leaves_nothing_on_error(tmp_path):
 
 # -- the timeline behind both -------------------------------------------------------------------------
 def test_timeline_transfers_and_memory(one_f_one_b, contended):
-    tl = timeline(one_f_one_b, contended, communication="contention")
-    result = dp.simulate(one_f_one_b, contended, communication="contention")
+    tl = timeline(one_f_one_b, contended, communication="contention", devices_per_node=1)
+    result = dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1)
     np.testing.assert_allclose(tl.start, np.asarray(result.start), rtol=1e-6)
     index = {op: i for i, op in enumerate(tl.ops)}
     assert len(tl.transfers) == 2 * (D - 1) * N  # an activation and a gradient per boundary and microbatch
@@ -144,14 +146,15 @@ def test_timeline_transfers_and_memory(one_f_one_b, contended):
 
 
 def test_timeline_of_a_result_without_hardware_counts_activations(one_f_one_b, contended):
-    tl = timeline(dp.simulate(one_f_one_b, contended, communication="contention"), schedule=one_f_one_b)
+    tl = timeline(dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1),
+                  schedule=one_f_one_b)
     assert tl.memory_unit == "activations" and tl.lanes == ()
     assert [int(v.max()) for _, v in tl.memory] == list(dp.schedules.peak_activations(one_f_one_b))
     assert all(t.start is None for t in tl.transfers) and len(tl.transfers) == 2 * (D - 1) * N
 
 
 def test_a_result_brings_the_mode_it_was_simulated_under(one_f_one_b, contended, chimera_sync):
-    result = dp.simulate(one_f_one_b, contended, communication="contention")
+    result = dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1)
     assert result.communication == "contention"
     tl = timeline(result, contended, schedule=one_f_one_b)  # no communication=: the Result's own
     assert tl.communication == "contention" and set(tl.lanes) == {f"egress d{d}" for d in range(D)}
@@ -162,6 +165,21 @@ def test_a_result_brings_the_mode_it_was_simulated_under(one_f_one_b, contended,
             draw(result, contended, schedule=one_f_one_b, communication="overlap")
     s, hw, synced = chimera_sync
     assert trace(synced, hw, schedule=s)["otherData"]["communication"] == "contention"
+
+
+def test_a_result_brings_the_topology_it_was_simulated_under(one_f_one_b, contended):
+    """The graph's ``devices_per_node`` rides on its Result: drawn alone, the Result lays out the
+    lanes of the topology it was simulated under (one NIC per GPU here), not one node's links."""
+    result = dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1)
+    assert result.devices_per_node == 1
+    lanes = set(timeline(result, contended, schedule=one_f_one_b).lanes)
+    assert lanes == {f"egress d{d}" for d in range(D)}
+    one_node = timeline(one_f_one_b, contended, communication="contention")  # default: one node, a link per pair
+    assert set(one_node.lanes) != lanes and float(one_node.makespan) <= float(result.makespan)
+    for draw in (timeline, gantt, trace):
+        with pytest.raises(dp.ConfigError, match=r"^devices_per_node=2: the Result was simulated with 1 devices "
+                                                 r"per node \(give the Result alone: it brings its topology\)$"):
+            draw(result, contended, schedule=one_f_one_b, devices_per_node=2)
 
 
 def test_default_hardware_is_unit_times():
@@ -179,7 +197,7 @@ def table_makespan(s):
 
 # -- trace ----------------------------------------------------------------------------------------------
 def test_trace_json(tmp_path, one_f_one_b, contended):
-    data = trace(one_f_one_b, contended, communication="contention", path=tmp_path / "t.json")
+    data = trace(one_f_one_b, contended, communication="contention", devices_per_node=1, path=tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text()) == data
     assert files(tmp_path) == ["t.json"]
     events = data["traceEvents"]
@@ -211,7 +229,7 @@ def test_trace_json(tmp_path, one_f_one_b, contended):
         spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                        if e["ph"] == "X" and (e["pid"], e["tid"]) == track)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
-    step = float(dp.simulate(one_f_one_b, contended, communication="contention").makespan)
+    step = float(dp.simulate(one_f_one_b, contended, communication="contention", devices_per_node=1).makespan)
     assert data["otherData"]["makespan_us"] == pytest.approx(step * 1e6)
 
 

@@ -101,8 +101,6 @@ class AbstractCommunication(eqx.Module):
     wait_edge: ClassVar[str] = LINK
     #: device lanes one transfer node keeps busy: 0 (only its link), 2 (sender and receiver)
     busy_weight: ClassVar[int] = 0
-    #: the waits depend on ``devices_per_node`` (graph and hardware must then agree on it)
-    uses_topology: ClassVar[bool] = False
     #: why a schedule deadlocks under this mode (``compile``'s error when the waits form a cycle)
     deadlock: ClassVar[str] = "its waits form a cycle"
 
@@ -198,7 +196,6 @@ class Contention(AbstractLaneCommunication):
     traffic, carries one transfer at a time, in issue order (``transfer_order``)."""
 
     name = "contention"
-    uses_topology = True
 
     def lane(self, src, dst, devices_per_node):
         if src // devices_per_node == dst // devices_per_node:

@@ -7,7 +7,8 @@ cost row (``Graph.node_cost``), a transfer edge delays by ``edge_base + size[m] 
 holds in memory and sends (``per_stage``, ``per_microbatch``, ``per_device``), the step's own terms
 (``step_terms``) and the graph it compiles a ``Schedule`` to (``compile_schedule``); their defaults
 are those of ``Hardware.from_times``: no bytes held or sent, unit sizes, unbounded memory, no
-setup or wind-down, one node. The communication mode is the graph's, never the model's.
+setup or wind-down, one node unless told. The communication mode and the topology (devices per
+node) are the graph's, never the model's.
 
 ``Hardware`` is the built-in cost model; a ``Workload`` (the transformer model, or any measured
 per-layer table) is another, priced as the ``Hardware`` of its default split. A new cost model is
@@ -79,10 +80,12 @@ class AbstractCostModel(eqx.Module):
         return jnp.dtype(jnp.float32)
 
     def compile_schedule(self, schedule: Schedule, *, communication: Any = "overlap",
-                         gradient_sync: bool = False) -> Graph:
+                         devices_per_node: int | None = None, gradient_sync: bool = False) -> Graph:
         """``schedule`` compiled under ``communication`` (a mode name or an
-        ``AbstractCommunication``) for this model's topology (default: one node)."""
-        return compile(schedule, communication=communication, gradient_sync=gradient_sync)
+        ``AbstractCommunication``) for ``devices_per_node`` devices per node (default: one node):
+        the mode and the topology are the graph's, which ``tables`` reads."""
+        return compile(schedule, communication=communication, devices_per_node=devices_per_node,
+                       gradient_sync=gradient_sync)
 
     def check(self, graph: Graph) -> None:
         """Eager checks of ``graph`` against this model, before anything is traced: one

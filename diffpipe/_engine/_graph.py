@@ -174,15 +174,17 @@ def compile(  # noqa: A001 - the public name dp.compile
         communication: an ``AbstractCommunication`` or its name (``none``, ``overlap``,
             ``contention``, ``blocking``, ``rendezvous``). ``none`` and ``overlap`` put transfers
             on edges; the others make each transfer a node (structure differs).
-        devices_per_node: devices sharing a node (default: all on one node). Under ``contention``
-            inter-node transfers share their sending node's NIC.
+        devices_per_node: devices sharing a node (default: all on one node): the one home of the
+            topology (``Graph.devices_per_node``). ``Hardware.tables`` reads it to price each pair
+            over the intra- or the inter-node link; under ``contention`` inter-node transfers
+            share their sending node's NIC.
         gradient_sync: add the data-parallel gradient sync of every stage and the optimizer
             steps (``_gradient_sync``); the step then ends when every sync and update has
             ended. Schedules that already contain ``R`` or ``U`` ops (chimera's ``sync``
             option, the asynchronous pipedream/amdp) are refused: they model their own.
 
     Returns:
-        A ``Graph``. Use the same ``communication`` in the ``Hardware`` it is evaluated with.
+        A ``Graph``, which carries its mode and topology: any ``Hardware`` prices it under them.
     """
     if not isinstance(schedule, Schedule):
         raise ConfigError(f"compile expects a Schedule, got {type(schedule).__name__}")

@@ -1,10 +1,11 @@
 """``Hardware``: a differentiable model of the machine a schedule runs on.
 
-Every float leaf is a JAX array (differentiable, vmap-able); configuration (topology sizes) is
-static. The communication mode is the graph's (``compile(communication=...)``,
-``Graph.communication``): the cost rows read it there, so one hardware prices a schedule under
-whichever mode it was compiled for. Per-stage leaves may be scalars (every stage alike), ``[stages]``
-(pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
+Every float leaf is a JAX array (differentiable, vmap-able); configuration (the data-parallel
+size and link) is static. The communication mode and the topology are the graph's
+(``compile(communication=..., devices_per_node=...)``, ``Graph.communication`` and
+``Graph.devices_per_node``): the cost rows read them there, so one hardware prices a schedule under
+whichever mode and devices per node it was compiled for. Per-stage leaves may be scalars (every
+stage alike), ``[stages]`` (pipeline replicas alike) or ``[pipelines, stages]``; per-microbatch leaves scalars or
 ``[microbatches]``; they are broadcast against a ``Graph`` at evaluation and must match it.
 
 Cost model (summarised in docs/architecture.md, "The cost model"):
@@ -48,10 +49,10 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._arrays import concrete
-from .._checks import MODE_MOVED, check_moved
+from .._checks import MODE_MOVED, TOPOLOGY_MOVED, check_moved
 from .._errors import ConfigError
 from ..schedules._reference import overlapped_time
-from ._communication import AbstractCommunication, topology
+from ._communication import AbstractCommunication
 from ._cost_model import AbstractCostModel, CostTables
 from ._graph import (
     COST_F,
@@ -66,7 +67,6 @@ from ._graph import (
     ROLE_SINK,
     ROLE_SOURCE,
     Graph,
-    compile,
 )
 from ._jit_checks import check_values, checked_float, error_if, traced_check
 
@@ -104,9 +104,10 @@ class Network(eqx.Module):
     """Alpha-beta network: latency (s) and bandwidth (bytes/s) inside a node and between nodes.
 
     ``pair_latency`` / ``pair_bandwidth`` (``[devices, devices]``), when given, override the
-    node-based values for each directed pair. The communication mode is not the network's but the
-    graph's (``compile(communication=...)``): it decides how a transfer is charged on these links.
-    ``devices_per_node`` None means one node (``_communication.node_size``).
+    node-based values for each directed pair. The communication mode and the topology are not the
+    network's but the graph's (``compile(communication=..., devices_per_node=...)``): the mode
+    decides how a transfer is charged on these links, the graph's devices per node which pairs
+    are inter-node.
     ``data_parallel`` > 1 adds an external data-parallel group to every collective ``R``, whose
     ring then also runs over ``data_parallel_link``: ``"inter"`` (default: the replicas sit on
     other nodes; ``inter_latency``/``inter_bandwidth``) or ``"intra"`` (``latency``/``bandwidth``).
@@ -118,7 +119,6 @@ class Network(eqx.Module):
     inter_bandwidth: Float[Array, ""]
     pair_latency: Float[Array, "devices devices"] | None = None
     pair_bandwidth: Float[Array, "devices devices"] | None = None
-    devices_per_node: int | None = eqx.field(static=True, default=None)
     data_parallel: int = eqx.field(static=True, default=1)
     data_parallel_link: str = eqx.field(static=True, default="inter")
     #: ``data_parallel`` as a traced int32 scalar (``with_traced_data_parallel``), so that one
@@ -126,20 +126,17 @@ class Network(eqx.Module):
     replicas: Int[Array, ""] | None = None
 
     def __init__(self, latency: Any, bandwidth: Any, inter_latency: Any, inter_bandwidth: Any,
-                 pair_latency: Any = None, pair_bandwidth: Any = None, devices_per_node: int | None = None,
-                 data_parallel: int = 1, data_parallel_link: str = "inter", replicas: Any = None, **moved: Any):
-        check_moved("Network", moved, MODE_MOVED)  # the mode is the graph's now: say where it went
+                 pair_latency: Any = None, pair_bandwidth: Any = None, data_parallel: int = 1,
+                 data_parallel_link: str = "inter", replicas: Any = None, **moved: Any):
+        # the mode and the topology are the graph's now: say where they went
+        check_moved("Network", moved, MODE_MOVED | TOPOLOGY_MOVED)
         self.latency, self.bandwidth = latency, bandwidth
         self.inter_latency, self.inter_bandwidth = inter_latency, inter_bandwidth
         self.pair_latency, self.pair_bandwidth = pair_latency, pair_bandwidth
-        self.devices_per_node, self.data_parallel, self.data_parallel_link = (devices_per_node, data_parallel,
-                                                                              data_parallel_link)
+        self.data_parallel, self.data_parallel_link = data_parallel, data_parallel_link
         self.replicas = replicas
 
     def __check_init__(self) -> None:
-        if self.devices_per_node is not None and (not isinstance(self.devices_per_node, int)
-                                                  or self.devices_per_node < 1):
-            raise ConfigError(f"network: devices_per_node must be a positive int, got {self.devices_per_node!r}")
         if not isinstance(self.data_parallel, int) or self.data_parallel < 1:
             raise ConfigError(f"network: data_parallel must be a positive int, got {self.data_parallel!r}")
         if self.data_parallel_link not in DATA_PARALLEL_LINKS:
@@ -156,13 +153,14 @@ class Network(eqx.Module):
 
     @classmethod
     def uniform(cls, latency: Any = 0.0, bandwidth: Any = math.inf, **moved: Any) -> Network:
-        """Every link alike (one node)."""
-        check_moved("Network.uniform", moved, MODE_MOVED)
+        """Every link alike (inside a node and between nodes)."""
+        check_moved("Network.uniform", moved, MODE_MOVED | TOPOLOGY_MOVED)
         return cls(checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"),
                    checked_float(latency, "latency"), checked_float(bandwidth, "bandwidth"))
 
     def links(self, devices: int, devices_per_node: int) -> tuple[Array, Array]:
-        """``[devices, devices]`` latency and bandwidth of every directed pair."""
+        """``[devices, devices]`` latency and bandwidth of every directed pair, ``devices_per_node``
+        (the graph's) sharing a node."""
         node = np.arange(devices) // devices_per_node
         same = jnp.asarray(node[:, None] == node[None, :])
         latency = jnp.where(same, self.latency, self.inter_latency)
@@ -175,12 +173,6 @@ class Network(eqx.Module):
         bandwidth = traced_check("network bandwidth", bandwidth, positive=True, allow_inf=True)
         return latency, bandwidth
 
-    def compiled(self, schedule: Any, *, communication: str | AbstractCommunication = "overlap",
-                 gradient_sync: bool = False) -> Graph:
-        """``compile(schedule)`` under ``communication`` for this network's topology."""
-        return compile(schedule, communication=communication, devices_per_node=self.devices_per_node,
-                       gradient_sync=gradient_sync)
-
     def with_traced_data_parallel(self) -> Network:
         """This network with ``data_parallel`` carried as an array leaf (``replicas``) and the
         static field 1: programs compiled for it serve every data-parallel size with the same
@@ -188,8 +180,7 @@ class Network(eqx.Module):
         if self.replicas is not None:
             return self
         return Network(self.latency, self.bandwidth, self.inter_latency, self.inter_bandwidth, self.pair_latency,
-                       self.pair_bandwidth, devices_per_node=self.devices_per_node,
-                       data_parallel=1, data_parallel_link=self.data_parallel_link,
+                       self.pair_bandwidth, data_parallel=1, data_parallel_link=self.data_parallel_link,
                        replicas=np.asarray(self.data_parallel, np.int32))
 
     def data_parallel_links(self, mode: AbstractCommunication) -> tuple[Array, Array]:
@@ -400,28 +391,13 @@ class Hardware(AbstractCostModel):
         """The float type of ``forward`` (read on every ``makespan`` call: no tree walk)."""
         return self.forward.dtype
 
-    def compile_schedule(self, schedule: Any, *, communication: str | AbstractCommunication = "overlap",
-                         gradient_sync: bool = False) -> Graph:
-        """``schedule`` compiled under ``communication`` for this network's topology."""
-        return self.network.compiled(schedule, communication=communication, gradient_sync=gradient_sync)
-
     def check(self, graph: Graph) -> None:
         """The eager form of ``tables``' split check (``check_split_known``)."""
         check_split_known(self.split_known, graph)
 
-    def check_graph(self, graph: Graph) -> None:
-        """A mode whose waits depend on the topology (``uses_topology``) needs the graph compiled
-        for this network's devices per node."""
-        ours, theirs = self.network.devices_per_node, graph.devices_per_node
-        if graph.communication.uses_topology and topology(ours, graph.devices) != topology(theirs, graph.devices):
-            raise ConfigError(
-                f"hardware has {ours} devices per node but the graph was compiled for {theirs}"
-            )
-
     # -- costs ------------------------------------------------------------------------------------
     def tables(self, graph: Graph) -> CostTables:
         """This hardware's cost rows for ``graph`` (``Graph.node_cost`` / ``edge_cost``)."""
-        self.check_graph(graph)
         t = {name: traced_check(name, self.per_stage(name, graph))
              for name in ("forward", "input_grad", "weight", "update")}
         if not self.split_known:  # only full backwards known: an I or W op has no price
@@ -436,11 +412,10 @@ class Hardware(AbstractCostModel):
         grad_bytes = traced_check("gradient_bytes", self.per_stage("gradient_bytes", graph))
         size = traced_check("size", self.per_microbatch(graph))
         overhead = traced_check("overhead", self.overhead)
-        # The hardware's topology decides which links are inter-node; under contention the graph's
-        # lanes were built for it too (check_graph above).
-        per_node = graph.devices_per_node if self.network.devices_per_node is None else self.network.devices_per_node
+        # The graph's topology decides which links are inter-node (its contention lanes were built
+        # for it too), its mode how they are charged.
         mode = graph.communication
-        latency, bandwidth = mode.links(*self.network.links(graph.devices, per_node))
+        latency, bandwidth = mode.links(*self.network.links(graph.devices, graph.devices_per_node))
 
         def transfer(src, dst, pipe, boundary):
             base = jnp.where(src != dst, latency[src, dst], 0.0)

@@ -28,7 +28,7 @@ from .._errors import ConfigError, ScheduleError
 from .._results import json_text
 from ..schedules import Op, Schedule
 from ..schedules._analysis import staleness as schedule_staleness
-from ._communication import AbstractCommunication
+from ._communication import AbstractCommunication, topology
 from ._communication import communication as get_communication
 from ._cost_model import AbstractCostModel, CostTables
 from ._evaluate import BATCH_CHUNK as BATCH_CHUNK
@@ -294,6 +294,8 @@ class Result(eqx.Module):
         staleness: per forward op, optimizer steps between it and its backward (from the orders).
         communication: the mode the step was simulated under (the graph's ``communication``), so
             that drawing it (``viz.timeline``, ``gantt``, ``trace``) lays out the same link lanes.
+        devices_per_node: the topology it was simulated under (the graph's ``devices_per_node``,
+            which decides which links are inter-node), for the same reason.
     """
 
     start: Float[Array, " ops"]
@@ -310,6 +312,7 @@ class Result(eqx.Module):
     ops: tuple[Op, ...] | None = eqx.field(static=True, default=None)
     staleness: dict | None = eqx.field(static=True, default=None)
     communication: AbstractCommunication | None = eqx.field(static=True, default=None)
+    devices_per_node: int | None = eqx.field(static=True, default=None)
 
     def time_of(self, op: Op) -> tuple[float, float]:
         """``(start, finish)`` of ``op``."""
@@ -409,17 +412,18 @@ def device_busy(graph: Graph, dur: Array) -> Float[Array, " devices"]:
 
 
 def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: float | None = None,
-             gradient_sync: bool = False, communication: Any = None) -> Result:
-    """Simulate one step of ``schedule`` on ``hw``. A ``Schedule`` is compiled for ``hw``'s
-    topology under ``communication`` (a mode name or an ``AbstractCommunication``; default
-    ``overlap``) and ``gradient_sync`` as in ``compile`` (the makespan then includes the syncs and
-    updates; the per-op arrays stay those of the schedule's ops); a ``Graph`` carries its own mode."""
+             gradient_sync: bool = False, communication: Any = None, devices_per_node: int | None = None) -> Result:
+    """Simulate one step of ``schedule`` on ``hw``. A ``Schedule`` is compiled under
+    ``communication`` (a mode name or an ``AbstractCommunication``; default ``overlap``), for
+    ``devices_per_node`` devices per node (default: all on one node) and with ``gradient_sync`` as
+    in ``compile`` (the makespan then includes the syncs and updates; the per-op arrays stay those
+    of the schedule's ops); a ``Graph`` carries its own mode and topology."""
     if not isinstance(hw, AbstractCostModel):
         raise ConfigError(f"simulate expects a Hardware (or another AbstractCostModel), got {type(hw).__name__}")
     ops = stale = None
     if isinstance(schedule, Schedule):
         graph = hw.compile_schedule(schedule, communication="overlap" if communication is None else communication,
-                                    gradient_sync=gradient_sync)
+                                    devices_per_node=devices_per_node, gradient_sync=gradient_sync)
         ops, stale = schedule.ops, schedule_staleness(schedule)
     elif isinstance(schedule, Graph):
         if gradient_sync:
@@ -428,6 +432,10 @@ def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: 
         if communication is not None and get_communication(communication) != schedule.communication:
             raise ConfigError(f"simulate: communication={str(communication)!r} applies to a Schedule; this graph "
                               f"was compiled for {str(schedule.communication)!r}")
+        if devices_per_node is not None and (topology(devices_per_node, schedule.devices)
+                                             != topology(schedule.devices_per_node, schedule.devices)):
+            raise ConfigError(f"simulate: devices_per_node={devices_per_node!r} applies to a Schedule; this graph "
+                              f"was compiled for {schedule.devices_per_node}")
         graph = schedule
     else:
         raise ConfigError(f"simulate expects a Schedule or Graph, got {type(schedule).__name__}")
@@ -448,4 +456,5 @@ def simulate(schedule: Schedule | Graph, hw: AbstractCostModel, *, temperature: 
         peak_memory=memory, peak_activations=count, fits=fits,
         communication_bytes=volume, step_finish=step_finish, period=period,
         ops=ops, staleness=stale, communication=graph.communication,
+        devices_per_node=graph.devices_per_node,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._arrays import as_float
-from .._checks import MODE_MOVED, check_moved
+from .._checks import MODE_MOVED, TOPOLOGY_MOVED, check_moved
 from .._engine._hardware import Network
 from ._device import DEFAULT_EFFICIENCY, Device
 from ._kernels import KernelModel
@@ -73,22 +73,19 @@ def device(name: str, *, efficiency: float | None = None) -> Device:
     return Device(spec.peak_flops, spec.memory, maximum, spec.memory_bandwidth, tokens, name=key, kernels=kernels)
 
 
-def network(intra: str, inter: str | None = None, *, devices_per_node: int | None = None, **moved: Any) -> Network:
+def network(intra: str, inter: str | None = None, **moved: Any) -> Network:
     """A ``Network`` from link presets (see ``NETWORKS``).
 
     Args:
         intra: the link between devices of one node (e.g. ``"nvlink4"``).
-        inter: the link between nodes (e.g. ``"ib-ndr"``); ``None`` puts every device on one node
-            (``devices_per_node`` is then ignored).
-        devices_per_node: devices sharing a node when ``inter`` is given (default: the ``intra``
-            link's switch domain, e.g. 72 for ``nvl72``, else 8).
+        inter: the link between nodes (e.g. ``"ib-ndr"``); ``None``: ``intra`` between nodes too.
 
-    The communication mode is the graph's (``compile(communication=...)``), not the network's.
+    The communication mode and the topology are the graph's (``compile(communication=...,
+    devices_per_node=...)``), not the network's: which pairs are inter-node is the graph's
+    ``devices_per_node`` (the ``intra`` link's switch domain, ``NETWORKS[intra].domain``, e.g. 72
+    for ``nvl72``, is the natural one; ``Cluster`` defaults to it).
     """
-    check_moved("presets.network", moved, MODE_MOVED)
+    check_moved("presets.network", moved, MODE_MOVED | TOPOLOGY_MOVED)
     a = NETWORKS[network_key(intra)]
     b = a if inter is None else NETWORKS[network_key(inter)]
-    if devices_per_node is None:
-        devices_per_node = a.domain or 8
-    return Network(as_float(a.latency), as_float(a.bandwidth), as_float(b.latency), as_float(b.bandwidth),
-                   devices_per_node=None if inter is None else devices_per_node)
+    return Network(as_float(a.latency), as_float(a.bandwidth), as_float(b.latency), as_float(b.bandwidth))

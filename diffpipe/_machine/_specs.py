@@ -68,7 +68,7 @@ CURVE_B200 = (0.6073, 400.3)
 
 class LinkSpec(NamedTuple):
     """A link: bandwidth per direction (bytes/s), latency (s), the source, and ``domain``: the
-    devices one switch domain joins (the default ``devices_per_node`` of ``network``; None: 8).
+    devices one switch domain joins (the default ``devices_per_node`` of a ``Cluster``; None: 8).
     ``bus_efficiency``: the measured NCCL bus bandwidth of large ring collectives over ``bandwidth``
     (``papers/kernel-efficiency/fit_collectives.py``, ``collectives.json``; 1 where none was measured);
     ``step_latency``: a ring collective's fitted latency per step (None: ``latency``).

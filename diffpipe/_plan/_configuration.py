@@ -458,12 +458,12 @@ class Configuration:
         return xp.where(whole > 0, seconds / xp.where(whole > 0, whole, 1.0), 0.0)
 
     def network(self) -> Network:
-        """Links of the pipeline: neighbours inside a node (``placement.stages_per_node``) use the
-        intra link, others the inter link; ``data_parallel = data x context`` (the gradient all-reduce's
+        """Links of the pipeline: neighbours inside a node use the intra link, others the inter link
+        (which are inside a node is the graph's ``devices_per_node``: ``graph()`` compiles for
+        ``placement.stages_per_node``); ``data_parallel = data x context`` (the gradient all-reduce's
         ranks: Megatron-LM reduces over the data and context groups together) over that group's link."""
         c = self.cluster
         return Network(c.intra_latency, c.intra_bandwidth, c.inter_latency, c.inter_bandwidth,
-                       devices_per_node=self.placement.stages_per_node,
                        data_parallel=self.parallelism.shards, data_parallel_link=self.placement.links["data"])
 
     def compute_seconds(self, costs: ParallelCosts | None = None) -> dict[str, Array]:

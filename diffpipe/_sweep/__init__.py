@@ -144,6 +144,7 @@ def sweep(
     priorities: str | Sequence[str] = ("backward-first",),
     schedules: Sequence[Schedule] = (),
     communication: str | Sequence[str] | None = None,
+    devices_per_node: int | None = None,
     max_bytes: int | None = None,
     stacking: str = "auto",
     progress: bool | None = None,
@@ -177,6 +178,8 @@ def sweep(
         communication: mode(s) to compile every schedule under (``none``, ``overlap``,
             ``contention``, ``blocking``, ... or ``AbstractCommunication`` objects); default
             ``overlap``. The mode is the graph's: the hardware holds none.
+        devices_per_node: devices sharing a node, every schedule is compiled for (default: all on
+            one node); the topology is the graph's too, the hardware's network holds only links.
         max_bytes: bound on the estimated evaluator working memory per device, per chunk
             (default 32 MiB on CPU, 1 GiB on accelerators).
         stacking: ``"auto"`` (pad and stack different structures when the cost model says it is
@@ -225,7 +228,7 @@ def sweep(
             continue
         for mode in modes or [DEFAULT_MODE]:
             try:
-                graph = graph_of(schedule, mode, variants.devices_per_node)
+                graph = graph_of(schedule, mode, devices_per_node)
             except ScheduleError as error:
                 skip(c, mode, error)
                 continue

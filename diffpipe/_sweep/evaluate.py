@@ -175,7 +175,6 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
     devices = mesh.devices.size
     plan = chunking(len(entries), hardware, per_point, per_graph, devices, max_bytes)
     cached = stack([e.graph for e in entries], mesh)
-    stacked = cached.host[0]
     hw_sizes = (sizes.pipelines, sizes.stages, sizes.microbatches, sizes.devices)
     evaluate = _evaluator(mesh, plan.axis)
     split = NamedSharding(mesh, P("points"))
@@ -192,7 +191,7 @@ def evaluate_stack(entries: Sequence[Entry], hardware: int, mesh: Mesh, max_byte
         parts = [pad_variants(v, index, *hw_sizes) for v in normalised]
         chunk = {k: np.stack([part[k] for part in parts]) for k in parts[0]}
         if template is None:
-            template = as_hardware(chunk, entries[0].variants, stacked.devices_per_node)
+            template = as_hardware(chunk, entries[0].variants)
             hw = template
         else:
             hw = _refill(template, chunk)

@@ -56,7 +56,7 @@ def _stack_class(e: Entry) -> tuple:
     one pytree structure (static network fields, pair matrices present or not)."""
     g, v = e.graph, e.variants
     return (g.communication, g.devices_per_node if g.devices_per_node < g.devices else None, v.data_parallel,
-            v.devices_per_node, tuple(sorted(v.leaves)))
+            tuple(sorted(v.leaves)))
 
 
 def _key(e: Entry) -> tuple:

@@ -36,7 +36,6 @@ class Variants:
 
     leaves: Mapping[str, np.ndarray]
     data_parallel: int
-    devices_per_node: int | None
     data_parallel_link: str = "inter"
 
     @property
@@ -128,7 +127,7 @@ def _normalise(hw: Hardware, schedule: Schedule) -> Variants:
                 raise ShapeMismatch(f"hardware: network {name} has shape {x.shape[1:]}, but the "
                                      f"{schedule.family} schedule has {d} devices")
             leaves[name] = x
-    return Variants(leaves, net.data_parallel, net.devices_per_node, net.data_parallel_link)
+    return Variants(leaves, net.data_parallel, net.data_parallel_link)
 
 
 def _concatenate(variants: Sequence[Variants]) -> Variants:
@@ -137,17 +136,17 @@ def _concatenate(variants: Sequence[Variants]) -> Variants:
         if set(v.leaves) != set(first.leaves):
             differ = sorted(set(v.leaves) ^ set(first.leaves))
             raise ConfigError(f"hardware variants differ in which optional leaves they give: {', '.join(differ)}")
-        ours = (v.data_parallel, v.devices_per_node, v.data_parallel_link)
-        theirs = (first.data_parallel, first.devices_per_node, first.data_parallel_link)
+        ours = (v.data_parallel, v.data_parallel_link)
+        theirs = (first.data_parallel, first.data_parallel_link)
         if ours != theirs:
             raise ConfigError(
-                f"hardware variants differ in network data_parallel/devices_per_node/data_parallel_link: "
+                f"hardware variants differ in network data_parallel/data_parallel_link: "
                 f"{theirs} vs {ours}"
             )
     if len(variants) == 1:
         return first
     leaves = {k: np.concatenate([v.leaves[k] for v in variants]) for k in first.leaves}
-    return Variants(leaves, first.data_parallel, first.devices_per_node, first.data_parallel_link)
+    return Variants(leaves, first.data_parallel, first.data_parallel_link)
 
 
 class HardwareSource:
@@ -227,13 +226,12 @@ def pad_variants(v: Variants, index: np.ndarray, p: int, s: int, m: int, d: int)
     return out
 
 
-def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants, devices_per_node: int) -> Hardware:
-    """A Hardware over numpy leaves (cheap value checks on the host; sharded afterwards), for a
-    stacked graph compiled with ``devices_per_node`` (the variants' own, or all on one node)."""
+def as_hardware(leaves: Mapping[str, np.ndarray], v: Variants) -> Hardware:
+    """A Hardware over numpy leaves (cheap value checks on the host; sharded afterwards); the
+    topology is the stacked graph's."""
     network = Network(leaves["latency"], leaves["bandwidth"], leaves["inter_latency"], leaves["inter_bandwidth"],
                       leaves.get("pair_latency"), leaves.get("pair_bandwidth"),
-                      devices_per_node=devices_per_node, data_parallel=v.data_parallel,
-                      data_parallel_link=v.data_parallel_link)
+                      data_parallel=v.data_parallel, data_parallel_link=v.data_parallel_link)
     names = (*STAGE_FIELDS, "overhead", "size", "capacity", "kind_overhead", *OPTIONAL_PER_STAGE, *OPTIONAL_SCALARS)
     fields = {name: leaves[name] for name in names if name in leaves}
     return Hardware(**fields, network=network)

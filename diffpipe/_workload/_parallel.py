@@ -152,7 +152,7 @@ class Placement(NamedTuple):
             slowest link its ring crosses (``data``: the data and context ranks together, the
             gradient all-reduce's group).
         stages_per_node: pipeline ranks of one pipeline that share a node (``devices_per_node //
-            (tensor x context x data)``, at least 1): the pipeline ``Network``'s ``devices_per_node``.
+            (tensor x context x data)``, at least 1): the pipeline graph's ``devices_per_node``.
         ranks_per_node: group -> ranks of one of its rings inside one node (a ring that spans
             nodes runs as that many hierarchical rings over the network: ``Cluster.bus_bandwidth``).
     """

@@ -350,11 +350,6 @@ class Workload(AbstractCostModel):
         """``graph``'s cost rows under the default split (``priced``)."""
         return self.priced(graph).tables(graph)
 
-    def compile_schedule(self, schedule: Any, *, communication: Any = "overlap",
-                         gradient_sync: bool = False) -> Graph:
-        """``schedule`` compiled under ``communication`` for this workload's network (``Network.compiled``)."""
-        return self.network.compiled(schedule, communication=communication, gradient_sync=gradient_sync)
-
     def check(self, graph: Graph) -> None:
         """The split check (``check_split_known``)."""
         check_split_known(self.split_known, graph)

@@ -18,6 +18,13 @@ from ._inputs import _load_config, _machine, _settings_line, _Training, _trainin
 from ._outputs import _print_json, _strict, _with_units
 
 
+def _stages_per_node(configs: Any) -> int:
+    """The pipeline graphs' devices per node of the configurations compared (``Configuration.graph``
+    compiles for ``placement.stages_per_node``): one parallelism on one cluster, so one value."""
+    (per_node,) = {cfg.placement.stages_per_node for cfg in configs}
+    return per_node
+
+
 def _compare_configuration(args: argparse.Namespace, training: _Training) -> None:
     from .._compare import compare
     from .._levels import DEFAULT_SCHEDULES
@@ -43,7 +50,8 @@ def _compare_configuration(args: argparse.Namespace, training: _Training) -> Non
     hardware.__name__ = training.label  # compare names the machine by it
     with Progress("compare") as bar:
         bar.stage("comparing at three levels (compiling and simulating)")
-        comparison = compare(list(configs), hardware, communication=training.communication)
+        comparison = compare(list(configs), hardware, communication=training.communication,
+                             devices_per_node=_stages_per_node(configs.values()))
         bar.stage("simulating each whole step", len(configs))
         results = {}
         for entry, s in zip(comparison.entries, configs):
@@ -112,7 +120,8 @@ def _cmd_compare(args: argparse.Namespace) -> None:
         bar.stage("comparing at three levels (compiling and simulating)")
         comparison = compare(items, machine.hardware if machine.given else None,
                              devices=devices, microbatches=microbatches,
-                             communication=machine.communication if machine.given else None)
+                             communication=machine.communication if machine.given else None,
+                             devices_per_node=machine.devices_per_node if machine.given else None)
     if args.json:
         sys.stdout.write(_strict(comparison.to_json()))
     elif args.markdown:

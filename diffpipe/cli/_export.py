@@ -29,7 +29,8 @@ def _cmd_export(args: argparse.Namespace) -> None:
         outputs.append(("--csv", args.csv, to_torch_csv(schedule)))
     if pictures:
         machine = _machine(args, config)
-        outputs += _pictures(args, schedule, machine.hardware(schedule), communication=machine.communication)
+        outputs += _pictures(args, schedule, machine.hardware(schedule), communication=machine.communication,
+                             devices_per_node=machine.devices_per_node)
     _write_all(outputs)
     for _, path, _ in outputs:
         print(f"wrote {path}")

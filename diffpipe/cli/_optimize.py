@@ -37,7 +37,7 @@ def _cmd_optimize(args: argparse.Namespace) -> None:
     with Progress("optimize") as bar:
         bar.stage("optimizing (compiling, gradient descent, exact verification)")
         result = optimize(schedule, workload, tuple(knobs) if len(knobs) > 1 else knobs[0], **steps,
-                          communication=machine.communication)
+                          communication=machine.communication, devices_per_node=machine.devices_per_node)
     plan, base = result.plan, result.baseline_plan
     out = {
         "family": schedule.family, "devices": schedule.devices, "stages": schedule.stages,

@@ -112,11 +112,11 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     with Progress("simulate") as bar:
         bar.stage("compiling and simulating")
         hw = machine.hardware(schedule)
-        result = simulate(schedule, hw, communication=machine.communication)
+        result = simulate(schedule, hw, communication=machine.communication, devices_per_node=machine.devices_per_node)
         summary = _simulation_summary(schedule, result, machine, hw, headroom)
         if outputs:
             bar.stage("drawing")
-            _write_all(_pictures(args, result, hw, schedule=schedule, communication=machine.communication))
+            _write_all(_pictures(args, result, hw, schedule=schedule))  # the Result brings its mode and topology
     if args.json:
         _print_json(summary)
         return

@@ -58,7 +58,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     from .._sweep import sweep
 
     result = sweep(machine.hardware, families=families, options=options or None,
-                   communication=modes or [machine.communication],
+                   communication=modes or [machine.communication], devices_per_node=machine.devices_per_node,
                    progress=None, **sizes)
     outputs = [(flag, path, make()) for flag, path, make in (
         ("--csv", args.csv, result.to_csv), ("--json-out", args.json_out, lambda: _strict(result.to_json())),

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _io
 from .._caches import bounded
-from .._engine._communication import AbstractCommunication
+from .._engine._communication import AbstractCommunication, topology
 from .._engine._communication import communication as get_communication
 from .._engine._graph import EDGE_ACTIVATION, EDGE_FEED, EDGE_GRADIENT, KIND_CODES
 from .._engine._graph import compile as compile_graph
@@ -156,7 +156,7 @@ def _lane_key(lane: str) -> tuple:
 
 def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
              gradient_sync: bool = False, collectives: Mapping[str, Any] | None = None,
-             communication: Any = None) -> Timeline:
+             communication: Any = None, devices_per_node: int | None = None) -> Timeline:
     """Lay out ``source`` (a ``Schedule``, simulated on ``hw``, or a ``Result`` of ``schedule``).
 
     ``hw`` defaults, for a schedule, to unit times (``Hardware.from_times(1.0, 2.0)``: F = 1 s,
@@ -167,15 +167,26 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
     ``collectives``: ``{kind: seconds per op}`` of the collectives inside the ops
     (``op_collectives(configuration)``), each at most its op's duration. ``communication``: the
     mode the schedule is compiled under (a name or an ``AbstractCommunication``, default
-    ``overlap``), which decides its link lanes; a ``Result`` brings the mode it was simulated under
-    (``Result.communication``), and a different one given here is refused.
+    ``overlap``), which decides its link lanes, and ``devices_per_node`` its topology (default: all
+    on one node), which decides which links are inter-node; a ``Result`` brings the mode and the
+    topology it was simulated under (``Result.communication``, ``Result.devices_per_node``), and a
+    different one given here is refused.
     """
     mode = get_communication("overlap" if communication is None else communication)
+    per_node = devices_per_node
     if isinstance(source, Result) and source.communication is not None:
         if communication is not None and mode != source.communication:
             raise ConfigError(f"communication={str(mode)!r}: the Result was simulated under "
                               f"{str(source.communication)!r} (give the Result alone: it brings its mode)")
         mode = source.communication
+    if isinstance(source, Result) and source.devices_per_node is not None:
+        devices = int(np.shape(source.busy)[0])
+        if devices_per_node is not None and (topology(devices_per_node, devices)
+                                             != topology(source.devices_per_node, devices)):
+            raise ConfigError(f"devices_per_node={devices_per_node!r}: the Result was simulated with "
+                              f"{source.devices_per_node} devices per node (give the Result alone: it brings "
+                              "its topology)")
+        per_node = source.devices_per_node
     if hw is not None and not isinstance(hw, Hardware):
         raise ConfigError(f"expected a Hardware, got {type(hw).__name__}")
     if not isinstance(gradient_sync, bool):
@@ -186,7 +197,7 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
         schedule = source
         if hw is None:
             hw = Hardware.from_times(1.0, 2.0)
-        result = simulate(schedule, hw, gradient_sync=gradient_sync, communication=mode)
+        result = simulate(schedule, hw, gradient_sync=gradient_sync, communication=mode, devices_per_node=per_node)
     elif isinstance(source, Result):
         if schedule is None:
             raise ConfigError("a Result does not know its devices: pass schedule= (the simulated Schedule)")
@@ -213,10 +224,10 @@ def timeline(source: Any, hw: Any = None, *, schedule: Schedule | None = None,
         lanes: list[str] = []
         label = "unknown"
     else:
-        transfers, label = _timed_transfers(schedule, hw, mode, start, finish)
+        transfers, label = _timed_transfers(schedule, hw, mode, per_node, start, finish)
         transfers, lanes = _spread(transfers)
     memory, unit = _memory(schedule, hw, start, finish)
-    syncs = _syncs(schedule, hw, mode, float(result.makespan)) if gradient_sync else ()
+    syncs = _syncs(schedule, hw, mode, per_node, float(result.makespan)) if gradient_sync else ()
     return Timeline(schedule, start, finish, tuple(transfers), tuple(lanes), memory, unit, label,
                     float(result.makespan), syncs, _checked_collectives(collectives, schedule, finish - start))
 
@@ -287,11 +298,12 @@ def configuration_step(configuration: Configuration, evaluation: ConfigResult | 
     return evaluation, configuration.schedule(), configuration.hardware()
 
 
-def _syncs(schedule: Schedule, hw: Any, mode: AbstractCommunication, step: float) -> tuple[SyncOp, ...]:
-    """The gradient-sync nodes of ``schedule`` on ``hw`` under ``mode``, timed by the simulator;
-    ``step`` (the simulated step being drawn) must be the one they belong to."""
-    graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node,
-                          gradient_sync=True)
+def _syncs(schedule: Schedule, hw: Any, mode: AbstractCommunication, per_node: int | None,
+           step: float) -> tuple[SyncOp, ...]:
+    """The gradient-sync nodes of ``schedule`` on ``hw`` under ``mode`` with ``per_node`` devices
+    per node, timed by the simulator; ``step`` (the simulated step being drawn) must be the one
+    they belong to."""
+    graph = compile_graph(schedule, communication=mode, devices_per_node=per_node, gradient_sync=True)
     times = simulate_graph(graph, hw)
     if not np.isclose(float(times.makespan), step, rtol=1e-5, atol=0.0):
         raise ConfigError(f"gradient_sync=True: the Result's step ({step:.6g} s) is not the gradient-synced step "
@@ -322,9 +334,9 @@ def _costs(graph: Any, hw: Any):
     return _jitted_costs()(graph, hw)
 
 
-def _timed_transfers(schedule: Schedule, hw: Any, mode: AbstractCommunication, start: np.ndarray,
-                     finish: np.ndarray) -> tuple[list[Transfer], str]:
-    graph = compile_graph(schedule, communication=mode, devices_per_node=hw.network.devices_per_node)
+def _timed_transfers(schedule: Schedule, hw: Any, mode: AbstractCommunication, devices_per_node: int | None,
+                     start: np.ndarray, finish: np.ndarray) -> tuple[list[Transfer], str]:
+    graph = compile_graph(schedule, communication=mode, devices_per_node=devices_per_node)
     per_node = graph.devices_per_node
     dur, delay = (np.asarray(x, dtype=np.float64) for x in _costs(graph, hw))
     kind = np.asarray(graph.kind)

@@ -400,6 +400,7 @@ def gantt(
     zoom: bool | None = None,
     evaluation: ConfigResult | None = None,
     communication: Any = None,
+    devices_per_node: int | None = None,
 ):
     """Draw a Gantt chart of one simulated step.
 
@@ -408,7 +409,7 @@ def gantt(
             ``schedule=``) or a ``Configuration``: its step (``Configuration.evaluate()``) on its own
             schedule and hardware, with its gradient sync, its breakdown bar and its collectives per
             op (``op_collectives``); then give none of ``hw``, ``schedule``, ``gradient_sync``,
-            ``breakdown``, ``collectives``, ``communication``.
+            ``breakdown``, ``collectives``, ``communication``, ``devices_per_node``.
         hw: the ``Hardware``; default for a schedule: unit times (F = 1 s, B = 2 s, free
             communication). Link lanes appear when it times transfers (``overlap``: a lane per
             directed link, ``contention``: the contended links and NICs).
@@ -433,6 +434,9 @@ def gantt(
         communication: the mode the schedule is compiled under (the graph's; a name or an
             ``AbstractCommunication``, default ``overlap``; for a ``Result``, the one it was
             simulated under); a ``Configuration`` brings its own.
+        devices_per_node: the devices sharing a node the schedule is compiled for (the graph's;
+            default all on one node; for a ``Result``, the topology it was simulated under); a
+            ``Configuration`` brings its own.
 
     Returns:
         The written ``Path``s (a list), or the matplotlib ``Figure`` when ``path`` is None.
@@ -442,14 +446,15 @@ def gantt(
         cfg = result_or_schedule
         evaluation, schedule, hw = configuration_step(cfg, evaluation, "gantt", hw=hw, schedule=schedule,
                                                       gradient_sync=gradient_sync, breakdown=breakdown,
-                                                      collectives=collectives, communication=communication)
+                                                      collectives=collectives, communication=communication,
+                                                      devices_per_node=devices_per_node)
         result_or_schedule, gradient_sync, breakdown = evaluation.result, evaluation.gradient_sync, evaluation.breakdown
-        communication = cfg.communication
+        communication, devices_per_node = cfg.communication, cfg.placement.stages_per_node
         collectives = op_collectives(cfg, schedule, hw)
     elif evaluation is not None:
         raise ConfigError("gantt: evaluation= goes with a Configuration (its ConfigResult)")
     tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync, collectives=collectives,
-                  communication=communication)
+                  communication=communication, devices_per_node=devices_per_node)
     fig = draw(tl, title=title, memory=memory, arrows=arrows, breakdown=breakdown, zoom=zoom)
     if paths is None:
         return fig

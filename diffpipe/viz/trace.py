@@ -112,6 +112,7 @@ def trace(
     gradient_sync: bool = False,
     evaluation: ConfigResult | None = None,
     communication: Any = None,
+    devices_per_node: int | None = None,
 ) -> dict[str, Any]:
     """A Chrome/Perfetto trace of one simulated step.
 
@@ -119,7 +120,7 @@ def trace(
         result_or_schedule: a ``Schedule`` (simulated on ``hw``), a ``Result`` (pass ``schedule=``) or
             a ``Configuration``: its step (``Configuration.evaluate()``) on its own schedule and
             hardware, with its gradient sync; then give none of ``hw``, ``schedule``, ``gradient_sync``,
-            ``communication``.
+            ``communication``, ``devices_per_node``.
         hw: the ``Hardware`` (default for a schedule: unit times, F = 1 s, B = 2 s). Link tracks
             appear when it times transfers.
         path: where to write the JSON (``.json``); written to a temporary file and renamed, so an
@@ -130,6 +131,7 @@ def trace(
         evaluation: with a ``Configuration``, its ``ConfigResult`` already evaluated; default:
             ``configuration.evaluate()``.
         communication: the mode the schedule is compiled under (as ``gantt``'s).
+        devices_per_node: the topology it is compiled for (as ``gantt``'s).
 
     Returns:
         The trace as a dict: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
@@ -138,13 +140,14 @@ def trace(
     if isinstance(result_or_schedule, Configuration):
         cfg = result_or_schedule
         evaluation, schedule, hw = configuration_step(cfg, evaluation, "trace", hw=hw, schedule=schedule,
-                                                      gradient_sync=gradient_sync, communication=communication)
+                                                      gradient_sync=gradient_sync, communication=communication,
+                                                      devices_per_node=devices_per_node)
         result_or_schedule, gradient_sync = evaluation.result, evaluation.gradient_sync
-        communication = cfg.communication
+        communication, devices_per_node = cfg.communication, cfg.placement.stages_per_node
     elif evaluation is not None:
         raise ConfigError("trace: evaluation= goes with a Configuration (its ConfigResult)")
     tl = timeline(result_or_schedule, hw, schedule=schedule, gradient_sync=gradient_sync,
-                  communication=communication)
+                  communication=communication, devices_per_node=devices_per_node)
     s = tl.schedule
     data = {
         "traceEvents": events(tl),

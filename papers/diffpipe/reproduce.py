@@ -83,13 +83,19 @@ def balance_workload(c: Balance) -> dp.Workload:
 def split_workload(c: Split) -> dp.Workload:
     model = dp.Transformer(layers=c.blocks, hidden=2048, heads=16, sequence=2048, vocabulary=VOCABULARY,
                            microbatch_size=c.batch // c.microbatches)
-    network = dp.presets.network("nvlink4", "ib-ndr", devices_per_node=2)
+    network = dp.presets.network("nvlink4", "ib-ndr")  # two stages per node: SPLIT_DEVICES_PER_NODE
     workload = dp.Workload.from_model(model, dp.presets.device(c.device), network, overhead=OVERHEAD)
     return workload.with_split(minmax_partition(workload, c.stages))
 
 
-def graph_of(stages: int, microbatches: int) -> dp.Graph:
-    return dp.compile(dp.schedules.get("1f1b", devices=stages, microbatches=microbatches))
+#: The microbatch-split configurations' topology: two pipeline stages per node, so that stage
+#: neighbours alternate between NVLink and InfiniBand (the graph's ``devices_per_node``).
+SPLIT_DEVICES_PER_NODE = 2
+
+
+def graph_of(stages: int, microbatches: int, devices_per_node: int | None = None) -> dp.Graph:
+    return dp.compile(dp.schedules.get("1f1b", devices=stages, microbatches=microbatches),
+                      devices_per_node=devices_per_node)
 
 
 def plan_row(counts, time: float, memory: np.ndarray, fits: bool) -> dict:
@@ -119,7 +125,7 @@ def run_balance(c: Balance) -> dict:
 
 
 def run_split(c: Split) -> dict:
-    workload, graph = split_workload(c), graph_of(c.stages, c.microbatches)
+    workload, graph = split_workload(c), graph_of(c.stages, c.microbatches, SPLIT_DEVICES_PER_NODE)
     result = dp.optimize(graph, workload, dp.MicrobatchSplit(c.batch, c.microbatches), steps=300)
     counts = np.asarray(workload.layers_per_stage)[None, :]
     mean = c.batch / c.microbatches

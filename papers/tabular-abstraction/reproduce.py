@@ -89,10 +89,10 @@ def machine(system: System, *, uniform_stages: bool = True) -> Machine:
     transformer block of FLOPs) weighs on the last stage.
     """
     lat, bw = jnp.asarray(system.latency), jnp.asarray(system.bandwidth)
-    network = dp.Network(lat, bw, lat, bw, devices_per_node=1)
+    network = dp.Network(lat, bw, lat, bw)
     return Machine(dp.Transformer(**MODEL), dp.presets.device(DEVICE, efficiency=EFFICIENCY), network,
                    name=f"{system.name}: {system.description}", uniform_stages=uniform_stages,
-                   communication="contention")
+                   communication="contention", devices_per_node=1)  # every GPU's egress one lane
 
 
 def families_at(devices: int, microbatches: int, *, sync: bool = True) -> dict[str, tuple[str, dict]]:
@@ -120,7 +120,7 @@ def bandwidth_sweep(devices: int, microbatches: int, bandwidths=SWEEP) -> dict[s
         schedule = get(name, devices=devices, microbatches=microbatches, **options)
         out[family] = [
             float(dp.simulate(schedule, machine(System("sweep", bw, SWEEP_LATENCY, ""))(schedule),
-                              communication="contention").makespan)
+                              communication="contention", devices_per_node=1).makespan)
             for bw in bandwidths
         ]
     return out
@@ -517,7 +517,7 @@ def run(out: Path = HERE, *, fast: bool = False) -> dict:
 
     s = get("hanayo", devices=4, microbatches=4)
     gantt(s, machine(SYSTEMS["ethernet"])(s), path=out / "gantt_hanayo_ethernet.png", dpi=110,
-          communication="contention")
+          communication="contention", devices_per_node=1)
     summary = dict(
         fast=fast, verdicts=[dict(claim=c, status=st, evidence=e) for c, st, e in found],
         gpipe_1f1b={k: v for k, v in c1.items() if k != "rows"}, chimera=c2, chimera_allreduce_hidden=c2_free,
