@@ -414,7 +414,8 @@ class Configuration:
         backward = total[_I] + total[_W]
         onehot = xp.asarray(rows[None, :] == np.arange(par.stages)[:, None], dtype)  # [stages, layers]
         n = par.shards
-        stage_bytes = (1.0 - gather) * _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # the reduction's
+        full = _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # all-reduce-equivalent bytes a stage
+        stage_bytes = (1.0 - gather) * full  # the reduction's
         sync = divide(2.0 * (n - 1) / n * stage_bytes, bus)
         hidden = _stage_sums(onehot, backward)
         tail = xp.minimum(overlap.data_bucket, stage_bytes)
@@ -423,14 +424,13 @@ class Configuration:
         reduction = exposed + overlap.contention * (1.0 - exposed)
         share = (1.0 - gather) * reduction + hidden_gather
         if overlap.bucket_latency:
-            share = share + self._bucket_latency_share(costs, onehot, sync, hidden, bus, gather > 0)
+            share = share + self._bucket_latency_share(full, sync, hidden, bus, gather > 0)
         share = xp.where(stage_bytes > 0, share, 1.0)
         return scale * share[rows]  # each layer its stage's share
 
-    def _bucket_latency_share(self, costs: ParallelCosts, onehot: Any, sync: Any, hidden: Any, bus: Any,
-                              param_gather: bool) -> Array:
+    def _bucket_latency_share(self, full: Any, sync: Any, hidden: Any, bus: Any, param_gather: bool) -> Array:
         """``[stages]`` share of each stage's sync (``sync_scale``'s unit: the stage's whole all-reduce-
-        equivalent bytes over the bus) that its buckets' ring latencies add (``overlap.bucket_latency``).
+        equivalent bytes ``full`` over the bus) that its buckets' ring latencies add (``overlap.bucket_latency``).
         Each bucket is one collective: a reduce-scatter (ZeRO-1-3; ``n - 1`` ring steps) or an all-reduce
         (``2 (n - 1)``), plus ZeRO-1/2's weight all-gather (``n - 1``), each step at the data link's
         ``Cluster.step_latency``. The buckets before the last run under the backward: ``hidden_cost``
@@ -440,10 +440,8 @@ class Configuration:
         overlap, par, model = self.overlap, self.parallelism, self.model
         cluster = on_host(self.cluster)
         xp = array_module(cluster, sync)
-        dtype = cluster.device.throughput.dtype
         n = par.shards
         r, d = float(model.reduction_bytes), float(model.dtype_bytes)
-        full = _stage_sums(onehot, xp.asarray(costs.gradient_bytes, dtype))  # all-reduce-equivalent bytes
         grads = full * (r / sync_bytes_per_parameter(par.zero, r, d))  # parameters x r
         buckets = xp.maximum(grads / overlap.data_bucket, 1.0)
         step = cluster.step_latency(self.placement.links["data"])
