@@ -339,3 +339,41 @@ def test_decompose_attention_speedup_meets_the_published_throughput(name):
                                      framework=dc.test_runs.FSDP)
     assert cfg.evaluate().tokens_per_second_per_gpu == pytest.approx(row.published, rel=0.005)
     assert d["attention_tflops"] == pytest.approx(d["priced_tflops"] * d["attention_speedup"], rel=1e-6)
+
+
+# -- host_overhead.py: the host's dispatch against the GPU's block time (a diagnosis; issue 22) ------------------
+def _host_overhead():
+    sys.path.insert(0, str(PAPER))
+    try:
+        spec = importlib.util.spec_from_file_location("published_runs_host_overhead", PAPER / "host_overhead.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(PAPER))
+    return mod
+
+
+def test_host_overhead_break_even_makes_a_host_bound_block_the_published_one():
+    """At the break-even host cost per op, ``max(GPU, ops x cost)`` is ``1 + error`` times the GPU block (the
+    row's published throughput if every block were so host-bound); none for a row predicted too slow."""
+    ho = _host_overhead()
+    gpu, error, ops = 0.0129, 0.072, 110
+    cost = ho.break_even(gpu, error, ops)
+    assert max(gpu, ops * cost) == pytest.approx(gpu * (1 + error), rel=1e-12)
+    assert ho.break_even(gpu, -0.01, ops) is None
+
+
+def test_host_overhead_counts_at_least_the_models_kernels_and_a_block_inside_the_step():
+    """An eager MPT block dispatches at least one ATen op per kernel of the model's list for it (its forward at
+    least the ``F`` kernels, its backward at least ``I + W``); and the GPU block time the script compares with is
+    one block of the step: blocks x microbatches x it is within the row's predicted step."""
+    pytest.importorskip("torch")
+    ho = _host_overhead()
+    counts = ho.count_ops()
+    row = next(r for r in ho.test_runs_rows() if r.name == "h100_bf16: MPT-1b seq 2048 8x h100_80gb")
+    cfg = row.build()
+    kernels = cfg.costs().kernels.count()[:, 1]
+    assert counts["forward"] >= kernels[0] and counts["backward"] >= kernels[1] + kernels[2]
+    block = ho.gpu_block_seconds(cfg)
+    step = float(cfg.evaluate().step_time)
+    assert 0.5 * step < block * cfg.model.layers * cfg.microbatches < step
