@@ -187,3 +187,98 @@ def test_fsdp_reduces_every_microbatch_under_its_backward(zero):
     single = dp.Configuration(MODEL, par, dp.Cluster(gpus=8, device="H100"), 2 * 8, framework="fsdp")
     assert "reduce" not in single.exposed_collectives()
     assert cfg.evaluate().breakdown["exposed_reduce"] > 0
+
+
+# -- the host's dispatch (Framework.host_op_seconds, Framework.optimizer_ops) -----------------------------------
+def test_parameter_tensors_are_the_models_parameters():
+    """Every parameter of the model is in one tensor of ``parameter_tensors`` (biased models: exactly; without
+    biases the model still counts a LayerNorm's ``2h``, the tensors drop its bias: one ``h`` per norm)."""
+    import numpy as np
+
+    from diffpipe._model._transformer import parameter_tensors
+
+    gpt = dp.Transformer(layers=3, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=1)
+    llama = dp.Transformer(layers=3, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=1,
+                           norm="rmsnorm", bias=False, activation="swiglu", positions="rotary", tied_embedding=False)
+    mpt = dp.Transformer(layers=3, hidden=256, heads=4, sequence=128, vocabulary=1000, microbatch_size=1, bias=False)
+    for model in (gpt, llama):
+        assert sum(t.sum() for t in parameter_tensors(model)) == model.parameters()
+    t = parameter_tensors(mpt)
+    assert [len(x) for x in t] == [2, 6, 6, 6, 1]  # wte + wpe; Wqkv, out, up, down, two norms; the final norm
+    assert mpt.parameters() - sum(x.sum() for x in t) == (2 * 3 + 1) * 256  # the 7 LayerNorms' biases
+    assert np.all(np.concatenate(t) > 0)
+
+
+def _host_config(framework, device="H100", par=None, model=MODEL):
+    par = par or dp.Parallelism(data=8, zero=3)
+    return dp.Configuration(model, par, dp.Cluster(gpus=par.gpus, device=device), 2 * model.microbatch_size * par.data,
+                            framework=framework)
+
+
+def test_an_op_takes_the_larger_of_its_kernels_and_the_hosts_dispatch():
+    """``max(GPU, host)`` per op (CUDA launches run asynchronously, so the host is behind only where it issues an
+    op's kernels slower than the GPU runs them): at a host cost no kernel list beats, every op takes exactly
+    kernels x cost; at a cheap one, nothing changes and the ``host`` class is 0."""
+    import numpy as np
+
+    base = dp.Framework("eager", buckets="block", prefetch=True)
+    slow = dataclasses.replace(base, host_op_seconds=0.05)
+    cheap = dataclasses.replace(base, host_op_seconds=1e-9)
+    plain = _host_config(base)
+    gpu = sum(np.asarray(v) for v in plain.compute_seconds().values())
+    cfg = _host_config(slow)
+    compute = cfg.compute_seconds()
+    count = cfg.costs().kernels.count()
+    np.testing.assert_allclose(sum(np.asarray(v) for v in compute.values()), count * 0.05, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(compute["host"]), count * 0.05 - gpu, rtol=1e-4)
+    assert "host" not in plain.compute_seconds()
+    c = _host_config(cheap)
+    assert float(np.max(np.asarray(c.compute_seconds()["host"]))) == 0.0
+    assert c.evaluate().breakdown["compute_host"] == 0.0
+    assert float(c.evaluate().step_time) == pytest.approx(float(plain.evaluate().step_time), rel=1e-6)
+    assert float(cfg.evaluate().step_time) > 10 * float(plain.evaluate().step_time)
+
+
+def test_an_optimizer_with_a_host_sync_per_parameter_takes_each_tensors_larger_side():
+    """A layer's update under ``optimizer_ops``: the sum over its parameter tensors of ``max(ops x host cost, ops x
+    kernel overhead + the tensor's share of the layer's traffic)`` (closed form, both regimes), nothing without."""
+    import numpy as np
+
+    from diffpipe._model._transformer import parameter_tensors
+
+    base = dp.Framework("eager", buckets="block", prefetch=True)
+    plain = _host_config(base)
+    gpu = np.asarray(plain.update_seconds(), np.float64)
+    overhead = float(plain.cluster.device.kernels.overhead)
+    tensors = parameter_tensors(plain.model)
+    for cost in (1e-3, 1e-7):  # host-bound, kernel-bound
+        fw = dataclasses.replace(base, host_op_seconds=cost, optimizer_ops=10)
+        got = np.asarray(_host_config(fw).update_seconds(), np.float64)
+        want = [sum(max(10 * cost, 10 * overhead + g * e / t.sum()) for e in t) for g, t in zip(gpu, tensors)]
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    host_bound = dataclasses.replace(base, host_op_seconds=1e-3, optimizer_ops=10)
+    np.testing.assert_allclose(np.asarray(_host_config(host_bound).update_seconds()),
+                               [10 * 1e-3 * len(t) for t in tensors], rtol=1e-5)
+    assert np.all(np.asarray(_host_config(dataclasses.replace(base, host_op_seconds=1e-3)).update_seconds()) == gpu)
+
+
+def test_the_fsdp_preset_prices_composers_optimizer_loop_and_no_other_does():
+    from diffpipe._workload._frameworks import COMPOSER_ADAMW_OPS, EAGER_OP_SECONDS
+
+    fsdp = dp.presets.framework("fsdp")
+    assert (fsdp.host_op_seconds, fsdp.optimizer_ops) == (EAGER_OP_SECONDS, COMPOSER_ADAMW_OPS) == (4e-6, 10)
+    for name in ("none", "megatron", "torchtitan", "ddp"):
+        f = dp.presets.framework(name)
+        assert (f.host_op_seconds, f.optimizer_ops) == (0.0, 0)
+
+
+def test_bad_host_costs_are_one_clear_error():
+    for kw, match in ((dict(host_op_seconds=-1e-6), "host_op_seconds must be a finite number >= 0"),
+                      (dict(host_op_seconds=float("nan")), "host_op_seconds must be a finite number >= 0"),
+                      (dict(host_op_seconds=True), "host_op_seconds must be a finite number >= 0"),
+                      (dict(host_op_seconds=1e-6, optimizer_ops=2.5), "optimizer_ops must be an int >= 0"),
+                      (dict(host_op_seconds=1e-6, optimizer_ops=-1), "optimizer_ops must be an int >= 0"),
+                      (dict(optimizer_ops=10), "optimizer_ops=10 needs a host_op_seconds > 0")):
+        with pytest.raises(dp.ConfigError, match=match) as err:
+            dp.Framework("mine", **kw)
+        assert "\n" not in str(err.value)

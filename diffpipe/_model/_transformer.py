@@ -626,6 +626,28 @@ def _block_matmuls(model: Transformer, moe: bool) -> list[tuple[float, float, fl
     return out + mlp(k * c * s / e, model.expert_ffn, e)
 
 
+def parameter_tensors(model: Transformer) -> list[np.ndarray]:
+    """The elements of each parameter tensor of each row of ``layer_costs(model)`` (embedding, blocks, head),
+    unsharded: what an optimizer that loops over parameters (``Framework.optimizer_ops``) visits on every rank
+    (FSDP with ``use_orig_params`` keeps the original parameters, each rank a shard of each). A block: one weight
+    ``K x N`` per matrix of ``_block_matmuls`` (each expert its own) and with ``model.bias`` its bias ``N``, a
+    scale ``h`` per norm (and a bias for a LayerNorm with ``model.bias``), with ``qk_norm`` two of ``d_h``; the
+    embedding: the word table ``V x h`` and, if learned, the position table ``s x h``; the head: the final norm
+    and, if not tied, its own ``V x h``."""
+    h, V = float(model.hidden), float(model.vocabulary)
+    norm = [h, h] if model.norm == "layernorm" and model.bias else [h]
+    moe = set(model.moe_blocks())
+    out = [np.asarray([V * h] + ([float(model.sequence) * h] if model.positions == "learned" else []))]
+    for i in range(model.layers):
+        block: list[float] = []
+        for _, k, n, count in _block_matmuls(model, i in moe):
+            block += [k * n] * int(count) + ([n] * int(count) if model.bias else [])
+        block += 2 * norm + ([float(model.dh)] * 2 if model.qk_norm else [])
+        out.append(np.asarray(block))
+    out.append(np.asarray(norm + ([] if model.tied_embedding else [V * h])))
+    return out
+
+
 def early_stop_skips(model: Transformer, moe: bool) -> bool:
     """Whether the recomputation of a block (MoE or not) stops before its MLP's output projection
     (``Transformer.recompute_early_stop``): full recomputation, early stop, a dense block, no dropout."""

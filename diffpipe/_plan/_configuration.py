@@ -57,7 +57,7 @@ from .._engine._simulate import Result, makespan, simulate
 from .._errors import ConfigError
 from .._machine._cluster import Cluster
 from .._model._kernels import Kernels, kernel_times
-from .._model._transformer import Transformer, stage_of_layers
+from .._model._transformer import Transformer, parameter_tensors, stage_of_layers
 from .._results import json_text
 from .._workload._frameworks import Framework
 from .._workload._frameworks import framework as get_framework
@@ -468,17 +468,29 @@ class Configuration:
         """``{class: [3, layers]}`` compute seconds of the ``F``, ``I`` and ``W`` of each layer on one
         device: per kernel class (``gemm``, ``attention``, ``memory``, ``launch``) when the device has a
         ``KernelModel`` (``diffpipe._model._kernels.kernel_times``), else one class ``roofline`` (each
-        op one roofline, ``LayerCosts.times``)."""
+        op one roofline, ``LayerCosts.times``). With a framework whose host dispatch has a cost
+        (``Framework.host_op_seconds``) a class ``host`` more: what the host's dispatch of an op's kernels (kernels
+        launched x that cost) exceeds their GPU time by, so that the classes sum to ``max(GPU, host)`` per op."""
         costs = self.costs() if costs is None else costs
         device = self.cluster.device
         if device.kernels is not None and costs.kernels is not None:
-            return kernel_times(costs.kernels, device, float(self.model.dtype_bytes))
+            out = kernel_times(costs.kernels, device, float(self.model.dtype_bytes))
+            host = 0.0 if self.framework is None else self.framework.host_op_seconds
+            if host > 0:  # the host's dispatch where it is slower than the kernels (Framework.host_op_seconds)
+                xp = array_module(out["launch"])
+                gpu = sum(out.values())
+                out["host"] = xp.maximum(xp.asarray(host * costs.kernels.count(), gpu.dtype) - gpu, 0.0)
+            return out
         times = on_host(costs.costs.times(device))  # one compiled program (Device.seconds)
         return {"roofline": array_module(times).stack(times)}
 
     def update_seconds(self, costs: ParallelCosts | None = None) -> Array:
         """Seconds of each layer's optimizer step: its memory traffic over the memory bandwidth (at the
-        kernel model's sustained fraction of it, when the device has one)."""
+        kernel model's sustained fraction of it, when the device has one); with a framework whose optimizer
+        loops over the parameters with a host sync in each iteration (``Framework.optimizer_ops``), the sum over the
+        layer's parameter tensors (``parameter_tensors``) of the larger of the host's dispatch, ``optimizer_ops x
+        host_op_seconds``, and the tensor's kernels, ``optimizer_ops`` fixed kernel costs (``KernelModel.overhead``)
+        plus its share of the layer's traffic: the sync leaves neither side running ahead of the other."""
         costs = self.costs() if costs is None else costs
         cluster = on_host(self.cluster)
         device = cluster.device
@@ -486,7 +498,24 @@ class Configuration:
         bandwidth = cluster.memory_bandwidth
         if device.kernels is not None:
             bandwidth = bandwidth * device.kernels.memory_efficiency
-        return divide(array_module(cluster).asarray(costs.update_bytes, dtype), bandwidth)
+        xp = array_module(cluster)
+        gpu = divide(xp.asarray(costs.update_bytes, dtype), bandwidth)
+        f = self.framework
+        if f is None or not f.optimizer_ops:
+            return gpu
+        # a host sync in every parameter's iteration: the host cannot run ahead, nor the GPU pipeline one
+        # parameter's kernels behind another's (Framework.optimizer_ops): each tensor takes the larger of the host's
+        # dispatch and its kernels (their fixed costs, and its share of the layer's update traffic)
+        tensors = parameter_tensors(self.model)
+        width = max(len(t) for t in tensors)
+        share = np.zeros((len(tensors), width))
+        for row, elements in enumerate(tensors):
+            share[row, :len(elements)] = elements / elements.sum()
+        present = xp.asarray(share > 0, dtype)
+        fixed = 0.0 if device.kernels is None else device.kernels.overhead * f.optimizer_ops
+        kernels = gpu[:, None] * xp.asarray(share, dtype) + fixed * present
+        host = xp.asarray(f.optimizer_ops * f.host_op_seconds, dtype) * present
+        return xp.maximum(kernels, host).sum(axis=1)
 
     def workload(self) -> Workload:
         """One pipeline rank's per-layer ``Workload`` (rows: embedding, blocks, head)."""

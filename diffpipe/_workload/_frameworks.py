@@ -50,6 +50,7 @@ those models price the default, the device's own fused kernel (``Transformer.fla
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from .._errors import ConfigError
@@ -94,6 +95,14 @@ class Framework:
             (``Transformer.flat_gradients``; likewise).
         recompute_early_stop: full recomputation by PyTorch's non-reentrant checkpoint, which stops at the
             last saved tensor (``Transformer.recompute_early_stop``; likewise).
+        host_op_seconds: host (CPU) seconds the framework's eager stack takes to dispatch one op (0: the host is
+            never the bottleneck). CUDA launches are asynchronous, so the host runs ahead of the GPU and an op
+            (``F``, ``I``, ``W`` of a layer) takes ``max(its kernels' GPU time, kernels launched x this)``: the GPU
+            idles only where the host issues the op's kernels slower than the GPU runs them.
+        optimizer_ops: ops the optimizer step dispatches per parameter tensor when it loops over the parameters
+            with a host synchronisation in each iteration (0: none, a fused or ``foreach`` step). The sync stops the
+            host running ahead, so a layer's update takes ``max(its GPU time, parameter tensors x optimizer_ops x
+            host_op_seconds)`` (``diffpipe._model._transformer.parameter_tensors``).
         source: where the preset comes from.
     """
 
@@ -108,6 +117,8 @@ class Framework:
     eager_blocks: bool = False
     flat_gradients: bool = False
     recompute_early_stop: bool = False
+    host_op_seconds: float = 0.0
+    optimizer_ops: int = 0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -126,6 +137,14 @@ class Framework:
         v = self.flash_version
         if v is not None and (isinstance(v, bool) or v not in FLASH_VERSIONS):
             raise ConfigError(f"framework {self.name!r}: flash_version must be 1, 2, 3 or None, got {v!r}")
+        c = self.host_op_seconds
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
+            raise ConfigError(f"framework {self.name!r}: host_op_seconds must be a finite number >= 0, got {c!r}")
+        n = self.optimizer_ops
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"framework {self.name!r}: optimizer_ops must be an int >= 0, got {n!r}")
+        if n and not c:
+            raise ConfigError(f"framework {self.name!r}: optimizer_ops={n} needs a host_op_seconds > 0 to price them")
 
     def model(self, model: Transformer) -> Transformer:
         """``model`` reducing its gradients in this framework's precision, running its attention
@@ -158,6 +177,19 @@ class Framework:
                                     param_gather=self.param_gather, every_microbatch=self.every_microbatch)
 
 
+#: Host seconds of one eager PyTorch op on CUDA: "4 us per op on CUDA" (pytorch/pytorch issue #82793, an A100
+#: model the profiler's maintainer called "completely dispatch bound"); PyTorch's own
+#: ``benchmarks/overrides_benchmark/README.md`` puts a torch function's overhead "on the order of 2 us", and
+#: flagos-ai/Torch-FL pull request #27 measured 8 us a submitted ``add`` on an A100 host.
+EAGER_OP_SECONDS = 4e-6
+#: ATen ops Composer's ``DecoupledAdamW`` (v0.16.4 and v0.17.2, llm-foundry's pins at b2a43a147 and 5e85bd62d;
+#: the MPT yamls' ``decoupled_adamw`` with ``weight_decay: 0.0``) dispatches per parameter tensor: the step
+#: increment, ``state_steps[i].item()`` (a host sync: the step is a device tensor), ``exp_avg.mul_().add_()``,
+#: ``exp_avg_sq.mul_().addcmul_()``, ``sqrt``, the division by ``sqrt(bias_correction2)``, ``add_(eps)`` and
+#: ``param.addcdiv_`` (``composer/optim/decoupled_weight_decay.py``, a Python loop over the parameters, not
+#: ``foreach``); Composer's FSDP keeps the original parameters (``use_orig_params`` defaults to True,
+#: ``composer/trainer/dist_strategy.py`` at v0.16.4).
+COMPOSER_ADAMW_OPS = 10
 _MEGATRON = "Megatron-LM README.md (performance table's flags) and sources at d98e8a6"
 _FSDP_BLOCK = dict(buckets="block", prefetch=True, reduce_bytes=4)
 #: The presets (module docstring): name -> ``Framework``.
@@ -167,8 +199,9 @@ FRAMEWORKS: dict[str, Framework] = {
                           reduce_bytes=4, flash_version=3, source=_MEGATRON),
     "torchtitan": Framework("torchtitan", **_FSDP_BLOCK, source="torchtitan 9dec370: FSDP2 per block, fp32 reduce"),
     "fsdp": Framework("fsdp", **_FSDP_BLOCK, every_microbatch=True, eager_blocks=True, flat_gradients=True,
+                      host_op_seconds=EAGER_OP_SECONDS, optimizer_ops=COMPOSER_ADAMW_OPS,
                       source="PyTorch FSDP per block, Composer v0.16.4 DEFAULT (fp32 reduce, every microbatch), "
-                             "llm-foundry 5e85bd62d's eager MPT blocks"),
+                             "llm-foundry 5e85bd62d's eager MPT blocks, Composer's DecoupledAdamW loop"),
     "ddp": Framework("ddp", buckets="ddp", reduce_bytes=4, source="PyTorch DDP, bucket_cap_mb=25, autocast"),
 }
 
@@ -183,4 +216,5 @@ def framework(name: str | Framework) -> Framework:
     return FRAMEWORKS[name.lower()]
 
 
-__all__ = ["BUCKETS", "DDP_BUCKET", "FRAMEWORKS", "Framework", "framework", "megatron_bucket"]
+__all__ = ["BUCKETS", "COMPOSER_ADAMW_OPS", "DDP_BUCKET", "EAGER_OP_SECONDS", "FRAMEWORKS", "Framework", "framework",
+           "megatron_bucket"]
