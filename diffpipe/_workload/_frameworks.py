@@ -38,7 +38,10 @@ as the validated model does. Each preset states its source:
   modules (``Transformer.eager_blocks``: MPT's ``low_precision_layernorm`` is ``F.layer_norm``, its
   attention splits the fused ``Wqkv`` output, ``llmfoundry/models/layers/{norm,attention}.py`` at 5e85bd62d),
   and its gradients take FSDP1's flat-parameter path (``Transformer.flat_gradients``: concatenated into the
-  flat gradient, cast to the reduce dtype and pre-divided, ``torch/distributed/fsdp/_runtime_utils.py``).
+  flat gradient, cast to the reduce dtype and pre-divided, ``torch/distributed/fsdp/_runtime_utils.py``);
+  its host dispatches every op eagerly (``host_op_seconds``, ``EAGER_OP_SECONDS``) and its optimizer is
+  Composer's ``DecoupledAdamW``, a loop over the parameter tensors with a host sync in each
+  (``optimizer_ops``, ``COMPOSER_ADAMW_OPS``).
 - ``"ddp"``: PyTorch DDP under autocast (fp32 parameters, hence fp32 gradients): the gradient
   all-reduce in DDP's default 25 MiB buckets (``bucket_cap_mb=25``) during the backward.
 

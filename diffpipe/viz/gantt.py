@@ -73,7 +73,7 @@ def _label(op: Any, schedule: Any) -> str:
 #: Colours of the breakdown bar's segments (``ConfigResult.breakdown`` keys; "other" is the rest of the step).
 _BREAKDOWN_COLORS = {
     "compute_gemm": "#1f77b4", "compute_attention": "#9467bd", "compute_memory": "#17becf",
-    "compute_launch": "#7f7f7f", "compute_roofline": "#1f77b4", "exposed_tensor": "#d62728",
+    "compute_launch": "#7f7f7f", "compute_host": "#393b79", "compute_roofline": "#1f77b4", "exposed_tensor": "#d62728",
     "exposed_expert": "#ff7f0e", "exposed_gather": "#e377c2", "exposed_context": "#2ca02c",
     "exposed_reduce": "#c49c94", "bubble": "#dddddd",
     "jitter": "#bcbd22",
