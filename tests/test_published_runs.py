@@ -311,6 +311,18 @@ def test_test_quick_rows_recompute_the_committed_numbers():
         assert r["predicted"] == pytest.approx(committed[r["name"]]["predicted"], rel=1e-4), r["name"]
 
 
+def _paper_script(name: str):
+    """The module of ``papers/published-runs/<name>.py`` (its folder on ``sys.path`` while it imports ``test_runs``)."""
+    sys.path.insert(0, str(PAPER))
+    try:
+        spec = importlib.util.spec_from_file_location(f"published_runs_{name}", PAPER / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(PAPER))
+    return mod
+
+
 # -- decompose.py: a TEST row's step by kernel class and the attention speed-up that would meet it (a diagnosis) --
 @pytest.mark.parametrize("name", ["h100_bf16: MPT-7b seq 65536 8x h100_80gb",
                                   "a100_80gb: MPT-3b seq 32768 8x a100_80gb"])
@@ -319,13 +331,7 @@ def test_decompose_attention_speedup_meets_the_published_throughput(name):
     ``attention_older`` times it), gives the published throughput back; its shares are of the predicted step."""
     import equinox as eqx
 
-    sys.path.insert(0, str(PAPER))
-    try:
-        _dspec = importlib.util.spec_from_file_location("published_runs_decompose", PAPER / "decompose.py")
-        dc = importlib.util.module_from_spec(_dspec)
-        _dspec.loader.exec_module(dc)
-    finally:
-        sys.path.remove(str(PAPER))
+    dc = _paper_script("decompose")
     row = next(r for r in dc.test_runs.rows() if r.name == name)
     d = dc.decompose(row)
     assert 0.99 < sum(d["shares"].values()) < 1.01
@@ -343,14 +349,7 @@ def test_decompose_attention_speedup_meets_the_published_throughput(name):
 
 # -- host_overhead.py: the host's dispatch against the GPU's block time (a diagnosis; issue 22) ------------------
 def _host_overhead():
-    sys.path.insert(0, str(PAPER))
-    try:
-        spec = importlib.util.spec_from_file_location("published_runs_host_overhead", PAPER / "host_overhead.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(PAPER))
-    return mod
+    return _paper_script("host_overhead")
 
 
 def test_host_overhead_break_even_makes_a_host_bound_block_the_published_one():

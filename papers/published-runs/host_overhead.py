@@ -364,11 +364,12 @@ def main(argv: list[str] | None = None) -> None:
                   rows=rows)
     text = markdown(result)
     print(text)
-    if not args.no_write:
-        import diffpipe as dp
+    if args.no_write:
+        return
+    import diffpipe as dp
 
-        dp.write_atomic(HERE / "host_overhead.json", json.dumps(result, indent=1) + "\n")
-        dp.write_atomic(HERE / "host_overhead.md", text)
+    for suffix, body in (("json", json.dumps(result, indent=1) + "\n"), ("md", text)):
+        dp.write_atomic(HERE / f"host_overhead.{suffix}", body)
 
 
 if __name__ == "__main__":
