@@ -650,8 +650,6 @@ def test_unpadded_attention_adds_flash_attns_unpad_and_pad(recompute, kv_heads, 
 
 
 def test_unpadded_attention_bad_input_is_one_line():
-    with pytest.raises(dp.ConfigError, match="unpadded_attention needs flash_attention=True"):
-        dp.Transformer(layers=2, hidden=256, heads=4, sequence=128, vocabulary=100, unpadded_attention=True)
     with pytest.raises(dp.ConfigError, match="unpadded_attention must be a bool"):
         dp.Transformer(layers=2, hidden=256, heads=4, sequence=128, vocabulary=100, flash_attention=True,
                        unpadded_attention=1)

@@ -230,8 +230,9 @@ class Transformer:
             ``torch.nonzero``, a max, a cumsum and a pad of the mask, then ``torch.gather``), even with no padding (an
             absent mask becomes all ones), and the output is scattered back by ``pad_input`` (``torch.zeros`` and an
             index put); the backward gathers the output's gradient and scatters each of ``dq``, ``dk``, ``dv`` into
-            zeros (``bert_padding.py`` at flash-attn v2.4.2, ``IndexFirstAxis`` and ``IndexPutFirstAxis``). Needs
-            ``flash_attention``. Timing only (kernel models: ``diffpipe._model._kernels``).
+            zeros (``bert_padding.py`` at flash-attn v2.4.2, ``IndexFirstAxis`` and ``IndexPutFirstAxis``). Without
+            ``flash_attention`` it changes nothing (as ``flash_version``). Timing only (kernel models:
+            ``diffpipe._model._kernels``).
     """
 
     layers: int
@@ -337,9 +338,6 @@ class Transformer:
                      "flat_gradients", "recompute_early_stop", "unpadded_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
-        if self.unpadded_attention and not self.flash_attention:
-            raise ConfigError("transformer: unpadded_attention needs flash_attention=True (the unpadded path is "
-                              "flash-attn's varlen kernel)")
         if self.flash_version is not None and (self.flash_version not in FLASH_VERSIONS
                                                or isinstance(self.flash_version, bool)):
             fail("flash_version", "1, 2, 3 or None")
