@@ -616,3 +616,40 @@ def test_evaluate_reports_the_breakdown():
     assert all(v >= 0 for v in b.values()) and b["compute_gemm"] > 0
     assert sum(b.values()) <= r.step_time * (1 + 1e-6)
     json.loads(r.to_json())
+
+
+@pytest.mark.parametrize("recompute, kv_heads, tensor", [("none", None, 1), ("full", 2, 2)])
+def test_unpadded_attention_adds_flash_attns_unpad_and_pad(recompute, kv_heads, tensor):
+    # llm-foundry's attn_impl 'flash' (flash-attn's bert_padding at v2.4.2): per block, the forward runs unpad_input
+    # on q, k, v (mask sum, nonzero, max, cumsum, pad: 10 T + 24 b + 8 bytes; a gather of 2 d x T + 8 T) and
+    # pad_input on the output (zeros d x_o T, index put 2 d x_o T + 8 T): 20 kernels; the backward gathers the
+    # output's gradient (2 d x_o T + 8 T) and zero-fills and scatters each input gradient (3 d x T + 8 T): 7
+    # kernels; a full recompute re-runs the forward's in I. Nothing else moves.
+    b, s, a, dh = 3, 256, 8, 64
+    model = dp.Transformer(layers=2, hidden=a * dh, heads=a, sequence=s, vocabulary=1000, microbatch_size=b,
+                           kv_heads=kv_heads, recompute=recompute, flash_attention=True, flash_version=2)
+    plain, unpadded = (layer_kernels(m, tensor=tensor)
+                       for m in (model, dataclasses.replace(model, unpadded_attention=True)))
+    d, T, kv = 2.0, float(b * s), float(a if kv_heads is None else kv_heads)
+    q, k, v, o = a * dh / tensor, kv * dh / tensor, kv * dh / tensor, a * dh / tensor
+    forward = 3 * (10 * T + 24 * b + 8) + 2 * d * (q + k + v) * T + 3 * 8 * T + 3 * d * o * T + 8 * T
+    backward = 2 * d * o * T + 8 * T + 3 * d * (q + k + v) * T + 3 * 8 * T
+    extra = np.zeros((3, model.layers + 2))
+    for table, sign in ((unpadded.memory, 1.0), (plain.memory, -1.0)):
+        np.add.at(extra, (table[:, 1].astype(int), table[:, 0].astype(int)), sign * table[:, 2] * table[:, 3])
+    want = np.zeros_like(extra)
+    want[0, 1:-1] = forward
+    want[1, 1:-1] = backward + (forward if recompute == "full" else 0.0)
+    np.testing.assert_allclose(extra, want, rtol=1e-12)
+    kernels = np.zeros((3, model.layers + 2))
+    kernels[0, 1:-1] = 20
+    kernels[1, 1:-1] = 7 + (20 if recompute == "full" else 0)
+    np.testing.assert_array_equal(unpadded.count() - plain.count(), kernels)
+    np.testing.assert_array_equal(plain.gemm, unpadded.gemm)
+    np.testing.assert_array_equal(plain.attention, unpadded.attention)
+
+
+def test_unpadded_attention_bad_input_is_one_line():
+    with pytest.raises(dp.ConfigError, match="unpadded_attention must be a bool"):
+        dp.Transformer(layers=2, hidden=256, heads=4, sequence=128, vocabulary=100, flash_attention=True,
+                       unpadded_attention=1)

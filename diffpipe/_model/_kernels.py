@@ -40,6 +40,11 @@ tensor size, ``rep = 1/t`` with sequence parallelism else 1):
   the fp32 accumulation: the concatenation into the flat gradient (``2 d``), its cast to the reduce dtype
   (``d + r`` where ``r != d``) and the in-place pre-divide (``2 r``) per weight per microbatch
   (``_gradient_bytes``).
+- With ``Transformer.unpadded_attention`` (llm-foundry's ``attn_impl: flash``) the fused attention's forward
+  (recomputed with it) also runs flash-attn's ``unpad_input`` on each of ``q``, ``k``, ``v`` (five small kernels
+  over the mask and a gather of ``2 d x T`` bytes, ``x`` its elements per token) and ``pad_input`` on the output
+  (``3 d x_o T``), and its backward the gather of the output's gradient (``2 d x_o T``) and a zero-fill and scatter
+  per input gradient (``3 d x T``), each index read once (``8 T``; ``_unpad_forward``, ``_unpad_backward``).
 - Fused attention runs at the device's FlashAttention-2 curve; ``flash_version=3`` (the architecture's own
   kernels: cuDNN's fused flash attention, FlashAttention-3) times the device's ``KernelModel.attention_native``,
   ``flash_version=1`` (FlashAttention-1, the Triton kernels of its time) times its ``attention_older``.
@@ -191,10 +196,14 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
     rows = model.layers + 2
     out = _Builder()
 
+    unpadded = _unpadded_elements(model, tensor=t) if model.unpadded_attention else None
+
     def attention_core(row: int, kinds_fwd: tuple[int, ...], backward: bool) -> None:
         """The attention core's forward (into each of ``kinds_fwd``) and, if ``backward``, its backward (``I``)."""
         for kind in kinds_fwd:
             if model.flash_attention:
+                if unpadded is not None:
+                    _unpad_forward(out, row, kind, unpadded, tokens=T, batch=b, dtype_bytes=d)
                 out.attn(row, kind, _CAUSAL * 2 * heads * s * s * (dh + dv), s, False, older, native)
             else:
                 out.mm(row, kind, s, s, dh, batch=heads)  # Q K^T
@@ -205,6 +214,8 @@ def layer_kernels(model: Transformer, *, tensor: int = 1, sequence_parallel: boo
             return
         if model.flash_attention:
             out.attn(row, _I, _FLASH_BACKWARD * _CAUSAL * 2 * heads * s * s * (dh + dv), s, True, older, native)
+            if unpadded is not None:
+                _unpad_backward(out, row, unpadded, tokens=T, dtype_bytes=d)
             return
         out.mm(row, _I, s, s, dv, batch=heads)  # dP = dO V^T
         out.mm(row, _I, s, dv, s, batch=heads)  # dV = P^T dO
@@ -297,6 +308,55 @@ def _eager_backward(out: _Builder, row: int, model: Transformer, *, tensor: floa
     if qkv and not model.kv_lora_rank:
         a, kv, dh, dv = float(model.heads), float(model.kv), float(model.dh), float(model.dv)
         out.mem(row, _I, 2 * d * (a * dh + kv * (dh + dv)) * T / tensor)
+
+
+#: Bytes of an element of the tensors ``bert_padding.unpad_input`` makes from the mask: the ``int64`` token indices
+#: (``torch.nonzero``) and the ``int32`` sequence lengths and their cumulative sum.
+_INDEX_BYTES, _LENGTH_BYTES = 8, 4
+
+
+def _unpadded_elements(model: Transformer, *, tensor: float) -> tuple[float, float, float, float]:
+    """Elements per token of ``q``, ``k``, ``v`` and the attention output on one device of a tensor group of
+    ``tensor`` (``model.unpadded_attention``): ``a d_h / t``, ``a_kv d_h / t``, ``a_kv d_v / t``, ``a d_v / t``."""
+    a, kv, dh, dv = float(model.heads), float(model.kv), float(model.dh), float(model.dv)
+    return a * dh / tensor, kv * dh / tensor, kv * dv / tensor, a * dv / tensor
+
+
+def _unpad_forward(out: _Builder, row: int, kind: int, widths: tuple[float, ...], *, tokens: float, batch: float,
+                   dtype_bytes: float) -> None:
+    """The forward kernels around an unpadded fused attention (``Transformer.unpadded_attention``), each read and
+    written once: for each of ``q``, ``k``, ``v``, flash-attn's ``unpad_input`` (``flash_attn/bert_padding.py`` at
+    v2.4.2, called three times by llm-foundry's ``flash_attn_fn`` at 5e85bd62d) runs, over the ``[b, s]`` boolean
+    mask, its sum per sequence (``int32``), ``torch.nonzero`` (the ``int64`` index of every kept token: all ``T`` of
+    them), the lengths' max (``.item()``), their cumulative sum and its pad by one, then ``index_first_axis``'s
+    ``torch.gather`` of the tensor's ``T`` rows (``d`` bytes an element, plus the index read once); after the
+    kernel ``pad_input`` zero-fills the padded output and index-puts the rows back (``IndexPutFirstAxis``). Each
+    op is counted as one kernel (PyTorch's ``nonzero`` and scans may launch more)."""
+    d, T, b = dtype_bytes, tokens, batch
+    q, k, v, o = widths
+    for width in (q, k, v):
+        out.mem(row, kind, T + _LENGTH_BYTES * b)  # attention_mask.sum(dim=-1, dtype=int32)
+        out.mem(row, kind, T + _INDEX_BYTES * T)  # torch.nonzero(attention_mask.flatten())
+        out.mem(row, kind, _LENGTH_BYTES * (b + 1))  # seqlens_in_batch.max()
+        out.mem(row, kind, 2 * _LENGTH_BYTES * b)  # torch.cumsum(seqlens_in_batch)
+        out.mem(row, kind, _LENGTH_BYTES * (2 * b + 1))  # F.pad(..., (1, 0))
+        out.mem(row, kind, 2 * d * width * T + _INDEX_BYTES * T)  # torch.gather of the T rows
+    out.mem(row, kind, d * o * T)  # torch.zeros of the padded output
+    out.mem(row, kind, 2 * d * o * T + _INDEX_BYTES * T)  # output[indices] = values
+
+
+def _unpad_backward(out: _Builder, row: int, widths: tuple[float, ...], *, tokens: float,
+                    dtype_bytes: float) -> None:
+    """The backward kernels around an unpadded fused attention (``Transformer.unpadded_attention``; ``bert_padding.py``
+    at flash-attn v2.4.2), into ``I``: ``IndexPutFirstAxis.backward`` gathers the output's gradient
+    (``grad_output[indices]``), and ``IndexFirstAxis.backward`` of each of ``q``, ``k``, ``v`` zero-fills a padded
+    gradient (``torch.zeros``) and scatters the unpadded one into it (``scatter_``)."""
+    d, T = dtype_bytes, tokens
+    q, k, v, o = widths
+    out.mem(row, _I, 2 * d * o * T + _INDEX_BYTES * T)  # grad_output[indices]
+    for width in (q, k, v):
+        out.mem(row, _I, d * width * T)  # torch.zeros
+        out.mem(row, _I, 2 * d * width * T + _INDEX_BYTES * T)  # scatter_
 
 
 def kernel_times(kernels: Kernels, device: Device, dtype_bytes: float = 2.0) -> dict[str, Array]:

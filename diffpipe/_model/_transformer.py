@@ -224,6 +224,15 @@ class Transformer:
             nothing after the MLP's output projection takes its input, so that projection's GEMM and the
             residual add after it are not recomputed. MoE blocks, and blocks with dropout (its mask is saved
             after the projection), recompute their whole forward. Timing (kernels and FLOPs of ``I``).
+        unpadded_attention: the fused attention runs on unpadded tokens, as llm-foundry's ``attn_impl: flash``
+            does (``flash_attn_fn`` in ``llmfoundry/models/layers/attention.py`` at 5e85bd62d): ``q``, ``k`` and ``v``
+            are each gathered out of the padded batch by flash-attn's ``bert_padding.unpad_input`` (a mask sum, a
+            ``torch.nonzero``, a max, a cumsum and a pad of the mask, then ``torch.gather``), even with no padding (an
+            absent mask becomes all ones), and the output is scattered back by ``pad_input`` (``torch.zeros`` and an
+            index put); the backward gathers the output's gradient and scatters each of ``dq``, ``dk``, ``dv`` into
+            zeros (``bert_padding.py`` at flash-attn v2.4.2, ``IndexFirstAxis`` and ``IndexPutFirstAxis``). Without
+            ``flash_attention`` it changes nothing (as ``flash_version``). Timing only (kernel models:
+            ``diffpipe._model._kernels``).
     """
 
     layers: int
@@ -263,6 +272,7 @@ class Transformer:
     eager_blocks: bool = False
     flat_gradients: bool = False
     recompute_early_stop: bool = False
+    unpadded_attention: bool = False
 
     @property
     def reduction_bytes(self) -> int:
@@ -282,7 +292,7 @@ class Transformer:
         experts_per_token=1, moe_ffn_hidden=None, shared_experts=0, moe_layers=None, capacity_factor=None,
         q_lora_rank=0, kv_lora_rank=0, rope_head_dim=0, flash_attention=False, flash_version=None,
         reduce_bytes=None, eager_blocks=False, flat_gradients=False,
-        recompute_early_stop=False)
+        recompute_early_stop=False, unpadded_attention=False)
 
     def __init__(self, layers: int, hidden: int, heads: int, sequence: int, vocabulary: int, microbatch_size: int = 1,
                  dtype_bytes: int = 2, ffn_multiplier: float = 4, recompute: str | bool = "none",
@@ -325,7 +335,7 @@ class Transformer:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not np.isfinite(f) or f <= 0:
             fail("ffn_multiplier", "a positive number")
         for name in ("tied_embedding", "bias", "qk_norm", "dropout", "flash_attention", "eager_blocks",
-                     "flat_gradients", "recompute_early_stop"):
+                     "flat_gradients", "recompute_early_stop", "unpadded_attention"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
         if self.flash_version is not None and (self.flash_version not in FLASH_VERSIONS

@@ -53,7 +53,9 @@ TEST_ASSUMPTIONS = {
         "kernel (attn_impl 'triton', the default of submit_benchmarks.py, which sweep.sh does not override, at "
         "b2a43a147 and 5e85bd62d), priced as FlashAttention-1 (flash_version=1); except the h100_bf16_large rows "
         "of 1b, 3b, 7b and 70b, which the section's generator sweep.py (5e85bd62d) runs with '--attn_impl flash' "
-        "and the '.[gpu-flash2]' install (flash-attn 2.4.2), priced as FlashAttention-2 (flash_version=2).",
+        "and the '.[gpu-flash2]' install (flash-attn 2.4.2), priced as FlashAttention-2 (flash_version=2) with "
+        "the unpadding llm-foundry's flash_attn_fn runs around it (unpadded_attention: flash-attn's "
+        "bert_padding.unpad_input on q, k and v, pad_input on the output, and their backward).",
         "PyTorch FSDP FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, each block one FSDP unit (gradients "
         "reduce-scattered per block during the backward, parameters prefetched: the FIT set's torchtitan rule), "
         "after every microbatch (Composer enters no no_sync for FSDP: the 'fsdp' framework preset), "
@@ -116,6 +118,11 @@ COMPOSER_REDUCE_BYTES = {"DEFAULT": 4, "PURE": 2}
 #: ``.[gpu-flash2]`` (``flash-attn==2.4.2`` in ``setup.py``), so 'flash' is FlashAttention-2. Every other
 #: section ran ``submit_benchmarks.py``'s default, 'triton' (``flash_version=1``).
 LARGE_FLASH_VERSION = {"mpt-1b": 2, "mpt-3b": 2, "mpt-7b": 2, "mpt-70b": 2, "mpt-13b": 1, "mpt-30b": 1}
+#: Whether those 'flash' rows price llm-foundry's unpadding around the kernel (``Transformer.unpadded_attention``):
+#: ``flash_attn_fn`` (``llmfoundry/models/layers/attention.py`` at 5e85bd62d) runs flash-attn's
+#: ``bert_padding.unpad_input`` on q, k and v and ``pad_input`` on the output whatever the mask (none: all ones);
+#: the triton path does neither.
+UNPADDED = True
 
 #: llm-foundry: PyTorch FSDP wrapping each block (``diffpipe.presets.FRAMEWORKS["fsdp"]``; its fp32 reduction is
 #: Composer's DEFAULT mode, the model states the PURE rows' bf16). flash-attention's training runs: Lightning's
@@ -136,6 +143,8 @@ def llm_foundry() -> list[Row]:
                                    vocabulary=50368, microbatch_size=r["mbs"], recompute=r["recompute"], bias=False,
                                    dropout=False, flash_attention=True,
                                    flash_version=LARGE_FLASH_VERSION[r["model"]] if section == "h100_bf16_large" else 1,
+                                   unpadded_attention=UNPADDED and section == "h100_bf16_large"
+                                   and LARGE_FLASH_VERSION[r["model"]] == 2,
                                    reduce_bytes=COMPOSER_REDUCE_BYTES[r["mp_mode"]])
             cluster = MOSAIC_H100 if device == "H100" else dict(MOSAIC_A100, device=device)
             zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[r["sharding"]]
