@@ -22,6 +22,8 @@ Changes (each undone by patching the one place it lives, nothing else):
   weight-gradient pass and the concatenation of the split ``Wqkv``'s gradients); undone: the fused kernel list.
 - ``flat``: PyTorch FSDP's flat-gradient passes (the ``fsdp`` preset's ``flat_gradients``); undone: the fp32
   accumulation of the kernel list.
+- ``host``: the host's dispatch (the ``fsdp`` preset's ``host_op_seconds`` and Composer's optimizer loop,
+  ``optimizer_ops``); undone: no host cost, the update its traffic alone.
 - ``a100_ceiling``: the A100's training ceiling (``CEILINGS["A100"]``); undone: the kernel fit alone (1.0), the
   H100's still refitted.
 
@@ -66,7 +68,7 @@ fc = _load("published_runs_ceilings", "fit_ceilings.py")
 rp = fc.rp  # run.py, as the ceiling fit reads it
 
 CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "every_microbatch", "native", "eager",
-           "flat", "a100_ceiling")
+           "flat", "host", "a100_ceiling")
 
 
 @contextlib.contextmanager
@@ -109,6 +111,8 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, eager_blocks=False))
     if change == "flat":
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, flat_gradients=False))
+    if change == "host":
+        return patched(tr, FSDP=dataclasses.replace(tr.FSDP, host_op_seconds=0.0, optimizer_ops=0))
     if change == "native":
         return patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, flash_version=2))
     if change == "a100_ceiling":
