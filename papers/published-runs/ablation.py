@@ -11,6 +11,8 @@ Changes (each undone by patching the one place it lives, nothing else):
   undone: at FlashAttention-2's rate.
 - ``contention``: compute slowed by ``CommunicationOverlap.contention`` of the communication it hides; undone:
   hidden communication free.
+- ``bucket_latency``: every gradient bucket pays its ring's step latencies (``CommunicationOverlap.
+  bucket_latency``); undone: one ring's latency a stage.
 - ``reduce``: gradients reduced in fp32 where the framework does (``Transformer.reduce_bytes``: Megatron-LM,
   torchtitan, Composer's DEFAULT, Lightning's autocast); undone: in bf16.
 - ``param_gather``: Megatron-LM's stated ``--overlap-param-gather``; undone: the weights' all-gather in the sync.
@@ -22,6 +24,8 @@ Changes (each undone by patching the one place it lives, nothing else):
   weight-gradient pass and the concatenation of the split ``Wqkv``'s gradients); undone: the fused kernel list.
 - ``flat``: PyTorch FSDP's flat-gradient passes (the ``fsdp`` preset's ``flat_gradients``); undone: the fp32
   accumulation of the kernel list.
+- ``unpad``: llm-foundry's flash rows pay flash-attn's unpadding (``Transformer.unpadded_attention``,
+  ``test_runs.UNPADDED``); undone: the fused kernel alone.
 - ``host``: the host's dispatch (the ``fsdp`` preset's ``host_op_seconds`` and Composer's optimizer loop,
   ``optimizer_ops``); undone: no host cost, the update its traffic alone.
 - ``a100_ceiling``: the A100's training ceiling (``CEILINGS["A100"]``); undone: the kernel fit alone (1.0), the
@@ -67,8 +71,8 @@ tr = _load("published_runs_test", "test_runs.py")
 fc = _load("published_runs_ceilings", "fit_ceilings.py")
 rp = fc.rp  # run.py, as the ceiling fit reads it
 
-CHANGES = ("ce", "flash1", "contention", "reduce", "param_gather", "every_microbatch", "native", "eager",
-           "flat", "host", "a100_ceiling")
+CHANGES = ("ce", "flash1", "contention", "bucket_latency", "reduce", "param_gather", "every_microbatch", "native",
+           "eager", "flat", "unpad", "host", "a100_ceiling")
 
 
 @contextlib.contextmanager
@@ -96,6 +100,12 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
         stack.enter_context(patched(dp, CommunicationOverlap=free))
         stack.enter_context(patched(_frameworks, CommunicationOverlap=free))  # the presets' overlaps
         return stack
+    if change == "bucket_latency":
+        one = functools.partial(dp.CommunicationOverlap, bucket_latency=False)
+        stack = contextlib.ExitStack()
+        stack.enter_context(patched(dp, CommunicationOverlap=one))
+        stack.enter_context(patched(_frameworks, CommunicationOverlap=one))  # the presets' overlaps
+        return stack
     if change == "reduce":
         stack = contextlib.ExitStack()
         stack.enter_context(patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, reduce_bytes=None),
@@ -111,6 +121,8 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, eager_blocks=False))
     if change == "flat":
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, flat_gradients=False))
+    if change == "unpad":
+        return patched(tr, UNPADDED=False)
     if change == "host":
         return patched(tr, FSDP=dataclasses.replace(tr.FSDP, host_op_seconds=0.0, optimizer_ops=0))
     if change == "native":
