@@ -26,7 +26,11 @@ graph; see the README for why it was not adopted or what adopting it needs).
 
 Usage::
 
-    python papers/validation/core_share.py /tmp/diffpipe-validation
+    python papers/validation/core_share.py /tmp/diffpipe-validation ["4 stages costly p2p"]
+
+(the optional argument: only the groups whose name starts with it). It prints the mechanism table,
+the kernel times of the 2-stage group's torch 1F1B against the same order run from a CSV
+(``kernel_table``), the MAPE table of the ways (``WAYS``) and each source's fitted costs.
 """
 
 from __future__ import annotations
@@ -191,13 +195,16 @@ def fit_slowdown(rows) -> dict | None:
 
 def share_terms(paths_by_round) -> dict:
     """A source's term from its own traces: ``send``/``recv`` (``fit_slowdown``, each at least 0;
-    0 where not fitted) and ``moves[(stage, kind)]``, the mean (send, receive) moves per op."""
+    0 where not fitted) and ``moves[(stage, kind)]``, the mean (send, receive) moves per op; with
+    ``fit`` and ``arrivals`` (``arrivals_before_op_end``'s counts) for the mechanism table."""
     rows = op_samples(paths_by_round)
     fit = fit_slowdown(rows) or {"send": 0.0, "recv": 0.0}
+    timed, early, _, _ = arrivals_before_op_end(paths_by_round)
     counts = defaultdict(list)
     for term, _, sends, receives, _ in rows:
         counts[term].append((sends, receives))
     return {"send": max(fit["send"], 0.0), "recv": max(fit["recv"], 0.0), "fit": fit,
+            "arrivals": {"timed_while_sender_computed": timed, "before_its_op_ended": early},
             "moves": {term: tuple(statistics.fmean(v[i] for v in values) for i in (0, 1))
                       for term, values in counts.items()}}
 
@@ -364,6 +371,56 @@ def table(cases: dict, predictions: list[dict], ways=WAYS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mechanism_table(cases: dict, terms_of: dict) -> str:
+    """Per group: the timed arrivals whose sender was computing at ``ready`` and how many came
+    before that op ended (``arrivals_before_op_end``), and the sources' fitted costs of a move
+    (``fit_slowdown``: median and range over the sources that fitted each role)."""
+    lines = ["| group | timed arrivals, sender computing at ready | arrived before its op ended | "
+             "send move (ms per op, median (range) over sources) | receive move |", "|---|---:|---:|---:|---:|"]
+    for group in dict.fromkeys(c["group"] for c in cases.values()):
+        mine = [t for k, t in terms_of.items() if cases[k]["group"] == group]
+        timed = sum(t["arrivals"]["timed_while_sender_computed"] for t in mine)
+        early = sum(t["arrivals"]["before_its_op_ended"] for t in mine)
+        cells = []
+        for role in ("send", "recv"):
+            values = sorted(1e3 * t["fit"][role] for t in mine if t["fit"].get(f"{role}_se"))
+            cells.append(f"{statistics.median(values):+.3f} ({values[0]:+.3f}..{values[-1]:+.3f}), "
+                         f"{len(values)} sources" if values else "n/a")
+        lines.append(f"| {group} | {timed} | {early} ({100 * early / timed:.0f}%) | " + " | ".join(cells) + " |"
+                     if timed else f"| {group} | 0 | n/a | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: The kernels of a ``Linear + GELU`` block that ``kernel_table`` times: the forward matmul and the
+#: backward's (torch's autograd node of the addmm: input and weight gradients).
+KERNELS = ("aten::addmm", "autograd::engine::evaluate_function: AddmmBackward0")
+#: The 2-stage cases ``kernel_table`` compares: torch's own 1F1B loop against the same order run by
+#: ``_PipelineScheduleRuntime`` from diffpipe's CSV, and the group's other schedules.
+KERNEL_CASES = ("1F1B", "diffpipe_1f1b__CSV", "GPipe", "ZB_H1__InterleavedZeroBubble")
+
+
+def kernel_table(work: Path, rounds: int, group: str = "2_stages", microbatches=(4, 8, 16)) -> str:
+    """Per case and rank, the mean duration of each of ``KERNELS`` over every traced round (the
+    profiler's own ``cpu_op`` events: torch's ``Schedule1F1B`` labels no action, but its kernels are
+    in its trace like any other's)."""
+    heads = [f"rank {r}: {k.rsplit(' ', 1)[-1]} (ms)" for r in range(run.RANKS) for k in KERNELS]
+    lines = ["| case | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for m in microbatches:
+        for case in KERNEL_CASES:
+            cells = []
+            for rank in range(run.RANKS):
+                durations = defaultdict(list)
+                for r in range(rounds):
+                    path = work / f"{group}.m{m}.{case}.r{r}.rank{rank}.json"
+                    if path.exists():
+                        for event in json.loads(path.read_text())["traceEvents"]:
+                            if event.get("ph") == "X" and event.get("name") in KERNELS:
+                                durations[event["name"]].append(event["dur"] * 1e-3)
+                cells += [f"{statistics.fmean(durations[k]):.3f}" if durations[k] else "n/a" for k in KERNELS]
+            lines.append(f"| {group}.m{m}.{case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2):
@@ -378,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:  # the CSVs rebuilt outside the run's directory
         meta = run._cases(groups, Path(tmp), width=conditions["width"], rows=conditions["rows_per_microbatch"])
         cases, predictions, terms_of, skipped = study(work, meta, conditions)
+    print(mechanism_table(cases, terms_of))
+    if len(args) == 1 or "2 stages".startswith(args[1]) or args[1].startswith("2 stages"):
+        print(kernel_table(work, conditions["rounds"]))
     print(table(cases, predictions))
     print(f"{skipped} pairs left out (not priced as predict does on the reference)\n")
     for key, terms in terms_of.items():
