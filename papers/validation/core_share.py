@@ -48,6 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pair_link  # noqa: E402
 import run  # noqa: E402
 
 from diffpipe import communication  # noqa: E402
@@ -251,18 +252,7 @@ def reference_step(cal, schedule, terms: dict | None = None, landed_by: dict | N
     ``landed_by``, when given, receives them per op: ``{op: [sends, receives]}``."""
     if terms is not None:
         cal = base_calibration(cal, terms)
-    times = cal.times(schedule)
-    kinds = {**{k: cal.overhead for k in "FBIW"}, **cal.overhead_by_kind}
-    full = times["full_backward"]
-    per_op = {("F", s): times["forward"][s] for s in range(cal.stages)}
-    for s in range(cal.stages):
-        per_op[("I", s)], per_op[("W", s)] = times["input_grad"][s], times["weight"][s]
-        per_op[("B", s)] = full[s] if full else times["input_grad"][s] + times["weight"][s]
-    edges = [(dep.op, op) for op in schedule.ops for dep in schedule.dependencies[op] if dep.is_transfer]
-    sends, receives = defaultdict(int), defaultdict(int)
-    for producer, consumer in edges:
-        sends[producer] += 1
-        receives[consumer] += 1
+    kinds, per_op, _, sends, receives = pair_link.op_prices(cal, schedule)
     device = {op: schedule.placement.device(op.pipeline, op.stage) for op in schedule.ops}
     by_device = defaultdict(list)
     for op in schedule.ops:
@@ -318,28 +308,14 @@ def study(work: Path, meta: dict, conditions: dict) -> tuple[dict, list[dict], d
     reference evaluator; pairs the reference does not price as ``predict`` does (to 1e-6) are
     left out and counted. Returns the cases, the predictions (``mode`` ``torch-runtime`` / ``+
     core share``), each source's terms, and the count left out."""
-    cases, predictions, terms_of, skipped = {}, [], {}, 0
-    for key, info in meta.items():
-        schedule = run._diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
-        try:
-            cal = run._calibrate(work, key, conditions["rounds"], schedule)
-        except Exception:  # noqa: BLE001  (Schedule1F1B has no labels: a target only)
-            cal = None
-        cases[key] = {**info, **run._measured(work, key, conditions["rounds"]), "schedule": schedule,
-                      "calibration": cal}
+    cases, predictions, terms_of, skipped = pair_link.study_cases(work, meta, conditions), [], {}, 0
     for source_key, source in cases.items():
         cal = source["calibration"]
         if cal is None:
             continue
         terms = terms_of[source_key] = share_terms(_paths(work, source_key, conditions["rounds"]))
         framed = in_model_frame(cal, source["schedule"], terms)
-        for target_key, target in cases.items():
-            if target["group"] != source["group"] or target_key == source_key:
-                continue
-            try:
-                expected = cal.predict(target["schedule"], mode="torch-runtime")
-            except Exception:  # noqa: BLE001  (a split target from a full-backward source)
-                continue
+        for target_key, target, expected in pair_link.targets(cases, source_key):
             own = single_stage_mode(target["kind"])
             base, _ = reference_step(cal, target["schedule"])
             single, _ = reference_step(cal, target["schedule"], mode=own)
@@ -357,18 +333,8 @@ def study(work: Path, meta: dict, conditions: dict) -> tuple[dict, list[dict], d
 
 
 def table(cases: dict, predictions: list[dict], ways=WAYS) -> str:
-    summary = run.summarize_rows(cases, predictions, ways)
-    lines = ["| group | " + " | ".join(f"{way}: MAPE (separated pairs ordered)" for way in ways) + " |",
-             "|---|" + "---:|" * len(ways)]
-    for group in dict.fromkeys(c["group"] for c in cases.values()):
-        cells = []
-        for way in ways:
-            errors = [abs(p["error"]) for p in predictions if p["mode"] == way and cases[p["source"]]["group"] == group]
-            rows = [r for r in summary if r["mode"] == way and r["group"] == group]
-            cells.append(f"{100 * statistics.fmean(errors):.1f}% ({sum(r['ordered_correctly'] for r in rows)}/"
-                         f"{sum(r['separated_pairs'] for r in rows)})" if errors else "n/a")
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The MAPE table of ``ways`` (``pair_link.ways_table``)."""
+    return pair_link.ways_table(cases, predictions, ways)
 
 
 def mechanism_table(cases: dict, terms_of: dict) -> str:
