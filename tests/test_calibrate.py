@@ -1175,3 +1175,98 @@ def test_the_held_send_term_prices_what_predict_does_and_holds_the_senders_that_
         assert held >= base and (held > base) == (met > 0), name
         met_somewhere |= met > 0
     assert met_somewhere  # interleaved 1F1B sends both ways at once
+
+
+def test_the_core_share_fit_recovers_what_a_move_costs_the_op_it_lands_in():
+    """``core_share.fit_slowdown``: op times of two (stage, kind) terms over three rounds, each
+    round slower or faster as a whole, 0.2 ms more per send move and 0.1 ms per receive move in
+    the op: the slopes come back within their errors, the round and term offsets do not leak in,
+    and an outlier far outside the fences is left out. A role no op ever overlapped is not
+    fitted (0, no error)."""
+    script = _validation_script("core_share")
+    rng = np.random.default_rng(3)
+    rows = []
+    for index, shift in enumerate((0.0, 0.4e-3, -0.1e-3)):
+        for term, base in (((0, "F"), 1e-3), ((1, "B"), 2e-3)):
+            for _ in range(60):
+                sends, receives = int(rng.integers(0, 3)), int(rng.integers(0, 2))
+                rows.append((term, base + shift + 2e-4 * sends + 1e-4 * receives + rng.normal(0, 2e-5),
+                             sends, receives, index))
+    rows.append(((0, "F"), 0.5, 0, 0, 0))  # a stall: outside the fences
+    fit = script.fit_slowdown(rows)
+    assert fit["send"] == pytest.approx(2e-4, abs=4 * fit["send_se"])
+    assert fit["recv"] == pytest.approx(1e-4, abs=4 * fit["recv_se"])
+    assert fit["send_se"] < 1e-5 and fit["samples"] == 360
+    sends_only = script.fit_slowdown([(t, d - 1e-4 * r, s, 0, i) for t, d, s, r, i in rows])
+    assert sends_only["recv"] == 0.0 and sends_only["recv_se"] is None
+    assert sends_only["send"] == pytest.approx(2e-4, abs=4 * sends_only["send_se"])
+    assert script.fit_slowdown([(t, d, 0, 0, i) for t, d, _, _, i in rows]) is None
+
+
+def test_the_core_share_counts_a_move_in_the_op_its_rank_computes_when_both_posts_are_in(tmp_path):
+    # rank 0: 0F0 0-100 us, its send posted at 110; 0F1 130-530, sent at 540. Rank 1 posts its
+    # receives at 152 and 167 us; 1F0 (label at 170) waits for 0F0's data until 300 and computes to
+    # 800; 1F1 850-1100 (its data came at 700). 0F0's payload moves once both posts are in (152,
+    # +MOVE_S = 252): inside rank 0's 0F1, before rank 1's 1F0 computes; 0F1's at 540 (+100 = 640):
+    # inside 1F0, rank 0 idle. 0F0's arrival is timed (1F0 waited) and came while its sender's 0F1
+    # still had 378 us to run.
+    script = _validation_script("core_share")
+    r0, r1 = [], []
+    for k in range(2):
+        t = 10_000.0 * k
+        r0 += [_x("PP:0F0", t, t + 100), *_send("PP:0SEND_F0", t + 110),
+               _x("PP:0F1", t + 130, t + 530), *_send("PP:0SEND_F1", t + 540)]
+        r1 += [*_recv("PP:1RECV_F0", t + 150, t + 300), *_recv("PP:1RECV_F1", t + 165, t + 700),
+               _x("PP:1F0", t + 170, t + 800), _x("PP:1F1", t + 850, t + 1100)]
+    files = [_trace(tmp_path / "r0.json", 0, r0), _trace(tmp_path / "r1.json", 1, r1)]
+    rows = script.op_samples([files])
+    counts = {(term, round(duration / US)): (sends, receives) for term, duration, sends, receives, _ in rows}
+    assert counts == {((0, "F"), 100): (0, 0), ((0, "F"), 400): (1, 0), ((1, "F"), 500): (0, 1),
+                      ((1, "F"), 250): (0, 0)}
+    assert len(rows) == 8  # two steps alike
+    n, early, delays, left = script.arrivals_before_op_end([files])
+    assert (n, early) == (2, 2)
+    assert delays == pytest.approx([148 * US] * 2) and left == pytest.approx([378 * US] * 2)
+    terms = script.share_terms([files])
+    assert set(terms["moves"]) == {(0, "F"), (1, "F")}
+    assert terms["moves"][(1, "F")] == pytest.approx((0.0, 0.5))  # one receive move in 1F0, none in 1F1
+
+
+def test_the_core_share_term_prices_what_predict_does_and_charges_the_ops_a_move_lands_in():
+    pytest.importorskip("torch.distributed.pipelining")
+    script = _validation_script("core_share")
+    cal = calibrate.from_measurements([1e-3, 1.2e-3, 0.9e-3, 1.1e-3], [2e-3, 2.1e-3, 1.9e-3, 2.2e-3], p2p=2e-4,
+                                      overhead=5e-5, send_cost=1e-4, recv_cost=5e-5)
+    terms = {"send": 2e-4, "recv": 1e-4, "moves": {}}
+    longer = []
+    for name in ("Interleaved1F1B", "LoopedBFS"):
+        schedule = from_torch(name, 2, 4, 2)
+        base, landed = script.reference_step(cal, schedule)
+        assert landed == 0
+        assert base == pytest.approx(cal.predict(schedule, mode="torch-runtime"), rel=1e-6), name  # jax (float32)
+        hits: dict = {}
+        shared, landed = script.reference_step(cal, schedule, terms, hits)
+        assert landed == sum(map(sum, hits.values())) and landed > 0, name
+        assert shared >= base, name  # nothing is taken off the op times: the moves only add
+        longer.append(shared > base)
+        framed = script.in_model_frame(cal, schedule, terms)
+        # the source's own schedule counted where the model puts its moves: its op times less what
+        # those moves cost, plus what they cost again, price it about as before (not exactly: a
+        # stage and kind's mean move count comes off every op of it, on the critical path or not)
+        again, _ = script.reference_step(cal, schedule, framed)
+        assert again == pytest.approx(base, rel=0.01), name
+        if shared > base:
+            assert abs(again - base) <= 0.25 * (shared - base), name
+    assert any(longer)  # interleaved 1F1B's moves land on its critical path
+    # torch's single-stage classes in their own modes, on the reference as in predict
+    gpipe, one = from_torch("GPipe", 2, 4), get("1f1b", devices=2, microbatches=4)
+    two = calibrate.from_measurements([1e-3, 1.2e-3], [2e-3, 2.1e-3], p2p=2e-4, overhead=5e-5)
+    assert script.single_stage_mode("GPipe").name == "rendezvous"
+    assert script.single_stage_mode("1F1B").name == "blocking"
+    assert script.single_stage_mode("InterleavedZeroBubble").name == "torch-runtime"
+    for schedule, kind in ((gpipe, "GPipe"), (one, "1F1B")):
+        mode = script.single_stage_mode(kind)
+        got, _ = script.reference_step(two, schedule, mode=mode)
+        assert got == pytest.approx(two.predict(schedule, mode=mode), rel=1e-6), kind
+    blocked, _ = script.reference_step(two, one, mode=script.single_stage_mode("1F1B"))
+    assert blocked > script.reference_step(two, one)[0]  # the sender waits for its sends

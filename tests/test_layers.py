@@ -392,6 +392,7 @@ PRIVATE_ALLOWED = {
     ("papers/published-runs/ablation.py", "diffpipe._workload._frameworks"),
     ("papers/published-runs/fit_ceilings.py", "diffpipe._machine._presets"),
     # the trace parser's per-step records (and its op reader) have no public form: research plumbing
+    ("papers/validation/core_share.py", "diffpipe.calibrate._trace"),
     ("papers/validation/pair_link.py", "diffpipe.calibrate._trace"),
     ("papers/validation/replay.py", "diffpipe.calibrate._trace"),
     ("papers/validation/replay.py", "diffpipe.calibrate._trace._ops"),

@@ -108,10 +108,11 @@ def held_terms(paths_by_round: list[list[Path]]) -> dict:
             "transfer": statistics.fmean(delays) if delays else None}
 
 
-def reference_step(cal, schedule, *, send_cost: float, p2p: float, held: float = 0.0) -> tuple[float, int]:
-    """``cal.predict(schedule, mode="torch-runtime")``'s model on the reference evaluator, with the
-    given host time of a send and transfer delay; ``held`` > 0: the two-pass held-send term (module
-    docstring). Returns the step and how many sends pass 1 put against a send the other way."""
+def op_prices(cal, schedule) -> tuple[dict, dict, list, dict, dict]:
+    """What ``Calibration.predict`` charges each op of ``schedule``: the overhead by kind, the
+    compute by ``(kind, stage)`` (a ``B`` of a split schedule the measured full backward, else
+    ``I + W``), the cross-device transfer edges ``(producer, consumer)`` and each op's number of
+    sends and receives (each charged ``send_cost`` / ``recv_cost``)."""
     times = cal.times(schedule)
     kinds = {**{k: cal.overhead for k in "FBIW"}, **cal.overhead_by_kind}
     full = times["full_backward"]
@@ -124,6 +125,14 @@ def reference_step(cal, schedule, *, send_cost: float, p2p: float, held: float =
     for producer, consumer in edges:
         sends[producer] += 1
         receives[consumer] += 1
+    return kinds, per_op, edges, sends, receives
+
+
+def reference_step(cal, schedule, *, send_cost: float, p2p: float, held: float = 0.0) -> tuple[float, int]:
+    """``cal.predict(schedule, mode="torch-runtime")``'s model on the reference evaluator, with the
+    given host time of a send and transfer delay; ``held`` > 0: the two-pass held-send term (module
+    docstring). Returns the step and how many sends pass 1 put against a send the other way."""
+    kinds, per_op, edges, sends, receives = op_prices(cal, schedule)
 
     def step(extra: dict) -> dict:
         def duration(op):
@@ -148,11 +157,10 @@ def reference_step(cal, schedule, *, send_cost: float, p2p: float, held: float =
     return max(finish.values()) + cal.wind_down, len(extra)
 
 
-def held_sends(work: Path, meta: dict, conditions: dict) -> str:
-    """The held-send term's table (module docstring): every source predicts every other case of
-    its group three ways on the reference evaluator; pairs the reference does not price as
-    ``predict`` does (to 1e-6) are left out and counted."""
-    cases, predictions, skipped = {}, [], 0
+def study_cases(work: Path, meta: dict, conditions: dict) -> dict:
+    """Every case of ``meta`` with its measured times, its diffpipe schedule and its calibration
+    (``run._calibrate``; None for a case that cannot be one: ``Schedule1F1B`` labels nothing)."""
+    cases = {}
     for key, info in meta.items():
         schedule = run._diffpipe_schedule(info["kind"], info["microbatches"], info["spr"], info["csv"])
         try:
@@ -161,32 +169,25 @@ def held_sends(work: Path, meta: dict, conditions: dict) -> str:
             cal = None
         cases[key] = {**info, **run._measured(work, key, conditions["rounds"]), "schedule": schedule,
                       "calibration": cal}
-    ways = ("torch-runtime", "from what met nothing", "+ held sends")
-    for source_key, source in cases.items():
-        cal = source["calibration"]
-        if cal is None:
+    return cases
+
+
+def targets(cases: dict, source_key: str):
+    """The other cases of the source's group it can predict: ``(key, case, predict's torch-runtime
+    step)``; a split target of a full-backward source is skipped (it cannot price it)."""
+    source = cases[source_key]
+    for target_key, target in cases.items():
+        if target["group"] != source["group"] or target_key == source_key:
             continue
-        terms = held_terms([[work / f"{source_key}.r{r}.rank{k}.json" for k in range(run.RANKS)]
-                            for r in range(conditions["rounds"])])
-        p2p = cal.p2p if terms["transfer"] is None else max(
-            terms["transfer"] - cal.overhead - terms["send_alone"] - cal.recv_cost, 0.0)
-        for target_key, target in cases.items():
-            if target["group"] != source["group"] or target_key == source_key:
-                continue
-            try:
-                expected = cal.predict(target["schedule"], mode="torch-runtime")
-            except Exception:  # noqa: BLE001  (a split target from a full-backward source)
-                continue
-            base, _ = reference_step(cal, target["schedule"], send_cost=cal.send_cost, p2p=cal.p2p)
-            if abs(base - expected) > 1e-6 * expected:
-                skipped += 1
-                continue
-            lone, _ = reference_step(cal, target["schedule"], send_cost=terms["send_alone"], p2p=p2p)
-            held, _ = reference_step(cal, target["schedule"], send_cost=terms["send_alone"], p2p=p2p,
-                                     held=terms["held"])
-            for way, predicted in zip(ways, (base, lone, held), strict=True):
-                row = {"source": source_key, "target": target_key, "mode": way}
-                predictions.append(run._prediction(row, predicted, target))
+        try:
+            expected = source["calibration"].predict(target["schedule"], mode="torch-runtime")
+        except Exception:  # noqa: BLE001  (a split target from a full-backward source)
+            continue
+        yield target_key, target, expected
+
+
+def ways_table(cases: dict, predictions: list[dict], ways) -> str:
+    """Per group and way (a prediction's ``mode``): cross-schedule MAPE and separated pairs ordered."""
     summary = run.summarize_rows(cases, predictions, ways)
     lines = ["| group | " + " | ".join(f"{way}: MAPE (separated pairs ordered)" for way in ways) + " |",
              "|---|" + "---:|" * len(ways)]
@@ -198,7 +199,36 @@ def held_sends(work: Path, meta: dict, conditions: dict) -> str:
             cells.append(f"{100 * statistics.fmean(errors):.1f}% ({sum(r['ordered_correctly'] for r in rows)}/"
                          f"{sum(r['separated_pairs'] for r in rows)})" if errors else "n/a")
         lines.append(f"| {group} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\n{skipped} pairs left out (not priced as predict does on the reference)\n"
+    return "\n".join(lines) + "\n"
+
+
+def held_sends(work: Path, meta: dict, conditions: dict) -> str:
+    """The held-send term's table (module docstring): every source predicts every other case of
+    its group three ways on the reference evaluator; pairs the reference does not price as
+    ``predict`` does (to 1e-6) are left out and counted."""
+    cases, predictions, skipped = study_cases(work, meta, conditions), [], 0
+    ways = ("torch-runtime", "from what met nothing", "+ held sends")
+    for source_key, source in cases.items():
+        cal = source["calibration"]
+        if cal is None:
+            continue
+        terms = held_terms([[work / f"{source_key}.r{r}.rank{k}.json" for k in range(run.RANKS)]
+                            for r in range(conditions["rounds"])])
+        p2p = cal.p2p if terms["transfer"] is None else max(
+            terms["transfer"] - cal.overhead - terms["send_alone"] - cal.recv_cost, 0.0)
+        for target_key, target, expected in targets(cases, source_key):
+            base, _ = reference_step(cal, target["schedule"], send_cost=cal.send_cost, p2p=cal.p2p)
+            if abs(base - expected) > 1e-6 * expected:
+                skipped += 1
+                continue
+            lone, _ = reference_step(cal, target["schedule"], send_cost=terms["send_alone"], p2p=p2p)
+            held, _ = reference_step(cal, target["schedule"], send_cost=terms["send_alone"], p2p=p2p,
+                                     held=terms["held"])
+            for way, predicted in zip(ways, (base, lone, held), strict=True):
+                row = {"source": source_key, "target": target_key, "mode": way}
+                predictions.append(run._prediction(row, predicted, target))
+    left_out = f"\n{skipped} pairs left out (not priced as predict does on the reference)\n"
+    return ways_table(cases, predictions, ways) + left_out
 
 
 def main(argv: list[str] | None = None) -> None:
