@@ -87,6 +87,15 @@ def patched(target: Any, **values: Any) -> Iterator[None]:
             setattr(target, k, v)
 
 
+def overlap(**fields: Any) -> contextlib.ExitStack:
+    """Every ``CommunicationOverlap`` built with ``fields`` (the scripts' own and the presets')."""
+    built = functools.partial(dp.CommunicationOverlap, **fields)
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(dp, CommunicationOverlap=built))
+    stack.enter_context(patched(_frameworks, CommunicationOverlap=built))  # the presets' overlaps
+    return stack
+
+
 def undone(change: str | None) -> contextlib.AbstractContextManager:
     if change is None:
         return contextlib.nullcontext()
@@ -95,17 +104,9 @@ def undone(change: str | None) -> contextlib.AbstractContextManager:
     if change == "flash1":
         return patched(_kernels, OLDER=set())
     if change == "contention":
-        free = functools.partial(dp.CommunicationOverlap, contention=0.0)
-        stack = contextlib.ExitStack()
-        stack.enter_context(patched(dp, CommunicationOverlap=free))
-        stack.enter_context(patched(_frameworks, CommunicationOverlap=free))  # the presets' overlaps
-        return stack
+        return overlap(contention=0.0)
     if change == "bucket_latency":
-        one = functools.partial(dp.CommunicationOverlap, bucket_latency=False)
-        stack = contextlib.ExitStack()
-        stack.enter_context(patched(dp, CommunicationOverlap=one))
-        stack.enter_context(patched(_frameworks, CommunicationOverlap=one))  # the presets' overlaps
-        return stack
+        return overlap(bucket_latency=False)
     if change == "reduce":
         stack = contextlib.ExitStack()
         stack.enter_context(patched(rp, MEGATRON=dataclasses.replace(rp.MEGATRON, reduce_bytes=None),
